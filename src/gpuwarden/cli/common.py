@@ -1,0 +1,78 @@
+"""Helpers shared by the verbs: open the backend, write JSON, parse common options."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from gpuwarden.errors import UsageError
+from gpuwarden.units import parse_duration, parse_size
+
+if TYPE_CHECKING:
+    from gpuwarden.gpus.backend import Backend
+
+
+@contextmanager
+def backend() -> Iterator[Backend]:
+    from gpuwarden.gpus.backend import open_backend
+
+    b = open_backend()
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def emit_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def warn(message: str) -> None:
+    click.echo(f"gpuwarden: warning: {message}", err=True)
+
+
+class SizeType(click.ParamType):  # type: ignore[type-arg]
+    """A size option (14G, 512MiB); errors become one clear line."""
+
+    name = "SIZE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            n = parse_size(value)
+        except UsageError as e:
+            self.fail(str(e), param, ctx)
+        if n <= 0:
+            self.fail(f"size must be positive, got {value!r}", param, ctx)
+        return n
+
+
+class DurationType(click.ParamType):  # type: ignore[type-arg]
+    name = "DURATION"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_duration(value)
+        except UsageError as e:
+            self.fail(str(e), param, ctx)
+
+
+SIZE = SizeType()
+DURATION = DurationType()
+
+
+def check_gpu_indices(requested: tuple[int, ...] | list[int], available: list[int]) -> None:
+    unknown = [i for i in requested if i not in available]
+    if unknown:
+        have = ", ".join(str(i) for i in available) or "none"
+        raise UsageError(f"no GPU with index {', '.join(map(str, unknown))} (GPUs here: {have})")

@@ -1,0 +1,77 @@
+"""Entry point. Subcommands are imported only when invoked, so ``--help`` stays fast."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+import click
+
+from gpuwarden import __version__
+
+# name -> (module, attribute, one-line help)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "status": ("gpuwarden.cli.status", "status", "Every GPU and GPU process, with leaks."),
+    "leaks": ("gpuwarden.cli.leaks", "leaks", "Find leaked GPU memory and hidden holders."),
+    "reap": ("gpuwarden.cli.leaks", "reap", "Kill what leaks memory and prove it came back."),
+    "doctor": ("gpuwarden.cli.doctor", "doctor", "Diagnose the machine: findings and fixes."),
+    "select": ("gpuwarden.cli.select", "select", "Print CUDA_VISIBLE_DEVICES for the best GPUs."),
+    "exec": ("gpuwarden.cli.select", "exec_", "Run a command on the best GPUs, capped."),
+    "gpu": ("gpuwarden.cli.settings", "gpu", "GPU settings (root): compute mode."),
+    "mps": ("gpuwarden.cli.settings", "mps", "Start, stop and inspect the MPS daemon (root)."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        module = importlib.import_module(entry[0])
+        cmd = getattr(module, entry[1])
+        assert isinstance(cmd, click.Command)
+        return cmd
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpuwarden")
+@click.option("--sim", metavar="SCENARIO", envvar="GPUWARDEN_SIM",
+              help="Use the simulated backend with this scenario file (or set GPUWARDEN_SIM).")
+def cli(sim: str | None) -> None:
+    """gpuwarden: see, clean and share the GPUs of a multi-user Linux machine."""
+    if sim:
+        os.environ["GPUWARDEN_SIM"] = sim
+
+
+def main(argv: list[str] | None = None) -> Any:
+    from gpuwarden.errors import GpuwardenError
+
+    try:
+        return cli.main(args=argv, prog_name="gpuwarden", standalone_mode=False)
+    except GpuwardenError as e:
+        click.echo(f"gpuwarden: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("gpuwarden: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        # Output piped into `head`: not an error worth a traceback.
+        sys.stderr.close()
+        sys.exit(0)

@@ -1,0 +1,157 @@
+"""``gpuwarden status``: every GPU and GPU process, one screen, like nvidia-smi should."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import click
+
+from gpuwarden.cli.common import backend, check_gpu_indices, emit_json
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from gpuwarden.observe.leaks import Leak
+    from gpuwarden.observe.snapshot import Snapshot
+
+
+def _bar(used: int, total: int, width: int = 10) -> str:
+    filled = round(width * used / total) if total else 0
+    return "█" * filled + "░" * (width - filled)
+
+
+_MODE_SHORT = {"Default": "Default", "Exclusive_Process": "Excl", "Exclusive_Thread": "ExclT",
+               "Prohibited": "Prohib"}
+
+
+_STATE_SHORT = {"running": "running", "dead": "dead", "other_namespace": "other-ns",
+                "garbage": "garbage", "zombie": "zombie", "orphan": "orphan"}
+
+
+def _flags(persistence: bool | None, mps: bool | None, mig: bool | None) -> str:
+    """Compact settings column: P persistence on, M MPS serving, G MIG enabled."""
+    return "".join(c for c, on in (("P", persistence), ("M", mps), ("G", mig)) if on) or "-"
+
+
+def render(snap: Snapshot, leaks: list[Leak], gpus: tuple[int, ...], user: str | None,
+           pid: int | None, *, wide: bool = False) -> RenderableType:
+    """Tables sized for an 80-column terminal; ``wide`` adds UUIDs, power and PCI ids."""
+    from rich import box
+    from rich.console import Group
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
+    from gpuwarden.units import format_bytes, format_bytes_short, format_duration
+
+    def na(v: object, suffix: str = "") -> str:
+        return "n/a" if v is None else f"{v}{suffix}"
+
+    gt = Table(title=f"GPUs · {snap.backend} · driver {snap.driver_version or 'n/a'}",
+               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    cols = ["GPU", "Name", "Memory"]
+    if wide:
+        cols += [""]
+    cols += ["Util", "Temp"]
+    if wide:
+        cols += ["Power", "UUID"]
+    cols += ["Mode", "Flags", "NUMA:CPUs"]
+    for col in cols:
+        gt.add_column(col, no_wrap=True, overflow="ellipsis",
+                      justify="right" if col in ("Util", "Temp", "GPU") else "left")
+    shown = [g for g in snap.gpus if not gpus or g.index in gpus]
+    for g in shown:
+        f = g.facts
+        row = [f"{f.index}", escape(f.name.removeprefix("NVIDIA ")),
+               f"{format_bytes_short(f.memory_used)}/{format_bytes_short(f.memory_total)}"]
+        if wide:
+            row.append(_bar(f.memory_used, f.memory_total))
+        row += [na(f.utilization, "%"), na(f.temperature, "C")]
+        if wide:
+            power = ("n/a" if f.power_watts is None else
+                     f"{f.power_watts:.0f}W" + ("" if f.power_limit_watts is None
+                                                else f"/{f.power_limit_watts:.0f}W"))
+            row += [power, f.uuid]
+        numa = "?" if f.numa_node is None else str(f.numa_node)
+        row += [_MODE_SHORT.get(f.compute_mode or "", f.compute_mode or "n/a"),
+                _flags(f.persistence_mode, f.mps, f.mig_mode), f"{numa}:{f.cpus or 'unknown'}"]
+        gt.add_row(*row)
+    gt.caption = "Flags: P persistence mode, M MPS server, G MIG enabled"
+    gt.caption_justify = "left"
+    pt = Table(title="Processes", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+               padding=(0, 1, 0, 0))
+    widths = {"GPU": 3, "PID": 7, "User": 8, "Container": 12, "Mem": 5, "SM": 4, "Time": 5,
+              "State": 7}
+    for col in ("GPU", "PID", "User", "Container", "Mem", "SM", "Time", "State", "Command"):
+        w = widths.get(col)
+        pt.add_column(col, no_wrap=True, overflow="ellipsis", min_width=w,
+                      max_width=None if w is None else max(w, 10 if col != "Container" else 16),
+                      justify="right" if col in ("GPU", "PID", "Mem", "SM") else "left")
+    count = 0
+    for g in shown:
+        for p in g.processes:
+            if (user and p.user != user) or (pid and p.pid != pid):
+                continue
+            count += 1
+            state = p.state if p.state == "running" else f"[red]{_STATE_SHORT[p.state]}[/red]"
+            pt.add_row(str(g.index), str(p.pid), escape(p.user or "?"), escape(p.container or ""),
+                       format_bytes_short(p.memory), na(p.gpu.sm_utilization, "%"),
+                       format_duration(p.elapsed), state, escape(p.command or "?"))
+    parts: list[RenderableType] = [gt]
+    parts.append(pt if count else Text("No GPU processes" + (" match" if user or pid else ""),
+                                       style="dim"))
+    relevant = [lk for lk in leaks if lk.kind != "monitor" and (not gpus or lk.gpu in gpus)]
+    if relevant:
+        parts.append(Text(""))
+        parts.append(Text("Leaks (see `gpuwarden leaks`, reclaim with `gpuwarden reap`):",
+                          style="bold"))
+        for lk in relevant:
+            where = "-" if lk.gpu is None else str(lk.gpu)
+            parts.append(Text(f"  GPU {where} {lk.kind} {format_bytes(lk.memory)}: "
+                              f"{lk.evidence}", style="red"))
+    for warning in snap.warnings:
+        parts.append(Text(f"warning: {warning}", style="yellow"))
+    return Group(*parts)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable schema).")
+@click.option("--watch", "watch", type=float, is_flag=False, flag_value=2.0, default=None,
+              metavar="[SECONDS]", help="Refresh in place every SECONDS (default 2).")
+@click.option("--gpu", "gpus", type=int, multiple=True, help="Only this GPU (repeatable).")
+@click.option("--user", help="Only processes of this user.")
+@click.option("--pid", type=int, help="Only this process.")
+def status(as_json: bool, watch: float | None, gpus: tuple[int, ...], user: str | None,
+           pid: int | None) -> None:
+    """Every GPU (memory, utilization, mode, MPS, NUMA) and every GPU process."""
+    from gpuwarden.observe.jsonview import snapshot_json
+    from gpuwarden.observe.leaks import find_leaks
+    from gpuwarden.observe.snapshot import take_snapshot
+
+    if watch is not None and watch <= 0:
+        raise click.BadParameter("must be positive", param_hint="--watch")
+    with backend() as b:
+        snap = take_snapshot(b)
+        check_gpu_indices(gpus, [g.index for g in snap.gpus])
+        if as_json:
+            emit_json(snapshot_json(snap, find_leaks([snap]), gpus=gpus, user=user, pid=pid))
+            return
+        from rich.console import Console
+
+        console = Console()
+        wide = console.width >= 150
+        if watch is None:
+            console.print(render(snap, find_leaks([snap]), gpus, user, pid, wide=wide))
+            return
+        from rich.live import Live
+
+        history = [snap]
+        with Live(render(snap, find_leaks(history), gpus, user, pid, wide=wide), console=console,
+                  screen=False, auto_refresh=False) as live:
+            while True:
+                time.sleep(watch)
+                snap = take_snapshot(b)
+                history = [*history[-2:], snap]  # leaks must persist over 3 samples
+                live.update(render(snap, find_leaks(history), gpus, user, pid, wide=wide),
+                            refresh=True)

@@ -1,0 +1,61 @@
+"""The backend protocol and how gpuwarden picks one: GPUWARDEN_SIM selects the
+simulated backend, otherwise NVML."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+from gpuwarden.gpus.model import GpuFacts, GpuProcessFacts
+from gpuwarden.procs.model import Holder, ProcInfo
+
+
+class ProcessSource(Protocol):
+    """Where process facts come from: the real /proc, or the simulation's overlay of it."""
+
+    @property
+    def in_child_namespace(self) -> bool: ...
+
+    def info(self, pid: int, *, detail: bool = True) -> ProcInfo: ...
+
+    def holders(
+        self, device_files: Mapping[str, int | None], exclude: Iterable[int] = ()
+    ) -> list[Holder]: ...
+
+
+class Backend(Protocol):
+    """Facts about GPUs and the processes the driver lists. Implementations record
+    non-fatal query failures in ``warnings`` instead of raising."""
+
+    name: str
+    warnings: list[str]
+
+    def gpus(self) -> list[GpuFacts]: ...
+
+    def processes(self) -> list[GpuProcessFacts]: ...
+
+    def device_files(self) -> dict[str, int | None]:
+        """Device file path -> GPU index (None for control files like nvidiactl)."""
+        ...
+
+    def process_source(self) -> ProcessSource: ...
+
+    def driver_version(self) -> str | None: ...
+
+    def set_compute_mode(self, index: int, mode: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def open_backend(sim: str | None = None) -> Backend:
+    """The simulated backend when ``sim`` or GPUWARDEN_SIM names a scenario, else NVML.
+    Raises BackendUnavailable with a one-line reason when neither can be opened."""
+    scenario = sim if sim is not None else os.environ.get("GPUWARDEN_SIM")
+    if scenario:
+        from gpuwarden.gpus.sim import SimBackend
+
+        return SimBackend.from_file(scenario)
+    from gpuwarden.gpus.nvml import NvmlBackend
+
+    return NvmlBackend.open()

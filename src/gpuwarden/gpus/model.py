@@ -1,0 +1,52 @@
+"""Plain facts a backend reports: one GPU, one process the driver lists on it.
+
+Unsupported fields are None, never an exception: a view must survive a GPU that
+does not report its temperature."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+COMPUTE_MODES = ("Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process")
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """What the driver says about one GPU. Memory in bytes."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_total: int
+    memory_used: int
+    memory_free: int
+    memory_reserved: int | None = None
+    utilization: int | None = None  # percent, 0-100
+    memory_utilization: int | None = None
+    temperature: int | None = None  # degrees C
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    compute_mode: str | None = "Default"
+    persistence_mode: bool | None = None
+    mig_mode: bool | None = None
+    mps: bool | None = None  # an MPS server serves this GPU
+    numa_node: int | None = None
+    cpus: str | None = None  # cpulist, e.g. "0-23,48-71"
+    pci_bus_id: str | None = None
+    minor_number: int | None = None  # N in /dev/nvidiaN
+    ecc_uncorrected: int | None = None  # volatile uncorrected ECC errors
+    retired_pages: int | None = None
+    retired_pages_pending: bool | None = None
+    driver_baseline: int = 0  # memory the driver charges with no context at all
+    nvlink_peers: tuple[int, ...] = ()  # indices of GPUs linked by NVLink
+
+
+@dataclass(frozen=True)
+class GpuProcessFacts:
+    """A process the driver lists on a GPU (compute, graphics or MPS list merged)."""
+
+    pid: int
+    gpu_index: int
+    memory: int | None  # bytes; None when the driver does not say
+    kinds: tuple[str, ...] = ("compute",)  # subset of compute, graphics, mps
+    sm_utilization: int | None = None  # percent over the last sample window

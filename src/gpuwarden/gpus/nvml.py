@@ -1,0 +1,548 @@
+"""The real backend: facts from NVML through nvidia-ml-py (``pynvml``).
+
+pynvml is imported only inside ``NvmlBackend.open`` so that importing this module
+costs nothing on machines without a driver. Every per-field query goes through one
+guard: unsupported fields become None, unexpected failures become None plus a line
+in ``warnings``, and a lost GPU is skipped, so one bad GPU never kills a view."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from gpuwarden.errors import BackendUnavailable, GpuwardenError, PermissionDenied, UsageError
+from gpuwarden.gpus.model import COMPUTE_MODES, GpuFacts, GpuProcessFacts
+from gpuwarden.gpus.topology import (
+    format_cpulist,
+    node_cpulist,
+    sysfs_local_cpulist,
+    sysfs_numa_node,
+)
+from gpuwarden.procs.live import LiveProcesses
+
+T = TypeVar("T")
+
+SIM_HINT = "to try gpuwarden without a GPU, set GPUWARDEN_SIM=examples/a100x8-shared.json"
+
+# Device files that belong to no single GPU but still pin the driver when held.
+CONTROL_FILES = (
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+    "/dev/nvidia-modeset",
+)
+
+MPS_SERVER = "nvidia-cuda-mps-server"
+
+# NVML_VALUE_NOT_AVAILABLE for unsigned long long fields (usedGpuMemory).
+_NOT_AVAILABLE_U64 = 2**64 - 1
+
+# Process-list kinds in the order GpuProcessFacts.kinds lists them, with the
+# unversioned pynvml function for each.
+_PROCESS_LISTS = (
+    ("compute", "nvmlDeviceGetComputeRunningProcesses"),
+    ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+    ("mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
+)
+
+
+def cpu_mask_to_cpulist(words: list[int], bits_per_word: int = 64) -> str:
+    """Turn an NVML CPU affinity bitmask (array of words, CPU 0 = bit 0 of word 0)
+    into a kernel cpulist such as ``0-23,48-71``; an all-zero mask gives ``""``."""
+    if bits_per_word <= 0:
+        raise ValueError("bits_per_word must be positive")
+    cpus: list[int] = []
+    for w, word in enumerate(words):
+        if word < 0:
+            raise ValueError(f"negative mask word {word}")
+        base = w * bits_per_word
+        for bit in range(bits_per_word):
+            if word >> bit & 1:
+                cpus.append(base + bit)
+    return format_cpulist(cpus)
+
+
+def compute_mode_name(value: int) -> str | None:
+    """NVML's compute-mode number as one of ``COMPUTE_MODES``; None for a value this
+    version does not know (newer drivers may add modes)."""
+    # NVML_COMPUTEMODE_DEFAULT=0, EXCLUSIVE_THREAD=1, PROHIBITED=2, EXCLUSIVE_PROCESS=3:
+    # COMPUTE_MODES lists them in exactly that order.
+    if 0 <= value < len(COMPUTE_MODES):
+        return COMPUTE_MODES[value]
+    return None
+
+
+def compute_mode_value(name: str) -> int:
+    """The NVML number for a compute-mode name. Case and ``-``/``_`` are forgiven
+    because people type these; anything else is a UsageError listing the choices."""
+    wanted = name.strip().lower().replace("-", "_")
+    for value, mode in enumerate(COMPUTE_MODES):
+        if mode.lower() == wanted:
+            return value
+    raise UsageError(f"unknown compute mode {name!r}; choose one of {', '.join(COMPUTE_MODES)}")
+
+
+def normalize_bus_id(bus_id: str | bytes) -> str:
+    """Comparable PCI bus id: lower case, 4-digit domain (NVML mixes 4 and 8 digits)."""
+    text = bus_id.decode(errors="replace") if isinstance(bus_id, bytes) else bus_id
+    text = text.strip().lower()
+    domain, sep, rest = text.partition(":")
+    if sep and len(domain) == 8:
+        domain = domain[4:]
+    return f"{domain}{sep}{rest}"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+class NvmlBackend:
+    """Backend over NVML. Construct with ``open()``; call ``close()`` when done."""
+
+    name = "nvml"
+
+    def __init__(self, nv: Any, clock: Callable[[], float] = time.time) -> None:
+        """``nv`` is the initialised pynvml module; ``clock`` gives epoch seconds
+        (injected so the utilization window is testable)."""
+        self._nv = nv
+        self._clock = clock
+        self._open = True
+        self.warnings: list[str] = []
+        # Errors that mean "this GPU/driver does not offer the field": None, silently.
+        self._quiet: tuple[type[BaseException], ...] = tuple(
+            cls
+            for cls in (
+                getattr(nv, "NVMLError_NotSupported", None),
+                getattr(nv, "NVMLError_NoPermission", None),
+                getattr(nv, "NVMLError_NoData", None),
+                getattr(nv, "NVMLError_FunctionNotFound", None),
+            )
+            if cls is not None
+        )
+        mismatch = getattr(nv, "NVMLLibraryMismatchError", None)
+        self._mismatch: tuple[type[BaseException], ...] = (mismatch,) if mismatch else ()
+        self._peer_cache: dict[tuple[str | None, ...], dict[int, tuple[int, ...]]] = {}
+
+    @classmethod
+    def open(cls) -> NvmlBackend:
+        """Load and initialise NVML, or raise BackendUnavailable with one line saying
+        why and how to try the simulated backend instead."""
+        try:
+            import pynvml
+        except ImportError as e:
+            raise BackendUnavailable(
+                f"NVML is not available here (nvidia-ml-py is not installed: {_one_line(str(e))}); "
+                f"{SIM_HINT}"
+            ) from None
+        try:
+            pynvml.nvmlInit()
+        except (pynvml.NVMLError, OSError) as e:
+            reason = _one_line(str(e)) or type(e).__name__
+            raise BackendUnavailable(f"NVML is not available here ({reason}); {SIM_HINT}") from None
+        return cls(pynvml)
+
+    # -- guards ---------------------------------------------------------------
+
+    def _warn(self, message: str) -> None:
+        # Deduplicated so a long-running daemon polling a sick GPU does not grow forever.
+        if message not in self.warnings:
+            self.warnings.append(message)
+
+    def _field(self, index: int, field: str, fn: Callable[..., T], *args: Any) -> T | None:
+        """Call one NVML query; unsupported -> None, other NVML errors -> None + warning."""
+        try:
+            return fn(*args)
+        except self._quiet:
+            return None
+        except self._nv.NVMLError as e:
+            self._warn(f"GPU {index}: {field}: {_one_line(str(e))}")
+            return None
+
+    def _handles(self) -> dict[int, Any]:
+        """Index -> device handle for every GPU whose handle NVML can give."""
+        nv = self._nv
+        try:
+            count = int(nv.nvmlDeviceGetCount())
+        except nv.NVMLError as e:
+            self._warn(f"device count: {_one_line(str(e))}")
+            return {}
+        handles: dict[int, Any] = {}
+        for i in range(count):
+            try:
+                handles[i] = nv.nvmlDeviceGetHandleByIndex(i)
+            except nv.NVMLError as e:
+                self._warn(f"GPU {i}: handle: {_one_line(str(e))}; skipped")
+        return handles
+
+    def _bus_id(self, index: int, handle: Any) -> str | None:
+        info = self._field(index, "pci bus id", self._nv.nvmlDeviceGetPciInfo, handle)
+        if info is None:
+            return None
+        raw = info.busId
+        return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+
+    # -- GPUs -----------------------------------------------------------------
+
+    def gpus(self) -> list[GpuFacts]:
+        """One GpuFacts per reachable GPU, in NVML (PCI bus) order."""
+        handles = self._handles()
+        bus_ids = {i: self._bus_id(i, h) for i, h in handles.items()}
+        peers = self._nvlink_peers(handles, bus_ids)
+        out: list[GpuFacts] = []
+        for i, h in handles.items():
+            facts = self._gpu(i, h, bus_ids[i], peers.get(i, ()))
+            if facts is not None:
+                out.append(facts)
+        return out
+
+    def _memory(self, i: int, h: Any) -> tuple[int, int, int, int | None] | None:
+        """(total, used, free, reserved): v2 separates driver-reserved memory from
+        used; v1 (older drivers) folds it into used, so reserved is None there."""
+        nv = self._nv
+        version = getattr(nv, "nvmlMemory_v2", None)
+        if version is not None:
+            try:
+                m = nv.nvmlDeviceGetMemoryInfo(h, version=version)
+                return int(m.total), int(m.used), int(m.free), int(m.reserved)
+            except nv.NVMLError:
+                pass  # v2 unsupported by this driver: fall back to v1 below
+        m = self._field(i, "memory", nv.nvmlDeviceGetMemoryInfo, h)
+        if m is None:
+            return None
+        return int(m.total), int(m.used), int(m.free), None
+
+    def _gpu(self, i: int, h: Any, bus_id: str | None, peers: tuple[int, ...]) -> GpuFacts | None:
+        nv = self._nv
+        uuid = self._field(i, "uuid", nv.nvmlDeviceGetUUID, h)
+        memory = self._memory(i, h)
+        if uuid is None or memory is None:
+            # Without identity or memory the GPU cannot be used or accounted: it is
+            # most likely lost. Say so and leave it out rather than report zeros.
+            self._warn(f"GPU {i}: no uuid or memory information; skipped")
+            return None
+        total, used, free, reserved = memory
+        name = self._field(i, "name", nv.nvmlDeviceGetName, h)
+
+        util = self._field(i, "utilization", nv.nvmlDeviceGetUtilizationRates, h)
+        temp_fn = getattr(nv, "nvmlDeviceGetTemperature", None)
+        temperature = (
+            self._field(i, "temperature", temp_fn, h, nv.NVML_TEMPERATURE_GPU)
+            if temp_fn is not None
+            else None
+        )
+        power_mw = self._field(i, "power", nv.nvmlDeviceGetPowerUsage, h)
+        limit_mw = self._field(i, "power limit", nv.nvmlDeviceGetEnforcedPowerLimit, h)
+        mode = self._field(i, "compute mode", nv.nvmlDeviceGetComputeMode, h)
+        persistence = self._field(i, "persistence mode", nv.nvmlDeviceGetPersistenceMode, h)
+        mig = self._field(i, "mig mode", nv.nvmlDeviceGetMigMode, h)
+        minor = self._field(i, "minor number", nv.nvmlDeviceGetMinorNumber, h)
+        ecc = self._field(
+            i,
+            "ecc uncorrected",
+            nv.nvmlDeviceGetTotalEccErrors,
+            h,
+            nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            nv.NVML_VOLATILE_ECC,
+        )
+        retired, pending = self._retired(i, h)
+
+        return GpuFacts(
+            index=i,
+            uuid=str(uuid),
+            name=str(name) if name is not None else "",
+            memory_total=total,
+            memory_used=used,
+            memory_free=free,
+            memory_reserved=reserved,
+            utilization=int(util.gpu) if util is not None else None,
+            memory_utilization=int(util.memory) if util is not None else None,
+            temperature=int(temperature) if temperature is not None else None,
+            power_watts=int(power_mw) / 1000.0 if power_mw is not None else None,
+            power_limit_watts=int(limit_mw) / 1000.0 if limit_mw is not None else None,
+            compute_mode=compute_mode_name(int(mode)) if mode is not None else None,
+            persistence_mode=(
+                int(persistence) == nv.NVML_FEATURE_ENABLED if persistence is not None else None
+            ),
+            mig_mode=int(mig[0]) == nv.NVML_DEVICE_MIG_ENABLE if mig is not None else None,
+            mps=self._mps(i, h),
+            numa_node=self._numa_node(i, h, bus_id),
+            cpus=self._cpus(i, h, bus_id),
+            pci_bus_id=bus_id,
+            minor_number=int(minor) if minor is not None else None,
+            ecc_uncorrected=int(ecc) if ecc is not None else None,
+            retired_pages=retired,
+            retired_pages_pending=pending,
+            nvlink_peers=peers,
+        )
+
+    def _retired(self, i: int, h: Any) -> tuple[int | None, bool | None]:
+        """Retired memory: row remapping on Ampere and later, page retirement before.
+        Each API answers NotSupported on the other generation, so try both."""
+        nv = self._nv
+        remap_fn = getattr(nv, "nvmlDeviceGetRemappedRows", None)
+        if remap_fn is not None:
+            rows = self._field(i, "remapped rows", remap_fn, h)
+            if rows is not None:
+                corrected, uncorrected, is_pending, _failure = rows
+                return int(corrected) + int(uncorrected), bool(is_pending)
+        causes = (
+            nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+            nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+        )
+        count = 0
+        for cause in causes:
+            pages = self._field(i, "retired pages", nv.nvmlDeviceGetRetiredPages, h, cause)
+            if pages is None:
+                return None, None
+            count += len(pages)
+        status = self._field(
+            i, "retired pages pending", nv.nvmlDeviceGetRetiredPagesPendingStatus, h
+        )
+        pending = int(status) == nv.NVML_FEATURE_ENABLED if status is not None else None
+        return count, pending
+
+    def _mps(self, i: int, h: Any) -> bool | None:
+        """True when an MPS server serves this GPU: NVML lists MPS clients, or the
+        server itself shows up among compute processes."""
+        mps_clients = self._process_list(i, h, "mps", "nvmlDeviceGetMPSComputeRunningProcesses")
+        if mps_clients:
+            return True
+        compute = self._process_list(i, h, "compute", "nvmlDeviceGetComputeRunningProcesses")
+        if compute is None and mps_clients is None:
+            return None
+        return any(self._process_name(int(p.pid)) == MPS_SERVER for p in compute or [])
+
+    def _process_name(self, pid: int) -> str | None:
+        nv = self._nv
+        try:
+            name = nv.nvmlSystemGetProcessName(pid)
+        except nv.NVMLError:
+            name = None
+        if not name:
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    name = f.read().strip()
+            except OSError:
+                return None
+        text = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+        return os.path.basename(text.strip())
+
+    def _numa_node(self, i: int, h: Any, bus_id: str | None) -> int | None:
+        nv = self._nv
+        node: int | None = None
+        fn = getattr(nv, "nvmlDeviceGetNumaNodeId", None)
+        if fn is not None:
+            value = self._field(i, "numa node", fn, h)
+            if value is not None and int(value) >= 0:
+                node = int(value)
+        sys_node = sysfs_numa_node(bus_id)
+        # On coherent systems (Grace Hopper) NVML names the GPU's own memory node,
+        # which has no CPUs; the PCI device's sysfs node is the one to pin CPUs to.
+        if node is None or (sys_node is not None and node_cpulist(node) is None):
+            node = sys_node
+        return node
+
+    def _cpus(self, i: int, h: Any, bus_id: str | None) -> str | None:
+        nv = self._nv
+        words = max(1, ((os.cpu_count() or 1) + 63) // 64) + 1  # +1: offline CPUs
+        mask = self._field(i, "cpu affinity", nv.nvmlDeviceGetCpuAffinity, h, words)
+        if mask is not None:
+            cpus = cpu_mask_to_cpulist([int(w) for w in mask], 64)
+            if cpus:
+                return cpus
+        return sysfs_local_cpulist(bus_id)
+
+    def _nvlink_peers(
+        self, handles: dict[int, Any], bus_ids: dict[int, str | None]
+    ) -> dict[int, tuple[int, ...]]:
+        """GPU index -> indices of GPUs reachable over active NVLink. Best effort and
+        cached: topology does not change while the driver is loaded."""
+        key = tuple(bus_ids.get(i) for i in sorted(handles))
+        cached = self._peer_cache.get(key)
+        if cached is not None:
+            return cached
+        nv = self._nv
+        by_bus = {normalize_bus_id(b): i for i, b in bus_ids.items() if b}
+        peers: dict[int, set[int]] = {i: set() for i in handles}
+        on_switch: set[int] = set()
+        has_links: set[int] = set()
+        max_links = int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))
+        switch_type = getattr(nv, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
+        type_fn = getattr(nv, "nvmlDeviceGetNvLinkRemoteDeviceType", None)
+        for i, h in handles.items():
+            for link in range(max_links):
+                try:
+                    if int(nv.nvmlDeviceGetNvLinkState(h, link)) != nv.NVML_FEATURE_ENABLED:
+                        continue
+                except nv.NVMLError:
+                    continue  # no such link, or NVLink not supported at all
+                has_links.add(i)
+                if type_fn is not None:
+                    try:
+                        if int(type_fn(h, link)) == switch_type:
+                            on_switch.add(i)
+                            continue
+                    except nv.NVMLError:
+                        pass
+                try:
+                    remote = nv.nvmlDeviceGetNvLinkRemotePciInfo(h, link)
+                except nv.NVMLError:
+                    continue
+                peer = by_bus.get(normalize_bus_id(remote.busId))
+                if peer is not None and peer != i:
+                    peers[i].add(peer)
+                    peers[peer].add(i)
+        # Behind NVSwitch every switch-attached GPU reaches every other one.
+        for i in on_switch:
+            peers[i] |= on_switch - {i}
+        # Links up but no peer identified (remote type unknown): ask P2P over NVLink.
+        p2p = getattr(nv, "nvmlDeviceGetP2PStatus", None)
+        for i in sorted(has_links):
+            if peers[i] or p2p is None:
+                continue
+            for j, hj in handles.items():
+                if j == i:
+                    continue
+                try:
+                    status = p2p(handles[i], hj, nv.NVML_P2P_CAPS_INDEX_NVLINK)
+                except nv.NVMLError:
+                    continue
+                if int(status) == nv.NVML_P2P_STATUS_OK:
+                    peers[i].add(j)
+        result = {i: tuple(sorted(p)) for i, p in peers.items()}
+        self._peer_cache[key] = result
+        return result
+
+    # -- processes ------------------------------------------------------------
+
+    def _process_list(self, i: int, h: Any, kind: str, fn_name: str) -> list[Any] | None:
+        """One of NVML's process lists. The unversioned pynvml call needs the newest
+        struct (_v3); an older driver lacks it, so fall back to _v2 there."""
+        nv = self._nv
+
+        def query(handle: Any) -> list[Any]:
+            try:
+                return list(getattr(nv, fn_name)(handle))
+            except self._mismatch:
+                return list(getattr(nv, fn_name + "_v2")(handle))
+
+        return self._field(i, f"{kind} processes", query, h)
+
+    def _sm_utilization(self, i: int, h: Any) -> dict[int, int]:
+        """pid -> highest SM utilization sampled over the last second."""
+        nv = self._nv
+        since_us = int((self._clock() - 1.0) * 1_000_000)
+        try:
+            samples = nv.nvmlDeviceGetProcessUtilization(h, since_us)
+        except self._quiet:
+            return {}
+        except nv.NVMLError as e:
+            # NOT_FOUND: no samples in the window. pynvml also raises NVMLError(SUCCESS)
+            # when the first size query returns no samples at all.
+            if e.value in (nv.NVML_ERROR_NOT_FOUND, nv.NVML_SUCCESS):
+                return {}
+            self._warn(f"GPU {i}: process utilization: {_one_line(str(e))}")
+            return {}
+        out: dict[int, int] = {}
+        for s in samples:
+            pid, sm = int(s.pid), int(s.smUtil)
+            out[pid] = max(sm, out.get(pid, sm))
+        return out
+
+    def processes(self) -> list[GpuProcessFacts]:
+        """Every process in NVML's compute, graphics and MPS lists, one entry per
+        (pid, GPU). Pids are kept as reported, garbage included: classifying an
+        impossible pid is the observer's job, hiding it here would lose evidence."""
+        out: list[GpuProcessFacts] = []
+        for i, h in self._handles().items():
+            merged: dict[int, tuple[int | None, list[str]]] = {}
+            for kind, fn_name in _PROCESS_LISTS:
+                for p in self._process_list(i, h, kind, fn_name) or []:
+                    pid = int(p.pid)
+                    raw = getattr(p, "usedGpuMemory", None)
+                    mem = None if raw is None or int(raw) >= _NOT_AVAILABLE_U64 else int(raw)
+                    old_mem, kinds = merged.get(pid, (None, []))
+                    if kind not in kinds:
+                        kinds.append(kind)
+                    known = [m for m in (old_mem, mem) if m is not None]
+                    merged[pid] = (max(known) if known else None, kinds)
+            if not merged:
+                continue
+            sm = self._sm_utilization(i, h)
+            for pid in sorted(merged):
+                mem, kinds = merged[pid]
+                out.append(
+                    GpuProcessFacts(
+                        pid=pid,
+                        gpu_index=i,
+                        memory=mem,
+                        kinds=tuple(kinds),
+                        sm_utilization=sm.get(pid),
+                    )
+                )
+        return out
+
+    # -- the rest of the protocol ---------------------------------------------
+
+    def device_files(self) -> dict[str, int | None]:
+        """``/dev/nvidiaN`` -> GPU index by minor number, plus the control files."""
+        files: dict[str, int | None] = {}
+        for i, h in self._handles().items():
+            minor = self._field(i, "minor number", self._nv.nvmlDeviceGetMinorNumber, h)
+            if minor is not None:
+                files[f"/dev/nvidia{int(minor)}"] = i
+        for path in CONTROL_FILES:
+            files[path] = None
+        return files
+
+    def process_source(self) -> LiveProcesses:
+        """The real /proc: NVML pids are this machine's pids."""
+        return LiveProcesses()
+
+    def driver_version(self) -> str | None:
+        nv = self._nv
+        try:
+            version = nv.nvmlSystemGetDriverVersion()
+        except nv.NVMLError as e:
+            self._warn(f"driver version: {_one_line(str(e))}")
+            return None
+        return version.decode() if isinstance(version, bytes) else str(version)
+
+    def set_compute_mode(self, index: int, mode: str) -> None:
+        """Set a GPU's compute mode (root only). Bad mode or index is a UsageError."""
+        nv = self._nv
+        value = compute_mode_value(mode)
+        try:
+            count = int(nv.nvmlDeviceGetCount())
+        except nv.NVMLError as e:
+            raise GpuwardenError(f"cannot count GPUs: {_one_line(str(e))}") from None
+        if not 0 <= index < count:
+            raise UsageError(
+                f"no GPU {index}; this machine has GPUs 0-{count - 1}"
+                if count
+                else f"no GPU {index}; this machine has no GPUs"
+            )
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+            nv.nvmlDeviceSetComputeMode(handle, value)
+        except nv.NVMLError_NoPermission:
+            raise PermissionDenied("changing the compute mode needs root") from None
+        except nv.NVMLError_NotSupported:
+            raise UsageError(
+                f"GPU {index} does not support compute mode {COMPUTE_MODES[value]}"
+            ) from None
+        except nv.NVMLError as e:
+            raise GpuwardenError(
+                f"GPU {index}: setting compute mode failed: {_one_line(str(e))}"
+            ) from None
+
+    def close(self) -> None:
+        """Shut NVML down once; later calls do nothing."""
+        if not self._open:
+            return
+        self._open = False
+        with contextlib.suppress(self._nv.NVMLError):
+            self._nv.nvmlShutdown()

@@ -1,0 +1,206 @@
+"""The simulated backend: a scenario file plus the live registrations of simulated jobs.
+
+It answers everything the NVML backend answers, so every view, rule and policy runs
+unchanged on a machine without a GPU (CI, the demo)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from gpuwarden.errors import UsageError
+from gpuwarden.gpus.model import COMPUTE_MODES, GpuFacts, GpuProcessFacts
+from gpuwarden.gpus.topology import parse_cpulist
+from gpuwarden.procs.live import LiveProcesses
+from gpuwarden.procs.model import Holder, ProcInfo
+from gpuwarden.sim.registry import Registry, state_dir_for
+from gpuwarden.sim.scenario import Scenario, SimProcess, load_scenario
+
+
+def _uid_of(user: str) -> int | None:
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
+
+
+class SimProcesses:
+    """The real /proc with the scenario's declared processes laid over it."""
+
+    def __init__(self, scenario: Scenario, loaded_at: float) -> None:
+        self._live = LiveProcesses()
+        self._declared: dict[int, SimProcess] = {p.pid: p for p in scenario.processes}
+        self._holders = scenario.holders
+        self._loaded_at = loaded_at
+        self._in_container = bool(scenario.extra.get("in_container", False))
+
+    @property
+    def in_child_namespace(self) -> bool:
+        return self._in_container or self._live.in_child_namespace
+
+    def info(self, pid: int, *, detail: bool = True) -> ProcInfo:
+        p = self._declared.get(pid)
+        if p is None:
+            return self._live.info(pid, detail=detail)
+        if p.state == "dead":
+            return ProcInfo(pid=pid, exists=False)
+        if p.state == "garbage":
+            return ProcInfo(pid=pid, exists=False, garbage=True)
+        if p.state == "other_namespace":
+            hint = f"container {p.container}" if p.container else "another PID namespace"
+            return ProcInfo(pid=pid, exists=False, namespace_hint=hint)
+        orphan = p.state == "orphan"
+        return ProcInfo(
+            pid=pid,
+            exists=True,
+            start_time=self._loaded_at - p.started_ago,
+            user=p.user,
+            uid=p.uid if p.uid is not None else _uid_of(p.user),
+            command=p.command,
+            name=os.path.basename(p.command.split()[0]) if p.command.split() else p.command,
+            status="zombie" if p.state == "zombie" else "running",
+            ppid=1 if orphan else (p.ppid if p.ppid is not None else 1),
+            pgid=max(pid - 1, 2) if orphan else pid,
+            group_leader_alive=not orphan,
+            cpus_allowed=parse_cpulist(p.cpus_allowed) if p.cpus_allowed else None,
+            container=p.container,
+            env=p.env or {},
+            uses_torch=p.torch,
+        )
+
+    def holders(
+        self, device_files: Mapping[str, int | None], exclude: Iterable[int] = ()
+    ) -> list[Holder]:
+        out = self._live.holders(device_files, exclude)
+        excluded = set(exclude)
+        for h in self._holders:
+            if h.pid in excluded:
+                continue
+            indices = sorted(
+                {int(d[len("/dev/nvidia"):]) for d in h.devices
+                 if d.startswith("/dev/nvidia") and d[len("/dev/nvidia"):].isdigit()}
+            )
+            out.append(
+                Holder(
+                    pid=h.pid,
+                    devices=h.devices,
+                    gpu_indices=tuple(indices),
+                    user=h.user,
+                    command=h.command,
+                    start_time=self._loaded_at - 600,
+                    uses_uvm=any(d.endswith("nvidia-uvm") for d in h.devices),
+                )
+            )
+        return out
+
+
+class SimBackend:
+    """Backend over a scenario file. Writable state lives in a per-scenario directory."""
+
+    name = "sim"
+
+    def __init__(self, scenario: Scenario, state_dir: Path) -> None:
+        self.scenario = scenario
+        self.registry = Registry(state_dir)
+        self.registry.ensure(len(scenario.gpus))
+        self.warnings: list[str] = []
+        self._loaded_at = time.time()
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> SimBackend:
+        scenario = load_scenario(path)
+        return cls(scenario, state_dir_for(scenario.path))
+
+    def gpus(self) -> list[GpuFacts]:
+        settings = self.registry.settings()
+        charged: dict[int, int] = {g.index: 0 for g in self.scenario.gpus}
+        for p in self.scenario.processes:
+            charged[p.gpu] += p.memory
+        by_uuid = {g.uuid: g.index for g in self.scenario.gpus}
+        for alloc in self.registry.allocations():
+            for uuid, nbytes in alloc.gpus.items():
+                if uuid in by_uuid:
+                    charged[by_uuid[uuid]] += nbytes
+        out: list[GpuFacts] = []
+        for g in self.scenario.gpus:
+            s = settings.get(g.uuid, {})
+            used = min(g.memory_total, g.driver_baseline + g.unaccounted_memory + charged[g.index])
+            out.append(
+                GpuFacts(
+                    index=g.index,
+                    uuid=g.uuid,
+                    name=g.name,
+                    memory_total=g.memory_total,
+                    memory_used=used,
+                    memory_free=g.memory_total - used,
+                    memory_reserved=0,
+                    utilization=g.utilization,
+                    memory_utilization=None,
+                    temperature=g.temperature,
+                    power_watts=g.power_watts,
+                    power_limit_watts=g.power_limit_watts,
+                    compute_mode=str(s.get("compute_mode", g.compute_mode)),
+                    persistence_mode=bool(s.get("persistence_mode", g.persistence_mode)),
+                    mig_mode=g.mig_mode,
+                    mps=bool(s.get("mps", g.mps)),
+                    numa_node=g.numa_node,
+                    cpus=g.cpus,
+                    pci_bus_id=g.pci_bus_id,
+                    minor_number=g.index,
+                    ecc_uncorrected=g.ecc_uncorrected,
+                    retired_pages=g.retired_pages,
+                    retired_pages_pending=g.retired_pages_pending,
+                    driver_baseline=g.driver_baseline,
+                    nvlink_peers=g.nvlink_peers,
+                )
+            )
+        return out
+
+    def processes(self) -> list[GpuProcessFacts]:
+        out = [
+            GpuProcessFacts(pid=p.pid, gpu_index=p.gpu, memory=p.memory, kinds=p.kinds,
+                            sm_utilization=p.sm_utilization)
+            for p in self.scenario.processes
+        ]
+        by_uuid = {g.uuid: g.index for g in self.scenario.gpus}
+        for alloc in self.registry.allocations():
+            for uuid, nbytes in sorted(alloc.gpus.items()):
+                if uuid in by_uuid:
+                    out.append(GpuProcessFacts(pid=alloc.pid, gpu_index=by_uuid[uuid],
+                                               memory=nbytes))
+        return out
+
+    def device_files(self) -> dict[str, int | None]:
+        dev = self.registry.dev_dir
+        files: dict[str, int | None] = {str(dev / f"nvidia{g.index}"): g.index
+                                        for g in self.scenario.gpus}
+        files[str(dev / "nvidiactl")] = None
+        files[str(dev / "nvidia-uvm")] = None
+        return files
+
+    def process_source(self) -> SimProcesses:
+        return SimProcesses(self.scenario, self._loaded_at)
+
+    def driver_version(self) -> str | None:
+        return self.scenario.driver_version
+
+    def _gpu(self, index: int) -> str:
+        for g in self.scenario.gpus:
+            if g.index == index:
+                return g.uuid
+        raise UsageError(f"no GPU with index {index} (this machine has "
+                         f"{', '.join(str(g.index) for g in self.scenario.gpus)})")
+
+    def set_compute_mode(self, index: int, mode: str) -> None:
+        if mode not in COMPUTE_MODES:
+            raise UsageError(f"unknown compute mode {mode!r}")
+        self.registry.update_settings(self._gpu(index), compute_mode=mode)
+
+    def set_mps(self, index: int, active: bool) -> None:
+        self.registry.update_settings(self._gpu(index), mps=active)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,165 @@
+"""The Snapshot: every GPU with its processes joined to /proc facts, plus the device-file
+holders. Built once, read by every view, rule and policy; never mutated."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gpuwarden.gpus.model import GpuFacts, GpuProcessFacts
+from gpuwarden.procs.model import Holder, ProcInfo
+
+if TYPE_CHECKING:
+    from gpuwarden.gpus.backend import Backend
+
+# What a GPU process can be, as seen from this machine's /proc.
+RUNNING, DEAD, OTHER_NAMESPACE, GARBAGE, ZOMBIE, ORPHAN = (
+    "running", "dead", "other_namespace", "garbage", "zombie", "orphan"
+)
+
+
+def process_state(info: ProcInfo) -> str:
+    """Classify a pid the driver lists, from the /proc facts about it."""
+    if info.garbage:
+        return GARBAGE
+    if not info.exists:
+        return OTHER_NAMESPACE if info.namespace_hint else DEAD
+    if info.is_zombie:
+        return ZOMBIE
+    if info.is_orphan:
+        return ORPHAN
+    return RUNNING
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    """A GPU process: what the driver says joined with what /proc says."""
+
+    gpu: GpuProcessFacts
+    info: ProcInfo
+    state: str
+    elapsed: float | None
+
+    @property
+    def pid(self) -> int:
+        return self.gpu.pid
+
+    @property
+    def memory(self) -> int | None:
+        return self.gpu.memory
+
+    @property
+    def user(self) -> str | None:
+        return self.info.user
+
+    @property
+    def command(self) -> str | None:
+        return self.info.command
+
+    @property
+    def container(self) -> str | None:
+        return self.info.container
+
+    @property
+    def job(self) -> str | None:
+        return (self.info.env or {}).get("GPUWARDEN_JOB")
+
+
+@dataclass(frozen=True)
+class GpuView:
+    facts: GpuFacts
+    processes: tuple[ProcessView, ...]
+
+    @property
+    def index(self) -> int:
+        return self.facts.index
+
+    @property
+    def users(self) -> frozenset[str]:
+        return frozenset(p.user for p in self.processes if p.user and p.state == RUNNING)
+
+    @property
+    def process_memory(self) -> int | None:
+        """Sum of process memory; None when the driver withheld any process's figure."""
+        total = 0
+        for p in self.processes:
+            if p.memory is None:
+                return None
+            total += p.memory
+        return total
+
+    @property
+    def unaccounted(self) -> int | None:
+        """Memory in use that no listed process accounts for (after the driver baseline)."""
+        pm = self.process_memory
+        if pm is None:
+            return None
+        return self.facts.memory_used - self.facts.driver_baseline - pm
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    taken_at: float
+    backend: str
+    driver_version: str | None
+    gpus: tuple[GpuView, ...]
+    holders: tuple[Holder, ...]
+    in_child_namespace: bool
+    observer_pid: int
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    def gpu(self, index: int) -> GpuView | None:
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        return None
+
+    @property
+    def listed_pids(self) -> frozenset[int]:
+        return frozenset(p.pid for g in self.gpus for p in g.processes)
+
+    @property
+    def hidden_holders(self) -> tuple[Holder, ...]:
+        """Holders of NVIDIA device files that the driver lists on no GPU."""
+        listed = self.listed_pids
+        return tuple(h for h in self.holders if h.pid not in listed)
+
+    def process(self, pid: int) -> list[ProcessView]:
+        return [p for g in self.gpus for p in g.processes if p.pid == pid]
+
+
+def take_snapshot(backend: Backend, *, holders: bool = True, detail: bool = True,
+                  now: float | None = None) -> Snapshot:
+    """Query the backend once and join its facts with /proc."""
+    taken_at = time.time() if now is None else now
+    facts = backend.gpus()
+    procs = backend.processes()
+    source = backend.process_source()
+    by_gpu: dict[int, list[ProcessView]] = {g.index: [] for g in facts}
+    for p in procs:
+        if p.gpu_index not in by_gpu:
+            continue
+        info = source.info(p.pid, detail=detail)
+        elapsed = None if info.start_time is None else max(taken_at - info.start_time, 0.0)
+        by_gpu[p.gpu_index].append(ProcessView(p, info, process_state(info), elapsed))
+    views = tuple(
+        GpuView(
+            g,
+            tuple(sorted(by_gpu[g.index], key=lambda v: (-(v.memory or 0), v.pid))),
+        )
+        for g in sorted(facts, key=lambda g: g.index)
+    )
+    me = os.getpid()
+    held = tuple(source.holders(backend.device_files(), exclude=(me,))) if holders else ()
+    return Snapshot(
+        taken_at=taken_at,
+        backend=backend.name,
+        driver_version=backend.driver_version(),
+        gpus=views,
+        holders=held,
+        in_child_namespace=source.in_child_namespace,
+        observer_pid=me,
+        warnings=tuple(backend.warnings),
+    )

@@ -1,0 +1,55 @@
+"""Scan /proc/*/fd for open NVIDIA device files — what ``fuser -v /dev/nvidia*`` does,
+in-process and without a subprocess, so it is fast enough to run on every snapshot."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RawHolder:
+    pid: int
+    devices: tuple[str, ...]
+
+
+def scan_holders(
+    device_files: Mapping[str, int | None],
+    *,
+    proc: str = "/proc",
+    exclude: Iterable[int] = (),
+) -> list[RawHolder]:
+    """Every process with one of ``device_files`` open. Processes that vanish or deny
+    access mid-scan are skipped (their fds cannot be read without root anyway)."""
+    if not device_files:
+        return []
+    wanted = set(device_files)
+    # One common directory prefix lets most fds be rejected with a cheap startswith.
+    prefix = os.path.commonpath([os.path.dirname(p) for p in wanted]) + "/"
+    skip = {str(p) for p in exclude}
+    readlink = os.readlink
+    out: list[RawHolder] = []
+    try:
+        entries = os.listdir(proc)
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit() or name in skip:
+            continue
+        fd_dir = f"{proc}/{name}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        found: set[str] = set()
+        for fd in fds:
+            try:
+                target = readlink(f"{fd_dir}/{fd}")
+            except OSError:
+                continue
+            if target.startswith(prefix) and target in wanted:
+                found.add(target)
+        if found:
+            out.append(RawHolder(pid=int(name), devices=tuple(sorted(found))))
+    return out

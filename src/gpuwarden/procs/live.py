@@ -1,0 +1,167 @@
+"""Process facts read from this machine's /proc (through psutil where it helps)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+
+import psutil
+
+from gpuwarden.procs.container import read_container
+from gpuwarden.procs.holders import scan_holders
+from gpuwarden.procs.model import INTERESTING_ENV, Holder, ProcInfo
+from gpuwarden.procs.namespace import in_child_pid_namespace, pid_max, read_nspid
+
+GARBAGE_PIDS = frozenset({0, 2**32 - 1, 2**31 - 1})
+
+
+def is_garbage_pid(pid: int, limit: int) -> bool:
+    """A pid no kernel could have issued: 0, negative, the all-ones values some drivers
+    return on a struct-version mismatch, or anything above pid_max."""
+    return pid <= 0 or pid in GARBAGE_PIDS or pid > limit
+
+
+@lru_cache(maxsize=4096)
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _read_env(pid: int) -> Mapping[str, str] | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    out: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key.decode(errors="replace") in INTERESTING_ENV:
+            out[key.decode()] = value.decode(errors="replace")
+    return out
+
+
+def _uses_torch(pid: int) -> bool | None:
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            for line in f:
+                if b"libtorch_cuda" in line or b"libc10_cuda" in line:
+                    return True
+    except OSError:
+        return None
+    return False
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        p = psutil.Process(pid)
+        return p.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return False
+
+
+class LiveProcesses:
+    """The real /proc. One instance per snapshot; it caches what it reads."""
+
+    def __init__(self) -> None:
+        self._pid_max = pid_max()
+        self._in_child_ns = in_child_pid_namespace()
+        self._cache: dict[int, ProcInfo] = {}
+
+    @property
+    def in_child_namespace(self) -> bool:
+        return self._in_child_ns
+
+    def info(self, pid: int, *, detail: bool = True) -> ProcInfo:
+        """Facts about ``pid``. ``detail`` also reads environ, maps and cgroup."""
+        cached = self._cache.get(pid)
+        if cached is not None:
+            return cached
+        if is_garbage_pid(pid, self._pid_max):
+            info = ProcInfo(pid=pid, exists=False, garbage=True)
+        else:
+            info = self._read(pid, detail)
+        self._cache[pid] = info
+        return info
+
+    def _read(self, pid: int, detail: bool) -> ProcInfo:
+        try:
+            p = psutil.Process(pid)
+            with p.oneshot():
+                uid = p.uids().real
+                status = p.status()
+                ppid = p.ppid()
+                start = p.create_time()
+                name = p.name()
+                try:
+                    cmd = " ".join(p.cmdline()) or f"[{name}]"
+                except (psutil.AccessDenied, psutil.ZombieProcess):
+                    cmd = f"[{name}]"
+                try:
+                    cpus: frozenset[int] | None = frozenset(p.cpu_affinity() or ())
+                except (psutil.AccessDenied, psutil.ZombieProcess, AttributeError, OSError):
+                    cpus = None
+        except psutil.NoSuchProcess:
+            return ProcInfo(pid=pid, exists=False, namespace_hint=self._hint())
+        except psutil.AccessDenied:
+            return ProcInfo(pid=pid, exists=True, nspid=read_nspid(pid))
+        pgid = _pgid(pid)
+        leader_alive = None if pgid is None else (pgid == pid or _alive(pgid))
+        return ProcInfo(
+            pid=pid,
+            exists=True,
+            start_time=start,
+            user=_user_name(uid),
+            uid=uid,
+            command=cmd,
+            name=name,
+            status=status,
+            ppid=ppid,
+            pgid=pgid,
+            group_leader_alive=leader_alive,
+            cpus_allowed=cpus,
+            container=read_container(pid) if detail else None,
+            nspid=read_nspid(pid),
+            env=_read_env(pid) if detail else None,
+            uses_torch=_uses_torch(pid) if detail else None,
+        )
+
+    def _hint(self) -> str | None:
+        if self._in_child_ns:
+            return "this view runs inside a PID namespace; the pid is probably the host's"
+        return None
+
+    def holders(
+        self, device_files: Mapping[str, int | None], exclude: Iterable[int] = ()
+    ) -> list[Holder]:
+        """Processes holding NVIDIA device files, with user and command filled in."""
+        out: list[Holder] = []
+        for raw in scan_holders(device_files, exclude=exclude):
+            info = self.info(raw.pid, detail=False)
+            indices = sorted(
+                {i for d in raw.devices if (i := device_files.get(d)) is not None}
+            )
+            out.append(
+                Holder(
+                    pid=raw.pid,
+                    devices=raw.devices,
+                    gpu_indices=tuple(indices),
+                    user=info.user,
+                    command=info.command,
+                    start_time=info.start_time,
+                    uses_uvm=any(d.endswith("nvidia-uvm") for d in raw.devices),
+                )
+            )
+        return out

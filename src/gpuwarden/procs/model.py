@@ -1,0 +1,74 @@
+"""Facts about one process, and about a process holding NVIDIA device files."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# Environment variables worth knowing for diagnosis; nothing else is read from environ.
+INTERESTING_ENV = (
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_MPS_PIPE_DIRECTORY",
+    "GPUWARDEN_JOB",
+)
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """What /proc says about a pid. ``exists`` False means no such process here."""
+
+    pid: int
+    exists: bool
+    start_time: float | None = None  # epoch seconds; with pid, the identity of a process
+    user: str | None = None
+    uid: int | None = None
+    command: str | None = None
+    name: str | None = None
+    status: str | None = None  # psutil status: running, sleeping, zombie, disk-sleep, ...
+    ppid: int | None = None
+    pgid: int | None = None
+    group_leader_alive: bool | None = None
+    cpus_allowed: frozenset[int] | None = None
+    container: str | None = None
+    nspid: tuple[int, ...] | None = None  # NSpid chain, outermost namespace first
+    env: Mapping[str, str] | None = None  # only INTERESTING_ENV, None when unreadable
+    uses_torch: bool | None = None
+    garbage: bool = False  # an impossible pid (driver/struct mismatch)
+    namespace_hint: str | None = None  # for invisible pids: who probably owns it
+
+    @property
+    def is_zombie(self) -> bool:
+        return self.status == "zombie"
+
+    @property
+    def is_orphan(self) -> bool:
+        """Re-parented to init after its parent died, and its process group's leader is
+        gone too (so a daemon that detached on purpose, its own group leader, is not)."""
+        return (
+            self.exists
+            and self.ppid == 1
+            and self.pgid is not None
+            and self.pgid != self.pid
+            and self.group_leader_alive is False
+        )
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process with NVIDIA device files open."""
+
+    pid: int
+    devices: tuple[str, ...]  # paths, sorted
+    gpu_indices: tuple[int, ...]  # GPUs whose device node is among ``devices``
+    user: str | None = None
+    command: str | None = None
+    start_time: float | None = None
+    uses_uvm: bool = False  # holds /dev/nvidia-uvm: a CUDA context, not just NVML
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def is_monitor(self) -> bool:
+        """Holds no GPU device node, only control files: a monitoring tool, harmless."""
+        return not self.gpu_indices

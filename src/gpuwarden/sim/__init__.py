@@ -1,0 +1,1 @@
+"""The simulated GPU world: scenario files, the allocation registry, and the job helper."""

@@ -1,0 +1,188 @@
+"""A simulated GPU job: ``python -m gpuwarden.sim.job --mem 4G --seconds 3``.
+
+It plays a CUDA program against the simulated backend: opens the device files of the
+GPUs that CUDA_VISIBLE_DEVICES gives it, registers the memory it "allocates" on each,
+honours the caps gpuwarden sets (GPUWARDEN_MEM_LIMIT, as the PyTorch hook does, and
+MPS's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT), and dies with PyTorch's CUDA-OOM message when
+an allocation exceeds a cap or the GPU's free memory."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from typing import IO
+
+import psutil
+
+from gpuwarden.errors import GpuwardenError
+from gpuwarden.gpus.model import GpuFacts
+from gpuwarden.gpus.sim import SimBackend
+from gpuwarden.units import GiB, parse_size
+
+
+def _fmt(n: int) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2**20:.2f} MiB"
+
+
+def visible_gpus(gpus: list[GpuFacts], env: dict[str, str] | os._Environ[str]) -> list[GpuFacts]:
+    """The GPUs CUDA would show this process, in CUDA_VISIBLE_DEVICES order. Like CUDA,
+    parsing stops at the first entry that names no GPU."""
+    spec = env.get("CUDA_VISIBLE_DEVICES")
+    if spec is None:
+        return list(gpus)
+    out: list[GpuFacts] = []
+    for item in (s.strip() for s in spec.split(",")):
+        match = None
+        if item.isdigit():
+            match = next((g for g in gpus if g.index == int(item)), None)
+        elif item.startswith("GPU-"):
+            match = next((g for g in gpus if g.uuid.startswith(item)), None)
+        if match is None or match in out:
+            break
+        out.append(match)
+    return out
+
+
+def mps_limits(env: dict[str, str] | os._Environ[str], visible: int) -> dict[int, int]:
+    """CUDA_MPS_PINNED_DEVICE_MEM_LIMIT as {visible ordinal: bytes}: '0=1G,1=2G' or '2G'."""
+    spec = env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "").strip()
+    if not spec:
+        return {}
+    out: dict[int, int] = {}
+    for part in spec.split(","):
+        if "=" in part:
+            k, v = part.split("=", 1)
+            out[int(k)] = parse_size(v.strip())
+        else:
+            limit = parse_size(part.strip())
+            out.update({i: limit for i in range(visible)})
+    return out
+
+
+class SimOOM(Exception):
+    pass
+
+
+class Job:
+    def __init__(self, backend: SimBackend, visible: list[GpuFacts], *, leak: bool) -> None:
+        self.backend = backend
+        self.visible = visible
+        self.leak = leak
+        self.pid = os.getpid()
+        self.start_time = psutil.Process().create_time()
+        self.held: dict[str, int] = {}
+        self.command = " ".join([os.path.basename(sys.executable), "-m", "gpuwarden.sim.job",
+                                 *sys.argv[1:]])
+        self.caps: dict[int, int] = {}
+        torch_cap = os.environ.get("GPUWARDEN_MEM_LIMIT")
+        if torch_cap:
+            self.caps = {i: parse_size(torch_cap) for i in range(len(visible))}
+        for i, limit in mps_limits(os.environ, len(visible)).items():
+            self.caps[i] = min(limit, self.caps.get(i, limit))
+        self._files: list[IO[bytes]] = []
+
+    def open_devices(self) -> None:
+        dev = self.backend.registry.dev_dir
+        names = ["nvidiactl", "nvidia-uvm"] + [f"nvidia{g.index}" for g in self.visible]
+        self._files = [open(dev / n, "rb") for n in names]  # noqa: SIM115 — held on purpose
+
+    def grow_to(self, per_gpu: int) -> None:
+        """Hold ``per_gpu`` bytes on every visible GPU, or raise SimOOM like PyTorch."""
+        registry = self.backend.registry
+        with registry.locked():
+            facts = {g.uuid: g for g in self.backend.gpus()}
+            for ordinal, g in enumerate(self.visible):
+                have = self.held.get(g.uuid, 0)
+                want = per_gpu - have
+                if want <= 0:
+                    continue
+                cap = self.caps.get(ordinal)
+                free = facts[g.uuid].memory_free
+                if cap is not None and per_gpu > cap:
+                    raise SimOOM(
+                        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                        f"{_fmt(want)}. GPU {ordinal} has a total capacity of "
+                        f"{_fmt(g.memory_total)} of which {_fmt(free)} is free. This process "
+                        f"has {_fmt(have)} memory in use and its memory cap is {_fmt(cap)}."
+                    )
+                if want > free:
+                    raise SimOOM(
+                        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                        f"{_fmt(want)}. GPU {ordinal} has a total capacity of "
+                        f"{_fmt(g.memory_total)} of which {_fmt(free)} is free. Including "
+                        f"non-PyTorch memory, this process has {_fmt(have)} memory in use."
+                    )
+            for g in self.visible:
+                self.held[g.uuid] = max(per_gpu, self.held.get(g.uuid, 0))
+            registry.write(self.pid, self.start_time, self.held, leak=self.leak,
+                           command=self.command)
+
+    def release(self) -> None:
+        if not self.leak:
+            self.backend.registry.forget(self.pid)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gpuwarden.sim.job", description=__doc__)
+    ap.add_argument("--mem", default="1G", help="memory to hold on each visible GPU")
+    ap.add_argument("--grow-to", help="then grow to this much per GPU, in --steps steps")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=1.0, help="how long to run")
+    ap.add_argument("--exit-code", type=int, default=0)
+    ap.add_argument("--leak", action="store_true",
+                    help="the driver keeps this job's memory charged after it dies")
+    ap.add_argument("--hold-only", action="store_true",
+                    help="open the device files but allocate nothing the driver lists")
+    args = ap.parse_args(argv)
+
+    scenario = os.environ.get("GPUWARDEN_SIM")
+    if not scenario:
+        print("gpuwarden.sim.job: GPUWARDEN_SIM is not set (it names the scenario file)",
+              file=sys.stderr)
+        return 2
+    try:
+        backend = SimBackend.from_file(scenario)
+        mem = parse_size(args.mem)
+        grow = parse_size(args.grow_to) if args.grow_to else None
+        visible = visible_gpus(backend.gpus(), os.environ)
+        job = Job(backend, visible, leak=args.leak)
+    except GpuwardenError as e:
+        print(f"gpuwarden.sim.job: {e}", file=sys.stderr)
+        return 2
+    if not visible:
+        print("RuntimeError: CUDA error: no CUDA-capable device is detected", file=sys.stderr)
+        return 1
+
+    def on_term(signum: int, _frame: object) -> None:
+        job.release()
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    job.open_devices()
+    deadline = time.monotonic() + args.seconds
+    try:
+        if not args.hold_only:
+            job.grow_to(mem)
+        print(f"ready pid={job.pid} gpus={','.join(str(g.index) for g in visible)}", flush=True)
+        if grow is not None and not args.hold_only:
+            step_wait = args.seconds / (2 * max(args.steps, 1))
+            for i in range(1, args.steps + 1):
+                time.sleep(step_wait)
+                job.grow_to(mem + (grow - mem) * i // args.steps)
+    except SimOOM as e:
+        print(str(e), file=sys.stderr, flush=True)
+        job.release()
+        return 1
+    remaining = deadline - time.monotonic()
+    if remaining > 0:
+        time.sleep(remaining)
+    job.release()
+    return int(args.exit_code)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

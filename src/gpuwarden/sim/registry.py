@@ -1,0 +1,135 @@
+"""The simulated driver's memory: which live process holds how much on which GPU.
+
+Each simulated job writes one JSON file under ``<state>/alloc/``; a file whose process
+is gone is dropped on the next read (the driver freeing a dead context), unless it was
+written with ``leak`` set, which models a context the driver failed to free. A lock file
+serialises allocations so two jobs cannot both take the last free bytes."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+
+def state_dir_for(scenario_path: Path) -> Path:
+    """GPUWARDEN_SIM_STATE, or a per-scenario directory under the temp dir."""
+    explicit = os.environ.get("GPUWARDEN_SIM_STATE")
+    if explicit:
+        return Path(explicit)
+    digest = hashlib.sha1(str(scenario_path).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"gpuwarden-sim-{os.getuid()}-{digest}"
+
+
+@dataclass(frozen=True)
+class Allocation:
+    pid: int
+    start_time: float
+    gpus: dict[str, int]  # uuid -> bytes
+    leak: bool
+    command: str
+
+
+def _start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return None
+
+
+class Registry:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.alloc_dir = root / "alloc"
+        self.dev_dir = root / "dev"
+        self.settings_file = root / "settings.json"
+
+    def ensure(self, gpu_count: int) -> None:
+        """Create the state tree and the simulated device files (nvidiaN, nvidiactl, uvm)."""
+        self.alloc_dir.mkdir(parents=True, exist_ok=True)
+        self.dev_dir.mkdir(parents=True, exist_ok=True)
+        for name in [f"nvidia{i}" for i in range(gpu_count)] + ["nvidiactl", "nvidia-uvm"]:
+            path = self.dev_dir / name
+            if not path.exists():
+                path.touch(mode=0o666)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / "lock", "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def allocations(self) -> list[Allocation]:
+        """Live registrations; the files of processes that died cleanly are removed."""
+        out: list[Allocation] = []
+        try:
+            names = os.listdir(self.alloc_dir)
+        except OSError:
+            return out
+        for name in names:
+            if not name.endswith(".json"):
+                continue
+            path = self.alloc_dir / name
+            try:
+                data = json.loads(path.read_text())
+                alloc = Allocation(
+                    pid=int(data["pid"]),
+                    start_time=float(data["start_time"]),
+                    gpus={str(k): int(v) for k, v in data["gpus"].items()},
+                    leak=bool(data.get("leak", False)),
+                    command=str(data.get("command", "")),
+                )
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # half-written or vanished: ignore this read
+            started = _start_time(alloc.pid)
+            alive = started is not None and abs(started - alloc.start_time) < 1.0
+            if alive or alloc.leak:
+                out.append(alloc)
+            else:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        return out
+
+    def write(self, pid: int, start_time: float, gpus: dict[str, int], *, leak: bool,
+              command: str) -> None:
+        """Record (atomically) what ``pid`` holds now."""
+        self.alloc_dir.mkdir(parents=True, exist_ok=True)
+        path = self.alloc_dir / f"{pid}.json"
+        tmp = path.with_suffix(".tmp")
+        payload = {"pid": pid, "start_time": start_time, "gpus": gpus, "leak": leak,
+                   "command": command}
+        tmp.write_text(json.dumps(payload))
+        os.replace(tmp, path)
+
+    def forget(self, pid: int) -> None:
+        with contextlib.suppress(OSError):
+            (self.alloc_dir / f"{pid}.json").unlink()
+
+    def settings(self) -> dict[str, Any]:
+        """Changes made through the settings commands (compute mode, MPS), by GPU uuid."""
+        try:
+            data = json.loads(self.settings_file.read_text())
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def update_settings(self, uuid: str, **changes: Any) -> None:
+        with self.locked():
+            data = self.settings()
+            data.setdefault(uuid, {}).update(changes)
+            tmp = self.settings_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, self.settings_file)

@@ -1,0 +1,252 @@
+"""Scenario files: the JSON that declares a simulated machine (see docs/scenarios.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid as uuidlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuwarden.errors import BackendUnavailable
+from gpuwarden.gpus.model import COMPUTE_MODES
+from gpuwarden.gpus.topology import parse_cpulist
+from gpuwarden.units import parse_size
+
+PROCESS_STATES = ("running", "dead", "other_namespace", "garbage", "zombie", "orphan")
+_MODE_ALIASES = {m.lower(): m for m in COMPUTE_MODES} | {
+    "exclusive": "Exclusive_Process",
+    "exclusive_process": "Exclusive_Process",
+    "exclusive-process": "Exclusive_Process",
+}
+
+
+@dataclass(frozen=True)
+class SimGpu:
+    index: int
+    uuid: str
+    name: str
+    memory_total: int
+    numa_node: int | None
+    cpus: str | None
+    compute_mode: str
+    persistence_mode: bool
+    mps: bool
+    unaccounted_memory: int
+    utilization: int
+    temperature: int | None
+    power_watts: float | None
+    power_limit_watts: float | None
+    mig_mode: bool
+    driver_baseline: int
+    pci_bus_id: str
+    ecc_uncorrected: int | None
+    retired_pages: int | None
+    retired_pages_pending: bool | None
+    nvlink_peers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SimProcess:
+    pid: int
+    gpu: int
+    user: str
+    command: str
+    memory: int
+    state: str = "running"
+    container: str | None = None
+    ppid: int | None = None
+    uid: int | None = None
+    started_ago: float = 3600.0
+    cpus_allowed: str | None = None
+    env: dict[str, str] | None = None
+    torch: bool | None = None
+    sm_utilization: int | None = None
+    kinds: tuple[str, ...] = ("compute",)
+
+
+@dataclass(frozen=True)
+class SimHolder:
+    pid: int
+    user: str
+    command: str
+    devices: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    path: Path
+    gpus: tuple[SimGpu, ...]
+    processes: tuple[SimProcess, ...]
+    holders: tuple[SimHolder, ...]
+    driver_version: str = "sim"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ScenarioError(BackendUnavailable):
+    """A scenario file that cannot be read or does not describe a machine."""
+
+
+def _req(obj: dict[str, Any], key: str, where: str) -> Any:
+    if key not in obj:
+        raise ScenarioError(f"{where}: missing field {key!r}")
+    return obj[key]
+
+
+def _size(value: Any, where: str) -> int:
+    try:
+        n = parse_size(value)
+    except Exception as e:  # UsageError carries a good message
+        raise ScenarioError(f"{where}: {e}") from None
+    return n
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ScenarioError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
+def _int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ScenarioError(f"{where}: expected an integer, got {value!r}")
+    return value
+
+
+def _parse_gpu(raw: Any, pos: int) -> SimGpu:
+    where = f"gpus[{pos}]"
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{where}: expected an object")
+    index = _int(raw.get("index", pos), f"{where}.index")
+    mode_raw = str(raw.get("compute_mode", "Default"))
+    mode = _MODE_ALIASES.get(mode_raw.lower())
+    if mode is None:
+        raise ScenarioError(
+            f"{where}.compute_mode: {mode_raw!r} is not one of "
+            "Default, Exclusive_Process, Prohibited"
+        )
+    cpus = raw.get("cpus")
+    if cpus is not None:
+        try:
+            parse_cpulist(str(cpus))
+        except Exception as e:
+            raise ScenarioError(f"{where}.cpus: {e}") from None
+    util = _int(raw.get("utilization", 0), f"{where}.utilization")
+    if not 0 <= util <= 100:
+        raise ScenarioError(f"{where}.utilization: must be 0-100, got {util}")
+    total = _size(_req(raw, "memory_total", where), f"{where}.memory_total")
+    uuid = str(raw.get("uuid") or f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_OID, f'sim-{index}')}")
+    numa = raw.get("numa_node", 0)
+    return SimGpu(
+        index=index,
+        uuid=uuid,
+        name=str(raw.get("name", "Simulated GPU")),
+        memory_total=total,
+        numa_node=None if numa is None else _int(numa, f"{where}.numa_node"),
+        cpus=None if cpus is None else str(cpus),
+        compute_mode=mode,
+        persistence_mode=_bool(raw.get("persistence_mode", True), f"{where}.persistence_mode"),
+        mps=_bool(raw.get("mps", False), f"{where}.mps"),
+        unaccounted_memory=_size(raw.get("unaccounted_memory", 0), f"{where}.unaccounted_memory"),
+        utilization=util,
+        temperature=raw.get("temperature", 35),
+        power_watts=raw.get("power_watts", 60.0),
+        power_limit_watts=raw.get("power_limit_watts", 400.0),
+        mig_mode=_bool(raw.get("mig_mode", False), f"{where}.mig_mode"),
+        driver_baseline=_size(raw.get("driver_baseline", 0), f"{where}.driver_baseline"),
+        pci_bus_id=str(raw.get("pci_bus_id", f"00000000:{0x10 + index:02X}:00.0")),
+        ecc_uncorrected=raw.get("ecc_uncorrected", 0),
+        retired_pages=raw.get("retired_pages", 0),
+        retired_pages_pending=raw.get("retired_pages_pending", False),
+        nvlink_peers=tuple(int(x) for x in raw.get("nvlink_peers", ())),
+    )
+
+
+def _parse_process(raw: Any, pos: int, gpu_indices: set[int]) -> SimProcess:
+    where = f"processes[{pos}]"
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{where}: expected an object")
+    pid = _int(_req(raw, "pid", where), f"{where}.pid")
+    gpu = _int(_req(raw, "gpu", where), f"{where}.gpu")
+    if gpu not in gpu_indices:
+        raise ScenarioError(f"{where}.gpu: no GPU with index {gpu}")
+    state = str(raw.get("state", "running"))
+    if state not in PROCESS_STATES:
+        raise ScenarioError(f"{where}.state: {state!r} is not one of {', '.join(PROCESS_STATES)}")
+    env = raw.get("env")
+    if env is not None and not isinstance(env, dict):
+        raise ScenarioError(f"{where}.env: expected an object")
+    return SimProcess(
+        pid=pid,
+        gpu=gpu,
+        user=str(raw.get("user", "root")),
+        command=str(raw.get("command", f"process-{pid}")),
+        memory=_size(_req(raw, "memory", where), f"{where}.memory"),
+        state=state,
+        container=raw.get("container"),
+        ppid=raw.get("ppid"),
+        uid=raw.get("uid"),
+        started_ago=float(raw.get("started_ago", 3600.0)),
+        cpus_allowed=raw.get("cpus_allowed"),
+        env={str(k): str(v) for k, v in env.items()} if env else None,
+        torch=raw.get("torch"),
+        sm_utilization=raw.get("sm_utilization"),
+        kinds=tuple(raw.get("kinds", ("compute",))),
+    )
+
+
+def _parse_holder(raw: Any, pos: int) -> SimHolder:
+    where = f"holders[{pos}]"
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{where}: expected an object")
+    devices = _req(raw, "devices", where)
+    if not isinstance(devices, list) or not devices:
+        raise ScenarioError(f"{where}.devices: expected a non-empty list of device paths")
+    return SimHolder(
+        pid=_int(_req(raw, "pid", where), f"{where}.pid"),
+        user=str(raw.get("user", "root")),
+        command=str(raw.get("command", "?")),
+        devices=tuple(sorted(str(d) for d in devices)),
+    )
+
+
+def parse_scenario(data: Any, path: Path) -> Scenario:
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: a scenario is a JSON object with a 'gpus' list")
+    raw_gpus = data.get("gpus")
+    if not isinstance(raw_gpus, list) or not raw_gpus:
+        raise ScenarioError(f"{path}: 'gpus' must be a non-empty list")
+    gpus = tuple(_parse_gpu(g, i) for i, g in enumerate(raw_gpus))
+    indices = [g.index for g in gpus]
+    if len(set(indices)) != len(indices):
+        raise ScenarioError(f"{path}: GPU indices must be unique")
+    uuids = [g.uuid for g in gpus]
+    if len(set(uuids)) != len(uuids):
+        raise ScenarioError(f"{path}: GPU uuids must be unique")
+    procs = tuple(
+        _parse_process(p, i, set(indices)) for i, p in enumerate(data.get("processes", []))
+    )
+    holders = tuple(_parse_holder(h, i) for i, h in enumerate(data.get("holders", [])))
+    return Scenario(
+        path=path,
+        gpus=tuple(sorted(gpus, key=lambda g: g.index)),
+        processes=procs,
+        holders=holders,
+        driver_version=str(data.get("driver_version", "sim-550.00")),
+        extra={k: v for k, v in data.items() if k not in ("gpus", "processes", "holders")},
+    )
+
+
+def load_scenario(path: str | os.PathLike[str]) -> Scenario:
+    """Read and validate a scenario; every problem is one ScenarioError line."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ScenarioError(f"cannot read scenario {p}: {e.strerror or e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ScenarioError(f"scenario {p} is not valid JSON: {e.msg} at line {e.lineno}") from None
+    return parse_scenario(data, p.resolve())

@@ -1,0 +1,116 @@
+"""Sizes, fractions and durations: parsed in one place, bytes and seconds inside."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from gpuwarden.errors import UsageError
+
+KiB = 1024
+MiB = 1024**2
+GiB = 1024**3
+TiB = 1024**4
+
+# Decimal-looking suffixes (G, GB) mean binary units too: that is what nvidia-smi,
+# PyTorch and every GPU user mean by "14G".
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": KiB, "kb": KiB, "kib": KiB,
+    "m": MiB, "mb": MiB, "mib": MiB,
+    "g": GiB, "gb": GiB, "gib": GiB,
+    "t": TiB, "tb": TiB, "tib": TiB,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str | int | float, *, total: int | None = None) -> int:
+    """Parse ``14G``, ``512MiB``, ``4096`` (bytes) or, when ``total`` is given, a
+    fraction such as ``0.5`` of it. Returns bytes; raises UsageError on bad input."""
+    if isinstance(text, bool):
+        raise UsageError(f"invalid size {text!r}")
+    if isinstance(text, int):
+        if text < 0:
+            raise UsageError(f"invalid size {text}: must not be negative")
+        return text
+    if isinstance(text, float):
+        text = repr(text)
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise UsageError(
+            f"invalid size {text!r}: use a number with a unit such as 14G, 512MiB or 0.5"
+        )
+    number, unit = float(m.group(1)), m.group(2).lower()
+    if unit not in _UNITS:
+        raise UsageError(f"invalid size {text!r}: unknown unit {m.group(2)!r} (use K, M, G, T)")
+    if unit == "" and "." in m.group(1):
+        if total is None:
+            raise UsageError(f"invalid size {text!r}: a fraction needs a known total")
+        if not 0 < number <= 1:
+            raise UsageError(f"invalid size {text!r}: a fraction must be in (0, 1]")
+        return int(total * number)
+    value = number * _UNITS[unit]
+    if not math.isfinite(value):
+        raise UsageError(f"invalid size {text!r}")
+    return int(value)
+
+
+def format_bytes(n: int | None) -> str:
+    """Render bytes for people: MiB below 10 GiB, GiB above (as nvidia-smi users expect)."""
+    if n is None:
+        return "n/a"
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    if n < MiB:
+        return f"{sign}{n / KiB:.0f}KiB" if n >= KiB else f"{sign}{n}B"
+    if n < 10 * GiB:
+        return f"{sign}{n / MiB:.0f}MiB"
+    return f"{sign}{n / GiB:.1f}GiB"
+
+
+def format_bytes_short(n: int | None) -> str:
+    """Narrow form for tables: 130M, 9.5G, 80G."""
+    if n is None:
+        return "n/a"
+    if n < GiB:
+        return f"{n / MiB:.0f}M"
+    g = n / GiB
+    return f"{g:.1f}G" if g < 100 else f"{g:.0f}G"
+
+
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?", re.IGNORECASE)
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Parse ``90``, ``1.5s``, ``10m``, ``2h30m`` or ``500ms`` into seconds."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        if text < 0:
+            raise UsageError(f"invalid duration {text}: must not be negative")
+        return float(text)
+    s = str(text).strip()
+    pos, total, matched = 0, 0.0, False
+    while pos < len(s):
+        m = _DURATION_RE.match(s, pos)
+        if not m or m.end() == pos:
+            raise UsageError(f"invalid duration {text!r}: use e.g. 30s, 10m, 2h30m")
+        total += float(m.group(1)) * _DURATION_UNITS[(m.group(2) or "s").lower()]
+        pos, matched = m.end(), True
+    if not matched:
+        raise UsageError(f"invalid duration {text!r}: use e.g. 30s, 10m, 2h30m")
+    return total
+
+
+def format_duration(seconds: float | None) -> str:
+    """Render an elapsed time compactly: 45s, 12m03s, 3h05m, 2d04h."""
+    if seconds is None:
+        return "n/a"
+    s = int(max(seconds, 0))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
