@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from gpuwarden.errors import UsageError
+from gpuwarden.errors import BackendUnavailable, UsageError
 from gpuwarden.gpus.model import COMPUTE_MODES, GpuFacts, GpuProcessFacts
 from gpuwarden.gpus.topology import parse_cpulist
 from gpuwarden.procs.live import LiveProcesses
@@ -105,7 +105,13 @@ class SimBackend:
     def __init__(self, scenario: Scenario, state_dir: Path) -> None:
         self.scenario = scenario
         self.registry = Registry(state_dir)
-        self.registry.ensure(len(scenario.gpus))
+        try:
+            self.registry.ensure(len(scenario.gpus))
+        except OSError as e:
+            raise BackendUnavailable(
+                f"cannot use the simulation state directory {state_dir}: "
+                f"{e.strerror or e} (set GPUWARDEN_SIM_STATE to a writable directory)"
+            ) from None
         self.warnings: list[str] = []
         self._loaded_at = time.time()
 

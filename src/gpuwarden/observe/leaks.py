@@ -74,7 +74,8 @@ def _process_leak(p: ProcessView, gpu: int) -> Leak | None:
         ev = (f"pid {p.pid} ({_who(p)}) is defunct and still holds {mem} on GPU {gpu}; "
               f"its parent pid {p.info.ppid} has not reaped it")
     else:
-        ev = (f"pid {p.pid} ({_who(p)}) was re-parented to init after the leader of its "
+        to = "init" if p.info.ppid == 1 else f"pid {p.info.ppid}"
+        ev = (f"pid {p.pid} ({_who(p)}) was re-parented to {to} after the leader of its "
               f"process group (pgid {p.info.pgid}) died, and still holds {mem} on GPU {gpu}")
     return Leak(gpu=gpu, kind=kind, memory=p.memory, pid=p.pid, user=p.user, evidence=ev,
                 command=p.command, start_time=p.info.start_time, parent=p.info.ppid)

@@ -119,6 +119,7 @@ class LiveProcesses:
             return ProcInfo(pid=pid, exists=True, nspid=read_nspid(pid))
         pgid = _pgid(pid)
         leader_alive = None if pgid is None else (pgid == pid or _alive(pgid))
+        parent_pgid = _pgid(ppid) if ppid > 0 else None
         return ProcInfo(
             pid=pid,
             exists=True,
@@ -131,6 +132,7 @@ class LiveProcesses:
             ppid=ppid,
             pgid=pgid,
             group_leader_alive=leader_alive,
+            parent_pgid=parent_pgid,
             cpus_allowed=cpus,
             container=read_container(pid) if detail else None,
             nspid=read_nspid(pid),

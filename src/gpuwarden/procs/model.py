@@ -30,6 +30,7 @@ class ProcInfo:
     ppid: int | None = None
     pgid: int | None = None
     group_leader_alive: bool | None = None
+    parent_pgid: int | None = None
     cpus_allowed: frozenset[int] | None = None
     container: str | None = None
     nspid: tuple[int, ...] | None = None  # NSpid chain, outermost namespace first
@@ -44,14 +45,16 @@ class ProcInfo:
 
     @property
     def is_orphan(self) -> bool:
-        """Re-parented to init after its parent died, and its process group's leader is
-        gone too (so a daemon that detached on purpose, its own group leader, is not)."""
+        """Left behind: the leader of its process group is dead and it was re-parented
+        outside the group (to init or a subreaper). A daemon that detached on purpose is
+        its own group leader, and a worker whose parent lives shares its parent's group."""
         return (
             self.exists
-            and self.ppid == 1
             and self.pgid is not None
             and self.pgid != self.pid
             and self.group_leader_alive is False
+            and (self.ppid == 1 or (self.parent_pgid is not None
+                                    and self.parent_pgid != self.pgid))
         )
 
 

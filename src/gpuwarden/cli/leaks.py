@@ -1,0 +1,203 @@
+"""``gpuwarden leaks`` and ``gpuwarden reap``: find what holds GPU memory for nobody, and
+take it back — with proof, in bytes and seconds."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from gpuwarden.cli.common import DURATION, SIZE, backend, check_gpu_indices, emit_json
+
+if TYPE_CHECKING:
+    from gpuwarden.gpus.backend import Backend
+    from gpuwarden.observe.leaks import Leak
+    from gpuwarden.observe.reap import ReapAction
+
+_sampling = [
+    click.option("--samples", type=click.IntRange(1, 100), default=3, show_default=True,
+                 help="Consecutive samples a leak must appear in."),
+    click.option("--interval", type=DURATION, default=0.5, show_default=True,
+                 help="Time between samples."),
+    click.option("--threshold", type=SIZE, default=None,
+                 help="Smallest unaccounted memory worth reporting (default 64MiB)."),
+]
+
+
+def _with_sampling(f: Any) -> Any:
+    for opt in reversed(_sampling):
+        f = opt(f)
+    return f
+
+
+def _find(b: Backend, samples: int, interval: float, threshold: int | None,
+          gpus: tuple[int, ...]) -> tuple[Any, list[Leak]]:
+    from gpuwarden.observe.leaks import DEFAULT_THRESHOLD, find_leaks
+    from gpuwarden.observe.sampling import sample
+
+    snaps = sample(b, samples, interval)
+    check_gpu_indices(gpus, [g.index for g in snaps[-1].gpus])
+    found = find_leaks(snaps, DEFAULT_THRESHOLD if threshold is None else threshold)
+    if gpus:
+        found = [lk for lk in found if lk.gpu in gpus or lk.gpu is None]
+    return snaps[-1], found
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--gpu", "gpus", type=int, multiple=True, help="Only this GPU (repeatable).")
+@_with_sampling
+def leaks(as_json: bool, gpus: tuple[int, ...], samples: int, interval: float,
+          threshold: int | None) -> None:
+    """Leaked GPU memory, hidden holders and pids nobody owns, each with evidence.
+
+    Kinds: unaccounted (memory no process accounts for), hidden_holder (holds
+    /dev/nvidiaN but the driver lists it nowhere), monitor (only control files:
+    harmless), other_namespace, dead_pid, garbage_pid, zombie, orphan."""
+    with backend() as b:
+        _, found = _find(b, samples, interval, threshold, gpus)
+    if as_json:
+        emit_json({"leaks": [lk.to_json() for lk in found]})
+        return
+    from rich.console import Console
+    from rich.markup import escape
+
+    from gpuwarden.units import format_bytes
+
+    console = Console()
+    real = [lk for lk in found if lk.kind != "monitor"]
+    if not real:
+        console.print("[green]No leaks[/green]: every byte in use belongs to a live process.")
+    for lk in found:
+        style = "dim" if lk.kind == "monitor" else "bold red"
+        where = "-" if lk.gpu is None else str(lk.gpu)
+        pid = "" if lk.pid is None else f" pid {lk.pid}"
+        console.print(f"[{style}]GPU {where} {lk.kind}{pid}[/{style}] "
+                      f"{format_bytes(lk.memory) if lk.memory is not None else ''}")
+        console.print(f"  {escape(lk.evidence)}", highlight=False)
+    if real:
+        console.print("\nReclaim with [bold]gpuwarden reap[/bold] (dry run) and "
+                      "[bold]gpuwarden reap --yes[/bold].")
+
+
+def _used(b: Backend) -> dict[int, int]:
+    return {g.index: g.memory_used for g in b.gpus()}
+
+
+def _verify(b: Backend, acted: list[ReapAction], before: dict[int, int], timeout: float,
+            started: float) -> tuple[dict[int, dict[str, Any]], list[int]]:
+    """Poll until every signalled pid has left the driver's lists and the expected bytes are
+    back, or ``timeout`` passes. Returns per-GPU results and the pids still listed."""
+    expected: dict[int, int] = {}
+    for a in acted:
+        if a.expect_bytes is not None and len(a.gpus) == 1:
+            expected[a.gpus[0]] = expected.get(a.gpus[0], 0) + a.expect_bytes
+    watched = {a.pid for a in acted if a.pid is not None}
+    deadline = started + timeout
+    freed_at: dict[int, float] = {}
+    while True:
+        now = time.monotonic()
+        listed = {p.pid for p in b.processes()}
+        used = _used(b)
+        for gpu in {g for a in acted for g in a.gpus}:
+            drop = before.get(gpu, 0) - used.get(gpu, 0)
+            if gpu not in freed_at and drop >= expected.get(gpu, 1) and not (watched & listed):
+                freed_at[gpu] = now
+        still = sorted(watched & listed)
+        gpus = {g for a in acted for g in a.gpus}
+        if (not still and gpus <= set(freed_at)) or now >= deadline:
+            break
+        time.sleep(0.2)
+    results = {
+        gpu: {"gpu": gpu, "bytes": before.get(gpu, 0) - used.get(gpu, 0),
+              "seconds": round(freed_at[gpu] - started, 3) if gpu in freed_at else None,
+              "expected": expected.get(gpu)}
+        for gpu in sorted({g for a in acted for g in a.gpus})
+    }
+    return results, still
+
+
+@click.command()
+@click.option("--yes", is_flag=True, help="Act. Without it, reap only says what it would do.")
+@click.option("--pid", "pids", type=int, multiple=True,
+              help="Only this pid (repeatable); also allows reaping a computing process.")
+@click.option("--gpu", "gpus", type=int, multiple=True, help="Only leaks on this GPU.")
+@click.option("--grace", type=DURATION, default=5.0, show_default=True,
+              help="Time between SIGTERM and SIGKILL.")
+@click.option("--timeout", type=DURATION, default=30.0, show_default=True,
+              help="How long to wait for the memory to come back.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_with_sampling
+def reap(yes: bool, pids: tuple[int, ...], gpus: tuple[int, ...], grace: float,
+         timeout: float, as_json: bool, samples: int, interval: float,
+         threshold: int | None) -> None:
+    """Kill what leaks GPU memory, then poll until the memory is back.
+
+    Dry run by default. Kills hidden holders and orphans (SIGTERM, grace, SIGKILL), asks
+    a zombie's parent to reap it; never another user's process unless run as root, never
+    one the driver shows computing unless named with --pid. Reports the bytes reclaimed
+    and seconds taken, or what is still held and the command to run next."""
+    from gpuwarden.observe.reap import NONE, SIGNAL_PARENT, TERMINATE, plan_reap
+    from gpuwarden.procs.terminate import signal_parent, terminate
+
+    with backend() as b:
+        snap, found = _find(b, samples, interval, threshold, gpus)
+        plan = plan_reap(found, snap, caller_uid=os.geteuid(), named=pids)
+        outcome: dict[str, Any] = {"dry_run": not yes,
+                                   "actions": [a.to_json() for a in plan],
+                                   "reclaimed": [], "still_held": [], "next_steps": []}
+        acted = [a for a in plan if a.action != NONE]
+        if yes and acted:
+            before = _used(b)
+            started = time.monotonic()
+            for a, row in zip(plan, outcome["actions"], strict=True):
+                if a.action == TERMINATE and a.pid is not None:
+                    row["result"] = terminate(a.pid, a.start_time, grace)
+                elif a.action == SIGNAL_PARENT and a.target is not None and a.pid is not None:
+                    row["result"] = signal_parent(a.target, a.pid)
+            results, still = _verify(b, acted, before, timeout, started)
+            outcome["reclaimed"] = list(results.values())
+            outcome["still_held"] = still
+        held = set(outcome["still_held"])
+        outcome["next_steps"] = sorted({a.next_step for a in plan if a.next_step and
+                                        (a.action == NONE or a.pid in held)})
+    if as_json:
+        emit_json(outcome)
+    else:
+        _render(plan, outcome, yes)
+    if yes and outcome["still_held"]:
+        raise SystemExit(1)
+
+
+def _render(plan: list[ReapAction], outcome: dict[str, Any], yes: bool) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    from gpuwarden.units import format_bytes
+
+    console = Console(highlight=False)
+    if not plan:
+        console.print("[green]Nothing to reap[/green]: no leaks found.")
+        return
+    verb = {"terminate": "kill", "signal_parent": "signal parent of", "none": "leave"}
+    for a, row in zip(plan, outcome["actions"], strict=True):
+        target = f"pid {a.pid}" if a.pid is not None else "memory"
+        where = ",".join(map(str, a.gpus)) or "-"
+        result = f" -> {row['result']}" if "result" in row else ""
+        style = "yellow" if a.action == "none" else "bold"
+        console.print(f"[{style}]{verb[a.action]} {target}[/{style}] (GPU {where}, {a.kind}"
+                      f"{', ' + escape(a.user) if a.user else ''}): {escape(a.reason)}{result}")
+    if not yes and any(a.action != "none" for a in plan):
+        console.print("\nDry run. Run [bold]gpuwarden reap --yes[/bold] to act.")
+    for r in outcome["reclaimed"]:
+        secs = "not yet" if r["seconds"] is None else f"in {r['seconds']:.1f}s"
+        console.print(f"GPU {r['gpu']}: reclaimed {format_bytes(r['bytes'])} {secs}")
+    if outcome["still_held"]:
+        console.print(f"[red]Still listed by the driver:[/red] pids "
+                      f"{', '.join(map(str, outcome['still_held']))}")
+    if outcome["next_steps"]:
+        console.print("\nNext steps:")
+        for step in outcome["next_steps"]:
+            console.print(f"  {escape(step)}")

@@ -1,0 +1,106 @@
+"""Shared fixtures: an isolated simulated machine per test, and the CLI as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+SRC = ROOT / "src"
+
+
+@dataclass
+class SimMachine:
+    """A simulated machine: scenario + private state dir; runs gpuwarden and sim jobs."""
+
+    scenario: Path
+    state: Path
+    procs: list[subprocess.Popen[str]] = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(GPUWARDEN_SIM=str(self.scenario), GPUWARDEN_SIM_STATE=str(self.state),
+                   PYTHONPATH=str(SRC) + os.pathsep + env.get("PYTHONPATH", ""),
+                   COLUMNS="100", PYTHONUNBUFFERED="1")
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        return env
+
+    def cli(self, *args: str, check: bool = False, timeout: float = 60,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run([sys.executable, "-m", "gpuwarden", *args], env=env or self.env,
+                           capture_output=True, text=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise AssertionError(f"gpuwarden {' '.join(args)} -> {r.returncode}\n{r.stderr}")
+        return r
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.cli(*args, "--json", check=True).stdout)
+
+    def job(self, *args: str, gpus: str | None = None, wait_ready: bool = True,
+            **popen: Any) -> subprocess.Popen[str]:
+        """Start a simulated GPU job and wait until it holds its memory."""
+        env = self.env
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpus
+        p = subprocess.Popen([sys.executable, "-m", "gpuwarden.sim.job", *args], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+        self.procs.append(p)
+        if wait_ready:
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            assert line.startswith("ready"), f"job did not start: {line!r} {p.stderr and p.stderr.read()}"
+        return p
+
+    def cleanup(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator[SimMachine]:
+    m = SimMachine(EXAMPLES / "idle-2gpu.json", tmp_path / "state")
+    yield m
+    m.cleanup()
+
+
+@pytest.fixture
+def make_sim(tmp_path: Path) -> Iterator[Any]:
+    made: list[SimMachine] = []
+
+    def make(scenario: str | dict[str, Any]) -> SimMachine:
+        if isinstance(scenario, dict):
+            path = tmp_path / f"scenario{len(made)}.json"
+            path.write_text(json.dumps(scenario))
+        else:
+            path = EXAMPLES / scenario
+        m = SimMachine(path, tmp_path / f"state{len(made)}")
+        made.append(m)
+        return m
+
+    yield make
+    for m in made:
+        m.cleanup()
+
+
+def wait_for(pred: Any, timeout: float = 10.0, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(interval)

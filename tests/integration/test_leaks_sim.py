@@ -1,0 +1,169 @@
+"""Leaks on the simulated backend with real processes: a hidden holder, a dead pid with
+charged memory, an orphan and a zombie — found, classified, reaped, memory verified."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.conftest import SimMachine, wait_for
+
+GiB = 1024**3
+
+
+def _leaks(sim: SimMachine, *extra: str) -> list[dict[str, object]]:
+    return list(sim.json("leaks", "--samples", "2", "--interval", "0.1", *extra)["leaks"])
+
+
+def test_running_job_is_listed_with_user_and_memory(sim: SimMachine) -> None:
+    job = sim.job("--mem", "3G", "--seconds", "30", gpus="1")
+    status = sim.json("status")
+    gpu1 = status["gpus"][1]
+    [proc] = [p for p in gpu1["processes"] if p["pid"] == job.pid]
+    assert proc["memory"] == 3 * GiB
+    assert proc["user"] == getpass.getuser()
+    assert proc["state"] == "running"
+    assert "gpuwarden.sim.job" in proc["command"]
+    assert gpu1["memory_used"] == 3 * GiB
+    assert status["gpus"][0]["memory_used"] == 0
+    assert _leaks(sim) == []
+
+
+def test_job_memory_is_freed_when_it_exits(sim: SimMachine) -> None:
+    job = sim.job("--mem", "2G", "--seconds", "30", gpus="0")
+    job.send_signal(signal.SIGKILL)  # no clean-up: the "driver" must still free it
+    job.wait()
+    assert sim.json("status")["gpus"][0]["memory_used"] == 0
+
+
+def test_hidden_holder_is_found_and_reaped(sim: SimMachine) -> None:
+    holder = sim.job("--hold-only", "--seconds", "60", gpus="1")
+    found = [lk for lk in _leaks(sim) if lk["pid"] == holder.pid]
+    assert [(lk["kind"], lk["gpu"]) for lk in found] == [("hidden_holder", 1)]
+    assert "nvidia1" in str(found[0]["evidence"])
+
+    dry = sim.json("reap", "--samples", "1")
+    assert dry["dry_run"] is True
+    assert holder.poll() is None, "a dry run must not kill anything"
+
+    out = sim.json("reap", "--yes", "--samples", "1", "--grace", "2")
+    [action] = [a for a in out["actions"] if a["pid"] == holder.pid]
+    assert action["action"] == "terminate"
+    assert action["result"] in ("terminated", "killed")
+    assert holder.wait(timeout=5) != 0
+    assert _leaks(sim) == []
+
+
+def test_dead_pid_with_charged_memory(sim: SimMachine) -> None:
+    job = sim.job("--mem", "2G", "--seconds", "60", "--leak", gpus="0")
+    job.kill()
+    job.wait()
+    [leak] = _leaks(sim)
+    assert leak["kind"] == "dead_pid"
+    assert leak["pid"] == job.pid and leak["gpu"] == 0 and leak["memory"] == 2 * GiB
+    out = sim.json("reap", "--yes", "--samples", "1")
+    [action] = out["actions"]
+    assert action["action"] == "none"
+    assert any("-pm 0" in step for step in out["next_steps"])
+
+
+def _orphan(sim: SimMachine, mem: str) -> int:
+    """A leader starts a worker on GPU 0 and dies: the worker is re-parented and its
+    process group is left without a leader."""
+    env = sim.env
+    env["CUDA_VISIBLE_DEVICES"] = "0"
+    leader = subprocess.run(
+        ["sh", "-c", f"{sys.executable} -m gpuwarden.sim.job --mem {mem} --seconds 120 "
+                     ">/dev/null 2>&1 & echo $!"],
+        env=env, capture_output=True, text=True, start_new_session=True, check=True)
+    worker = int(leader.stdout.strip())
+    wait_for(lambda: any(p["pid"] == worker for p in sim.json("status")["gpus"][0]["processes"]))
+    return worker
+
+
+def test_orphaned_worker_is_found_and_reaped_with_memory_back(sim: SimMachine) -> None:
+    worker = _orphan(sim, "5G")
+    try:
+        wait_for(lambda: sim.json("status")["gpus"][0]["memory_used"] == 5 * GiB)
+        [leak] = _leaks(sim)
+        assert (leak["kind"], leak["pid"], leak["memory"]) == ("orphan", worker, 5 * GiB)
+
+        out = sim.json("reap", "--yes", "--samples", "1", "--grace", "2")
+        [action] = out["actions"]
+        assert action["action"] == "terminate" and action["result"] == "terminated"
+        [back] = out["reclaimed"]
+        assert back["gpu"] == 0 and back["bytes"] == 5 * GiB and back["seconds"] is not None
+        assert out["still_held"] == []
+        assert sim.json("status")["gpus"][0]["memory_used"] == 0
+    finally:
+        if psutil.pid_exists(worker):
+            os.kill(worker, signal.SIGKILL)
+
+
+def test_zombie_holding_memory_is_reported_and_parent_named(sim: SimMachine) -> None:
+    job = sim.job("--mem", "1G", "--seconds", "0", "--leak", gpus="1")
+    # This test process is the parent and does not wait(): the job stays defunct.
+    wait_for(lambda: psutil.Process(job.pid).status() == psutil.STATUS_ZOMBIE)
+    [leak] = _leaks(sim)
+    assert (leak["kind"], leak["pid"], leak["gpu"]) == ("zombie", job.pid, 1)
+    assert leak["parent"] == os.getpid()
+
+    r = sim.cli("reap", "--yes", "--samples", "1", "--timeout", "1", "--json")
+    assert r.returncode == 1, "memory still held must be a non-zero exit"
+    import json
+
+    out = json.loads(r.stdout)
+    [action] = out["actions"]
+    assert action["action"] == "signal_parent" and action["result"] == "still_zombie"
+    assert out["still_held"] == [job.pid]
+    assert any(f"kill {os.getpid()}" in step for step in out["next_steps"])
+
+
+def test_reap_refuses_other_users_process_when_not_root(make_sim: Any) -> None:
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to act as another user")
+    shared = Path(tempfile.mkdtemp(prefix="gpuwarden-test-"))
+    try:
+        sim = make_sim("idle-2gpu.json")
+        sim.state = shared / "state"
+        worker = _orphan(sim, "2G")
+        for d in (shared, sim.state, sim.state / "alloc", sim.state / "dev"):
+            os.chmod(d, 0o777)
+        _reap_as_nobody(sim, worker)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def _reap_as_nobody(sim: SimMachine, worker: int) -> None:
+    """As an unprivileged user, a root-owned orphan must be left alone."""
+    env = sim.env
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                        sys.executable, "-m", "gpuwarden", "reap", "--yes", "--json",
+                        "--samples", "1"], env=env, capture_output=True, text=True, timeout=60)
+    import json
+
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    try:
+        [action] = [a for a in out["actions"] if a["pid"] == worker]
+        assert action["action"] == "none" and "run as root" in action["reason"]
+        assert psutil.pid_exists(worker)
+    finally:
+        os.kill(worker, signal.SIGKILL)
+
+
+def test_reap_named_pid_that_holds_nothing_is_a_usage_error(sim: SimMachine) -> None:
+    r = sim.cli("reap", "--pid", str(os.getpid()), "--samples", "1")
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "holds no GPU memory" in r.stderr
+    assert "Traceback" not in r.stderr
