@@ -1,0 +1,32 @@
+# One command each for a newcomer: `make demo` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint gpu-test bench clean
+
+$(BIN)/gpuwarden: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	@touch $@
+
+demo: $(BIN)/gpuwarden
+	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/demo.sh
+
+lint: $(BIN)/gpuwarden
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest
+
+# On a machine with a real NVIDIA GPU, torch and nvidia-ml-py (no venv needed).
+gpu-test:
+	PYTHONPATH=src $(PY) -m pytest -m gpu tests/gpu -p no:cacheprovider -v
+
+bench: $(BIN)/gpuwarden
+	PATH="$(CURDIR)/$(BIN):$$PATH" bench/run.sh
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

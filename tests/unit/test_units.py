@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpuwarden.errors import UsageError
+from gpuwarden.gpus.topology import format_cpulist, parse_cpulist
+from gpuwarden.units import GiB, MiB, format_bytes, parse_duration, parse_size
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("14G", 14 * GiB), ("14GiB", 14 * GiB), ("14gb", 14 * GiB), ("512MiB", 512 * MiB),
+    ("9752MiB", 9752 * MiB), ("4096", 4096), ("1.5G", int(1.5 * GiB)), (" 2 G ", 2 * GiB),
+])
+def test_parse_size(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+def test_fraction_needs_total_and_range() -> None:
+    assert parse_size("0.5", total=80 * GiB) == 40 * GiB
+    with pytest.raises(UsageError, match="fraction needs a known total"):
+        parse_size("0.5")
+    with pytest.raises(UsageError, match=r"\(0, 1\]"):
+        parse_size("1.5", total=GiB)
+
+
+@pytest.mark.parametrize("bad", ["12X", "-1G", "", "G", "1.2.3G", "nan", "1e9G", "inf"])
+def test_bad_sizes_are_usage_errors(bad: str) -> None:
+    with pytest.raises(UsageError, match="invalid size"):
+        parse_size(bad)
+
+
+@given(st.integers(min_value=0, max_value=2**50), st.sampled_from(["", "K", "M", "G", "MiB"]))
+def test_size_units_scale(n: int, unit: str) -> None:
+    scale = {"": 1, "K": 1024, "M": MiB, "G": GiB, "MiB": MiB}[unit]
+    assert parse_size(f"{n}{unit}") == n * scale
+
+
+@given(st.integers(min_value=0, max_value=2**48))
+def test_format_bytes_never_fails(n: int) -> None:
+    assert format_bytes(n)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("90", 90), ("1.5s", 1.5), ("10m", 600), ("2h30m", 9000), ("500ms", 0.5), ("1d", 86400),
+])
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "10x", "-5", "5 minutes"])
+def test_bad_durations(bad: str) -> None:
+    with pytest.raises(UsageError):
+        parse_duration(bad)
+
+
+def test_cpulist_examples() -> None:
+    assert parse_cpulist("0-23,48-71") == frozenset(range(24)) | frozenset(range(48, 72))
+    assert parse_cpulist("3") == {3}
+    assert parse_cpulist("") == frozenset()
+    assert format_cpulist([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    with pytest.raises(UsageError):
+        parse_cpulist("3-1")
+    with pytest.raises(UsageError):
+        parse_cpulist("a-b")
+
+
+@given(st.frozensets(st.integers(min_value=0, max_value=512), max_size=64))
+def test_cpulist_round_trip(cpus: frozenset[int]) -> None:
+    assert parse_cpulist(format_cpulist(cpus)) == cpus
