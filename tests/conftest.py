@@ -59,7 +59,8 @@ class SimMachine:
         if wait_ready:
             assert p.stdout is not None
             line = p.stdout.readline()
-            assert line.startswith("ready"), f"job did not start: {line!r} {p.stderr and p.stderr.read()}"
+            err = p.stderr.read() if p.stderr and p.poll() is not None else ""
+            assert line.startswith("ready"), f"job did not start: {line!r} {err}"
         return p
 
     def cleanup(self) -> None:

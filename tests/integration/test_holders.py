@@ -10,7 +10,8 @@ from pathlib import Path
 from gpuwarden.procs.holders import scan_holders
 from gpuwarden.procs.live import LiveProcesses
 
-HOLD = "import sys,time; fs=[open(p) for p in sys.argv[1:]]; print('ok', flush=True); time.sleep(60)"
+HOLD = ("import sys,time; fs=[open(p) for p in sys.argv[1:]]; print('ok', flush=True); "
+        "time.sleep(60)")
 
 
 def _hold(*paths: Path) -> subprocess.Popen[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Any
+from typing import NoReturn
 
 import click
 
@@ -53,11 +53,11 @@ def cli(sim: str | None) -> None:
         os.environ["GPUWARDEN_SIM"] = sim
 
 
-def main(argv: list[str] | None = None) -> Any:
+def main(argv: list[str] | None = None) -> NoReturn:
     from gpuwarden.errors import GpuwardenError
 
     try:
-        return cli.main(args=argv, prog_name="gpuwarden", standalone_mode=False)
+        rv = cli.main(args=argv, prog_name="gpuwarden", standalone_mode=False)
     except GpuwardenError as e:
         click.echo(f"gpuwarden: error: {e}", err=True)
         sys.exit(e.exit_code)
@@ -75,3 +75,5 @@ def main(argv: list[str] | None = None) -> Any:
         # Output piped into `head`: not an error worth a traceback.
         sys.stderr.close()
         sys.exit(0)
+    # Without standalone mode click returns the exit code of ctx.exit() instead of exiting.
+    sys.exit(rv if isinstance(rv, int) else 0)

@@ -1,0 +1,425 @@
+"""Doctor: the troubleshooting table turned into rules. Each rule is a pure function of a
+Snapshot (plus the leaks found over several of them and the MPS daemons), and each
+finding is a value that carries its evidence and the exact command that fixes it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+
+from gpuwarden.errors import UsageError
+from gpuwarden.gpus.mps import MpsDaemon, MpsState
+from gpuwarden.gpus.topology import format_cpulist, parse_cpulist
+from gpuwarden.observe.leaks import Leak
+from gpuwarden.observe.snapshot import ORPHAN, RUNNING, GpuView, ProcessView, Snapshot
+from gpuwarden.units import GiB, format_bytes
+
+CRITICAL, WARNING, INFO = "critical", "warning", "info"
+SEVERITIES = (CRITICAL, WARNING, INFO)  # most urgent first: the sort order
+
+NEARLY_FULL = 0.05  # free below this share of total: the next allocation may OOM
+ALLOC_SHARE = 0.25  # a torch process holding this share of its GPU is worth tuning
+NUMA_OUTSIDE = 0.5  # more than this share of allowed CPUs off the GPU's node: mismatch
+RETIRED_PAGES_MANY = 60  # NVIDIA's RMA guidance starts around this many retired pages
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem: what rule saw it, how bad, where, why we think so, how to fix it."""
+
+    rule: str
+    severity: str
+    gpu: int | None
+    pid: int | None
+    evidence: str
+    remedy: str
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What every rule reads; one argument so rules share one signature."""
+
+    snapshot: Snapshot
+    leaks: tuple[Leak, ...]
+    mps: MpsState | None
+
+
+Rule = Callable[[Inputs], Iterable[Finding]]
+
+
+def _who(p: ProcessView) -> str:
+    bits = [p.command or "?"]
+    if p.user:
+        bits.append(f"user {p.user}")
+    if p.container:
+        bits.append(f"container {p.container}")
+    return ", ".join(bits)
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f}%" if whole > 0 else "n/a"
+
+
+def _cpus(text: str | None) -> frozenset[int] | None:
+    """A GPU's local cpulist as a set; None when unknown or unparsable (never raises)."""
+    if not text:
+        return None
+    try:
+        cpus = parse_cpulist(text)
+    except UsageError:
+        return None
+    return cpus or None
+
+
+def _live(p: ProcessView) -> bool:
+    """Still running code on the GPU (an orphan does; a zombie or a dead pid does not)."""
+    return p.state in (RUNNING, ORPHAN)
+
+
+def _users(g: GpuView) -> dict[str, int]:
+    """Memory per user of the live processes on a GPU."""
+    out: dict[str, int] = {}
+    for p in g.processes:
+        if p.user and _live(p):
+            out[p.user] = out.get(p.user, 0) + (p.memory or 0)
+    return out
+
+
+def _nearly_full(g: GpuView) -> bool:
+    f = g.facts
+    return f.memory_total > 0 and f.memory_free < NEARLY_FULL * f.memory_total
+
+
+def _free_text(g: GpuView) -> str:
+    f = g.facts
+    return (f"{format_bytes(f.memory_free)} of {format_bytes(f.memory_total)} free "
+            f"({_pct(f.memory_free, f.memory_total)})")
+
+
+def _idle_gpus(snap: Snapshot, but: int) -> list[int]:
+    return [g.index for g in snap.gpus if g.index != but and not g.processes]
+
+
+# --- rules ---------------------------------------------------------------------------------
+
+def shared_default_mode(inp: Inputs) -> Iterator[Finding]:
+    """Default mode lets every user's job believe it owns the GPU: two jobs, one OOM."""
+    for g in inp.snapshot.gpus:
+        users = _users(g)
+        if g.facts.compute_mode != "Default" or g.facts.mps or len(users) < 2:
+            continue
+        full = _nearly_full(g)
+        who = ", ".join(f"{u} {format_bytes(m)}" for u, m in sorted(users.items()))
+        risk = ("nearly full: the next allocation of any of them fails with CUDA OOM"
+                if full else "each job assumes the whole GPU, so together they run out of "
+                             "memory")
+        idle = _idle_gpus(inp.snapshot, g.index)
+        hint = f" (idle now: GPU {', '.join(map(str, idle))})" if idle else ""
+        yield Finding(
+            rule="shared_default_mode", severity=CRITICAL if full else WARNING,
+            gpu=g.index, pid=None,
+            evidence=(f"GPU {g.index} is in Default compute mode and runs processes of "
+                      f"{len(users)} users ({who}); {_free_text(g)}; {risk}"),
+            remedy=(f"nvidia-smi -i {g.index} -c EXCLUSIVE_PROCESS\n"
+                    f"or give each user its own GPU{hint}:\n"
+                    "gpuwarden exec --mem SIZE -- CMD  or  CUDA_VISIBLE_DEVICES=N CMD"),
+        )
+
+
+def residual_memory(inp: Inputs) -> Iterator[Finding]:
+    """Memory in use with no process to blame: a CUDA context the driver never freed."""
+    for lk in inp.leaks:
+        if lk.kind != "unaccounted" or lk.gpu is None:
+            continue
+        n = lk.gpu
+        yield Finding(
+            rule="residual_memory", severity=WARNING, gpu=n, pid=None,
+            evidence=lk.evidence,
+            remedy=(f"gpuwarden reap --gpu {n} --yes\n"
+                    f"nvidia-smi -i {n} -pm 0 && nvidia-smi -i {n} -pm 1\n"
+                    "(reap what still holds the GPU, then cycle persistence mode so the "
+                    "driver drops the dead contexts)"),
+        )
+
+
+def _pid_leak(lk: Leak, snap: Snapshot) -> Finding | None:
+    """The per-pid leak kinds: each has its own cause and so its own fix."""
+    n, pid = lk.gpu, lk.pid
+    if pid is None:
+        return None
+    if lk.kind == "hidden_holder":
+        return Finding("hidden_holder", WARNING, n, pid, lk.evidence,
+                       f"gpuwarden reap --pid {pid} --yes\nor: kill {pid}")
+    if lk.kind == "dead_pid":
+        cycle = ("nvidia-smi -pm 0 && nvidia-smi -pm 1" if n is None
+                 else f"nvidia-smi -i {n} -pm 0 && nvidia-smi -i {n} -pm 1")
+        return Finding("dead_pid", WARNING, n, pid, lk.evidence,
+                       f"wait ~30 s for the driver to free the context; if it stays:\n{cycle}")
+    if lk.kind == "garbage_pid":
+        drv = f" {snap.driver_version}" if snap.driver_version else ""
+        return Finding("garbage_pid", WARNING, n, pid,
+                       lk.evidence + "; its owner cannot be named",
+                       f"pip install -U nvidia-ml-py\n(bindings that match the driver{drv}; "
+                       "remove an old `pynvml` package that shadows them)")
+    if lk.kind == "other_namespace":
+        return Finding("other_namespace", INFO, n, pid, lk.evidence,
+                       "run gpuwarden on the host, or its container with --pid=host:\n"
+                       "docker run --pid=host ...")
+    if lk.kind == "zombie":
+        parent = lk.parent
+        fix = (f"kill -CHLD {parent}  (asks the parent to reap it)\nif it stays: kill {parent}"
+               if parent and parent > 1 else "kill its parent process; init then reaps it")
+        return Finding("zombie", WARNING, n, pid, lk.evidence, fix)
+    if lk.kind == "orphan":
+        return Finding("orphan", WARNING, n, pid, lk.evidence,
+                       f"gpuwarden reap --pid {pid} --yes\nor: kill {pid}")
+    return None  # "monitor" holds no GPU: harmless
+
+
+def leaked_pids(inp: Inputs) -> Iterator[Finding]:
+    """Hidden holders and dead, garbage, other-namespace, zombie and orphan pids."""
+    for lk in inp.leaks:
+        f = _pid_leak(lk, inp.snapshot)
+        if f is not None:
+            yield f
+
+
+def numa_mismatch(inp: Inputs) -> Iterator[Finding]:
+    """CPU threads on the far socket halve host-device bandwidth (H2D crosses QPI/UPI)."""
+    by_pid: dict[int, list[tuple[GpuView, ProcessView]]] = {}
+    for g in inp.snapshot.gpus:
+        for p in g.processes:
+            if p.state == RUNNING and p.info.cpus_allowed:
+                by_pid.setdefault(p.pid, []).append((g, p))
+    for pid, places in sorted(by_pid.items()):
+        # A process on several GPUs is judged against all their local CPUs together.
+        local_sets = [_cpus(g.facts.cpus) for g, _ in places]
+        if any(s is None for s in local_sets):
+            continue
+        local = frozenset().union(*(s for s in local_sets if s is not None))
+        g, p = places[0]
+        allowed = p.info.cpus_allowed or frozenset()
+        outside = allowed - local
+        if allowed & local and len(outside) <= NUMA_OUTSIDE * len(allowed):
+            continue
+        gpus = ", ".join(str(gg.index) for gg, _ in places)
+        nodes = sorted({gg.facts.numa_node for gg, _ in places if gg.facts.numa_node is not None})
+        node_txt = f"NUMA node {', '.join(map(str, nodes))}, " if nodes else ""
+        yield Finding(
+            rule="numa_mismatch", severity=WARNING, gpu=g.index, pid=pid,
+            evidence=(f"pid {pid} ({_who(p)}) uses GPU {gpus} ({node_txt}local CPUs "
+                      f"{format_cpulist(local)}) but may run only on CPUs "
+                      f"{format_cpulist(allowed)}, {len(outside)} of {len(allowed)} of them off "
+                      "the GPU's node: host-device copies cross the socket"),
+            remedy=(f"taskset -a -cp {format_cpulist(local)} {pid}\n"
+                    "next start: gpuwarden exec --mem SIZE -- CMD (binds to the GPU's node)"
+                    + (f"\nor: numactl --cpunodebind={nodes[0]} --membind={nodes[0]} CMD"
+                       if len(nodes) == 1 else "")),
+        )
+
+
+def persistence_off(inp: Inputs) -> Iterator[Finding]:
+    """Without persistence the driver unloads between jobs: slow starts, lost settings."""
+    for g in inp.snapshot.gpus:
+        if g.facts.persistence_mode is False:
+            yield Finding(
+                rule="persistence_off", severity=WARNING, gpu=g.index, pid=None,
+                evidence=(f"GPU {g.index} has persistence mode off: the driver tears the GPU "
+                          "down whenever its last client exits, so each job pays seconds of "
+                          "init and settings such as the compute mode can be lost"),
+                remedy=(f"nvidia-smi -i {g.index} -pm 1\n"
+                        "or for every GPU at boot: systemctl enable --now nvidia-persistenced"),
+            )
+
+
+def _server_user(mps: MpsState | None) -> str:
+    if mps is None:
+        return ""
+    users = sorted({d.user for d in mps.servers if d.user})
+    if not users:
+        return ""
+    return (f"; the MPS server runs as {', '.join(users)}, so other users' new clients "
+            "wait until it exits")
+
+
+def mps_shared_users(inp: Inputs) -> Iterator[Finding]:
+    """MPS shares compute, not memory: one client's fault or OOM takes the others down."""
+    for g in inp.snapshot.gpus:
+        users = _users(g)
+        if not g.facts.mps or len(users) < 2:
+            continue
+        full = _nearly_full(g)
+        who = ", ".join(f"{u} {format_bytes(m)}" for u, m in sorted(users.items()))
+        yield Finding(
+            rule="mps_shared_users", severity=CRITICAL if full else WARNING,
+            gpu=g.index, pid=None,
+            evidence=(f"GPU {g.index} is served by MPS and used by {len(users)} users ({who}); "
+                      f"{_free_text(g)}; MPS gives no memory isolation, and a client that "
+                      f"faults takes every other client down{_server_user(inp.mps)}"),
+            remedy=("give each user its own GPU:\n"
+                    "gpuwarden exec --mem SIZE -- CMD  or  CUDA_VISIBLE_DEVICES=N CMD\n"
+                    "or stop MPS: echo quit | nvidia-cuda-mps-control\n"
+                    f"(memory isolation on one GPU needs MIG: nvidia-smi -i {g.index} -mig 1)"),
+        )
+
+
+def _daemon_gpus(d: MpsDaemon, snap: Snapshot) -> list[int]:
+    """Machine indices of the GPUs a control daemon serves (it is started with
+    CUDA_DEVICE_ORDER=PCI_BUS_ID, so its ordinals follow CUDA_VISIBLE_DEVICES)."""
+    v = (d.visible_devices or "").strip()
+    if not v:
+        return [g.index for g in snap.gpus]
+    parts = [x.strip() for x in v.split(",")]
+    return [int(x) for x in parts] if all(x.isdigit() for x in parts) else []
+
+
+def _limit_hint(gpus: list[int], snap: Snapshot) -> str:
+    """A starting limit: an even share of the smallest GPU among the users on them."""
+    views = [g for g in snap.gpus if g.index in gpus]
+    if not views:
+        return "16G"
+    users = max(2, max(len(_users(g)) for g in views))
+    gib = min(g.facts.memory_total for g in views) // users // GiB
+    return f"{gib}G" if gib >= 1 else "16G"
+
+
+def mps_no_memory_limit(inp: Inputs) -> Iterator[Finding]:
+    """An MPS daemon without a pinned-memory limit lets one client take the whole GPU.
+    A daemon whose environment was unreadable (pipe_dir None) is unknown, not unlimited."""
+    if inp.mps is None:
+        return
+    for d in inp.mps.controls:
+        if d.pipe_dir is None or (d.pinned_mem_limit and d.pinned_mem_limit.strip()):
+            continue
+        pipe = f"CUDA_MPS_PIPE_DIRECTORY={d.pipe_dir} "
+        gpus = _daemon_gpus(d, inp.snapshot)
+        size = _limit_hint(gpus, inp.snapshot)
+        ordinals = list(range(len(gpus))) or [0]
+        where = (f" for GPU {', '.join(map(str, gpus))}" if gpus else "")
+        by = f", user {d.user}" if d.user else ""
+        ctl = f"{pipe}nvidia-cuda-mps-control"
+        if len(ordinals) == 1:
+            live = f"echo set_default_device_pinned_mem_limit 0 {size} | {ctl}"
+        else:
+            live = (f"for d in {' '.join(map(str, ordinals))}; do echo "
+                    f"set_default_device_pinned_mem_limit $d {size} | {ctl}; done")
+        env_limit = ",".join(f"{o}={size}" for o in ordinals)
+        yield Finding(
+            rule="mps_no_memory_limit", severity=WARNING,
+            gpu=gpus[0] if len(gpus) == 1 else None, pid=d.pid,
+            evidence=(f"the MPS control daemon (pid {d.pid}{by}){where} runs without "
+                      "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: any client may take all of the GPU's "
+                      "memory and the others fail with CUDA OOM"),
+            remedy=(f"{live}\n(servers started from now on get the limit; adjust the size)\n"
+                    f"or restart it limited: echo quit | {ctl}\n"
+                    f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT='{env_limit}' {ctl} -d"),
+        )
+
+
+def alloc_conf_unset(inp: Inputs) -> Iterator[Finding]:
+    """PyTorch's caching allocator fragments big heaps unless told to use segments."""
+    for g in inp.snapshot.gpus:
+        total = g.facts.memory_total
+        for p in g.processes:
+            env = p.info.env
+            if (p.state != RUNNING or p.info.uses_torch is not True or env is None
+                    or "PYTORCH_CUDA_ALLOC_CONF" in env or "PYTORCH_ALLOC_CONF" in env
+                    or p.memory is None or total <= 0 or p.memory < ALLOC_SHARE * total):
+                continue
+            yield Finding(
+                rule="alloc_conf_unset", severity=INFO, gpu=g.index, pid=p.pid,
+                evidence=(f"pid {p.pid} ({_who(p)}) is a PyTorch process holding "
+                          f"{format_bytes(p.memory)} ({_pct(p.memory, total)} of GPU "
+                          f"{g.index}) with neither PYTORCH_CUDA_ALLOC_CONF nor "
+                          "PYTORCH_ALLOC_CONF set: its caching allocator fragments, and "
+                          "reserved-but-unused memory can end in OOM"),
+                remedy=("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n"
+                        "(in the job's environment, then restart it)"),
+            )
+
+
+def ecc_errors(inp: Inputs) -> Iterator[Finding]:
+    """Uncorrected ECC errors crash jobs; pending retirements need a reset to take effect."""
+    for g in inp.snapshot.gpus:
+        f, n = g.facts, g.index
+        inspect = f"nvidia-smi -i {n} -q -d ECC,PAGE_RETIREMENT"
+        if f.ecc_uncorrected:
+            yield Finding(
+                rule="ecc_uncorrected", severity=CRITICAL, gpu=n, pid=None,
+                evidence=(f"GPU {n} has {f.ecc_uncorrected} volatile uncorrected ECC "
+                          "error(s): data on it was corrupted and its CUDA jobs may crash"),
+                remedy=(f"drain GPU {n}, then reset it (or reboot): nvidia-smi -i {n} -r\n"
+                        f"inspect: {inspect}\nif errors recur, replace the GPU"),
+            )
+        if f.retired_pages_pending:
+            yield Finding(
+                rule="retired_pages_pending", severity=CRITICAL, gpu=n, pid=None,
+                evidence=(f"GPU {n} has memory pages waiting to be retired: the bad pages stay "
+                          "in use until the GPU is reset"),
+                remedy=(f"drain GPU {n}, then reset it (or reboot): nvidia-smi -i {n} -r\n"
+                        f"check: {inspect}"),
+            )
+        if f.retired_pages:
+            many = f.retired_pages >= RETIRED_PAGES_MANY
+            yield Finding(
+                rule="retired_pages", severity=WARNING if many else INFO, gpu=n, pid=None,
+                evidence=(f"GPU {n} has retired {f.retired_pages} memory page(s)"
+                          + (": that many suggests the memory is failing" if many
+                             else ": ECC caught errors before; harmless while it stays low")),
+                remedy=(f"watch it: {inspect}"
+                        + ("\nask the vendor about replacing the GPU (RMA)" if many else "")),
+            )
+
+
+def container_namespace(inp: Inputs) -> Iterator[Finding]:
+    """From inside a container the driver's pids (host pids) do not match our /proc."""
+    if inp.snapshot.in_child_namespace:
+        yield Finding(
+            rule="container_namespace", severity=INFO, gpu=None, pid=None,
+            evidence=("gpuwarden runs in a child PID namespace (a container): the driver "
+                      "reports host pids, so processes may look dead or foreign"),
+            remedy=("run gpuwarden on the host, or start its container with --pid=host:\n"
+                    "docker run --pid=host ..."),
+        )
+
+
+# The registry: add a rule by writing a function above and listing it here.
+RULES: list[Rule] = [
+    shared_default_mode,
+    residual_memory,
+    leaked_pids,
+    numa_mismatch,
+    persistence_off,
+    mps_shared_users,
+    mps_no_memory_limit,
+    alloc_conf_unset,
+    ecc_errors,
+    container_namespace,
+]
+
+# Every id a finding's ``rule`` can take: the stable vocabulary of --json.
+RULE_IDS = (
+    "shared_default_mode", "residual_memory", "hidden_holder", "dead_pid", "garbage_pid",
+    "other_namespace", "zombie", "orphan", "numa_mismatch", "persistence_off",
+    "mps_shared_users", "mps_no_memory_limit", "alloc_conf_unset", "ecc_uncorrected",
+    "retired_pages_pending", "retired_pages", "container_namespace",
+)
+
+
+def diagnose(snapshot: Snapshot, leaks: Sequence[Leak],
+             mps: MpsState | None = None) -> list[Finding]:
+    """Run every rule; findings most severe first, then by GPU (machine-wide first)."""
+    inp = Inputs(snapshot, tuple(leaks), mps)
+    found = [f for rule in RULES for f in rule(inp)]
+    sev = {s: i for i, s in enumerate(SEVERITIES)}
+    order = {r: i for i, r in enumerate(RULE_IDS)}
+    return sorted(found, key=lambda f: (sev[f.severity], -1 if f.gpu is None else f.gpu,
+                                        order.get(f.rule, len(order)), f.pid or 0))
+
+
+def summarize(findings: Sequence[Finding]) -> dict[str, int]:
+    """Count per severity, every severity present (zero included) for a stable schema."""
+    return {s: sum(1 for f in findings if f.severity == s) for s in SEVERITIES}
