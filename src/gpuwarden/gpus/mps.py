@@ -1,15 +1,73 @@
-"""MPS facts: which control daemons and servers run, for whom, with which limits.
+"""MPS facts: which control daemons and servers run, for whom, with which limits; and a
+thin control layer over ``nvidia-cuda-mps-control``.
 
-(Control of MPS — start, stop, limits — is added below the facts by the settings layer.)"""
+Nothing here assumes the default pipe directory: several control daemons can run at
+once (the job daemon will start one per GPU set and user), each named by its own
+``CUDA_MPS_PIPE_DIRECTORY``. Commands run as argv lists, never through a shell."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import pwd
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from gpuwarden.errors import BackendUnavailable, GpuwardenError, UsageError
+from gpuwarden.units import GiB, MiB, parse_size
+
+CONTROL_BINARY = "nvidia-cuda-mps-control"
+SERVER_BINARY = "nvidia-cuda-mps-server"
+DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
+DEFAULT_LOG_DIR = "/var/log/nvidia-mps"
+CONTROL_PIPE = "control"  # the control daemon's endpoint inside the pipe directory
+PID_FILE = "nvidia-cuda-mps-control.pid"  # written there by newer drivers
+
+ENV_PIPE_DIR = "CUDA_MPS_PIPE_DIRECTORY"
+ENV_LOG_DIR = "CUDA_MPS_LOG_DIRECTORY"
+ENV_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+ENV_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+ENV_VISIBLE = "CUDA_VISIBLE_DEVICES"
+ENV_ORDER = "CUDA_DEVICE_ORDER"
+
+# Inherited values of these would silently change which daemon or GPUs a command means.
+_DROPPED_ENV = (ENV_PIPE_DIR, ENV_LOG_DIR, ENV_MEM_LIMIT, ENV_THREADS, ENV_VISIBLE, ENV_ORDER)
+
+
+class MpsUnavailable(BackendUnavailable):
+    """The MPS tools are not installed here."""
+
+
+class MpsError(GpuwardenError):
+    """An MPS control daemon did not start, answer or stop as asked."""
+
+    exit_code = 1
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def same_dir(a: str, b: str) -> bool:
+    """Whether two spellings name one directory (``/tmp/x/`` and ``/tmp/../tmp/x``)."""
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+# -- facts --------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class MpsDaemon:
-    """One nvidia-cuda-mps-control (kind "control") or nvidia-cuda-mps-server ("server")."""
+    """One nvidia-cuda-mps-control (kind "control") or nvidia-cuda-mps-server ("server").
+    Directory and limit fields are None when the process's environ is unreadable."""
 
     pid: int
     kind: str
@@ -20,6 +78,21 @@ class MpsDaemon:
     visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES the daemon was started with
     pinned_mem_limit: str | None = None  # CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, as set
     active_thread_percentage: str | None = None
+    start_time: float | None = None  # with pid, the identity of the process
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "kind": self.kind,
+            "user": self.user,
+            "uid": self.uid,
+            "pipe_dir": self.pipe_dir,
+            "log_dir": self.log_dir,
+            "visible_devices": self.visible_devices,
+            "pinned_mem_limit": self.pinned_mem_limit,
+            "active_thread_percentage": self.active_thread_percentage,
+            "start_time": self.start_time,
+        }
 
 
 @dataclass(frozen=True)
@@ -33,3 +106,427 @@ class MpsState:
     @property
     def servers(self) -> tuple[MpsDaemon, ...]:
         return tuple(d for d in self.daemons if d.kind == "server")
+
+    def for_pipe_dir(self, pipe_dir: str) -> MpsState:
+        """Only the daemons known to use ``pipe_dir`` (unreadable ones are left out)."""
+        return MpsState(tuple(d for d in self.daemons
+                              if d.pipe_dir is not None and same_dir(d.pipe_dir, pipe_dir)))
+
+    @property
+    def pipe_dirs(self) -> tuple[str, ...]:
+        """The distinct pipe directories of the control daemons, in pid order."""
+        out: list[str] = []
+        for d in self.controls:
+            if d.pipe_dir is not None and not any(same_dir(d.pipe_dir, o) for o in out):
+                out.append(d.pipe_dir)
+        return tuple(out)
+
+
+def daemon_kind(name: str | None, cmdline: Sequence[str] | None) -> str | None:
+    """"control", "server" or None, from argv[0] first (the kernel truncates the process
+    name to 15 characters, which makes both read ``nvidia-cuda-mps``), then the name."""
+    candidates = []
+    if cmdline:
+        candidates.append(os.path.basename(cmdline[0]))
+    if name:
+        candidates.append(name)
+    for c in candidates:
+        if c == CONTROL_BINARY:
+            return "control"
+        if c == SERVER_BINARY:
+            return "server"
+    return None
+
+
+def daemon_from_env(pid: int, kind: str, env: Mapping[str, str] | None, *,
+                    user: str | None = None, uid: int | None = None,
+                    start_time: float | None = None) -> MpsDaemon:
+    """An MpsDaemon from its environment; unset directories mean MPS's defaults,
+    an unreadable environment (``None``) means unknown."""
+    if env is None:
+        return MpsDaemon(pid=pid, kind=kind, user=user, uid=uid, start_time=start_time)
+    return MpsDaemon(
+        pid=pid,
+        kind=kind,
+        user=user,
+        uid=uid,
+        pipe_dir=env.get(ENV_PIPE_DIR) or DEFAULT_PIPE_DIR,
+        log_dir=env.get(ENV_LOG_DIR) or DEFAULT_LOG_DIR,
+        visible_devices=env.get(ENV_VISIBLE),
+        pinned_mem_limit=env.get(ENV_MEM_LIMIT),
+        active_thread_percentage=env.get(ENV_THREADS),
+        start_time=start_time,
+    )
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def read_mps_state(processes: Iterable[psutil.Process] | None = None) -> MpsState:
+    """Scan /proc for MPS control daemons and servers. Reading another user's environ
+    needs root; without it the directory and limit fields stay None."""
+    procs = psutil.process_iter() if processes is None else processes
+    found: list[MpsDaemon] = []
+    for p in procs:
+        try:
+            with p.oneshot():
+                name = p.name()
+                try:
+                    cmdline: list[str] | None = p.cmdline()
+                except (psutil.AccessDenied, psutil.ZombieProcess):
+                    cmdline = None
+                kind = daemon_kind(name, cmdline)
+                if kind is None:
+                    continue
+                uid = p.uids().real
+                start = p.create_time()
+            try:
+                env: Mapping[str, str] | None = p.environ()
+            except (psutil.AccessDenied, psutil.ZombieProcess, OSError):
+                env = None
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        found.append(daemon_from_env(p.pid, kind, env, user=_user_name(uid), uid=uid,
+                                     start_time=start))
+    found.sort(key=lambda d: (d.kind != "control", d.pid))
+    return MpsState(tuple(found))
+
+
+# -- parsing and formatting -----------------------------------------------------
+
+
+def format_mps_size(nbytes: int) -> str:
+    """A size as MPS takes it: ``2G`` or ``512M`` (whole MiB; MPS has no byte unit)."""
+    if nbytes <= 0:
+        raise UsageError(f"memory limit must be positive, got {nbytes}")
+    if nbytes % GiB == 0:
+        return f"{nbytes // GiB}G"
+    if nbytes % MiB == 0:
+        return f"{nbytes // MiB}M"
+    raise UsageError(f"memory limit of {nbytes} bytes is not a whole number of MiB")
+
+
+def parse_mem_limit(text: str) -> tuple[int, int]:
+    """``GPU=SIZE`` (``0=2G``) as (GPU index, bytes); UsageError on anything else."""
+    gpu, sep, size = text.partition("=")
+    gpu = gpu.strip()
+    if not sep or not gpu.isdigit() or not size.strip():
+        raise UsageError(f"invalid --mem-limit {text!r}: use GPU=SIZE, e.g. 0=2G")
+    try:
+        nbytes = parse_size(size.strip())
+    except UsageError as e:
+        raise UsageError(f"invalid --mem-limit {text!r}: {e}") from None
+    if nbytes <= 0:
+        raise UsageError(f"invalid --mem-limit {text!r}: the size must be positive")
+    try:
+        format_mps_size(nbytes)
+    except UsageError as e:
+        raise UsageError(f"invalid --mem-limit {text!r}: {e}") from None
+    return int(gpu), nbytes
+
+
+def parse_mem_limits(texts: Iterable[str]) -> dict[int, int]:
+    """Several ``GPU=SIZE`` into GPU index -> bytes; a GPU named twice is an error."""
+    out: dict[int, int] = {}
+    for text in texts:
+        gpu, nbytes = parse_mem_limit(text)
+        if gpu in out:
+            raise UsageError(f"--mem-limit names GPU {gpu} twice")
+        out[gpu] = nbytes
+    return out
+
+
+def format_mem_limits(limits: Mapping[int, int]) -> str:
+    """Device ordinal -> bytes as CUDA_MPS_PINNED_DEVICE_MEM_LIMIT wants it: ``0=2G,1=4G``."""
+    return ",".join(f"{dev}={format_mps_size(n)}" for dev, n in sorted(limits.items()))
+
+
+def check_thread_percentage(value: int) -> int:
+    if not 1 <= value <= 100:
+        raise UsageError(f"--thread-percentage must be 1-100, got {value}")
+    return value
+
+
+def parse_gpu_list(text: str) -> tuple[int, ...]:
+    """``0,1`` as (0, 1); order kept (it is CUDA_VISIBLE_DEVICES order), no repeats."""
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise UsageError(f"invalid GPU list {text!r}: use indices such as 0,1")
+    gpus = tuple(int(p) for p in parts)
+    if len(set(gpus)) != len(gpus):
+        raise UsageError(f"invalid GPU list {text!r}: a GPU is named twice")
+    return gpus
+
+
+def parse_server_list(answer: str) -> list[int] | None:
+    """The pids in a ``get_server_list`` answer (one per line); None if it is not that."""
+    pids: list[int] = []
+    for line in answer.split():
+        if not line.isdigit():
+            return None
+        pids.append(int(line))
+    return pids
+
+
+# -- the plan for one control daemon ------------------------------------------
+
+
+@dataclass(frozen=True)
+class MpsConfig:
+    """Everything one control daemon is started with. GPU indices are the machine's
+    (nvidia-smi's); the daemon sees ``visible_devices`` renumbered from 0, so limits are
+    written with the daemon's own ordinals."""
+
+    pipe_dir: str = DEFAULT_PIPE_DIR
+    log_dir: str = DEFAULT_LOG_DIR
+    visible_devices: tuple[int, ...] | None = None  # None: every GPU
+    mem_limits: Mapping[int, int] = field(default_factory=dict)  # GPU index -> bytes
+    thread_percentage: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.thread_percentage is not None:
+            check_thread_percentage(self.thread_percentage)
+        for gpu, nbytes in self.mem_limits.items():
+            format_mps_size(nbytes)
+            if self.visible_devices is not None and gpu not in self.visible_devices:
+                shown = ",".join(map(str, self.visible_devices))
+                raise UsageError(f"--mem-limit names GPU {gpu}, which is not among "
+                                 f"the daemon's GPUs ({shown})")
+
+    def ordinal(self, gpu: int) -> int:
+        """The device number the daemon and its clients use for machine GPU ``gpu``."""
+        return gpu if self.visible_devices is None else self.visible_devices.index(gpu)
+
+    def device_limits(self) -> dict[int, int]:
+        return {self.ordinal(g): n for g, n in self.mem_limits.items()}
+
+    def env_overrides(self) -> dict[str, str]:
+        """The variables the daemon is started with (beyond the inherited environment)."""
+        env = {ENV_ORDER: "PCI_BUS_ID", ENV_PIPE_DIR: self.pipe_dir, ENV_LOG_DIR: self.log_dir}
+        if self.visible_devices is not None:
+            env[ENV_VISIBLE] = ",".join(map(str, self.visible_devices))
+        if self.mem_limits:
+            env[ENV_MEM_LIMIT] = format_mem_limits(self.device_limits())
+        if self.thread_percentage is not None:
+            env[ENV_THREADS] = str(self.thread_percentage)
+        return env
+
+    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The daemon's full environment: ``base`` (default os.environ) without any
+        inherited MPS or device-selection variables, plus ``env_overrides``."""
+        src = os.environ if base is None else base
+        env = {k: v for k, v in src.items() if k not in _DROPPED_ENV}
+        env.update(self.env_overrides())
+        return env
+
+    def limit_commands(self) -> list[str]:
+        """Control-pipe commands that set the default limits for new servers."""
+        cmds = [f"set_default_device_pinned_mem_limit {dev} {format_mps_size(n)}"
+                for dev, n in sorted(self.device_limits().items())]
+        if self.thread_percentage is not None:
+            cmds.append(f"set_default_active_thread_percentage {self.thread_percentage}")
+        return cmds
+
+    def shell_lines(self, binary: str = CONTROL_BINARY,
+                    current_env: Mapping[str, str] | None = None) -> list[str]:
+        """The start as shell lines a person could run (display only; gpuwarden runs argv)."""
+        cur = os.environ if current_env is None else current_env
+        unset = [f"-u {k}" for k in _DROPPED_ENV if k in cur and k not in self.env_overrides()]
+        assigns = [f"{k}={shlex.quote(v)}" for k, v in self.env_overrides().items()]
+        lines = [shlex.join(["mkdir", "-p", self.pipe_dir, self.log_dir]),
+                 " ".join(["env", *unset, *assigns, shlex.quote(binary), "-d"])]
+        lines += [control_shell_line(c, self.pipe_dir, binary) for c in self.limit_commands()]
+        return lines
+
+
+def control_shell_line(command: str, pipe_dir: str, binary: str = CONTROL_BINARY) -> str:
+    """``echo CMD | CUDA_MPS_PIPE_DIRECTORY=D nvidia-cuda-mps-control``, for display."""
+    return (f"echo {shlex.quote(command)} | {ENV_PIPE_DIR}={shlex.quote(pipe_dir)} "
+            f"{shlex.quote(binary)}")
+
+
+# -- control --------------------------------------------------------------------
+
+
+def _alive(d: MpsDaemon) -> bool:
+    """Whether this very process (pid and start time) still runs and is not a zombie."""
+    try:
+        p = psutil.Process(d.pid)
+        if d.start_time is not None and abs(p.create_time() - d.start_time) > 1.0:
+            return False
+        return p.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+class MpsControl:
+    """One MPS control daemon, named by its pipe directory.
+
+    ``uid``/``gid`` run the daemon and the client commands as that user (the caller must
+    be root), so that a per-user daemon can serve only that user's jobs; the
+    directories are then created owned by that user."""
+
+    def __init__(self, pipe_dir: str = DEFAULT_PIPE_DIR, log_dir: str | None = None, *,
+                 binary: str = CONTROL_BINARY, timeout: float = 10.0,
+                 uid: int | None = None, gid: int | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.pipe_dir = os.path.abspath(pipe_dir)
+        self.log_dir = os.path.abspath(log_dir) if log_dir is not None else DEFAULT_LOG_DIR
+        self.binary = binary
+        self.timeout = timeout
+        self.uid = uid
+        self.gid = gid
+        self._clock = clock
+        self._sleep = sleep
+
+    @property
+    def control_path(self) -> str:
+        return os.path.join(self.pipe_dir, CONTROL_PIPE)
+
+    def reachable(self) -> bool:
+        """Whether the control endpoint exists (a daemon listens, or left it behind)."""
+        return os.path.exists(self.control_path)
+
+    def executable(self) -> str:
+        """The control binary's path, or MpsUnavailable saying what is missing."""
+        found = shutil.which(self.binary)
+        if found is None:
+            raise MpsUnavailable(
+                f"{self.binary} not found on PATH (it ships with the NVIDIA driver's "
+                "compute utilities, e.g. nvidia-compute-utils)"
+            )
+        return found
+
+    def config(self, visible_devices: Sequence[int] | None = None,
+               mem_limits: Mapping[int, int] | None = None,
+               thread_percentage: int | None = None) -> MpsConfig:
+        """The plan ``start`` would carry out with these settings (for dry runs)."""
+        return MpsConfig(
+            pipe_dir=self.pipe_dir,
+            log_dir=self.log_dir,
+            visible_devices=None if visible_devices is None else tuple(visible_devices),
+            mem_limits=dict(mem_limits or {}),
+            thread_percentage=thread_percentage,
+        )
+
+    def daemons(self) -> tuple[MpsDaemon, ...]:
+        """Control daemons running with this pipe directory."""
+        return read_mps_state().for_pipe_dir(self.pipe_dir).controls
+
+    def _extra_groups(self) -> list[int] | None:
+        """Drop root's supplementary groups when running as another user."""
+        return None if self.uid is None else []
+
+    def _client_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
+        env[ENV_PIPE_DIR] = self.pipe_dir
+        env[ENV_LOG_DIR] = self.log_dir
+        return env
+
+    def _make_dir(self, path: str) -> None:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        if self.uid is not None:
+            os.chown(path, self.uid, -1 if self.gid is None else self.gid)
+
+    def start(self, visible_devices: Sequence[int] | None = None,
+              mem_limits: Mapping[int, int] | None = None,
+              thread_percentage: int | None = None) -> MpsDaemon:
+        """Run ``nvidia-cuda-mps-control -d`` with the plan's environment, wait until its
+        control endpoint appears, then apply the default limits through it. All or
+        nothing: when a limit is refused, the fresh daemon is stopped again."""
+        config = self.config(visible_devices, mem_limits, thread_percentage)
+        exe = self.executable()
+        running = self.daemons()
+        if running:
+            raise UsageError(f"an MPS control daemon (pid {running[0].pid}) already uses pipe "
+                             f"dir {self.pipe_dir}; stop it first or choose another --pipe-dir")
+        self._make_dir(self.pipe_dir)
+        self._make_dir(self.log_dir)
+        # Output to a file, not a pipe: the daemonised child may keep inherited pipes
+        # open, and reading one would wait for the daemon to exit.
+        with tempfile.TemporaryFile() as out:
+            try:
+                rc = subprocess.run([exe, "-d"], env=config.env(), stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT, timeout=self.timeout,
+                                    check=False, user=self.uid, group=self.gid,
+                                    extra_groups=self._extra_groups()).returncode
+            except subprocess.TimeoutExpired:
+                raise MpsError(f"{self.binary} -d did not return within "
+                               f"{self.timeout:g}s") from None
+            except OSError as e:
+                raise MpsError(f"cannot run {exe}: {e.strerror or e}") from None
+            out.seek(0)
+            said = _one_line(out.read().decode(errors="replace"))
+        if rc != 0:
+            raise MpsError(f"{self.binary} -d failed (exit {rc})" + (f": {said}" if said else ""))
+        daemon = self._wait_up()
+        try:
+            for command in config.limit_commands():
+                self.query(command)
+        except GpuwardenError:
+            with contextlib.suppress(GpuwardenError):
+                self.stop()
+            raise
+        return daemon
+
+    def _wait_up(self) -> MpsDaemon:
+        deadline = self._clock() + self.timeout
+        while True:
+            daemons = self.daemons()
+            if daemons and self.reachable():
+                return daemons[0]
+            if self._clock() >= deadline:
+                raise MpsError(
+                    f"the MPS control daemon did not come up within {self.timeout:g}s "
+                    f"(no {self.control_path}); see {os.path.join(self.log_dir, 'control.log')}"
+                )
+            self._sleep(0.05)
+
+    def query(self, command: str) -> str:
+        """Send one command line (``get_server_list``, ``set_default_...``) to the daemon
+        and return its answer."""
+        command = command.strip()
+        if not command or "\n" in command:
+            raise UsageError(f"an MPS control command is one line, got {command!r}")
+        if not self.reachable():
+            raise MpsError(f"no MPS control daemon listens at {self.pipe_dir}")
+        exe = self.executable()
+        try:
+            r = subprocess.run([exe], input=command + "\n", env=self._client_env(),
+                               capture_output=True, text=True, timeout=self.timeout,
+                               check=False, user=self.uid, group=self.gid,
+                               extra_groups=self._extra_groups())
+        except subprocess.TimeoutExpired:
+            raise MpsError(f"the MPS control daemon at {self.pipe_dir} did not answer "
+                           f"{command!r} within {self.timeout:g}s") from None
+        except OSError as e:
+            raise MpsError(f"cannot run {exe}: {e.strerror or e}") from None
+        if r.returncode != 0:
+            said = _one_line(r.stderr or r.stdout)
+            raise MpsError(f"MPS control at {self.pipe_dir}: {command!r} failed "
+                           f"(exit {r.returncode})" + (f": {said}" if said else ""))
+        return r.stdout.strip()
+
+    def stop(self) -> tuple[MpsDaemon, ...]:
+        """Send ``quit`` and wait until the daemon's process is gone; returns the daemons
+        that were stopped. A daemon still alive after ``timeout`` is an MpsError."""
+        daemons = self.daemons()
+        if not daemons and not self.reachable():
+            raise UsageError(f"no MPS control daemon runs with pipe dir {self.pipe_dir}")
+        self.query("quit")
+        deadline = self._clock() + self.timeout
+        while True:
+            left = [d for d in daemons if _alive(d)]
+            if not left:
+                return daemons
+            if self._clock() >= deadline:
+                raise MpsError(
+                    f"the MPS control daemon (pid {left[0].pid}) still runs {self.timeout:g}s "
+                    "after quit; MPS servers may still have clients (see `gpuwarden mps status`)"
+                )
+            self._sleep(0.05)
