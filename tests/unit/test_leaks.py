@@ -115,3 +115,18 @@ def test_leak_classification_is_total(procs: list[tuple[str, int]], extra_mib: i
     unacc = [lk for lk in leaks if lk.kind == "unaccounted"]
     assert len(unacc) == (1 if extra_mib * MiB >= 64 * MiB else 0)
     assert all((lk.memory or 0) >= 0 for lk in leaks)
+
+
+def test_nvml_only_holders_of_device_nodes_are_monitors() -> None:
+    from dataclasses import replace
+
+    nvml_only = replace(holder(40, ("/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidiactl"), (0,)),
+                        cuda_loaded=False)
+    cuda = replace(holder(41, ("/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidiactl"), (0,)),
+                   cuda_loaded=True)
+    unknown = holder(42, ("/dev/nvidia0",), (0,))
+    s = snapshot([(gpu(0), [])], holders=[nvml_only, cuda, unknown])
+    got = {lk.pid: lk for lk in find_leaks([s])}
+    assert got[40].kind == "monitor" and "only NVML" in got[40].evidence
+    assert got[41].kind == "hidden_holder" and "CUDA driver library" in got[41].evidence
+    assert got[42].kind == "hidden_holder"

@@ -19,6 +19,10 @@ class ProcessSource(Protocol):
 
     def info(self, pid: int, *, detail: bool = True) -> ProcInfo: ...
 
+    def cuda_loaded(self, pid: int) -> bool | None:
+        """Whether a process has the CUDA driver library loaded (None: unknown)."""
+        ...
+
     def holders(
         self, device_files: Mapping[str, int | None], exclude: Iterable[int] = ()
     ) -> list[Holder]: ...

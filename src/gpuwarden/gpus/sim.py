@@ -71,6 +71,10 @@ class SimProcesses:
             uses_torch=p.torch,
         )
 
+    def cuda_loaded(self, pid: int) -> bool | None:
+        """Unknown: simulated jobs load no libcuda, so only device files tell them apart."""
+        return None
+
     def holders(
         self, device_files: Mapping[str, int | None], exclude: Iterable[int] = ()
     ) -> list[Holder]:

@@ -91,13 +91,15 @@ def _leaks_of(snap: Snapshot) -> list[Leak]:
     for h in snap.hidden_holders:
         who = ", ".join(x for x in (h.command or "?", f"user {h.user}" if h.user else "") if x)
         if h.is_monitor:
+            what = (f"holds only {', '.join(h.devices)}" if not h.gpu_indices else
+                    f"holds {', '.join(h.devices)} with only NVML loaded (no libcuda)")
             out.append(Leak(gpu=None, kind="monitor", memory=None, pid=h.pid, user=h.user,
-                            evidence=f"pid {h.pid} ({who}) holds only "
-                                     f"{', '.join(h.devices)}: a monitoring tool, harmless",
+                            evidence=f"pid {h.pid} ({who}) {what}: a monitoring tool, "
+                                     "harmless",
                             command=h.command, start_time=h.start_time))
             continue
         for idx in h.gpu_indices:
-            ctx = " with a CUDA context (nvidia-uvm)" if h.uses_uvm else ""
+            ctx = " with the CUDA driver library loaded" if h.cuda_loaded else ""
             out.append(Leak(gpu=idx, kind="hidden_holder", memory=None, pid=h.pid, user=h.user,
                             evidence=f"pid {h.pid} ({who}) holds {', '.join(h.devices)} "
                                      f"open{ctx}, but the driver lists it on no GPU",

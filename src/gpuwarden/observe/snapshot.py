@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from gpuwarden.gpus.model import GpuFacts, GpuProcessFacts
@@ -152,7 +152,12 @@ def take_snapshot(backend: Backend, *, holders: bool = True, detail: bool = True
         for g in sorted(facts, key=lambda g: g.index)
     )
     me = os.getpid()
-    held = tuple(source.holders(backend.device_files(), exclude=(me,))) if holders else ()
+    held: tuple[Holder, ...] = ()
+    if holders:
+        listed = {p.pid for p in procs}
+        # Only for holders the driver does not list: is it a CUDA program or a monitor?
+        held = tuple(h if h.pid in listed else replace(h, cuda_loaded=source.cuda_loaded(h.pid))
+                     for h in source.holders(backend.device_files(), exclude=(me,)))
     return Snapshot(
         taken_at=taken_at,
         backend=backend.name,

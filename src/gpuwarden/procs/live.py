@@ -57,6 +57,15 @@ def _uses_torch(pid: int) -> bool | None:
     return False
 
 
+def cuda_loaded(pid: int) -> bool | None:
+    """Whether the CUDA driver library is mapped into ``pid``; None when unreadable."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            return any(b"libcuda.so" in line for line in f)
+    except OSError:
+        return None
+
+
 def _pgid(pid: int) -> int | None:
     try:
         return os.getpgid(pid)
@@ -144,6 +153,9 @@ class LiveProcesses:
         if self._in_child_ns:
             return "this view runs inside a PID namespace; the pid is probably the host's"
         return None
+
+    def cuda_loaded(self, pid: int) -> bool | None:
+        return cuda_loaded(pid)
 
     def holders(
         self, device_files: Mapping[str, int | None], exclude: Iterable[int] = ()

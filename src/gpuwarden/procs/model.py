@@ -68,10 +68,13 @@ class Holder:
     user: str | None = None
     command: str | None = None
     start_time: float | None = None
-    uses_uvm: bool = False  # holds /dev/nvidia-uvm: a CUDA context, not just NVML
+    uses_uvm: bool = False  # holds /dev/nvidia-uvm (NVML opens it too, so not proof of CUDA)
+    cuda_loaded: bool | None = None  # libcuda mapped; None when unknown (not read, no access)
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def is_monitor(self) -> bool:
-        """Holds no GPU device node, only control files: a monitoring tool, harmless."""
-        return not self.gpu_indices
+        """A monitoring tool, harmless: it holds only control files, or it holds device
+        nodes with only NVML loaded (nvidia-smi, nvitop and exporters open /dev/nvidiaN
+        and /dev/nvidia-uvm just as a CUDA program does, but never map libcuda)."""
+        return not self.gpu_indices or self.cuda_loaded is False
