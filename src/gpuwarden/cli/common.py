@@ -29,7 +29,12 @@ def backend() -> Iterator[Backend]:
 
 
 def emit_json(data: Any) -> None:
-    json.dump(data, sys.stdout, indent=2, default=str)
+    """Indented for a terminal; compact (and several times faster, through the C
+    encoder) when piped to a program."""
+    if sys.stdout.isatty():
+        sys.stdout.write(json.dumps(data, indent=2, default=str))
+    else:
+        sys.stdout.write(json.dumps(data, separators=(",", ":"), default=str))
     sys.stdout.write("\n")
 
 

@@ -9,6 +9,7 @@ import os
 import pwd
 import time
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from pathlib import Path
 
 from gpuwarden.errors import BackendUnavailable, UsageError
@@ -20,6 +21,7 @@ from gpuwarden.sim.registry import Registry, state_dir_for
 from gpuwarden.sim.scenario import Scenario, SimProcess, load_scenario
 
 
+@lru_cache(maxsize=1024)
 def _uid_of(user: str) -> int | None:
     try:
         return pwd.getpwnam(user).pw_uid

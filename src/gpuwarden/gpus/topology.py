@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 from gpuwarden.errors import UsageError
 
 
+@lru_cache(maxsize=256)
 def parse_cpulist(text: str) -> frozenset[int]:
     """Parse a kernel cpulist such as ``0-23,48-71`` or ``3`` (empty -> empty set)."""
     cpus: set[int] = set()

@@ -37,19 +37,25 @@ def scan_holders(
     for name in entries:
         if not name.isdigit() or name in skip:
             continue
-        fd_dir = f"{proc}/{name}/fd"
+        # Open the fd directory once and resolve links relative to it: one path lookup
+        # per process instead of one per descriptor.
         try:
-            fds = os.listdir(fd_dir)
+            dir_fd = os.open(f"{proc}/{name}/fd", os.O_RDONLY | os.O_DIRECTORY)
         except OSError:
             continue
         found: set[str] = set()
-        for fd in fds:
-            try:
-                target = readlink(f"{fd_dir}/{fd}")
-            except OSError:
-                continue
-            if target.startswith(prefix) and target in wanted:
-                found.add(target)
+        try:
+            for fd in os.listdir(dir_fd):
+                try:
+                    target = readlink(fd, dir_fd=dir_fd)
+                except OSError:
+                    continue
+                if target.startswith(prefix) and target in wanted:
+                    found.add(target)
+        except OSError:
+            pass  # the process exited mid-scan
+        finally:
+            os.close(dir_fd)
         if found:
             out.append(RawHolder(pid=int(name), devices=tuple(sorted(found))))
     return out
