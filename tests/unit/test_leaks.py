@@ -121,12 +121,22 @@ def test_nvml_only_holders_of_device_nodes_are_monitors() -> None:
     from dataclasses import replace
 
     nvml_only = replace(holder(40, ("/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidiactl"), (0,)),
-                        cuda_loaded=False)
+                        device_mapped=False)
     cuda = replace(holder(41, ("/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidiactl"), (0,)),
-                   cuda_loaded=True)
+                   device_mapped=True)
     unknown = holder(42, ("/dev/nvidia0",), (0,))
     s = snapshot([(gpu(0), [])], holders=[nvml_only, cuda, unknown])
     got = {lk.pid: lk for lk in find_leaks([s])}
-    assert got[40].kind == "monitor" and "only NVML" in got[40].evidence
-    assert got[41].kind == "hidden_holder" and "CUDA driver library" in got[41].evidence
+    assert got[40].kind == "monitor" and "NVML only" in got[40].evidence
+    assert got[41].kind == "hidden_holder" and "CUDA context" in got[41].evidence
     assert got[42].kind == "hidden_holder"
+
+
+def test_dead_pid_names_the_hidden_holder_that_keeps_it_alive() -> None:
+    from dataclasses import replace
+
+    child = replace(holder(50, ("/dev/nvidia-uvm", "/dev/nvidia0"), (0,)), device_mapped=True)
+    s = snapshot([(gpu(0, used=2 * GiB), [proc(49, memory=2 * GiB, exists=False)])],
+                 holders=[child])
+    dead = next(lk for lk in find_leaks([s]) if lk.kind == "dead_pid")
+    assert "pid 50 still holds" in dead.evidence

@@ -19,8 +19,9 @@ class ProcessSource(Protocol):
 
     def info(self, pid: int, *, detail: bool = True) -> ProcInfo: ...
 
-    def cuda_loaded(self, pid: int) -> bool | None:
-        """Whether a process has the CUDA driver library loaded (None: unknown)."""
+    def device_mapped(self, pid: int) -> bool | None:
+        """Whether a process has NVIDIA device files mapped, i.e. a CUDA context (None:
+        unknown)."""
         ...
 
     def holders(

@@ -73,8 +73,8 @@ class SimProcesses:
             uses_torch=p.torch,
         )
 
-    def cuda_loaded(self, pid: int) -> bool | None:
-        """Unknown: simulated jobs load no libcuda, so only device files tell them apart."""
+    def device_mapped(self, pid: int) -> bool | None:
+        """Unknown: simulated jobs map nothing, so only open device files tell them apart."""
         return None
 
     def holders(

@@ -4,7 +4,7 @@ owns. A pure function of one or more snapshots, each finding with its evidence."
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from gpuwarden.observe.snapshot import (
     DEAD,
@@ -83,23 +83,34 @@ def _process_leak(p: ProcessView, gpu: int) -> Leak | None:
 
 def _leaks_of(snap: Snapshot) -> list[Leak]:
     out: list[Leak] = []
+    holding: dict[int, list[int]] = {}  # GPU -> hidden holders that may keep its memory
+    for h in snap.hidden_holders:
+        if not h.is_monitor:
+            for idx in h.gpu_indices:
+                holding.setdefault(idx, []).append(h.pid)
     for g in snap.gpus:
         for p in g.processes:
             leak = _process_leak(p, g.index)
+            if leak and leak.kind == "dead_pid" and g.index in holding:
+                pids = ", ".join(map(str, sorted(holding[g.index])))
+                leak = replace(leak, evidence=f"{leak.evidence}; pid {pids} still holds this "
+                               "GPU's device files (a worker forked from it?) and can keep "
+                               "that memory alive: reap it first")
             if leak:
                 out.append(leak)
     for h in snap.hidden_holders:
         who = ", ".join(x for x in (h.command or "?", f"user {h.user}" if h.user else "") if x)
         if h.is_monitor:
             what = (f"holds only {', '.join(h.devices)}" if not h.gpu_indices else
-                    f"holds {', '.join(h.devices)} with only NVML loaded (no libcuda)")
+                    f"holds {', '.join(h.devices)} without mapping them (NVML only, no "
+                    "CUDA context)")
             out.append(Leak(gpu=None, kind="monitor", memory=None, pid=h.pid, user=h.user,
                             evidence=f"pid {h.pid} ({who}) {what}: a monitoring tool, "
                                      "harmless",
                             command=h.command, start_time=h.start_time))
             continue
         for idx in h.gpu_indices:
-            ctx = " with the CUDA driver library loaded" if h.cuda_loaded else ""
+            ctx = " with GPU memory mapped (a CUDA context)" if h.device_mapped else ""
             out.append(Leak(gpu=idx, kind="hidden_holder", memory=None, pid=h.pid, user=h.user,
                             evidence=f"pid {h.pid} ({who}) holds {', '.join(h.devices)} "
                                      f"open{ctx}, but the driver lists it on no GPU",

@@ -156,7 +156,7 @@ def take_snapshot(backend: Backend, *, holders: bool = True, detail: bool = True
     if holders:
         listed = {p.pid for p in procs}
         # Only for holders the driver does not list: is it a CUDA program or a monitor?
-        held = tuple(h if h.pid in listed else replace(h, cuda_loaded=source.cuda_loaded(h.pid))
+        held = tuple(h if h.pid in listed else replace(h, device_mapped=source.device_mapped(h.pid))
                      for h in source.holders(backend.device_files(), exclude=(me,)))
     return Snapshot(
         taken_at=taken_at,

@@ -57,11 +57,12 @@ def _uses_torch(pid: int) -> bool | None:
     return False
 
 
-def cuda_loaded(pid: int) -> bool | None:
-    """Whether the CUDA driver library is mapped into ``pid``; None when unreadable."""
+def device_mapped(pid: int) -> bool | None:
+    """Whether ``pid`` has NVIDIA device files mapped (a CUDA context); None when its maps
+    cannot be read."""
     try:
         with open(f"/proc/{pid}/maps", "rb") as f:
-            return any(b"libcuda.so" in line for line in f)
+            return any(b" /dev/nvidia" in line for line in f)
     except OSError:
         return None
 
@@ -154,8 +155,8 @@ class LiveProcesses:
             return "this view runs inside a PID namespace; the pid is probably the host's"
         return None
 
-    def cuda_loaded(self, pid: int) -> bool | None:
-        return cuda_loaded(pid)
+    def device_mapped(self, pid: int) -> bool | None:
+        return device_mapped(pid)
 
     def holders(
         self, device_files: Mapping[str, int | None], exclude: Iterable[int] = ()

@@ -69,12 +69,15 @@ class Holder:
     command: str | None = None
     start_time: float | None = None
     uses_uvm: bool = False  # holds /dev/nvidia-uvm (NVML opens it too, so not proof of CUDA)
-    cuda_loaded: bool | None = None  # libcuda mapped; None when unknown (not read, no access)
+    # /dev/nvidia* mapped into its memory: a CUDA context (its own or one inherited over
+    # fork). None when unknown (not read, or no access to another user's maps).
+    device_mapped: bool | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def is_monitor(self) -> bool:
         """A monitoring tool, harmless: it holds only control files, or it holds device
-        nodes with only NVML loaded (nvidia-smi, nvitop and exporters open /dev/nvidiaN
-        and /dev/nvidia-uvm just as a CUDA program does, but never map libcuda)."""
-        return not self.gpu_indices or self.cuda_loaded is False
+        nodes without mapping them (nvidia-smi, nvitop and exporters open /dev/nvidiaN and
+        /dev/nvidia-uvm and even load libcuda through NVML, as seen on an H200 — but only a
+        CUDA context maps the device files into memory)."""
+        return not self.gpu_indices or self.device_mapped is False
