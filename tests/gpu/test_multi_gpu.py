@@ -1,0 +1,117 @@
+"""Several real GPUs: NUMA facts match sysfs, CUDA_VISIBLE_DEVICES from exec lands on the
+intended physical GPU inside torch, and a two-GPU torchrun all-reduce placed by exec works
+with the machine's NCCL settings kept. Skipped on a one-GPU machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.gpus.nvml import NvmlBackend
+from gpuwarden.gpus.topology import parse_cpulist, sysfs_local_cpulist
+
+GiB = 1 << 30
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def _gpus() -> list:  # type: ignore[type-arg]
+    b = NvmlBackend.open()
+    try:
+        return b.gpus()
+    finally:
+        b.close()
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CUDA_VISIBLE_DEVICES", "GPUWARDEN_SIM")}
+    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _need_two() -> list:  # type: ignore[type-arg]
+    pytest.importorskip("torch")
+    gpus = _gpus()
+    if len(gpus) < 2:
+        pytest.skip("needs at least two GPUs")
+    return gpus
+
+
+@pytest.mark.gpu
+def test_every_gpu_has_its_numa_node_and_local_cpus() -> None:
+    for g in _gpus():
+        print(f"GPU {g.index} {g.uuid} bus {g.pci_bus_id} numa {g.numa_node} cpus {g.cpus} "
+              f"peers {g.nvlink_peers}")
+        assert g.cpus, f"GPU {g.index}: no local CPUs known"
+        sysfs = sysfs_local_cpulist(g.pci_bus_id)
+        if sysfs:
+            assert parse_cpulist(g.cpus) == parse_cpulist(sysfs)
+
+
+@pytest.mark.gpu
+def test_exec_lands_on_the_intended_physical_gpu() -> None:
+    gpus = _need_two()
+    g0, g1 = gpus[0], gpus[1]
+    # Fill most of GPU 0, so a request for more than what is left there must go to GPU 1.
+    hog = subprocess.Popen(
+        [sys.executable, "-c", f"import torch,time; x=torch.empty({int(g0.memory_total * 0.7)},"
+         " dtype=torch.uint8, device='cuda'); print('ready', flush=True); time.sleep(120)"],
+        env={**_env(), "CUDA_VISIBLE_DEVICES": g0.uuid}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert hog.stdout is not None and hog.stdout.readline().strip() == "ready"
+        probe = ("import os, torch; print(os.environ['CUDA_VISIBLE_DEVICES']); "
+                 "print(torch.cuda.device_count()); "
+                 "print(torch.cuda.get_device_properties(0).uuid); "
+                 "print(','.join(map(str, sorted(os.sched_getaffinity(0)))))")
+        r = subprocess.run([sys.executable, "-m", "gpuwarden", "exec", "--mem",
+                            str(int(g1.memory_total * 0.5)), "-v", "--", sys.executable, "-c",
+                            probe], env=_env(), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        visible, count, uuid, cpus = r.stdout.strip().splitlines()
+        print(r.stderr, r.stdout)
+        assert visible == str(g1.index) and count == "1"
+        assert uuid.removeprefix("GPU-") == g1.uuid.removeprefix("GPU-")
+        assert {int(c) for c in cpus.split(",")} <= parse_cpulist(g1.cpus or "")
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+ALLREDUCE = textwrap.dedent("""
+    import os, torch, torch.distributed as dist
+    dist.init_process_group("nccl")
+    rank = dist.get_rank()
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    t = torch.ones(4, device="cuda") * (rank + 1)
+    dist.all_reduce(t)
+    print(f"rank={rank} sum={t[0].item()} visible={os.environ['CUDA_VISIBLE_DEVICES']} "
+          f"uuid={torch.cuda.get_device_properties(torch.cuda.current_device()).uuid} "
+          f"nvls={os.environ.get('NCCL_NVLS_ENABLE')} cpus={len(os.sched_getaffinity(0))}",
+          flush=True)
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.gpu
+def test_two_gpu_torchrun_allreduce_placed_by_exec(tmp_path: Path) -> None:
+    gpus = _need_two()
+    script = tmp_path / "allreduce.py"
+    script.write_text(ALLREDUCE)
+    r = subprocess.run([sys.executable, "-m", "gpuwarden", "exec", "--count", "2", "--mem", "2G",
+                        "-v", "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node=2", str(script)],
+                       env=_env(), capture_output=True, text=True, timeout=300)
+    print(r.stdout, r.stderr[-3000:])
+    assert r.returncode == 0
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("rank=")]
+    assert len(lines) == 2
+    assert all("sum=3.0" in ln for ln in lines)
+    uuids = {ln.split("uuid=")[1].split()[0].removeprefix("GPU-") for ln in lines}
+    assert len(uuids) == 2 and uuids <= {g.uuid.removeprefix("GPU-") for g in gpus}
+    if "NCCL_NVLS_ENABLE" in os.environ:  # the machine's NCCL settings must survive exec
+        assert all(f"nvls={os.environ['NCCL_NVLS_ENABLE']}" in ln for ln in lines)
