@@ -57,7 +57,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def _client_env(pipe: Path) -> dict[str, str]:
     env = _cli_env()
-    env["CUDA_MPS_PIPE_DIRECTORY"] = str(pipe)  # no CUDA_VISIBLE_DEVICES: MPS renumbers
+    env["CUDA_MPS_PIPE_DIRECTORY"] = str(pipe)
+    # The server shows its clients only its own device, renumbered from 0. Say so: torch
+    # counts GPUs through NVML first, which sees every GPU of a multi-GPU host, and then
+    # asserts when the CUDA runtime under MPS shows fewer (seen on a 2x H200 machine).
+    env["CUDA_VISIBLE_DEVICES"] = "0"
     return env
 
 
