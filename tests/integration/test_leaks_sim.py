@@ -167,3 +167,31 @@ def test_reap_named_pid_that_holds_nothing_is_a_usage_error(sim: SimMachine) -> 
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "holds no GPU memory" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_status_watch_refreshes_until_interrupted(sim: SimMachine) -> None:
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "gpuwarden", "status", "--watch", "0.2"],
+                         env=sim.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2.0)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=10)
+    assert p.returncode == 130
+    assert "Traceback" not in err
+    assert "L4" in out
+
+
+def test_bad_scenario_and_bad_flags_are_one_line_errors(sim: SimMachine, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"gpus": [{"index": 0}]}')
+    env = {**sim.env, "GPUWARDEN_SIM": str(bad)}
+    for args in (["status"], ["leaks"], ["doctor"], ["reap"]):
+        r = sim.cli(*args, env=env)
+        assert r.returncode == 3 and "missing field 'memory_total'" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    for args in (["status", "--gpu", "7"], ["leaks", "--threshold", "12X"],
+                 ["reap", "--grace", "soon"], ["status", "--watch", "-1"]):
+        r = sim.cli(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "Traceback" not in r.stderr
