@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -94,6 +96,24 @@ def make_sim(tmp_path: Path) -> Iterator[Any]:
     yield make
     for m in made:
         m.cleanup()
+
+
+@functools.lru_cache(maxsize=1)
+def nobody_prefix() -> tuple[str, ...] | None:
+    """argv prefix that runs this test's Python as nobody, or None where that cannot be
+    done (not root, no setpriv/runuser, or nobody cannot reach this interpreter)."""
+    if os.geteuid() != 0:
+        return None
+    for prefix in (("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"),
+                   ("runuser", "-u", "nobody", "--")):
+        if shutil.which(prefix[0]) is None:
+            continue
+        probe = subprocess.run([*prefix, sys.executable, "-c", "import click, psutil, gpuwarden"],
+                               env={**os.environ, "PYTHONPATH": str(SRC)}, capture_output=True,
+                               timeout=60, check=False)
+        if probe.returncode == 0:
+            return prefix
+    return None
 
 
 def wait_for(pred: Any, timeout: float = 10.0, interval: float = 0.05) -> Any:

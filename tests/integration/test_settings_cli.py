@@ -5,7 +5,6 @@ MPS control plumbing against a stand-in ``nvidia-cuda-mps-control``."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import shutil
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 
 from gpuwarden.gpus.mps import MpsControl, MpsError, read_mps_state
+from tests.conftest import nobody_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
@@ -45,32 +45,15 @@ def run(*args: str, env: dict[str, str], as_nobody: bool = False,
         timeout: float = 60) -> subprocess.CompletedProcess[str]:
     prefix: list[str] = []
     if as_nobody:
-        drop = _drop_to_nobody()
+        drop = nobody_prefix()
         assert drop is not None
         prefix = list(drop)
     return subprocess.run([*prefix, *CMD, *args], env=env, capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
 
 
-@functools.lru_cache(maxsize=1)
-def _drop_to_nobody() -> tuple[str, ...] | None:
-    """argv prefix that runs this test's Python as nobody, or None where that cannot be
-    done (not root, no setpriv/runuser, or nobody cannot reach this interpreter)."""
-    if os.geteuid() != 0:
-        return None
-    for prefix in (("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"),
-                   ("runuser", "-u", "nobody", "--")):
-        if shutil.which(prefix[0]) is None:
-            continue
-        probe = subprocess.run([*prefix, sys.executable, "-c", "import click, psutil, gpuwarden"],
-                               env={**os.environ, "PYTHONPATH": str(SRC)}, capture_output=True,
-                               timeout=60, check=False)
-        if probe.returncode == 0:
-            return prefix
-    return None
 
-
-needs_nobody = pytest.mark.skipif(_drop_to_nobody() is None,
+needs_nobody = pytest.mark.skipif(nobody_prefix() is None,
                                   reason="needs root and setpriv or runuser")
 
 

@@ -3,7 +3,6 @@ read_mps_state against real processes that carry MPS names and environments."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -38,6 +37,7 @@ from gpuwarden.gpus.mps import (
     read_mps_state,
 )
 from gpuwarden.units import GiB, MiB, parse_size
+from tests.conftest import nobody_prefix
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -274,27 +274,9 @@ def test_read_mps_state_finds_daemons_and_their_environment(
     assert [d.pid for d in state.for_pipe_dir(str(tmp_path / "pipe")).controls] == [control.pid]
 
 
-@functools.lru_cache(maxsize=1)
-def _drop_to_nobody() -> tuple[str, ...] | None:
-    """argv prefix that runs this test's Python as nobody, or None where that cannot be
-    done (not root, no setpriv/runuser, or nobody cannot reach this interpreter)."""
-    if os.geteuid() != 0:
-        return None
-    for prefix in (("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"),
-                   ("runuser", "-u", "nobody", "--")):
-        if shutil.which(prefix[0]) is None:
-            continue
-        probe = subprocess.run([*prefix, sys.executable, "-c", "import click, psutil, gpuwarden"],
-                               env={**os.environ, "PYTHONPATH": str(SRC)}, capture_output=True,
-                               timeout=60, check=False)
-        if probe.returncode == 0:
-            return prefix
-    return None
-
-
 def test_read_mps_state_without_root_leaves_directories_unknown(
         mps_lookalikes: tuple[subprocess.Popen[bytes], ...]) -> None:
-    drop = _drop_to_nobody()
+    drop = nobody_prefix()
     if drop is None:
         pytest.skip("needs root and setpriv or runuser to look as another user")
     control = mps_lookalikes[0]

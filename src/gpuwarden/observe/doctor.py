@@ -50,15 +50,6 @@ class Inputs:
 Rule = Callable[[Inputs], Iterable[Finding]]
 
 
-def _who(p: ProcessView) -> str:
-    bits = [p.command or "?"]
-    if p.user:
-        bits.append(f"user {p.user}")
-    if p.container:
-        bits.append(f"container {p.container}")
-    return ", ".join(bits)
-
-
 def _pct(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f}%" if whole > 0 else "n/a"
 
@@ -210,7 +201,7 @@ def numa_mismatch(inp: Inputs) -> Iterator[Finding]:
         node_txt = f"NUMA node {', '.join(map(str, nodes))}, " if nodes else ""
         yield Finding(
             rule="numa_mismatch", severity=WARNING, gpu=g.index, pid=pid,
-            evidence=(f"pid {pid} ({_who(p)}) uses GPU {gpus} ({node_txt}local CPUs "
+            evidence=(f"pid {pid} ({p.describe()}) uses GPU {gpus} ({node_txt}local CPUs "
                       f"{format_cpulist(local)}) but may run only on CPUs "
                       f"{format_cpulist(allowed)}, {len(outside)} of {len(allowed)} of them off "
                       "the GPU's node: host-device copies cross the socket"),
@@ -331,7 +322,7 @@ def alloc_conf_unset(inp: Inputs) -> Iterator[Finding]:
                 continue
             yield Finding(
                 rule="alloc_conf_unset", severity=INFO, gpu=g.index, pid=p.pid,
-                evidence=(f"pid {p.pid} ({_who(p)}) is a PyTorch process holding "
+                evidence=(f"pid {p.pid} ({p.describe()}) is a PyTorch process holding "
                           f"{format_bytes(p.memory)} ({_pct(p.memory, total)} of GPU "
                           f"{g.index}) with neither PYTORCH_CUDA_ALLOC_CONF nor "
                           "PYTORCH_ALLOC_CONF set: its caching allocator fragments, and "

@@ -46,15 +46,6 @@ class Leak:
         return (self.gpu, self.kind, self.pid)
 
 
-def _who(p: ProcessView) -> str:
-    bits = [p.command or "?"]
-    if p.user:
-        bits.append(f"user {p.user}")
-    if p.container:
-        bits.append(f"container {p.container}")
-    return ", ".join(bits)
-
-
 def _process_leak(p: ProcessView, gpu: int) -> Leak | None:
     kind = _STATE_KIND.get(p.state)
     if kind is None:
@@ -71,11 +62,11 @@ def _process_leak(p: ProcessView, gpu: int) -> Leak | None:
         ev = (f"the driver lists pid {p.pid} on GPU {gpu} with {mem}, but this /proc has no "
               f"such pid: it belongs to {where}")
     elif kind == "zombie":
-        ev = (f"pid {p.pid} ({_who(p)}) is defunct and still holds {mem} on GPU {gpu}; "
+        ev = (f"pid {p.pid} ({p.describe()}) is defunct and still holds {mem} on GPU {gpu}; "
               f"its parent pid {p.info.ppid} has not reaped it")
     else:
         to = "init" if p.info.ppid == 1 else f"pid {p.info.ppid}"
-        ev = (f"pid {p.pid} ({_who(p)}) was re-parented to {to} after the leader of its "
+        ev = (f"pid {p.pid} ({p.describe()}) was re-parented to {to} after the leader of its "
               f"process group (pgid {p.info.pgid}) died, and still holds {mem} on GPU {gpu}")
     return Leak(gpu=gpu, kind=kind, memory=p.memory, pid=p.pid, user=p.user, evidence=ev,
                 command=p.command, start_time=p.info.start_time, parent=p.info.ppid)

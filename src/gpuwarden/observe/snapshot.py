@@ -62,6 +62,15 @@ class ProcessView:
     def container(self) -> str | None:
         return self.info.container
 
+    def describe(self) -> str:
+        """Command, user and container, for evidence sentences."""
+        bits = [self.command or "?"]
+        if self.user:
+            bits.append(f"user {self.user}")
+        if self.container:
+            bits.append(f"container {self.container}")
+        return ", ".join(bits)
+
     @property
     def job(self) -> str | None:
         return (self.info.env or {}).get("GPUWARDEN_JOB")
