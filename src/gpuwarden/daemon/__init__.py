@@ -1,0 +1,1 @@
+"""The job daemon: state store, API, scheduling loop and per-job supervisors."""

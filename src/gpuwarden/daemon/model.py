@@ -1,0 +1,120 @@
+"""Jobs as the daemon stores and shows them. The JSON shape (``Job.to_json``) is part of
+the interface: ``show --json`` prints it, ``ps --json`` prints a list of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+QUEUED, HELD, RESERVED, RUNNING = "queued", "held", "reserved", "running"
+SUCCEEDED, FAILED, CANCELLED, INFEASIBLE = "succeeded", "failed", "cancelled", "infeasible"
+STATES = (QUEUED, HELD, RESERVED, RUNNING, SUCCEEDED, FAILED, CANCELLED, INFEASIBLE)
+TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED, INFEASIBLE})
+ACTIVE = frozenset({RESERVED, RUNNING})  # jobs that hold GPU budget
+
+
+def iso(ts: float | None) -> str | None:
+    """Epoch seconds as ISO 8601 UTC (the JSON form of every time)."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a user asked for. Identity (uid, gid, groups) comes from the kernel
+    (SO_PEERCRED and /proc), never from the request."""
+
+    command: tuple[str, ...]
+    user: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+    cwd: str = "/"
+    env: dict[str, str] = field(default_factory=dict)
+    name: str | None = None
+    group: str | None = None
+    key: str | None = None
+    mem: int | None = None  # bytes per GPU; None: a whole idle GPU
+    gpus: int = 1
+    gpu_ids: tuple[int, ...] | None = None  # only these physical GPUs
+    after: tuple[int, ...] = ()  # job ids that must succeed first
+    timeout: float | None = None  # seconds
+    exclusive: bool = False
+    priority: int = 0
+    requeue_on_reboot: bool = False
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float
+    kind: str
+    detail: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"at": iso(self.at), "kind": self.kind, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Job:
+    id: int
+    spec: JobSpec
+    state: str
+    submitted_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    gpus: tuple[int, ...] = ()  # physical indices, once reserved
+    gpu_uuids: tuple[str, ...] = ()
+    budget: int | None = None  # bytes reserved per GPU (the request, or the whole GPU)
+    peak_memory: int | None = None  # bytes, summed over the job's process tree per GPU
+    exit_code: int | None = None
+    reason: str | None = None  # why it waits, failed or was cancelled
+    supervisor_pid: int | None = None
+    supervisor_start: float | None = None
+    boot_id: str | None = None
+    attempts: int = 0
+    events: tuple[Event, ...] = ()
+
+    @property
+    def user(self) -> str:
+        return self.spec.user
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    def to_json(self, *, with_env: bool = False) -> dict[str, Any]:
+        s = self.spec
+        out: dict[str, Any] = {
+            "id": self.id,
+            "user": s.user,
+            "uid": s.uid,
+            "name": s.name,
+            "group": s.group,
+            "key": s.key,
+            "state": self.state,
+            "command": list(s.command),
+            "cwd": s.cwd,
+            "gpus": list(self.gpus),
+            "gpu_uuids": list(self.gpu_uuids),
+            "gpu_count": s.gpus,
+            "gpu_ids": None if s.gpu_ids is None else list(s.gpu_ids),
+            "mem": s.mem,
+            "budget": self.budget,
+            "peak_memory": self.peak_memory,
+            "exclusive": s.exclusive,
+            "priority": s.priority,
+            "after": list(s.after),
+            "timeout": s.timeout,
+            "exit_code": self.exit_code,
+            "submitted_at": iso(self.submitted_at),
+            "started_at": iso(self.started_at),
+            "ended_at": iso(self.ended_at),
+            "reason": self.reason,
+            "attempts": self.attempts,
+            "events": [e.to_json() for e in self.events],
+        }
+        if with_env:
+            out["env"] = dict(s.env)
+        return out

@@ -1,0 +1,1 @@
+"""Scheduling policy: pure functions from (GPU state, queue) to decisions."""
