@@ -21,6 +21,18 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "exec": ("gpuwarden.cli.select", "exec_", "Run a command on the best GPUs, capped."),
     "gpu": ("gpuwarden.cli.settings", "gpu", "GPU settings (root): compute mode."),
     "mps": ("gpuwarden.cli.settings", "mps", "Start, stop and inspect the MPS daemon (root)."),
+    "daemon": ("gpuwarden.cli.daemon", "daemon", "Start, stop or check the job daemon."),
+    "submit": ("gpuwarden.cli.jobs", "submit", "Queue a command; prints its job id."),
+    "ps": ("gpuwarden.cli.jobs", "ps", "The job queue."),
+    "show": ("gpuwarden.cli.jobs", "show", "One job, with its events."),
+    "logs": ("gpuwarden.cli.jobs", "logs", "A job's stdout or stderr (-f to follow)."),
+    "cancel": ("gpuwarden.cli.jobs", "cancel", "Cancel jobs and their process trees."),
+    "wait": ("gpuwarden.cli.jobs", "wait", "Wait for jobs; exit with their exit code."),
+    "hold": ("gpuwarden.cli.jobs", "hold", "Keep queued jobs from starting."),
+    "release": ("gpuwarden.cli.jobs", "release", "Let held jobs start."),
+    "retry": ("gpuwarden.cli.jobs", "retry", "Queue failed or cancelled jobs again."),
+    "rm": ("gpuwarden.cli.jobs", "rm", "Remove ended jobs."),
+    "clean": ("gpuwarden.cli.jobs", "clean", "Remove ended jobs older than a duration."),
 }
 
 

@@ -1,0 +1,145 @@
+"""``gpuwarden daemon start|stop|status`` and how client commands find (or start) one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import click
+
+from gpuwarden.cli.common import emit_json
+from gpuwarden.errors import GpuwardenError
+
+if TYPE_CHECKING:
+    from gpuwarden.daemon.client import Client
+    from gpuwarden.daemon.paths import Paths
+
+
+def _pid(paths: Paths) -> int | None:
+    try:
+        return int(paths.lock.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def start_detached(paths: Paths, wait: float = 15.0) -> Client:
+    """Start a daemon in its own session, logging to the state directory, and wait until
+    it answers."""
+    from gpuwarden.daemon.client import Client
+
+    paths.home.mkdir(parents=True, exist_ok=True)
+    with open(paths.home / "daemon.log", "ab") as log:
+        subprocess.Popen([sys.executable, "-m", "gpuwarden.daemon.main"], stdin=subprocess.DEVNULL,
+                         stdout=log, stderr=log, start_new_session=True, close_fds=True,
+                         cwd="/")
+    client = Client(str(paths.socket))
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if client.alive():
+            return client
+        time.sleep(0.05)
+    raise GpuwardenError(f"the daemon did not start; see {paths.home / 'daemon.log'}")
+
+
+def connect() -> Client:
+    """A client for the configured daemon; a user-mode daemon is started on demand when
+    none runs and none is configured."""
+    from gpuwarden.daemon.client import Client, DaemonUnavailable
+    from gpuwarden.daemon.paths import resolve_paths
+
+    paths = resolve_paths()
+    client = Client(str(paths.socket))
+    if client.alive():
+        return client
+    if paths.configured:
+        raise DaemonUnavailable(f"no gpuwarden daemon answers at {paths.socket}; start it with "
+                                "`gpuwarden daemon start` (or systemctl start gpuwarden)")
+    return start_detached(paths)
+
+
+@click.group()
+def daemon() -> None:
+    """The job daemon: one per state directory (GPUWARDEN_HOME)."""
+
+
+@daemon.command()
+@click.option("--foreground", is_flag=True, help="Stay in the foreground (for systemd).")
+def start(foreground: bool) -> None:
+    """Start the daemon (detached unless --foreground)."""
+    from gpuwarden.daemon.client import Client
+    from gpuwarden.daemon.paths import resolve_paths
+
+    paths = resolve_paths()
+    if Client(str(paths.socket)).alive():
+        click.echo(f"gpuwarden daemon already running (pid {_pid(paths)}) on {paths.socket}")
+        return
+    if foreground:
+        from gpuwarden.daemon.main import run
+
+        raise SystemExit(run(paths))
+    start_detached(paths)
+    click.echo(f"gpuwarden daemon started (pid {_pid(paths)}) on {paths.socket}")
+
+
+@daemon.command()
+@click.option("--timeout", type=float, default=15.0, show_default=True)
+def stop(timeout: float) -> None:
+    """Stop the daemon. Running jobs keep running under their supervisors."""
+    from gpuwarden.daemon.client import Client
+    from gpuwarden.daemon.paths import resolve_paths
+
+    paths = resolve_paths()
+    pid = _pid(paths)
+    if pid is None or not Client(str(paths.socket)).alive():
+        click.echo("gpuwarden daemon is not running")
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        click.echo("gpuwarden daemon is not running")
+        return
+    except PermissionError:
+        raise GpuwardenError(f"not allowed to stop daemon pid {pid}") from None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            click.echo(f"gpuwarden daemon (pid {pid}) stopped")
+            return
+        time.sleep(0.05)
+    raise GpuwardenError(f"daemon pid {pid} did not stop within {timeout:g}s")
+
+
+@daemon.command()
+@click.option("--json", "as_json", is_flag=True)
+def status(as_json: bool) -> None:
+    """Whether a daemon runs, where, and its queue counts. Exit 1 when none runs."""
+    from gpuwarden.daemon.client import Client
+    from gpuwarden.daemon.paths import resolve_paths
+
+    paths = resolve_paths()
+    client = Client(str(paths.socket))
+    running = client.alive()
+    info: dict[str, object] = {"running": running, "pid": _pid(paths) if running else None,
+                               "socket": str(paths.socket), "home": str(paths.home)}
+    if running:
+        jobs = client.request("GET", "/v1/jobs")["jobs"]
+        counts: dict[str, int] = {}
+        for j in jobs:
+            counts[j["state"]] = counts.get(j["state"], 0) + 1
+        info["jobs"] = counts
+    if as_json:
+        emit_json(info)
+    elif running:
+        click.echo(f"gpuwarden daemon running (pid {info['pid']}) on {paths.socket}, state in "
+                   f"{paths.home}; jobs: " + (", ".join(f"{n} {s}" for s, n in
+                                                        sorted(counts.items())) or "none"))
+    else:
+        click.echo(f"gpuwarden daemon not running (socket {paths.socket})")
+    if not running:
+        raise SystemExit(1)

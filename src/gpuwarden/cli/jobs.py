@@ -1,0 +1,345 @@
+"""The everyday queue verbs: submit, ps, show, logs, cancel, wait, hold, release, retry,
+rm, clean. Each is a thin call to the daemon's API; ``--json`` prints what it returns."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gpuwarden.cli.common import DURATION, emit_json, warn
+from gpuwarden.errors import UsageError
+
+TERMINAL = ("succeeded", "failed", "cancelled", "infeasible")
+DIRECTIVE = "#gpuwarden"
+
+
+def _client() -> Any:
+    from gpuwarden.cli.daemon import connect
+
+    return connect()
+
+
+def parse_ids(specs: Sequence[str]) -> list[int]:
+    """Job ids from ``3``, ``3,5`` and ``7-9`` forms."""
+    out: list[int] = []
+    for spec in specs:
+        for part in spec.split(","):
+            part = part.strip()
+            try:
+                if "-" in part:
+                    lo, hi = (int(x) for x in part.split("-", 1))
+                    if lo < 1 or hi < lo or hi - lo > 100_000:
+                        raise ValueError
+                    out.extend(range(lo, hi + 1))
+                elif part:
+                    n = int(part)
+                    if n < 1:
+                        raise ValueError
+                    out.append(n)
+            except ValueError:
+                raise UsageError(f"invalid job id or range {part!r}") from None
+    return out
+
+
+def read_directives(command: Sequence[str]) -> list[str]:
+    """Options from ``#gpuwarden --mem=14G`` lines at the top of a script (like #SBATCH):
+    read up to the first line that is neither blank nor a comment."""
+    path = Path(command[0])
+    if not path.is_file():
+        return []
+    tokens: list[str] = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f):
+                s = line.strip()
+                if n > 500 or (s and not s.startswith("#")):
+                    break
+                if s.startswith(DIRECTIVE + " ") or s == DIRECTIVE:
+                    tokens += shlex.split(s[len(DIRECTIVE):])
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read directives from {path}: {e}") from None
+    return tokens
+
+
+_SUBMIT_OPTIONS = [
+    click.option("--mem", help="GPU memory per GPU (14G, 512MiB). Without: a whole idle GPU."),
+    click.option("--gpus", type=click.IntRange(1, 64), default=1, show_default=True,
+                 help="How many GPUs."),
+    click.option("--gpu-ids", help="Only these GPUs (comma-separated indices)."),
+    click.option("--name", help="A name to recognise the job by."),
+    click.option("--group", help="A group, for `cancel --group` and `ps`."),
+    click.option("--key", help="Idempotency key: resubmitting it returns the existing job."),
+    click.option("--after", "after", multiple=True,
+                 help="Start only after this job succeeded (repeatable, or 3,5)."),
+    click.option("--timeout", type=DURATION, help="Kill the job after this long (2h, 30m)."),
+    click.option("--exclusive", is_flag=True, help="Take the GPU(s) alone."),
+    click.option("--cwd", type=click.Path(file_okay=False), help="Working directory."),
+    click.option("--env-keep", "env_keep", multiple=True,
+                 help="Keep this credential-looking variable (repeatable)."),
+    click.option("--priority", type=click.IntRange(-1000, 1000), default=0, show_default=True),
+    click.option("--requeue-on-reboot", is_flag=True,
+                 help="Queue the job again if the machine reboots while it runs."),
+]
+
+
+def _submit_options(f: Any) -> Any:
+    for opt in reversed(_SUBMIT_OPTIONS):
+        f = opt(f)
+    return f
+
+
+@click.command(context_settings={"ignore_unknown_options": True,
+                                 "allow_interspersed_args": False})
+@_submit_options
+@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_context
+def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opts: Any) -> None:
+    """Queue COMMAND (after --) and print its job id.
+
+    A script may carry its options in lines such as `#gpuwarden --mem=14G` at its top;
+    options on the command line win."""
+    tokens = read_directives(command)
+    if tokens:
+        dctx = _directive_command.make_context("#gpuwarden", list(tokens))
+        for name, value in dctx.params.items():
+            if ctx.get_parameter_source(name) != click.core.ParameterSource.COMMANDLINE:
+                opts[name] = value
+    body: dict[str, Any] = {
+        "command": list(command), "cwd": os.path.abspath(opts["cwd"] or os.getcwd()),
+        "env": dict(os.environ), "env_keep": list(opts["env_keep"]),
+        "gpus": opts["gpus"], "priority": opts["priority"],
+        "exclusive": opts["exclusive"], "requeue_on_reboot": opts["requeue_on_reboot"],
+        "after": parse_ids(opts["after"]),
+    }
+    for key in ("mem", "name", "group", "key", "timeout"):
+        if opts[key] is not None:
+            body[key] = opts[key]
+    if opts["gpu_ids"]:
+        try:
+            body["gpu_ids"] = [int(x) for x in opts["gpu_ids"].split(",")]
+        except ValueError:
+            raise UsageError(f"invalid --gpu-ids {opts['gpu_ids']!r}") from None
+    job = _client().request("POST", "/v1/jobs", body=body)
+    if job.get("dropped_env"):
+        warn("not passed to the job (they look like credentials): "
+             + ", ".join(job["dropped_env"]) + "; keep one with --env-keep NAME")
+    if not job.get("created"):
+        warn(f"key {body.get('key')!r} already names job {job['id']} ({job['state']})")
+    if as_json:
+        emit_json(job)
+    else:
+        click.echo(job["id"])
+        if job["state"] == "infeasible":
+            warn(f"job {job['id']} can never run here: {job['reason']}")
+
+
+@click.command()
+@_submit_options
+def _directive_command(**opts: Any) -> None:  # parses #gpuwarden lines only
+    pass
+
+
+def _age(iso: str | None) -> str:
+    from datetime import datetime
+
+    from gpuwarden.units import format_duration
+
+    if not iso:
+        return ""
+    return format_duration(time.time() - datetime.fromisoformat(iso).timestamp())
+
+
+@click.command()
+@click.option("--all", "all_jobs", is_flag=True, help="Also jobs that have ended.")
+@click.option("--user", help="Only this user's jobs.")
+@click.option("--group", help="Only this group's jobs.")
+@click.option("--json", "as_json", is_flag=True)
+def ps(all_jobs: bool, user: str | None, group: str | None, as_json: bool) -> None:
+    """The queue: everyone's waiting and running jobs (--all: ended ones too)."""
+    from gpuwarden.units import format_bytes_short
+
+    jobs = _client().request("GET", "/v1/jobs", query={"all": "1" if all_jobs else None,
+                                                       "user": user, "group": group})["jobs"]
+    if as_json:
+        emit_json({"jobs": jobs})
+        return
+    if not jobs:
+        click.echo("No jobs" + ("" if all_jobs else " waiting or running (ps --all for ended)"))
+        return
+    rows = [("ID", "USER", "NAME", "STATE", "GPUS", "MEM", "PEAK", "TIME", "REASON / COMMAND")]
+    for j in jobs:
+        when = _age(j["started_at"]) if j["state"] == "running" else _age(j["submitted_at"])
+        what = j["reason"] or " ".join(j["command"])
+        rows.append((str(j["id"]), j["user"], j["name"] or "", j["state"],
+                     ",".join(map(str, j["gpus"])) or "-",
+                     format_bytes_short(j["mem"]) if j["mem"] else "whole",
+                     format_bytes_short(j["peak_memory"]) if j["peak_memory"] else "-",
+                     when, what))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        line = "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1]
+        click.echo(line[:200])
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+def show(job_id: int, as_json: bool) -> None:
+    """One job: its request, placement, declared vs peak memory, and its events."""
+    from gpuwarden.units import format_bytes
+
+    j = _client().request("GET", f"/v1/jobs/{job_id}")
+    if as_json:
+        emit_json(j)
+        return
+    click.echo(f"job {j['id']}  {j['state']}  user {j['user']}" +
+               (f"  name {j['name']}" if j["name"] else "") +
+               (f"  group {j['group']}" if j.get("group") else ""))
+    click.echo(f"  command   {shlex.join(j['command'])}")
+    click.echo(f"  cwd       {j.get('cwd')}")
+    click.echo(f"  gpus      {','.join(map(str, j['gpus'])) or '-'} (asked {j['gpu_count']})")
+    click.echo(f"  memory    declared {format_bytes(j['mem']) if j['mem'] else 'whole GPU'}, "
+               f"reserved {format_bytes(j['budget'])}, peak {format_bytes(j['peak_memory'])}")
+    for label, key in (("submitted", "submitted_at"), ("started", "started_at"),
+                       ("ended", "ended_at")):
+        if j[key]:
+            click.echo(f"  {label:<9} {j[key]}")
+    if j["exit_code"] is not None:
+        click.echo(f"  exit code {j['exit_code']}")
+    if j["reason"]:
+        click.echo(f"  reason    {j['reason']}")
+    click.echo("  events:")
+    for e in j["events"]:
+        click.echo(f"    {e['at']}  {e['kind']}" + (f"  {e['detail']}" if e["detail"] else ""))
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
+@click.option("--stderr", "use_stderr", is_flag=True, help="The job's stderr instead.")
+def logs(job_id: int, follow: bool, use_stderr: bool) -> None:
+    """A job's stdout (or --stderr). Only its owner or an admin may read it."""
+    client = _client()
+    offset = 0
+    out = sys.stdout.buffer
+    while True:
+        data, headers = client.request("GET", f"/v1/jobs/{job_id}/logs", raw=True, query={
+            "stream": "stderr" if use_stderr else "stdout", "offset": offset})
+        out.write(data)
+        out.flush()
+        offset = int(headers.get("X-Next-Offset", offset + len(data)))
+        ended = headers.get("X-Job-Ended") == "true"
+        if not follow or (ended and not data):
+            return
+        if not data:
+            time.sleep(0.25)
+
+
+def _each(verb: str, ids: Sequence[int], as_json: bool) -> None:
+    client = _client()
+    results, failed = [], False
+    for job_id in ids:
+        try:
+            results.append(client.request("POST", f"/v1/jobs/{job_id}/{verb}"))
+            if not as_json:
+                click.echo(f"{job_id}: {results[-1]['state']}")
+        except UsageError as e:
+            failed = True
+            click.echo(f"gpuwarden: error: job {job_id}: {e}", err=True)
+    if as_json:
+        emit_json({"jobs": results})
+    if failed:
+        raise SystemExit(2)
+
+
+@click.command()
+@click.argument("ids", nargs=-1)
+@click.option("--group", help="Every waiting or running job of this group (yours).")
+@click.option("--json", "as_json", is_flag=True)
+def cancel(ids: tuple[str, ...], group: str | None, as_json: bool) -> None:
+    """Cancel jobs (ids, ranges like 3-7, or --group): a running job's whole process tree
+    gets SIGTERM, then SIGKILL after the grace period."""
+    targets = parse_ids(ids)
+    if group:
+        jobs = _client().request("GET", "/v1/jobs", query={"group": group})["jobs"]
+        targets += [j["id"] for j in jobs]
+    if not targets:
+        raise UsageError("name job ids, ranges or --group")
+    _each("cancel", sorted(set(targets)), as_json)
+
+
+def _simple(verb: str, doc: str) -> click.Command:
+    @click.command(verb, help=doc)
+    @click.argument("ids", nargs=-1, required=True)
+    @click.option("--json", "as_json", is_flag=True)
+    def cmd(ids: tuple[str, ...], as_json: bool) -> None:
+        _each(verb, parse_ids(ids), as_json)
+    return cmd
+
+
+hold = _simple("hold", "Keep queued jobs from starting.")
+release = _simple("release", "Let held jobs start.")
+retry = _simple("retry", "Queue failed, cancelled or infeasible jobs again.")
+
+
+@click.command()
+@click.argument("ids", nargs=-1, required=True)
+@click.option("--timeout", type=DURATION, help="Give up after this long (exit 124).")
+@click.option("--json", "as_json", is_flag=True)
+def wait(ids: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
+    """Wait for jobs to end; exit with the job's exit code (the first failure's, for
+    several)."""
+    client = _client()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    done: list[dict[str, Any]] = []
+    for job_id in parse_ids(ids):
+        while True:
+            left = 30.0 if deadline is None else min(30.0, deadline - time.monotonic())
+            if left <= 0:
+                if as_json:
+                    emit_json({"jobs": done, "timed_out": True})
+                raise SystemExit(124)
+            job = client.request("GET", f"/v1/jobs/{job_id}/wait", query={"timeout": left},
+                                 timeout=left + 30)
+            if job["state"] in TERMINAL:
+                done.append(job)
+                break
+    if as_json:
+        emit_json({"jobs": done})
+    for job in done:
+        if job["state"] != "succeeded":
+            code = job["exit_code"] if job["exit_code"] not in (None, 0) else 1
+            if not as_json:
+                click.echo(f"job {job['id']} {job['state']}: {job['reason']}", err=True)
+            raise SystemExit(code)
+
+
+@click.command()
+@click.argument("ids", nargs=-1, required=True)
+def rm(ids: tuple[str, ...]) -> None:
+    """Remove ended jobs and their logs."""
+    client = _client()
+    for job_id in parse_ids(ids):
+        client.request("DELETE", f"/v1/jobs/{job_id}")
+        click.echo(f"{job_id}: removed")
+
+
+@click.command()
+@click.option("--older-than", type=DURATION, required=True,
+              help="Remove your ended jobs older than this (e.g. 7d).")
+@click.option("--json", "as_json", is_flag=True)
+def clean(older_than: float, as_json: bool) -> None:
+    """Remove ended jobs (yours; all for an admin) older than a duration."""
+    out = _client().request("POST", "/v1/clean", body={"older_than": older_than})
+    if as_json:
+        emit_json(out)
+    else:
+        click.echo(f"removed {out['removed']} job(s)")

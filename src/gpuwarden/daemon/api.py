@@ -1,0 +1,184 @@
+"""HTTP + JSON over the unix socket (aiohttp). Handlers take the caller from the
+socket's peer credentials, call the JobService in a worker thread, and turn typed errors
+into 4xx answers: bad input never reaches the daemon as an exception."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from gpuwarden import __version__
+from gpuwarden.daemon.auth import Caller, peer_caller
+from gpuwarden.daemon.openapi import document
+from gpuwarden.daemon.service import JobService, NotFound
+from gpuwarden.errors import GpuwardenError, PermissionDenied, UsageError
+from gpuwarden.units import parse_duration
+
+log = logging.getLogger("gpuwarden.api")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+SERVICE = web.AppKey("service", JobService)
+STARTED = web.AppKey("started", float)
+MAX_BODY = 4 << 20
+
+
+def _status_for(e: Exception) -> int:
+    name = type(e).__name__
+    if isinstance(e, PermissionDenied):
+        return 403
+    if isinstance(e, NotFound) or name in ("JobNotFound", "NotFoundError"):
+        return 404
+    if name in ("Conflict", "ConflictError"):
+        return 409
+    return 400
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except GpuwardenError as e:
+        return web.json_response({"error": str(e)}, status=_status_for(e))
+    except Exception as e:  # the daemon must outlive any one request
+        log.exception("internal error on %s %s", request.method, request.path)
+        return web.json_response({"error": f"internal error: {type(e).__name__}: {e}"},
+                                 status=500)
+
+
+def caller_of(request: web.Request) -> Caller:
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    if sock is None:
+        raise PermissionDenied("the caller's identity cannot be established")
+    return peer_caller(sock)
+
+
+def _job_id(request: web.Request) -> int:
+    raw = request.match_info["id"]
+    if not raw.isdigit() or not 0 < int(raw) < 2**63:
+        raise UsageError(f"invalid job id {raw!r}")
+    return int(raw)
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    return request.query.get(name, "").lower() in ("1", "true", "yes")
+
+
+async def _body(request: web.Request) -> Any:
+    if request.content_length and request.content_length > MAX_BODY:
+        raise UsageError("request body too large")
+    try:
+        return json.loads(await request.read() or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"the request body is not valid JSON: {e}") from None
+
+
+async def _call(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    return await asyncio.to_thread(fn, *args, **kw)
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"version": __version__, "uptime": time.time() -
+                              request.app[STARTED]})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(document())
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    svc, caller = request.app[SERVICE], caller_of(request)
+    jobs = await _call(svc.list, caller, all_jobs=_flag(request, "all"),
+                       user=request.query.get("user") or None,
+                       group=request.query.get("group") or None)
+    return web.json_response({"jobs": jobs})
+
+
+async def submit(request: web.Request) -> web.Response:
+    svc, caller = request.app[SERVICE], caller_of(request)
+    out = await _call(svc.submit, caller, await _body(request))
+    return web.json_response(out, status=201 if out["created"] else 200)
+
+
+async def show(request: web.Request) -> web.Response:
+    svc, caller = request.app[SERVICE], caller_of(request)
+    return web.json_response(await _call(svc.show, caller, _job_id(request)))
+
+
+async def remove(request: web.Request) -> web.Response:
+    svc, caller = request.app[SERVICE], caller_of(request)
+    job_id = _job_id(request)
+    await _call(svc.remove, caller, job_id)
+    return web.json_response({"id": job_id, "removed": True})
+
+
+def _action(name: str) -> Handler:
+    async def handler(request: web.Request) -> web.Response:
+        svc, caller = request.app[SERVICE], caller_of(request)
+        return web.json_response(await _call(getattr(svc, name), caller, _job_id(request)))
+    return handler
+
+
+async def wait(request: web.Request) -> web.Response:
+    """Long poll: answers as soon as the job has ended, or after ``timeout`` seconds."""
+    svc, caller = request.app[SERVICE], caller_of(request)
+    job_id = _job_id(request)
+    try:
+        timeout = min(max(float(request.query.get("timeout", "30")), 0.0), 3600.0)
+    except ValueError:
+        raise UsageError("timeout must be a number of seconds") from None
+    deadline = time.monotonic() + timeout
+    while True:
+        job = await _call(svc.show, caller, job_id)
+        if job["state"] in ("succeeded", "failed", "cancelled", "infeasible") or \
+                time.monotonic() >= deadline:
+            return web.json_response(job)
+        await asyncio.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
+
+
+async def logs(request: web.Request) -> web.Response:
+    svc, caller = request.app[SERVICE], caller_of(request)
+    try:
+        offset = int(request.query.get("offset", "0"))
+    except ValueError:
+        raise UsageError("offset must be an integer") from None
+    chunk, nxt, ended = await _call(svc.logs, caller, _job_id(request),
+                                    request.query.get("stream", "stdout"), offset)
+    return web.Response(body=chunk, content_type="application/octet-stream",
+                        headers={"X-Next-Offset": str(nxt), "X-Job-Ended": str(ended).lower()})
+
+
+async def clean(request: web.Request) -> web.Response:
+    svc, caller = request.app[SERVICE], caller_of(request)
+    body = await _body(request)
+    if not isinstance(body, dict) or "older_than" not in body:
+        raise UsageError("older_than is required")
+    raw = body["older_than"]
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise UsageError("older_than must be a duration")
+    removed = await _call(svc.clean, caller, parse_duration(raw))
+    return web.json_response({"removed": removed})
+
+
+def make_app(service: JobService) -> web.Application:
+    app = web.Application(middlewares=[errors], client_max_size=MAX_BODY)
+    app[SERVICE] = service
+    app[STARTED] = time.time()
+    app.router.add_get("/v1/health", health)
+    app.router.add_get("/openapi.json", openapi)
+    app.router.add_get("/v1/jobs", list_jobs)
+    app.router.add_post("/v1/jobs", submit)
+    app.router.add_get("/v1/jobs/{id}", show)
+    app.router.add_delete("/v1/jobs/{id}", remove)
+    for verb in ("cancel", "hold", "release", "retry"):
+        app.router.add_post(f"/v1/jobs/{{id}}/{verb}", _action(verb))
+    app.router.add_get("/v1/jobs/{id}/wait", wait)
+    app.router.add_get("/v1/jobs/{id}/logs", logs)
+    app.router.add_post("/v1/clean", clean)
+    return app

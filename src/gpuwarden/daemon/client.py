@@ -1,0 +1,82 @@
+"""The CLI's side of the API: HTTP over the daemon's unix socket with the standard
+library only, so client commands start fast."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+from typing import Any
+from urllib.parse import urlencode
+
+from gpuwarden.errors import GpuwardenError, PermissionDenied, UsageError
+
+
+class DaemonUnavailable(GpuwardenError):
+    exit_code = 3
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        try:
+            s.connect(self.unix_path)
+        except OSError:
+            s.close()
+            raise
+        self.sock = s
+
+
+class Client:
+    def __init__(self, socket_path: str, timeout: float = 30.0) -> None:
+        self.socket_path = socket_path
+        self.timeout = timeout
+
+    def request(self, method: str, path: str, *, body: Any = None,
+                query: dict[str, Any] | None = None, timeout: float | None = None,
+                raw: bool = False) -> Any:
+        if query:
+            path = f"{path}?{urlencode({k: v for k, v in query.items() if v is not None})}"
+        conn = _UnixConnection(self.socket_path, timeout or self.timeout)
+        try:
+            payload = None if body is None else json.dumps(body).encode()
+            headers = {"Content-Type": "application/json"} if payload is not None else {}
+            conn.request(method, path, body=payload, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+        except (FileNotFoundError, ConnectionRefusedError) as e:
+            raise DaemonUnavailable(f"no gpuwarden daemon at {self.socket_path} ({e.strerror});"
+                                    " start one with `gpuwarden daemon start`") from None
+        except PermissionError:
+            raise DaemonUnavailable(f"cannot connect to {self.socket_path}: permission "
+                                    "denied") from None
+        except (OSError, http.client.HTTPException) as e:
+            raise DaemonUnavailable(f"the daemon at {self.socket_path} did not answer: "
+                                    f"{e}") from None
+        finally:
+            conn.close()
+        if resp.status >= 400:
+            try:
+                message = json.loads(data)["error"]
+            except (ValueError, KeyError, TypeError):
+                message = data.decode(errors="replace")[:200] or resp.reason
+            if resp.status == 403:
+                raise PermissionDenied(message)
+            if resp.status >= 500:
+                raise GpuwardenError(f"daemon error: {message}")
+            raise UsageError(message)
+        if raw:
+            return data, dict(resp.getheaders())
+        return json.loads(data) if data else None
+
+    def alive(self) -> bool:
+        try:
+            self.request("GET", "/v1/health", timeout=2.0)
+            return True
+        except DaemonUnavailable:
+            return False

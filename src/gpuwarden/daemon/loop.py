@@ -1,0 +1,304 @@
+"""The scheduling loop: reconcile running jobs with their supervisors, observe the GPUs,
+ask the placement policy, and carry out its decisions — each state change written to the
+store before the action it records (reserve, then launch)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import psutil
+
+from gpuwarden.daemon import model
+from gpuwarden.daemon.model import Job
+from gpuwarden.daemon.service import Config, queued_view
+from gpuwarden.sched.model import GpuState, Infeasible, ManagedUse, Place, Wait
+from gpuwarden.units import format_bytes
+
+if TYPE_CHECKING:
+    from gpuwarden.daemon.store import Store
+    from gpuwarden.daemon.supervisor import ExitInfo, SupervisorStatus
+    from gpuwarden.gpus.backend import Backend
+    from gpuwarden.observe.snapshot import Snapshot
+
+log = logging.getLogger("gpuwarden.loop")
+PEAK_WINDOW = 300.0  # seconds a foreign process's peak keeps counting against headroom
+
+
+def job_dir(jobs_dir: Path, job: Job) -> Path:
+    """Where one attempt of a job keeps its spec, supervisor records and logs. A supervisor
+    claims its directory once, so every attempt (retry, requeue) gets a fresh one."""
+    return jobs_dir / str(job.id) / f"attempt-{job.attempts}"
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+class Scheduler:
+    def __init__(self, store: Store, jobs_dir: Path, config: Config,
+                 backend: Callable[[], Backend], boot_id: str,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.jobs_dir = jobs_dir
+        self.config = config
+        self.backend = backend
+        self.boot_id = boot_id
+        self.clock = clock
+        self.last_states: list[GpuState] = []
+        self._peaks: dict[str, list[tuple[float, int]]] = {}  # uuid -> (time, foreign bytes)
+        self._backend: Backend | None = None
+
+    # -- supervisor bookkeeping --------------------------------------------------------
+    def jobdir(self, job: Job) -> Path:
+        return job_dir(self.jobs_dir, job)
+
+    def _finish(self, job: Job, exit_info: ExitInfo) -> None:
+        reason = exit_info.reason
+        if reason == "cancelled":
+            state = model.CANCELLED
+        elif exit_info.exit_code == 0 and reason == "exited":
+            state = model.SUCCEEDED
+        else:
+            state = model.FAILED
+        detail = f"exit code {exit_info.exit_code}" + ("" if reason == "exited" else
+                                                        f" ({reason})")
+        if not exit_info.tree_clean:
+            detail += f"; processes survived SIGKILL: {exit_info.survivors}"
+        started = job.started_at
+        if started is None:
+            child = self._status(job).child
+            started = child.start_time if child is not None else None
+        self.store.transition(job.id, (model.RESERVED, model.RUNNING), state,
+                              now=self.clock(), kind=state, detail=detail,
+                              exit_code=exit_info.exit_code, ended_at=exit_info.ended_at,
+                              started_at=started,
+                              reason=None if state == model.SUCCEEDED else
+                              (reason if reason != "exited" else detail))
+
+    def _status(self, job: Job) -> SupervisorStatus:
+        from gpuwarden.daemon.supervisor import read_status
+
+        return read_status(self.jobdir(job))
+
+    def cancel_running(self, job: Job) -> None:
+        from gpuwarden.daemon.supervisor import cancel
+
+        cancel(self.jobdir(job))
+
+    def recover(self) -> None:
+        """After a (re)start: adopt supervisors that kept running, collect exits recorded
+        while the daemon was down, and settle jobs lost to a reboot or an early crash."""
+        from gpuwarden.daemon.supervisor import alive
+
+        for job in self.store.active():
+            st = self._status(job)
+            if st.exit is not None:
+                self._finish(job, st.exit)
+                continue
+            if job.boot_id and job.boot_id != self.boot_id:
+                self._lost_on_reboot(job)
+                continue
+            if st.supervisor is not None and alive(st.supervisor):
+                if job.supervisor_pid is None:
+                    self.store.transition(job.id, (model.RESERVED,), model.RESERVED,
+                                          now=self.clock(), kind="adopted",
+                                          supervisor_pid=st.supervisor.pid,
+                                          supervisor_start=st.supervisor.start_time,
+                                          boot_id=self.boot_id)
+                continue
+            if st.supervisor is None and job.state == model.RESERVED:
+                # Reserved, never launched: void the spec so a late supervisor cannot run
+                # it, then queue it again.
+                spec = self.jobdir(job) / "spec.json"
+                if spec.exists():
+                    os.replace(spec, spec.with_suffix(".void"))
+                if self._status(job).supervisor is None:
+                    self.store.transition(job.id, (model.RESERVED,), model.QUEUED,
+                                          now=self.clock(), kind="requeued",
+                                          detail="the daemon stopped before launching it",
+                                          gpus=(), gpu_uuids=(), budget=None,
+                                          attempts=job.attempts + 1)
+                    continue
+            st = self._status(job)
+            if st.exit is not None:
+                self._finish(job, st.exit)
+            else:
+                self.store.transition(job.id, (model.RESERVED, model.RUNNING), model.FAILED,
+                                      now=self.clock(), kind="lost",
+                                      detail="its supervisor died without recording an exit",
+                                      reason="supervisor lost", ended_at=self.clock())
+
+    def _lost_on_reboot(self, job: Job) -> None:
+        now = self.clock()
+        if job.spec.requeue_on_reboot:
+            self.store.transition(job.id, (model.RESERVED, model.RUNNING), model.QUEUED,
+                                  now=now, kind="requeued", detail="the machine rebooted",
+                                  gpus=(), gpu_uuids=(), budget=None, supervisor_pid=None,
+                                  supervisor_start=None, boot_id=None, started_at=None,
+                                  attempts=job.attempts + 1)
+        else:
+            self.store.transition(job.id, (model.RESERVED, model.RUNNING), model.FAILED,
+                                  now=now, kind="lost", detail="lost on reboot",
+                                  reason="lost on reboot", ended_at=now)
+
+    # -- one pass -----------------------------------------------------------------------
+    def _open_backend(self) -> Backend:
+        if self._backend is None:
+            self._backend = self.backend()
+        return self._backend
+
+    def tick(self) -> None:
+        from gpuwarden.daemon.supervisor import alive
+        from gpuwarden.observe.snapshot import take_snapshot
+
+        # 1. Reconcile active jobs with what their supervisors recorded.
+        for job in self.store.active():
+            st = self._status(job)
+            if st.exit is not None:
+                self._finish(job, st.exit)
+            elif job.state == model.RESERVED and st.child is not None:
+                self.store.transition(job.id, (model.RESERVED,), model.RUNNING,
+                                      now=self.clock(), kind="started",
+                                      detail=f"pid {st.child.pid}",
+                                      started_at=st.child.start_time)
+            elif st.supervisor is not None and not alive(st.supervisor):
+                st = self._status(job)  # it may have written exit.json just now
+                if st.exit is not None:
+                    self._finish(job, st.exit)
+                else:
+                    self.store.transition(job.id, (model.RESERVED, model.RUNNING),
+                                          model.FAILED, now=self.clock(), kind="lost",
+                                          detail="its supervisor died without an exit record",
+                                          reason="supervisor lost", ended_at=self.clock())
+
+        # 2. Observe: one snapshot, job trees, peaks.
+        backend = self._open_backend()
+        snap = take_snapshot(backend, holders=False, detail=False)
+        active = self.store.active()
+        managed_pids: set[int] = set()
+        for job in active:
+            if job.supervisor_pid is None:
+                continue
+            tree = {p.pid for p in _tree(job.supervisor_pid)}
+            managed_pids |= tree
+            per_gpu: dict[int, int] = {}
+            for g in snap.gpus:
+                for p in g.processes:
+                    if p.pid in tree and p.memory is not None:
+                        per_gpu[g.index] = per_gpu.get(g.index, 0) + p.memory
+            if per_gpu:
+                self.store.set_peak(job.id, max(per_gpu.values()))
+        self.last_states = self._gpu_states(snap, active, managed_pids)
+
+        # 3. Decide and act.
+        self._schedule(snap)
+
+    def _gpu_states(self, snap: Snapshot, active: list[Job],
+                    managed_pids: set[int]) -> list[GpuState]:
+        from gpuwarden.sched.placement import gpu_states
+
+        now = self.clock()
+        uses: dict[str, list[ManagedUse]] = {}
+        for job in active:
+            if job.budget is None:
+                continue
+            for uuid in job.gpu_uuids:
+                uses.setdefault(uuid, []).append(
+                    ManagedUse(job.id, job.budget, job.spec.exclusive or job.spec.mem is None))
+        peaks: dict[str, int] = {}
+        for g in snap.gpus:
+            current = sum(p.memory or 0 for p in g.processes if p.pid not in managed_pids)
+            hist = [(t, b) for t, b in self._peaks.get(g.facts.uuid, [])
+                    if now - t < PEAK_WINDOW]
+            hist.append((now, current))
+            self._peaks[g.facts.uuid] = hist[-600:]
+            peaks[g.facts.uuid] = max(b for _, b in hist)
+        return list(gpu_states(snap, uses, managed_pids, peaks, self.config.reserve))
+
+    def _schedule(self, snap: Snapshot) -> None:
+        from gpuwarden.sched.queue import plan
+
+        queued = self.store.list(states=[model.QUEUED])
+        ready: list[Job] = []
+        for job in queued:
+            blocked = self._dependency_block(job)
+            if blocked is None:
+                ready.append(job)
+        if not ready:
+            return
+        by_id = {j.id: j for j in ready}
+        for d in plan(self.last_states, [queued_view(j) for j in ready],
+                      self.config.spike_buffer):
+            job = by_id[d.job_id]
+            if isinstance(d, Place):
+                self._launch(job, d, snap)
+                # Later jobs in this pass were planned with this reservation applied.
+            elif isinstance(d, Wait):
+                self.store.set_reason(job.id, d.reason)
+            elif isinstance(d, Infeasible):
+                self.store.transition(job.id, (model.QUEUED,), model.INFEASIBLE,
+                                      now=self.clock(), kind="infeasible", detail=d.reason,
+                                      reason=d.reason, ended_at=self.clock())
+
+    def _dependency_block(self, job: Job) -> str | None:
+        """None when every dependency succeeded; else why it waits (or cancels it)."""
+        for dep_id in job.spec.after:
+            try:
+                dep = self.store.get(dep_id)
+            except Exception:
+                dep = None
+            if dep is None or dep.state in (model.FAILED, model.CANCELLED, model.INFEASIBLE):
+                why = (f"dependency {dep_id} was removed" if dep is None else
+                       f"dependency {dep_id} {dep.state}")
+                self.store.transition(job.id, (model.QUEUED,), model.CANCELLED,
+                                      now=self.clock(), kind="dependency_failed", detail=why,
+                                      reason=why, ended_at=self.clock())
+                return why
+            if dep.state != model.SUCCEEDED:
+                self.store.set_reason(job.id, f"waiting for job {dep_id} ({dep.state})")
+                return "waiting"
+        return None
+
+    def _launch(self, job: Job, place: Place, snap: Snapshot) -> None:
+        from gpuwarden.daemon.supervisor import spawn_supervisor, spec_from_plan, write_spec
+        from gpuwarden.launch import plan_launch, probe_host
+
+        facts = {g.index: g.facts for g in snap.gpus}
+        chosen = [facts[i] for i in place.gpus]
+        budget_text = format_bytes(place.budget)
+        job = self.store.transition(
+            job.id, (model.QUEUED,), model.RESERVED, now=self.clock(), kind="placed",
+            detail=f"GPU {','.join(map(str, place.gpus))}, {budget_text} each",
+            gpus=place.gpus, gpu_uuids=tuple(f.uuid for f in chosen), budget=place.budget,
+            reason=None)
+        try:
+            env = {**job.spec.env, "GPUWARDEN_JOB": str(job.id)}
+            launch = plan_launch(job.spec.command, chosen, base_env=env,
+                                 host=probe_host(env),
+                                 mem_limit=place.budget if job.spec.mem is not None else None,
+                                 bind=True)
+            d = self.jobdir(job)
+            write_spec(d, spec_from_plan(job.id, launch, job.spec.command, cwd=job.spec.cwd,
+                                         uid=job.spec.uid, gid=job.spec.gid,
+                                         groups=job.spec.groups, timeout=job.spec.timeout,
+                                         grace=self.config.grace))
+            handle = spawn_supervisor(d)
+        except Exception as e:
+            log.exception("launching job %s failed", job.id)
+            self.store.transition(job.id, (model.RESERVED,), model.FAILED, now=self.clock(),
+                                  kind="launch_failed", detail=str(e),
+                                  reason=f"launch failed: {e}", ended_at=self.clock())
+            return
+        self.store.transition(job.id, (model.RESERVED,), model.RESERVED, now=self.clock(),
+                              kind="launched", detail=f"supervisor pid {handle.pid}",
+                              supervisor_pid=handle.pid, supervisor_start=handle.start_time,
+                              boot_id=self.boot_id)

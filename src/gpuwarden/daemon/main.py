@@ -1,0 +1,129 @@
+"""The daemon process: one per state directory (a lock file says so), serving the API on
+the unix socket and running the scheduling loop. Jobs live in their supervisors, so
+stopping or killing the daemon stops no job."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import sys
+from typing import IO
+
+from aiohttp import web
+
+from gpuwarden.daemon.paths import Paths, boot_id, resolve_paths
+from gpuwarden.daemon.service import Config, JobService
+from gpuwarden.errors import GpuwardenError
+
+log = logging.getLogger("gpuwarden.daemon")
+
+
+class AlreadyRunning(GpuwardenError):
+    exit_code = 1
+
+
+def _lock(paths: Paths) -> IO[str]:
+    paths.home.mkdir(parents=True, exist_ok=True)
+    f = open(paths.lock, "a+")  # noqa: SIM115 — held for the daemon's life
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise AlreadyRunning(f"a gpuwarden daemon already runs for {paths.home}") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def load_config(paths: Paths) -> Config:
+    from gpuwarden.daemon.config import read_config
+
+    return read_config(paths.config)
+
+
+async def serve(paths: Paths, config: Config) -> None:
+    from gpuwarden.daemon.api import make_app
+    from gpuwarden.daemon.loop import Scheduler
+    from gpuwarden.daemon.store import Store
+    from gpuwarden.gpus.backend import open_backend
+
+    store = Store(paths.db)
+    paths.jobs_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(paths.jobs_dir, 0o711)  # job directories hold each owner's private logs
+    sched = Scheduler(store, paths.jobs_dir, config, open_backend, boot_id())
+    wake = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def nudge() -> None:
+        loop.call_soon_threadsafe(wake.set)
+
+    service = JobService(store, paths.jobs_dir, config, wake=nudge,
+                         gpus=lambda: sched.last_states, cancel_running=sched.cancel_running)
+    await asyncio.to_thread(sched.recover)
+    await asyncio.to_thread(sched.tick)
+
+    app = make_app(service)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+    await runner.setup()
+    sock = paths.socket
+    sock.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        sock.unlink()
+    site = web.UnixSite(runner, str(sock))
+    await site.start()
+    os.chmod(sock, 0o666)  # every local user may connect; each request is authorized
+    log.info("gpuwarden daemon %s serving on %s", os.getpid(), sock)
+
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                waiter = asyncio.ensure_future(wake.wait())
+                stopper = asyncio.ensure_future(stop.wait())
+                await asyncio.wait({waiter, stopper}, timeout=config.interval,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                stopper.cancel()
+            wake.clear()
+            if stop.is_set():
+                break
+            try:
+                await asyncio.to_thread(sched.tick)
+            except Exception:
+                log.exception("scheduling pass failed; trying again")
+    finally:
+        await runner.cleanup()
+        with contextlib.suppress(FileNotFoundError):
+            sock.unlink()
+        log.info("gpuwarden daemon %s stopped; running jobs continue", os.getpid())
+
+
+def run(paths: Paths | None = None) -> int:
+    paths = paths or resolve_paths()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        lock = _lock(paths)
+    except AlreadyRunning as e:
+        print(f"gpuwarden: {e}", file=sys.stderr)
+        return 1
+    try:
+        asyncio.run(serve(paths, load_config(paths)))
+    except GpuwardenError as e:
+        log.error("%s", e)
+        return e.exit_code
+    finally:
+        lock.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run())

@@ -1,0 +1,123 @@
+"""The API's OpenAPI document, served at /openapi.json and used by the fuzz tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuwarden import __version__
+from gpuwarden.daemon.model import STATES
+
+_ERROR = {"type": "object", "required": ["error"],
+          "properties": {"error": {"type": "string"}}}
+_EVENT = {"type": "object", "properties": {"at": {"type": "string"}, "kind": {"type": "string"},
+                                           "detail": {"type": ["string", "null"]}}}
+_JOB = {
+    "type": "object",
+    "required": ["id", "user", "name", "state", "command", "gpus", "mem", "peak_memory",
+                 "exit_code", "submitted_at", "started_at", "ended_at", "reason", "events"],
+    "properties": {
+        "id": {"type": "integer"}, "user": {"type": "string"},
+        "name": {"type": ["string", "null"]}, "state": {"type": "string", "enum": list(STATES)},
+        "command": {"type": "array", "items": {"type": "string"}},
+        "gpus": {"type": "array", "items": {"type": "integer"}},
+        "mem": {"type": ["integer", "null"]}, "peak_memory": {"type": ["integer", "null"]},
+        "exit_code": {"type": ["integer", "null"]},
+        "submitted_at": {"type": "string"}, "started_at": {"type": ["string", "null"]},
+        "ended_at": {"type": ["string", "null"]}, "reason": {"type": ["string", "null"]},
+        "events": {"type": "array", "items": _EVENT},
+    },
+}
+_SUBMIT = {
+    "type": "object", "required": ["command"], "additionalProperties": False,
+    "properties": {
+        "command": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "cwd": {"type": "string"},
+        "env": {"type": "object", "additionalProperties": {"type": "string"}},
+        "env_keep": {"type": "array", "items": {"type": "string"}},
+        "name": {"type": "string"}, "group": {"type": "string"}, "key": {"type": "string"},
+        "mem": {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string"}]},
+        "gpus": {"type": "integer", "minimum": 1, "maximum": 64},
+        "gpu_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "after": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+        "timeout": {"oneOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string"}]},
+        "exclusive": {"type": "boolean"}, "priority": {"type": "integer"},
+        "requeue_on_reboot": {"type": "boolean"},
+    },
+}
+
+
+def _resp(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+    return {"description": description,
+            "content": {"application/json": {"schema": schema}}}
+
+
+_ERRORS = {str(code): _resp(_ERROR, text) for code, text in (
+    (400, "bad request"), (403, "not allowed"), (404, "no such job"), (409, "conflict"))}
+_ID = {"name": "id", "in": "path", "required": True,
+       "schema": {"type": "integer", "minimum": 1}}
+
+
+def _job_action(summary: str) -> dict[str, Any]:
+    return {"post": {"summary": summary, "parameters": [_ID],
+                     "responses": {"200": _resp(_JOB), **_ERRORS}}}
+
+
+def document() -> dict[str, Any]:
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "gpuwarden daemon", "version": __version__,
+                 "description": "Job queue API over a unix socket. The caller's identity "
+                                "comes from the socket's peer credentials."},
+        "paths": {
+            "/v1/health": {"get": {"summary": "daemon liveness", "responses": {
+                "200": _resp({"type": "object"})}}},
+            "/v1/jobs": {
+                "get": {"summary": "the queue", "parameters": [
+                    {"name": "all", "in": "query", "schema": {"type": "boolean"}},
+                    {"name": "user", "in": "query", "schema": {"type": "string"}},
+                    {"name": "group", "in": "query", "schema": {"type": "string"}}],
+                    "responses": {"200": _resp({"type": "object", "properties": {
+                        "jobs": {"type": "array", "items": _JOB}}}), **_ERRORS}},
+                "post": {"summary": "submit a job",
+                         "requestBody": {"required": True, "content": {
+                             "application/json": {"schema": _SUBMIT}}},
+                         "responses": {"200": _resp(_JOB, "an existing job with that key"),
+                                       "201": _resp(_JOB, "created"), **_ERRORS}},
+            },
+            "/v1/jobs/{id}": {
+                "get": {"summary": "one job", "parameters": [_ID],
+                        "responses": {"200": _resp(_JOB), **_ERRORS}},
+                "delete": {"summary": "remove an ended job", "parameters": [_ID],
+                           "responses": {"200": _resp({"type": "object"}), **_ERRORS}},
+            },
+            "/v1/jobs/{id}/cancel": _job_action("cancel a job (its whole process tree)"),
+            "/v1/jobs/{id}/hold": _job_action("keep a queued job from starting"),
+            "/v1/jobs/{id}/release": _job_action("let a held job start"),
+            "/v1/jobs/{id}/retry": _job_action("queue a failed or cancelled job again"),
+            "/v1/jobs/{id}/wait": {"get": {
+                "summary": "block until the job ends or the timeout passes",
+                "parameters": [_ID, {"name": "timeout", "in": "query",
+                                     "schema": {"type": "number", "minimum": 0,
+                                                "maximum": 3600}}],
+                "responses": {"200": _resp(_JOB), **_ERRORS}}},
+            "/v1/jobs/{id}/logs": {"get": {
+                "summary": "a chunk of a job's stdout or stderr",
+                "parameters": [_ID,
+                               {"name": "stream", "in": "query",
+                                "schema": {"type": "string", "enum": ["stdout", "stderr"]}},
+                               {"name": "offset", "in": "query",
+                                "schema": {"type": "integer", "minimum": 0}}],
+                "responses": {"200": {"description": "bytes from offset",
+                                      "content": {"application/octet-stream": {
+                                          "schema": {"type": "string", "format": "binary"}}}},
+                              **_ERRORS}}},
+            "/v1/clean": {"post": {
+                "summary": "remove ended jobs older than a duration",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"type": "object", "required": ["older_than"],
+                               "properties": {"older_than": {
+                                   "oneOf": [{"type": "number", "minimum": 0},
+                                             {"type": "string"}]}}}}}},
+                "responses": {"200": _resp({"type": "object"}), **_ERRORS}}},
+        },
+    }

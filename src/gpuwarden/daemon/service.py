@@ -1,0 +1,272 @@
+"""What the API can ask of the daemon, with validation and authorization. The HTTP layer
+(api.py) only translates; every rule about who may do what lives here."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuwarden.daemon import model
+from gpuwarden.daemon.auth import Caller, admin_gids, may_manage
+from gpuwarden.daemon.envsnap import snapshot_env
+from gpuwarden.daemon.model import Job, JobSpec
+from gpuwarden.daemon.store import Store
+from gpuwarden.errors import GpuwardenError, PermissionDenied, UsageError
+from gpuwarden.sched.model import GpuState, QueuedJob
+from gpuwarden.units import parse_duration, parse_size
+
+MAX_LOG_CHUNK = 1 << 20
+
+
+class NotFound(GpuwardenError):
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class Config:
+    """Daemon settings (from the config file; see daemon/config.py)."""
+
+    admin_groups: tuple[str, ...] = ()
+    spike_buffer: float = 0.1
+    reserve: int = 512 << 20
+    interval: float = 0.5
+    grace: float = 10.0
+
+
+def _str_list(value: Any, field: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise UsageError(f"{field} must be a list of strings")
+    return tuple(value)
+
+
+def _int(value: Any, field: str, lo: int | None = None, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(f"{field} must be an integer")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise UsageError(f"{field} must be between {lo} and {hi}")
+    return value
+
+
+def spec_from_request(body: Mapping[str, Any], caller: Caller,
+                      gpu_count: int) -> tuple[JobSpec, list[str]]:
+    """Validate a submit request into a JobSpec; returns the env names dropped."""
+    if not isinstance(body, Mapping):
+        raise UsageError("the request body must be a JSON object")
+    known = {"command", "cwd", "env", "env_keep", "name", "group", "key", "mem", "gpus",
+             "gpu_ids", "after", "timeout", "exclusive", "priority", "requeue_on_reboot"}
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise UsageError(f"unknown field(s): {', '.join(unknown)}")
+    command = _str_list(body.get("command"), "command")
+    if not command or not command[0]:
+        raise UsageError("command must not be empty")
+    cwd = body.get("cwd", "/")
+    if not isinstance(cwd, str) or not cwd.startswith("/"):
+        raise UsageError("cwd must be an absolute path")
+    raw_env = body.get("env", {})
+    if not isinstance(raw_env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in raw_env.items()):
+        raise UsageError("env must be an object of strings")
+    keep = _str_list(body.get("env_keep", []), "env_keep")
+    env, dropped = snapshot_env(raw_env, keep)
+    mem_raw = body.get("mem")
+    mem: int | None = None
+    if mem_raw is not None:
+        if isinstance(mem_raw, bool) or not isinstance(mem_raw, (int, str)):
+            raise UsageError("mem must be a size like 14G or a number of bytes")
+        mem = parse_size(mem_raw)
+        if mem <= 0:
+            raise UsageError("mem must be positive")
+    gpus = _int(body.get("gpus", 1), "gpus", 1, 64)
+    gpu_ids = body.get("gpu_ids")
+    if gpu_ids is not None:
+        if not isinstance(gpu_ids, list) or not gpu_ids:
+            raise UsageError("gpu_ids must be a non-empty list of GPU indices")
+        ids = tuple(_int(i, "gpu_ids", 0, None) for i in gpu_ids)
+        bad = [i for i in ids if i >= gpu_count]
+        if bad:
+            raise UsageError(f"no GPU with index {', '.join(map(str, bad))} "
+                             f"(this machine has {gpu_count})")
+        gpu_ids = tuple(sorted(set(ids)))
+    after = tuple(_int(a, "after", 1, None) for a in body.get("after", []) or [])
+    timeout_raw = body.get("timeout")
+    timeout = None
+    if timeout_raw is not None:
+        if isinstance(timeout_raw, bool) or not isinstance(timeout_raw, (int, float, str)):
+            raise UsageError("timeout must be a duration like 2h or a number of seconds")
+        timeout = parse_duration(timeout_raw)
+        if timeout <= 0:
+            raise UsageError("timeout must be positive")
+    for field in ("name", "group", "key"):
+        v = body.get(field)
+        if v is not None and (not isinstance(v, str) or not v or len(v) > 200):
+            raise UsageError(f"{field} must be a non-empty string of at most 200 characters")
+    for field in ("exclusive", "requeue_on_reboot"):
+        if not isinstance(body.get(field, False), bool):
+            raise UsageError(f"{field} must be true or false")
+    spec = JobSpec(
+        command=command, user=caller.user, uid=caller.uid, gid=caller.gid,
+        groups=caller.groups, cwd=cwd, env=env, name=body.get("name"),
+        group=body.get("group"), key=body.get("key"), mem=mem, gpus=gpus,
+        gpu_ids=gpu_ids, after=after, timeout=timeout,
+        exclusive=bool(body.get("exclusive", False)),
+        priority=_int(body.get("priority", 0), "priority", -1000, 1000),
+        requeue_on_reboot=bool(body.get("requeue_on_reboot", False)),
+    )
+    return spec, dropped
+
+
+def queued_view(job: Job) -> QueuedJob:
+    s = job.spec
+    return QueuedJob(id=job.id, user=s.user, mem=s.mem, count=s.gpus, gpu_ids=s.gpu_ids,
+                     exclusive=s.exclusive, priority=s.priority, submitted_at=job.submitted_at)
+
+
+class JobService:
+    """Operations on jobs for one caller. ``wake`` nudges the scheduler loop; ``gpus``
+    returns the GPU states of the last scheduling pass (for at-once infeasibility)."""
+
+    def __init__(self, store: Store, jobs_dir: Path, config: Config, *,
+                 wake: Callable[[], None], gpus: Callable[[], Sequence[GpuState]],
+                 cancel_running: Callable[[Job], None],
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.jobs_dir = jobs_dir
+        self.config = config
+        self.wake = wake
+        self.gpus = gpus
+        self.cancel_running = cancel_running
+        self.clock = clock
+        self.admins = admin_gids(config.admin_groups)
+        self.daemon_uid = os.geteuid()
+
+    def _may(self, caller: Caller, job: Job) -> bool:
+        return may_manage(caller, job.spec.uid, self.admins, self.daemon_uid)
+
+    def _owned(self, caller: Caller, job_id: int, verb: str) -> Job:
+        job = self.store.get(job_id)
+        if not self._may(caller, job):
+            raise PermissionDenied(f"job {job_id} belongs to {job.user}; only its owner or an "
+                                   f"admin may {verb} it")
+        return job
+
+    def view(self, caller: Caller, job: Job) -> dict[str, Any]:
+        return job.to_json(with_env=self._may(caller, job))
+
+    # -- submit and read ------------------------------------------------------------
+    def submit(self, caller: Caller, body: Mapping[str, Any]) -> dict[str, Any]:
+        from gpuwarden.sched.placement import infeasible_reason
+
+        gpus = list(self.gpus())
+        spec, dropped = spec_from_request(body, caller, len(gpus) or 1 << 16)
+        if spec.uid == 0 and caller.uid != 0:  # impossible by construction; kept as a guard
+            raise PermissionDenied("only root may run jobs as root")
+        job, created = self.store.submit(spec, self.clock())
+        if created and gpus:
+            reason = infeasible_reason(queued_view(job), gpus)
+            if reason:
+                job = self.store.transition(job.id, (model.QUEUED,), model.INFEASIBLE,
+                                            now=self.clock(), kind="infeasible", detail=reason,
+                                            reason=reason, ended_at=self.clock())
+        if created:
+            self.wake()
+        return {**self.view(caller, job), "created": created, "dropped_env": dropped}
+
+    def show(self, caller: Caller, job_id: int) -> dict[str, Any]:
+        return self.view(caller, self.store.get(job_id))
+
+    def list(self, caller: Caller, *, all_jobs: bool, user: str | None,
+             group: str | None) -> list[dict[str, Any]]:
+        states = None if all_jobs else [s for s in model.STATES if s not in model.TERMINAL]
+        jobs = self.store.list(states=states, user=user, group=group)
+        return [self.view(caller, j) for j in jobs]
+
+    # -- change ---------------------------------------------------------------------
+    def cancel(self, caller: Caller, job_id: int) -> dict[str, Any]:
+        job = self._owned(caller, job_id, "cancel")
+        now = self.clock()
+        if job.state in (model.QUEUED, model.HELD) or (
+                job.state == model.RESERVED and job.supervisor_pid is None):
+            job = self.store.transition(job.id, (job.state,), model.CANCELLED, now=now,
+                                        kind="cancelled", detail=f"by {caller.user}",
+                                        reason=f"cancelled by {caller.user}", ended_at=now)
+        elif job.state in model.ACTIVE:
+            self.store.add_event(job.id, "cancel_requested", f"by {caller.user}", now)
+            self.cancel_running(job)
+            job = self.store.get(job.id)
+        else:
+            raise UsageError(f"job {job_id} is already {job.state}")
+        self.wake()
+        return self.view(caller, job)
+
+    def hold(self, caller: Caller, job_id: int) -> dict[str, Any]:
+        job = self._owned(caller, job_id, "hold")
+        if job.state != model.QUEUED:
+            raise UsageError(f"job {job_id} is {job.state}; only a queued job can be held")
+        job = self.store.transition(job.id, (model.QUEUED,), model.HELD, now=self.clock(),
+                                    kind="held", detail=f"by {caller.user}",
+                                    reason=f"held by {caller.user}")
+        return self.view(caller, job)
+
+    def release(self, caller: Caller, job_id: int) -> dict[str, Any]:
+        job = self._owned(caller, job_id, "release")
+        if job.state != model.HELD:
+            raise UsageError(f"job {job_id} is {job.state}, not held")
+        job = self.store.transition(job.id, (model.HELD,), model.QUEUED, now=self.clock(),
+                                    kind="released", detail=f"by {caller.user}", reason=None)
+        self.wake()
+        return self.view(caller, job)
+
+    def retry(self, caller: Caller, job_id: int) -> dict[str, Any]:
+        job = self._owned(caller, job_id, "retry")
+        if job.state not in (model.FAILED, model.CANCELLED, model.INFEASIBLE):
+            raise UsageError(f"job {job_id} is {job.state}; only a failed, cancelled or "
+                             "infeasible job can be retried")
+        job = self.store.transition(
+            job.id, (job.state,), model.QUEUED, now=self.clock(), kind="retried",
+            detail=f"by {caller.user}", reason=None, exit_code=None, started_at=None,
+            ended_at=None, gpus=(), gpu_uuids=(), budget=None, supervisor_pid=None,
+            supervisor_start=None, boot_id=None, attempts=job.attempts + 1)
+        self.wake()
+        return self.view(caller, job)
+
+    def remove(self, caller: Caller, job_id: int) -> None:
+        job = self._owned(caller, job_id, "remove")
+        if not job.terminal:
+            raise UsageError(f"job {job_id} is {job.state}; cancel it before removing it")
+        self.store.delete(job.id)
+        shutil.rmtree(self.jobs_dir / str(job.id), ignore_errors=True)
+
+    def clean(self, caller: Caller, older_than: float) -> int:
+        cutoff = self.clock() - older_than
+        removed = 0
+        for job in self.store.list(states=sorted(model.TERMINAL)):
+            if job.ended_at is not None and job.ended_at < cutoff and self._may(caller, job):
+                self.store.delete(job.id)
+                shutil.rmtree(self.jobs_dir / str(job.id), ignore_errors=True)
+                removed += 1
+        return removed
+
+    def logs(self, caller: Caller, job_id: int, stream: str, offset: int) -> tuple[bytes, int,
+                                                                                 bool]:
+        """(chunk, next offset, whether the job has ended) — for ``logs -f`` polling."""
+        job = self._owned(caller, job_id, "read the logs of")
+        if stream not in ("stdout", "stderr"):
+            raise UsageError("stream must be stdout or stderr")
+        if offset < 0:
+            raise UsageError("offset must not be negative")
+        from gpuwarden.daemon.loop import job_dir
+
+        path = job_dir(self.jobs_dir, job) / stream
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read(MAX_LOG_CHUNK)
+        except FileNotFoundError:
+            chunk = b""
+        return chunk, offset + len(chunk), job.terminal

@@ -1,0 +1,734 @@
+"""The daemon's state: jobs and their event history in one SQLite database.
+
+Invariant 2 lives here: a job is in exactly one state (one ``state`` column), and every
+change of state is one transaction that moves the job *and* appends the event that
+records it, committed before the caller acts on it (reserve, commit, then launch).
+Invariant 3 follows: a killed daemon leaves the database at its last commit, so no job
+is lost and, with compare-and-set transitions, no job is started twice.
+
+Decisions, and why:
+
+* WAL journal: readers never block the writer and a crash leaves the database at the
+  last commit.
+* ``synchronous=FULL`` (the default here): each commit fsyncs the WAL, so a transition
+  survives a power loss or kernel crash too, not just a daemon crash. With ``NORMAL``
+  the last commits could roll back after a power loss while the world already saw their
+  action (a job started, a job finished and wrote results), and after reboot the job
+  would run again: exactly the duplicate invariant 3 forbids. The price is one fsync
+  per transition (around a millisecond on an SSD), far under the 30 ms submit→start
+  goal. ``NORMAL`` is still accepted for throwaway stores (benchmarks, property tests).
+* Threads: one shared connection (``check_same_thread=False``) behind a lock, not one
+  connection per thread. SQLite admits one writer at a time anyway, so per-thread
+  connections would only trade our lock for SQLite's busy handler (sleep and retry,
+  with latency spikes and ``database is locked`` under load); a thread pool that
+  churns threads would also leak connections. Behind the lock each call is short, sees
+  every earlier commit, and never waits on itself. Other *processes* (the CLI in tests,
+  a second daemon that lost the lock race) are handled by ``BEGIN IMMEDIATE`` plus a
+  busy timeout: the write lock is taken before the compare in compare-and-set.
+  After ``fork`` the child opens its own connection (SQLite connections must not
+  cross a fork).
+* Transition events also store the state they came from and went to (internal columns
+  ``from_state``/``to_state``), so ``audit`` can prove that the events and the state
+  agree: no state change without its event, no event without its state change.
+* Idempotent keys: a partial UNIQUE index on ``(uid, key)`` over jobs that are not
+  failed, cancelled or infeasible. Keys are per user: another user's key neither finds
+  nor blocks yours.
+* Job ids never repeat (``AUTOINCREMENT``), even after ``rm``: a stale id cannot name
+  a new job, nor its log directory.
+"""
+
+from __future__ import annotations
+
+import builtins
+import itertools
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from gpuwarden.daemon.model import (
+    ACTIVE,
+    CANCELLED,
+    FAILED,
+    HELD,
+    INFEASIBLE,
+    QUEUED,
+    STATES,
+    TERMINAL,
+    Event,
+    Job,
+    JobSpec,
+)
+from gpuwarden.errors import GpuwardenError, UsageError
+
+# --------------------------------------------------------------------------- errors
+
+
+class JobNotFound(UsageError):
+    """No job with this id (never existed, or removed)."""
+
+    exit_code = 2
+
+    def __init__(self, job_id: int) -> None:
+        super().__init__(f"no job {job_id}")
+        self.job_id = job_id
+
+
+class DependencyNotFound(UsageError):
+    """``--after`` names a job that does not exist."""
+
+    exit_code = 2
+
+    def __init__(self, missing: Sequence[int]) -> None:
+        ids = ", ".join(str(i) for i in missing)
+        super().__init__(f"cannot depend on job {ids}: no such job")
+        self.missing = tuple(missing)
+
+
+class Conflict(GpuwardenError):
+    """The job is not in a state that allows this (it moved on, or never could):
+    compare-and-set lost, or the operation is wrong for the job's state."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, job_id: int | None = None,
+                 state: str | None = None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.state = state
+
+
+class StoreError(GpuwardenError):
+    """The database cannot be used: not ours, newer than this code, disk full, locked."""
+
+    exit_code = 3
+
+
+class SchemaTooNew(StoreError):
+    """The database was written by a newer gpuwarden; refusing to guess its meaning."""
+
+
+# --------------------------------------------------------------------------- schema
+
+Migration = Callable[[sqlite3.Connection], None]
+
+# Key-releasing states: a job in one of these no longer holds its idempotency key.
+KEY_RELEASED = frozenset({FAILED, CANCELLED, INFEASIBLE})
+_RELEASED_SQL = ", ".join(f"'{s}'" for s in sorted(KEY_RELEASED))
+
+
+def _sql(*statements: str) -> Migration:
+    """A migration made of plain SQL statements (run one by one: ``executescript``
+    would commit the surrounding transaction)."""
+
+    def apply(conn: sqlite3.Connection) -> None:
+        for statement in statements:
+            conn.execute(statement)
+
+    return apply
+
+
+MIGRATIONS: list[Migration] = [
+    # 1: jobs and their events.
+    _sql(
+        """CREATE TABLE jobs (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            user TEXT NOT NULL,
+            uid INTEGER NOT NULL,
+            gid INTEGER NOT NULL,
+            groups TEXT NOT NULL,          -- JSON list of gids
+            cwd TEXT NOT NULL,
+            env TEXT NOT NULL,             -- JSON object
+            command TEXT NOT NULL,         -- JSON list (argv)
+            name TEXT,
+            job_group TEXT,
+            job_key TEXT,
+            mem INTEGER,
+            gpu_count INTEGER NOT NULL,
+            gpu_ids TEXT,                  -- JSON list or NULL
+            after_ids TEXT NOT NULL,       -- JSON list of job ids
+            timeout REAL,
+            exclusive INTEGER NOT NULL,
+            priority INTEGER NOT NULL,
+            requeue_on_reboot INTEGER NOT NULL,
+            state TEXT NOT NULL,
+            submitted_at REAL NOT NULL,
+            started_at REAL,
+            ended_at REAL,
+            gpus TEXT NOT NULL DEFAULT '[]',
+            gpu_uuids TEXT NOT NULL DEFAULT '[]',
+            budget INTEGER,
+            peak_memory INTEGER,
+            exit_code INTEGER,
+            reason TEXT,
+            supervisor_pid INTEGER,
+            supervisor_start REAL,
+            boot_id TEXT,
+            attempts INTEGER NOT NULL DEFAULT 0
+        )""",
+        """CREATE TABLE events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+            at REAL NOT NULL,
+            kind TEXT NOT NULL,
+            detail TEXT,
+            from_state TEXT,               -- set on transitions (NULL on submit)
+            to_state TEXT                  -- set on submit and transitions only
+        )""",
+    ),
+    # 2: indexes, and the idempotent-key rule as a constraint.
+    _sql(
+        "CREATE INDEX events_job ON events(job_id, id)",
+        "CREATE INDEX jobs_state ON jobs(state)",
+        f"""CREATE UNIQUE INDEX jobs_live_key ON jobs(uid, job_key)
+            WHERE job_key IS NOT NULL AND state NOT IN ({_RELEASED_SQL})""",
+    ),
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+# Columns a transition may set, with how each is stored.
+_JSON_FIELDS = frozenset({"gpus", "gpu_uuids"})
+TRANSITION_FIELDS = frozenset({
+    "started_at", "ended_at", "gpus", "gpu_uuids", "budget", "exit_code", "reason",
+    "supervisor_pid", "supervisor_start", "boot_id", "attempts", "peak_memory",
+})
+_WAITING = (QUEUED, HELD)
+_TERMINAL_SQL = ", ".join(f"'{s}'" for s in sorted(TERMINAL))
+# Ids that a job not yet finished still waits for: they cannot be removed.
+_NEEDED_SQL = ("SELECT DISTINCT d.value FROM jobs AS w, json_each(w.after_ids) AS d "
+               f"WHERE w.state NOT IN ({_TERMINAL_SQL})")
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _json_ids(values: Iterable[Any]) -> str:
+    return json.dumps(list(values))
+
+
+def _json_list(name: str, value: object) -> str:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be a sequence")
+    return json.dumps(list(value))
+
+
+def _ints_ok(*values: int | None) -> bool:
+    return all(v is None or _INT64[0] <= v <= _INT64[1] for v in values)
+
+
+def _check_spec(spec: JobSpec) -> None:
+    """Reject what the database cannot hold faithfully (bad input, not a crash)."""
+    if not spec.command or not all(isinstance(a, str) for a in spec.command):
+        raise UsageError("a job needs a command (a non-empty list of strings)")
+    for label, text in (("user", spec.user), ("cwd", spec.cwd), ("name", spec.name),
+                        ("group", spec.group), ("key", spec.key)):
+        if text is None:
+            continue
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(f"job {label} is not valid UTF-8") from None
+        if "\0" in text:
+            raise UsageError(f"job {label} contains a NUL character")
+    ints = (spec.uid, spec.gid, spec.mem, spec.gpus, spec.priority, *spec.groups,
+            *(spec.gpu_ids or ()), *spec.after)
+    if not _ints_ok(*ints):
+        raise UsageError("a number in the job request is out of range")
+
+
+def _loads_tuple(text: str | None) -> tuple[Any, ...]:
+    if text is None or text == "[]":  # the common case, without the JSON parser
+        return ()
+    return tuple(json.loads(text))
+
+
+def _row_to_job(row: sqlite3.Row, events: Sequence[Event]) -> Job:
+    gpu_ids = row["gpu_ids"]
+    spec = JobSpec(
+        command=tuple(json.loads(row["command"])),
+        user=row["user"],
+        uid=row["uid"],
+        gid=row["gid"],
+        groups=_loads_tuple(row["groups"]),
+        cwd=row["cwd"],
+        env={} if row["env"] == "{}" else dict(json.loads(row["env"])),
+        name=row["name"],
+        group=row["job_group"],
+        key=row["job_key"],
+        mem=row["mem"],
+        gpus=row["gpu_count"],
+        gpu_ids=None if gpu_ids is None else tuple(json.loads(gpu_ids)),
+        after=_loads_tuple(row["after_ids"]),
+        timeout=row["timeout"],
+        exclusive=bool(row["exclusive"]),
+        priority=row["priority"],
+        requeue_on_reboot=bool(row["requeue_on_reboot"]),
+    )
+    return Job(
+        id=row["id"],
+        spec=spec,
+        state=row["state"],
+        submitted_at=row["submitted_at"],
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        gpus=_loads_tuple(row["gpus"]),
+        gpu_uuids=_loads_tuple(row["gpu_uuids"]),
+        budget=row["budget"],
+        peak_memory=row["peak_memory"],
+        exit_code=row["exit_code"],
+        reason=row["reason"],
+        supervisor_pid=row["supervisor_pid"],
+        supervisor_start=row["supervisor_start"],
+        boot_id=row["boot_id"],
+        attempts=row["attempts"],
+        events=tuple(events),
+    )
+
+
+def _states_arg(states: str | Iterable[str]) -> tuple[str, ...]:
+    """One state or several; a bare string is one state, not its characters."""
+    out = (states,) if isinstance(states, str) else tuple(states)
+    unknown = [s for s in out if s not in STATES]
+    if unknown:
+        raise ValueError(f"unknown job state(s): {', '.join(unknown)}")
+    return out
+
+
+# --------------------------------------------------------------------------- store
+
+
+class Store:
+    """Jobs and events in SQLite. Every method is one transaction; every mutation that
+    changes a job's state appends its event in the same transaction. Thread-safe (one
+    connection behind a lock); several processes may open the same file."""
+
+    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL",
+                 busy_timeout: float = 10.0,
+                 migrations: Sequence[Migration] | None = None) -> None:
+        if synchronous not in ("FULL", "NORMAL"):
+            raise ValueError("synchronous must be FULL or NORMAL")
+        self.path = Path(path)
+        self._synchronous = synchronous
+        self._busy_timeout = busy_timeout
+        self._migrations = list(MIGRATIONS if migrations is None else migrations)
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._create_file()
+        self._conn: sqlite3.Connection | None = None
+        self._conn = self._open()
+
+    # -- connection ----------------------------------------------------------------
+
+    def _create_file(self) -> None:
+        """Create the database owner-only: it holds job environments."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise StoreError(f"cannot open state database {self.path}: "
+                             f"{e.strerror or e}") from None
+        os.close(fd)
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(self.path, timeout=self._busy_timeout,
+                                   isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open state database {self.path}: {e}") from None
+        conn.row_factory = sqlite3.Row
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(f"state database {self.path} cannot use WAL mode "
+                                 f"(got {mode}); is it on a network filesystem?")
+            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            self._migrate(conn)
+        except sqlite3.DatabaseError as e:
+            conn.close()
+            raise StoreError(f"state database {self.path} is unusable: {e}") from None
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        """Bring the schema to the newest version, all in one transaction; refuse a
+        database from a newer gpuwarden."""
+        target = len(self._migrations)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            have_table = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'"
+            ).fetchone()
+            if have_table is None:
+                others = conn.execute(
+                    "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+                ).fetchone()[0]
+                if others:
+                    raise StoreError(f"{self.path} is not a gpuwarden state database "
+                                     "(it has tables but no schema_version)")
+                conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+                conn.execute("INSERT INTO schema_version (version) VALUES (0)")
+            row = conn.execute("SELECT version FROM schema_version").fetchone()
+            version = 0 if row is None else int(row[0])
+            if version > target:
+                raise SchemaTooNew(
+                    f"state database {self.path} has schema version {version}, newer "
+                    f"than this gpuwarden understands ({target}); upgrade gpuwarden")
+            for number in range(version + 1, target + 1):
+                self._migrations[number - 1](conn)
+            if version != target:
+                conn.execute("UPDATE schema_version SET version = ?", (target,))
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def _after_fork(self) -> None:
+        """In a forked child: a fresh lock (the parent's may have been held by a thread
+        that does not exist here) and a fresh connection (SQLite's must not cross a
+        fork; the inherited one is left alone, not closed, so the parent's locks hold)."""
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._conn = self._open()
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError("the state store is closed")
+        return self._conn
+
+    @contextmanager
+    def _tx(self, write: bool) -> Iterator[sqlite3.Connection]:
+        """One transaction under the lock. Writes take the write lock up front
+        (``BEGIN IMMEDIATE``) so a compare-and-set cannot interleave with another
+        process; reads are one snapshot, so a job and its events agree."""
+        if os.getpid() != self._pid:
+            self._after_fork()
+        with self._lock:
+            conn = self._connection()
+            try:
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            except sqlite3.OperationalError as e:
+                raise StoreError(f"state database {self.path}: {e}") from None
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException as e:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                # Locked too long, disk full, I/O error, corrupt file: the database's
+                # trouble, not a bug here (integrity and programming errors stay as they are).
+                if type(e) in (sqlite3.OperationalError, sqlite3.DatabaseError):
+                    raise StoreError(f"state database {self.path}: {e}") from None
+                raise
+
+    def close(self) -> None:
+        if os.getpid() != self._pid:  # a forked child never opened one of its own
+            self._conn = None
+            return
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading -------------------------------------------------------------------
+
+    @staticmethod
+    def _events(conn: sqlite3.Connection, ids: Sequence[int]) -> dict[int, list[Event]]:
+        out: dict[int, list[Event]] = {i: [] for i in ids}
+        if not ids:
+            return out
+        if len(ids) == 1:
+            rows = conn.execute(
+                "SELECT job_id, at, kind, detail FROM events WHERE job_id = ? ORDER BY id",
+                (ids[0],))
+        else:
+            rows = conn.execute(
+                "SELECT job_id, at, kind, detail FROM events WHERE job_id IN "
+                "(SELECT value FROM json_each(?)) ORDER BY id", (_json_ids(ids),))
+        for r in rows:
+            out[r["job_id"]].append(Event(at=r["at"], kind=r["kind"], detail=r["detail"]))
+        return out
+
+    def _load(self, conn: sqlite3.Connection, job_id: int) -> Job:
+        row = conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise JobNotFound(job_id)
+        return _row_to_job(row, self._events(conn, [job_id])[job_id])
+
+    def get(self, job_id: int) -> Job:
+        """The job with its events (oldest first); JobNotFound when there is none."""
+        if not _ints_ok(job_id):
+            raise JobNotFound(job_id)
+        with self._tx(write=False) as conn:
+            return self._load(conn, job_id)
+
+    def list(self, states: Iterable[str] | None = None, user: str | None = None,
+             group: str | None = None, ids: Iterable[int] | None = None,
+             limit: int | None = None, *, with_events: bool = True) -> list[Job]:
+        """Jobs matching every given filter, ordered by id (the first ``limit``).
+        ``with_events=False`` skips the history (the scheduler does not need it)."""
+        where: list[str] = []
+        args: list[Any] = []
+        if states is not None:
+            where.append("state IN (SELECT value FROM json_each(?))")
+            args.append(json.dumps(list(_states_arg(states))))
+        if user is not None:
+            where.append("user = ?")
+            args.append(user)
+        if group is not None:
+            where.append("job_group = ?")
+            args.append(group)
+        if ids is not None:
+            id_list = [i for i in ids if _ints_ok(i)]
+            where.append("id IN (SELECT value FROM json_each(?))")
+            args.append(_json_ids(id_list))
+        sql = "SELECT * FROM jobs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(max(0, limit))
+        with self._tx(write=False) as conn:
+            rows = conn.execute(sql, args).fetchall()
+            events = (self._events(conn, [r["id"] for r in rows]) if with_events
+                      else {})
+            return [_row_to_job(r, events.get(r["id"], ())) for r in rows]
+
+    def active(self) -> builtins.list[Job]:
+        """Jobs that hold GPU budget: reserved and running."""
+        return self.list(states=sorted(ACTIVE))
+
+    def counts(self) -> dict[str, int]:
+        """Number of jobs per state (every state present, zero included)."""
+        with self._tx(write=False) as conn:
+            rows = conn.execute("SELECT state, count(*) FROM jobs GROUP BY state")
+            found = {r[0]: r[1] for r in rows}
+        return {s: found.get(s, 0) for s in STATES} | {
+            s: n for s, n in found.items() if s not in STATES}
+
+    # -- writing -------------------------------------------------------------------
+
+    def submit(self, spec: JobSpec, now: float, *, state: str = QUEUED,
+               reason: str | None = None) -> tuple[Job, bool]:
+        """Store a new job (``queued``, or ``held``/``infeasible`` decided at submit
+        time) with its ``submitted`` event. Returns (job, created): when ``spec.key``
+        names this user's job that is queued, held, reserved, running or succeeded,
+        that job comes back with created=False and nothing is written. Raises
+        DependencyNotFound when ``after`` names a job that does not exist."""
+        _check_spec(spec)
+        if state not in (QUEUED, HELD, INFEASIBLE):
+            raise ValueError(f"a job cannot be submitted as {state}")
+        with self._tx(write=True) as conn:
+            if spec.key is not None:
+                row = conn.execute(
+                    "SELECT id FROM jobs WHERE uid = ? AND job_key = ? AND state NOT IN "
+                    f"({_RELEASED_SQL})", (spec.uid, spec.key)).fetchone()
+                if row is not None:
+                    return self._load(conn, row["id"]), False
+            if spec.after:
+                wanted = sorted(set(spec.after))
+                found = {r[0] for r in conn.execute(
+                    "SELECT id FROM jobs WHERE id IN (SELECT value FROM json_each(?))",
+                    (_json_ids(wanted),))}
+                missing = [i for i in wanted if i not in found]
+                if missing:
+                    raise DependencyNotFound(missing)
+            cur = conn.execute(
+                """INSERT INTO jobs (user, uid, gid, groups, cwd, env, command, name,
+                       job_group, job_key, mem, gpu_count, gpu_ids, after_ids, timeout,
+                       exclusive, priority, requeue_on_reboot, state, submitted_at, reason)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                (spec.user, spec.uid, spec.gid, _json_ids(spec.groups), spec.cwd,
+                 json.dumps(dict(spec.env), sort_keys=True), json.dumps(list(spec.command)),
+                 spec.name, spec.group, spec.key, spec.mem, spec.gpus,
+                 None if spec.gpu_ids is None else _json_ids(spec.gpu_ids),
+                 _json_ids(spec.after), spec.timeout, int(spec.exclusive), spec.priority,
+                 int(spec.requeue_on_reboot), state, now, reason))
+            job_id = cur.lastrowid
+            assert job_id is not None
+            conn.execute(
+                "INSERT INTO events (job_id, at, kind, detail, from_state, to_state) "
+                "VALUES (?, ?, 'submitted', ?, NULL, ?)",
+                (job_id, now, reason if state != QUEUED else None, state))
+            return self._load(conn, job_id), True
+
+    def transition(self, job_id: int, from_states: str | Iterable[str], to_state: str, *,
+                   now: float, kind: str, detail: str | None = None,
+                   **fields: object) -> Job:
+        """Compare-and-set: move the job to ``to_state`` only if it is in one of
+        ``from_states``, set ``fields`` (see TRANSITION_FIELDS; those not given keep
+        their value) and append the event — one transaction. Raises Conflict when the
+        job is in another state (another actor moved it first), JobNotFound when it
+        does not exist. Returns the job as committed."""
+        froms = _states_arg(from_states)
+        if to_state not in STATES:
+            raise ValueError(f"unknown job state: {to_state}")
+        unknown = set(fields) - TRANSITION_FIELDS
+        if unknown:
+            raise TypeError(f"transition() cannot set {', '.join(sorted(unknown))}")
+        sets = ["state = ?"]
+        args: list[Any] = [to_state]
+        for name, value in sorted(fields.items()):
+            sets.append(f"{name} = ?")
+            if name in _JSON_FIELDS:
+                args.append(_json_list(name, value))
+            else:
+                args.append(value)
+        if not _ints_ok(job_id):
+            raise JobNotFound(job_id)
+        with self._tx(write=True) as conn:
+            row = conn.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise JobNotFound(job_id)
+            current = row["state"]
+            if current not in froms:
+                raise Conflict(f"job {job_id} is {current}, not {'/'.join(froms)}",
+                               job_id=job_id, state=current)
+            try:
+                conn.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ? AND state = ?",
+                             [*args, job_id, current])
+            except sqlite3.IntegrityError:  # the live-key index: retry while key in use
+                raise Conflict(f"job {job_id} cannot become {to_state}: another job of "
+                               "this user holds its key", job_id=job_id,
+                               state=current) from None
+            conn.execute(
+                "INSERT INTO events (job_id, at, kind, detail, from_state, to_state) "
+                "VALUES (?, ?, ?, ?, ?, ?)", (job_id, now, kind, detail, current, to_state))
+            return self._load(conn, job_id)
+
+    def add_event(self, job_id: int, kind: str, detail: str | None, now: float) -> Event:
+        """Append an event that changes no state (a note: oom seen, leak found)."""
+        if not _ints_ok(job_id):
+            raise JobNotFound(job_id)
+        with self._tx(write=True) as conn:
+            if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None:
+                raise JobNotFound(job_id)
+            conn.execute("INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, ?, ?)",
+                         (job_id, now, kind, detail))
+        return Event(at=now, kind=kind, detail=detail)
+
+    def set_peak(self, job_id: int, nbytes: int) -> bool:
+        """Raise the recorded peak memory to ``nbytes`` if higher (it only grows).
+        Returns whether it changed. No event: the sampler calls this every pass."""
+        if not _ints_ok(job_id, nbytes):
+            raise ValueError("peak memory out of range")
+        with self._tx(write=True) as conn:
+            cur = conn.execute(
+                "UPDATE jobs SET peak_memory = ? WHERE id = ? "
+                "AND (peak_memory IS NULL OR peak_memory < ?)", (nbytes, job_id, nbytes))
+            if cur.rowcount:
+                return True
+            if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None:
+                raise JobNotFound(job_id)
+            return False
+
+    def set_reason(self, job_id: int, reason: str | None, now: float | None = None) -> bool:
+        """Say why a queued or held job waits. Writes (and appends a ``waiting`` event
+        when ``now`` is given) only when the reason changed, so a scheduler pass that
+        finds the same reason writes nothing. Returns whether it changed; False also
+        when the job is no longer waiting or no longer exists (the scheduler's view
+        may be a pass old)."""
+        if not _ints_ok(job_id):
+            return False
+        with self._tx(write=True) as conn:
+            cur = conn.execute(
+                "UPDATE jobs SET reason = ? WHERE id = ? AND state IN (?, ?) "
+                "AND reason IS NOT ?", (reason, job_id, *_WAITING, reason))
+            if not cur.rowcount:
+                return False
+            if now is not None:
+                conn.execute(
+                    "INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, 'waiting', ?)",
+                    (job_id, now, reason))
+            return True
+
+    def delete(self, job_id: int) -> Job:
+        """Remove a finished job and its events; returns it (so its directory can go
+        too). Conflict when it is not finished or an unfinished job depends on it."""
+        if not _ints_ok(job_id):
+            raise JobNotFound(job_id)
+        with self._tx(write=True) as conn:
+            job = self._load(conn, job_id)
+            if not job.terminal:
+                raise Conflict(f"job {job_id} is {job.state}; only finished jobs can be "
+                               "removed", job_id=job_id, state=job.state)
+            waiting = conn.execute(
+                f"SELECT 1 FROM ({_NEEDED_SQL}) WHERE value = ?",
+                (job_id,)).fetchone()
+            if waiting is not None:
+                raise Conflict(f"job {job_id} is a dependency of a job that has not "
+                               "finished", job_id=job_id, state=job.state)
+            conn.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+            return job
+
+    def clean(self, older_than_seconds: float, now: float, *,
+              user: str | None = None) -> int:
+        """Remove finished jobs (of ``user``, if given) that ended more than
+        ``older_than_seconds`` before ``now``, except those an unfinished job depends
+        on. Returns how many were removed."""
+        sql = (f"DELETE FROM jobs WHERE state IN ({_TERMINAL_SQL}) "
+               f"AND coalesce(ended_at, submitted_at) < ? AND id NOT IN ({_NEEDED_SQL})")
+        args: list[Any] = [now - older_than_seconds]
+        if user is not None:
+            sql += " AND user = ?"
+            args.append(user)
+        with self._tx(write=True) as conn:
+            return conn.execute(sql, args).rowcount
+
+    # -- checking ------------------------------------------------------------------
+
+    def integrity(self) -> str:
+        """SQLite's own check of the file: ``ok`` when sound."""
+        with self._tx(write=False) as conn:
+            rows = conn.execute("PRAGMA integrity_check").fetchall()
+        return "\n".join(str(r[0]) for r in rows)
+
+    def audit(self) -> builtins.list[str]:
+        """Problems where the jobs and their events disagree; empty when none.
+        Each job's transition events must form a chain from its submission to its
+        current state: every state change has its event and every transition event
+        its state change."""
+        problems: builtins.list[str] = []
+        with self._tx(write=False) as conn:
+            jobs = {r[0]: r[1] for r in conn.execute("SELECT id, state FROM jobs")}
+            chains: dict[int, list[tuple[str | None, str]]] = {i: [] for i in jobs}
+            for r in conn.execute("SELECT job_id, from_state, to_state FROM events "
+                                  "WHERE to_state IS NOT NULL ORDER BY id"):
+                if r[0] not in chains:
+                    problems.append(f"event for missing job {r[0]}")
+                    continue
+                chains[r[0]].append((r[1], r[2]))
+        for job_id, state in jobs.items():
+            if state not in STATES:
+                problems.append(f"job {job_id}: unknown state {state!r}")
+            chain = chains[job_id]
+            if not chain or chain[0][0] is not None:
+                problems.append(f"job {job_id}: no submitted event")
+                continue
+            for (_, prev_to), (frm, to) in itertools.pairwise(chain):
+                if frm != prev_to:
+                    problems.append(f"job {job_id}: event {frm}->{to} after {prev_to}")
+            if chain[-1][1] != state:
+                problems.append(f"job {job_id}: state {state} but last event says "
+                                f"{chain[-1][1]}")
+        return problems
+
+    def transitions(self, job_id: int) -> builtins.list[tuple[str | None, str]]:
+        """The (from, to) states of a job's submission and transitions, in order."""
+        with self._tx(write=False) as conn:
+            return [(r[0], r[1]) for r in conn.execute(
+                "SELECT from_state, to_state FROM events WHERE job_id = ? AND "
+                "to_state IS NOT NULL ORDER BY id", (job_id,))]

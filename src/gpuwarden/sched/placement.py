@@ -1,0 +1,340 @@
+"""Placement: which GPUs one queued job gets, as a pure function of GPU states.
+
+A GPU's headroom is what it can still promise: total − reserve − Σ managed budgets −
+foreign peak × (1 + spike buffer). A Place never asks more than the headroom of any of its
+GPUs, which is invariant 1 of DESIGN.md; ``apply`` re-checks it for every Place it books.
+The fit check lives here and the queue order in queue.py, apart, so QoS and preemption
+can replace either one without touching the other."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence, Set
+from dataclasses import replace
+from fractions import Fraction
+from typing import Protocol
+
+from gpuwarden.observe.snapshot import GpuView, Snapshot
+from gpuwarden.sched.model import GpuState, ManagedUse, Place, QueuedJob
+from gpuwarden.units import MiB, format_bytes
+
+DEFAULT_RESERVE = 512 * MiB
+"""Per-GPU bytes never given to jobs: the CUDA context and driver allocations."""
+DEFAULT_SPIKE_BUFFER = 0.1
+"""Foreign processes are charged at their peak plus this fraction: they may grow again."""
+
+PROHIBITED = "Prohibited"
+# One context per GPU (Exclusive_Thread is NVML's deprecated form of the same).
+_SOLO_MODES = frozenset({"Exclusive_Process", "Exclusive_Thread"})
+# Past this many candidate sets, pick per NUMA node greedily instead of enumerating.
+_MAX_SETS = 256
+
+
+# --- headroom ---------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=64)
+def _spike_ratio(spike_buffer: float) -> tuple[int, int]:
+    """1 + spike as an exact fraction of the decimal the user wrote (0.1 is 1/10, not the
+    binary float just above it)."""
+    if not math.isfinite(spike_buffer) or spike_buffer < 0:
+        raise ValueError(f"spike buffer must be a finite fraction ≥ 0, not {spike_buffer}")
+    ratio = 1 + Fraction(repr(float(spike_buffer)))
+    return ratio.numerator, ratio.denominator
+
+
+def foreign_charge(foreign_peak: int, spike_buffer: float) -> int:
+    """``foreign_peak × (1 + spike_buffer)`` rounded up, in integers so the invariant
+    holds to the byte, not to a float's rounding."""
+    num, den = _spike_ratio(spike_buffer)
+    return -(-max(foreign_peak, 0) * num // den)
+
+
+def capacity(gpu: GpuState) -> int:
+    """What this GPU could give one job when empty: total − reserve."""
+    return max(gpu.total - gpu.reserve, 0)
+
+
+def headroom(gpu: GpuState, spike_buffer: float = DEFAULT_SPIKE_BUFFER) -> int:
+    """Bytes placement may still promise on this GPU (never negative)."""
+    booked = sum(u.budget for u in gpu.managed)
+    return max(gpu.total - gpu.reserve - booked - foreign_charge(gpu.foreign_peak, spike_buffer),
+               0)
+
+
+# --- from a Snapshot ---------------------------------------------------------------------
+
+def foreign_memory(view: GpuView, managed_pids: Set[int]) -> int:
+    """Bytes on this GPU that no managed job accounts for: foreign processes plus memory
+    no process accounts for (leaked memory is not free). When the driver withholds a
+    process's figure, everything not shown as managed counts, to stay on the safe side."""
+    unaccounted = view.unaccounted
+    if unaccounted is None:
+        mine = sum(p.memory or 0 for p in view.processes if p.pid in managed_pids)
+        return max(view.facts.memory_used - view.facts.driver_baseline - mine, 0)
+    foreign = sum(p.memory or 0 for p in view.processes if p.pid not in managed_pids)
+    return foreign + max(unaccounted, 0)
+
+
+def foreign_usage(snapshot: Snapshot, managed_pids: Set[int]) -> dict[str, int]:
+    """Foreign bytes now, per GPU uuid: the daemon folds these into the peaks it keeps."""
+    return {v.facts.uuid: foreign_memory(v, managed_pids) for v in snapshot.gpus}
+
+
+def gpu_states(snapshot: Snapshot, managed: Mapping[str, Sequence[ManagedUse]],
+               managed_pids: Set[int], foreign_peaks: Mapping[str, int] | None = None,
+               reserve: int = DEFAULT_RESERVE) -> list[GpuState]:
+    """GPU states for placement. ``managed`` maps a GPU uuid to the reservations of
+    reserved/running jobs; ``managed_pids`` are the pids of their process trees, so the
+    rest is foreign; ``foreign_peaks`` are the per-uuid peaks the daemon remembers."""
+    peaks = foreign_peaks or {}
+    states = []
+    for view in snapshot.gpus:
+        f = view.facts
+        states.append(GpuState(
+            index=f.index, uuid=f.uuid, total=f.memory_total, reserve=reserve,
+            numa_node=f.numa_node, nvlink_peers=f.nvlink_peers,
+            compute_mode=f.compute_mode or "Default",
+            managed=tuple(managed.get(f.uuid, ())),
+            foreign_peak=max(foreign_memory(view, managed_pids), peaks.get(f.uuid, 0)),
+            foreign_processes=sum(1 for p in view.processes if p.pid not in managed_pids),
+        ))
+    return states
+
+
+# --- topology ----------------------------------------------------------------------------
+
+class Linked(Protocol):
+    """Anything placed on the topology: a GpuState here, a Candidate in select.py."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def numa_node(self) -> int | None: ...
+    @property
+    def nvlink_peers(self) -> tuple[int, ...]: ...
+
+
+def numa_nodes(gpus: Iterable[Linked]) -> int:
+    """How many NUMA nodes a set spans (unknown counts as one node of its own)."""
+    return len({g.numa_node for g in gpus})
+
+
+def missing_links(gpus: Sequence[Linked]) -> int:
+    """Pairs in the set that NVLink does not join (either side listing the other counts)."""
+    return sum(1 for a, b in itertools.combinations(gpus, 2)
+               if b.index not in a.nvlink_peers and a.index not in b.nvlink_peers)
+
+
+# --- the fit check -----------------------------------------------------------------------
+
+def _alone(job: QueuedJob) -> bool:
+    """The job takes its GPUs alone: it asked to, or it wants whole GPUs."""
+    return job.exclusive or job.mem is None
+
+
+def _plural(n: int, word: str, suffix: str = "s") -> str:
+    return f"{n} {word}{'' if n == 1 else suffix}"
+
+
+def _ids(indices: Iterable[int]) -> str:
+    return ",".join(str(i) for i in sorted(indices))
+
+
+def _candidates(job: QueuedJob, gpus: Sequence[GpuState]) -> list[GpuState] | None:
+    """The GPUs the job may use; None when it names a GPU that is not here."""
+    if job.gpu_ids is None:
+        return list(gpus)
+    wanted = set(job.gpu_ids)
+    chosen = [g for g in gpus if g.index in wanted]
+    return chosen if len(chosen) == len(wanted) else None
+
+
+def _blocked(job: QueuedJob, gpu: GpuState, room: int) -> tuple[bool, str] | None:
+    """Why this GPU cannot take the job now, or None when it can. The flag says the
+    reason is only memory (more may free up on this GPU), for the wait reason."""
+    if gpu.compute_mode == PROHIBITED:
+        return False, "compute mode Prohibited"
+    busy = bool(gpu.managed) or gpu.foreign_processes > 0
+    if gpu.compute_mode in _SOLO_MODES and busy:
+        return False, f"{gpu.compute_mode} and in use"
+    for use in gpu.managed:
+        if use.exclusive:
+            return False, f"held alone by job {use.job_id}"
+    if _alone(job) and busy:
+        bits = []
+        if gpu.managed:
+            bits.append(_plural(len(gpu.managed), "job"))
+        if gpu.foreign_processes:
+            bits.append(_plural(gpu.foreign_processes, "foreign process", "es"))
+        return False, "in use by " + " and ".join(bits)
+    if job.mem is None:
+        if room <= 0:
+            return True, f"no headroom ({format_bytes(gpu.foreign_peak)} foreign/leaked)"
+        return None
+    if room < job.mem:
+        return True, f"{format_bytes(room)} free"
+    return None
+
+
+def _set_key(job: QueuedJob, chosen: Sequence[tuple[GpuState, int]],
+             ) -> tuple[int, int, int, tuple[int, ...]]:
+    """One NUMA node first, then NVLink peers, then best fit (least headroom left over,
+    which packs jobs and keeps roomy GPUs for big ones); whole-GPU jobs take the set
+    that gives the biggest budget."""
+    gpus = [g for g, _ in chosen]
+    if job.mem is None:
+        fit = -min(room for _, room in chosen)
+    else:
+        fit = sum(room - job.mem for _, room in chosen)
+    return numa_nodes(gpus), missing_links(gpus), fit, tuple(sorted(g.index for g in gpus))
+
+
+def _gpu_key(job: QueuedJob, pair: tuple[GpuState, int]) -> tuple[int, int]:
+    gpu, room = pair
+    return (-room if job.mem is None else room - job.mem), gpu.index
+
+
+def _best_set(job: QueuedJob, ok: list[tuple[GpuState, int]]) -> list[tuple[GpuState, int]]:
+    n = job.count
+    if n == 1:
+        return [min(ok, key=lambda p: _gpu_key(job, p))]
+    if math.comb(len(ok), n) <= _MAX_SETS:
+        options: list[Sequence[tuple[GpuState, int]]] = list(itertools.combinations(ok, n))
+    else:  # too many to try: the best fitting few of each NUMA node, and overall
+        ranked = sorted(ok, key=lambda p: _gpu_key(job, p))
+        nodes: dict[int | None, list[tuple[GpuState, int]]] = {}
+        for p in ranked:
+            nodes.setdefault(p[0].numa_node, []).append(p)
+        options = [ranked[:n], *(g[:n] for g in nodes.values() if len(g) >= n)]
+    best, best_key = options[0], _set_key(job, options[0])
+    for opt in options[1:]:
+        key = _set_key(job, opt)
+        if key < best_key:
+            best, best_key = opt, key
+    return list(best)
+
+
+def fits(job: QueuedJob, gpus: Sequence[GpuState],
+         spike_buffer: float = DEFAULT_SPIKE_BUFFER) -> Place | None:
+    """Where the job fits now, or None. Best fit on headroom; whole-GPU (``mem`` None) and
+    exclusive jobs only on GPUs with no managed job and no foreign process; sets of
+    ``count`` GPUs prefer one NUMA node and NVLink peers before best fit."""
+    if job.count < 1 or (job.mem is not None and job.mem < 0):
+        return None
+    cands = _candidates(job, gpus)
+    if cands is None:
+        return None
+    ok = []
+    for gpu in cands:
+        room = headroom(gpu, spike_buffer)
+        if _blocked(job, gpu, room) is None:
+            ok.append((gpu, room))
+    if len(ok) < job.count:
+        return None
+    chosen = _best_set(job, ok)
+    budget = job.mem if job.mem is not None else min(room for _, room in chosen)
+    return Place(job.id, tuple(sorted(g.index for g, _ in chosen)), budget)
+
+
+def reservation(job: QueuedJob, budget: int) -> ManagedUse:
+    """The claim a placed job holds on each of its GPUs (whole-GPU jobs hold theirs alone).
+    The daemon builds the ``managed`` input of ``gpu_states`` with this too."""
+    return ManagedUse(job_id=job.id, budget=budget, exclusive=_alone(job))
+
+
+def apply(gpus: Sequence[GpuState], job: QueuedJob, place: Place,
+          spike_buffer: float = DEFAULT_SPIKE_BUFFER) -> list[GpuState]:
+    """The GPU states after booking ``place``. Raises ValueError if the Place asks more
+    than a GPU's headroom: the guard of invariant 1, whatever fit policy made it."""
+    targets = set(place.gpus)
+    out = []
+    for gpu in gpus:
+        if gpu.index in targets:
+            room = headroom(gpu, spike_buffer)
+            if place.budget > room or place.budget < 0:
+                raise ValueError(f"job {job.id}: {format_bytes(place.budget)} on GPU "
+                                 f"{gpu.index} exceeds its headroom {format_bytes(room)}")
+            gpu = replace(gpu, managed=(*gpu.managed, reservation(job, place.budget)))
+            targets.discard(gpu.index)
+        out.append(gpu)
+    if targets:
+        raise ValueError(f"job {job.id}: placed on unknown GPU {_ids(targets)}")
+    return out
+
+
+# --- reasons -----------------------------------------------------------------------------
+
+def infeasible_reason(job: QueuedJob, gpus: Sequence[GpuState]) -> str | None:
+    """Why the job could never run here, even on empty GPUs; None when it could."""
+    if job.count < 1:
+        return f"asks for {job.count} GPUs; a job needs at least one"
+    if job.mem is not None and job.mem < 0:
+        return f"asks for a negative amount of memory ({job.mem} bytes)"
+    here = {g.index for g in gpus}
+    if not here:
+        return "this machine has no GPUs"
+    if job.gpu_ids is not None:
+        unknown = set(job.gpu_ids) - here
+        if unknown:
+            return f"unknown GPU {_ids(unknown)}: this machine has GPU {_ids(here)}"
+        if not job.gpu_ids:
+            return "the list of allowed GPUs is empty"
+    cands = _candidates(job, gpus) or []
+    where = "this machine" if job.gpu_ids is None else f"GPUs {_ids(g.index for g in cands)}"
+    usable = [g for g in cands if g.compute_mode != PROHIBITED]
+    barred = [g.index for g in cands if g.compute_mode == PROHIBITED]
+    if not usable:
+        return f"GPU {_ids(barred)}: compute mode Prohibited (no process may use it)"
+    if job.count > len(usable):
+        why = f" (GPU {_ids(barred)}: Prohibited)" if barred else ""
+        return f"needs {_plural(job.count, 'GPU')} but only {len(usable)} usable on {where}{why}"
+    need = 1 if job.mem is None else job.mem
+    big = [g for g in usable if capacity(g) >= need]
+    if len(big) >= job.count:
+        return None
+    largest = max(usable, key=capacity)
+    if not big and job.mem is None:
+        return (f"no GPU on {where} has memory left after its reserve "
+                f"({format_bytes(largest.reserve)})")
+    if not big:
+        return (f"{format_bytes(need)} per GPU is more than {where} can give (largest: "
+                f"{format_bytes(capacity(largest))} = {format_bytes(largest.total)} total − "
+                f"{format_bytes(largest.reserve)} reserve)")
+    what = "any memory" if job.mem is None else format_bytes(job.mem)
+    return (f"only {_plural(len(big), 'GPU')} on {where} can give {what} "
+            f"(GPU {_ids(g.index for g in big)}); {job.count} can never fit")
+
+
+def wait_reason(job: QueuedJob, gpus: Sequence[GpuState],
+                spike_buffer: float = DEFAULT_SPIKE_BUFFER) -> str:
+    """Why a feasible job does not fit now, with numbers, for ``show`` and ``ps``."""
+    n = job.count
+    each = "one GPU" if n == 1 else f"each of {n} GPUs"
+    if job.mem is None:
+        want = "an idle GPU" if n == 1 else f"{n} idle GPUs"
+    elif job.exclusive:
+        want = f"{format_bytes(job.mem)} free on {each}, with no other job or process"
+    else:
+        want = f"{format_bytes(job.mem)} free on {each}"
+    ok: list[int] = []
+    short: list[tuple[int, int]] = []  # (room, index) of GPUs short of memory only
+    others: dict[str, list[int]] = {}
+    for gpu in _candidates(job, gpus) or []:
+        room = headroom(gpu, spike_buffer)
+        why = _blocked(job, gpu, room)
+        if why is None:
+            ok.append(gpu.index)
+        elif why[0] and job.mem is not None:
+            short.append((room, gpu.index))
+        else:
+            others.setdefault(why[1], []).append(gpu.index)
+    parts = []
+    if ok:
+        parts.append(f"only GPU {_ids(ok)} {'qualifies' if len(ok) == 1 else 'qualify'}")
+    if short:
+        room, index = max(short, key=lambda s: (s[0], -s[1]))
+        parts.append(f"{'next ' if ok else ''}best has {format_bytes(room)} (GPU {index})")
+    parts.extend(f"GPU {_ids(ix)}: {why}" for why, ix in others.items())
+    return f"waiting for {want}; " + "; ".join(parts) if parts else f"waiting for {want}"

@@ -1,0 +1,824 @@
+"""The job store: real SQLite files, real threads and processes, no mocks."""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import shutil
+import signal
+import sqlite3
+import stat
+import tempfile
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import closing
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
+
+from gpuwarden.daemon import model
+from gpuwarden.daemon.model import (
+    CANCELLED,
+    FAILED,
+    HELD,
+    INFEASIBLE,
+    QUEUED,
+    RESERVED,
+    RUNNING,
+    STATES,
+    SUCCEEDED,
+    TERMINAL,
+    JobSpec,
+)
+from gpuwarden.daemon.paths import Paths, boot_id, resolve_paths
+from gpuwarden.daemon.store import (
+    KEY_RELEASED,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    TRANSITION_FIELDS,
+    Conflict,
+    DependencyNotFound,
+    JobNotFound,
+    SchemaTooNew,
+    Store,
+    StoreError,
+)
+from gpuwarden.errors import GpuwardenError, UsageError
+
+GiB = 1 << 30
+
+
+def spec(**kw: Any) -> JobSpec:
+    base: dict[str, Any] = dict(command=("python", "train.py"), user="alice", uid=1000,
+                                gid=1000)
+    base.update(kw)
+    return JobSpec(**base)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(tmp_path / "state.db")
+    yield s
+    s.close()
+
+
+def version(path: Path) -> int:
+    with closing(sqlite3.connect(path)) as conn:
+        return int(conn.execute("SELECT version FROM schema_version").fetchone()[0])
+
+
+# --------------------------------------------------------------------------- round trip
+
+
+def test_every_spec_field_round_trips(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    with Store(db) as s:
+        dep1, _ = s.submit(spec(), 1.0)
+        dep2, _ = s.submit(spec(), 2.0)
+        full = JobSpec(
+            command=("python", "-c", "print('ü ✓')", "--flag=a b", ""),
+            user="bob", uid=1234, gid=2345, groups=(2345, 27, 100),
+            cwd="/home/bob/proj dir", env={"PATH": "/usr/bin", "X": "multi\nline=ü", "E": ""},
+            name="train-ü", group="sweep-7", key="run-42", mem=14 * GiB, gpus=3,
+            gpu_ids=(0, 2, 5), after=(dep1.id, dep2.id), timeout=3600.5, exclusive=True,
+            priority=-7, requeue_on_reboot=True)
+        # Every field differs from its default, so none can silently fall back to it.
+        default = JobSpec(command=(), user="", uid=0, gid=0)
+        for f in dataclasses.fields(JobSpec):
+            assert getattr(full, f.name) != getattr(default, f.name), f.name
+        job, created = s.submit(full, 1700000000.25)
+        assert created
+        assert job.spec == full
+        assert job.state == QUEUED
+        assert job.submitted_at == 1700000000.25
+    with Store(db) as s:  # and from a fresh connection, off the disk
+        again = s.get(job.id)
+    assert again.spec == full
+    assert again == job
+    assert again.spec.gpu_ids == (0, 2, 5) and isinstance(again.spec.groups, tuple)
+
+
+def test_unrestricted_gpu_ids_stay_none(store: Store) -> None:
+    job, _ = store.submit(spec(), 1.0)
+    assert store.get(job.id).spec.gpu_ids is None
+    assert store.get(job.id).spec.mem is None
+
+
+def test_every_transition_field_round_trips(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    values: dict[str, Any] = dict(
+        started_at=10.5, ended_at=20.25, gpus=(1, 3), gpu_uuids=("GPU-a", "GPU-b"),
+        budget=14 * GiB, exit_code=137, reason="killed: out of memory",
+        supervisor_pid=4242, supervisor_start=123456.78, boot_id="b00t", attempts=2,
+        peak_memory=13 * GiB)
+    assert set(values) == TRANSITION_FIELDS
+    with Store(db) as s:
+        job, _ = s.submit(spec(), 1.0)
+        moved = s.transition(job.id, QUEUED, FAILED, now=21.0, kind="exited",
+                             detail="exit 137", **values)
+    with Store(db) as s:
+        got = s.get(job.id)
+    assert got == moved
+    for name, value in values.items():
+        assert getattr(got, name) == value, name
+    assert got.state == FAILED
+    assert [(e.kind, e.detail) for e in got.events] == [("submitted", None),
+                                                         ("exited", "exit 137")]
+
+
+def test_to_json_shape(store: Store) -> None:
+    job, _ = store.submit(spec(name="t", mem=2 * GiB), 1700000000.0)
+    job = store.transition(job.id, QUEUED, RESERVED, now=1700000001.0, kind="reserved",
+                           detail="GPU 1", gpus=(1,), budget=2 * GiB)
+    job = store.transition(job.id, RESERVED, RUNNING, now=1700000002.0, kind="started",
+                           started_at=1700000002.0)
+    store.set_peak(job.id, GiB)
+    job = store.transition(job.id, RUNNING, SUCCEEDED, now=1700000003.5, kind="exited",
+                           exit_code=0, ended_at=1700000003.5)
+    out = store.get(job.id).to_json()
+    required = {"id", "user", "name", "state", "command", "gpus", "mem", "peak_memory",
+                "exit_code", "submitted_at", "started_at", "ended_at", "reason", "events"}
+    assert required <= set(out)
+    assert out["id"] == job.id and out["user"] == "alice" and out["name"] == "t"
+    assert out["state"] == "succeeded"
+    assert out["command"] == ["python", "train.py"]
+    assert out["gpus"] == [1]
+    assert out["mem"] == 2 * GiB and out["peak_memory"] == GiB
+    assert out["exit_code"] == 0 and out["reason"] is None
+    for key in ("submitted_at", "started_at", "ended_at"):
+        assert datetime.fromisoformat(out[key]).timestamp() > 0, key
+    assert out["ended_at"].startswith("2023-11-14T22:13:23.500")
+    assert [set(e) for e in out["events"]] == [{"at", "kind", "detail"}] * 4
+    assert [e["kind"] for e in out["events"]] == ["submitted", "reserved", "started",
+                                                  "exited"]
+    assert out["events"][1]["detail"] == "GPU 1"
+    assert "env" not in out
+
+
+# --------------------------------------------------------------------------- keys
+
+
+@pytest.mark.parametrize("state", [QUEUED, HELD, RESERVED, RUNNING, SUCCEEDED])
+def test_key_returns_the_existing_job(store: Store, state: str) -> None:
+    job, created = store.submit(spec(key="k"), 1.0)
+    assert created
+    if state != QUEUED:
+        job = store.transition(job.id, QUEUED, state, now=2.0, kind=state)
+    events_before = len(store.get(job.id).events)
+    again, created = store.submit(spec(key="k", command=("other",)), 3.0)
+    assert not created
+    assert again.id == job.id and again.state == state
+    assert again.spec.command == ("python", "train.py")
+    assert len(store.get(job.id).events) == events_before  # nothing written
+    assert len(store.list()) == 1
+
+
+@pytest.mark.parametrize("state", sorted(KEY_RELEASED))
+def test_finished_without_success_releases_the_key(store: Store, state: str) -> None:
+    assert {FAILED, CANCELLED, INFEASIBLE} == KEY_RELEASED
+    old, _ = store.submit(spec(key="k"), 1.0)
+    store.transition(old.id, QUEUED, state, now=2.0, kind=state)
+    new, created = store.submit(spec(key="k"), 3.0)
+    assert created and new.id != old.id
+    assert store.submit(spec(key="k"), 4.0) == (new, False)
+    # The old one cannot come back while the new one holds the key ...
+    with pytest.raises(Conflict, match="key"):
+        store.transition(old.id, state, QUEUED, now=5.0, kind="retried")
+    assert store.get(old.id).state == state
+    # ... but can once the new one released it.
+    store.transition(new.id, QUEUED, CANCELLED, now=6.0, kind="cancelled")
+    assert store.transition(old.id, state, QUEUED, now=7.0, kind="retried").state == QUEUED
+    assert store.audit() == []
+
+
+def test_keys_are_per_user(store: Store) -> None:
+    a, _ = store.submit(spec(key="k"), 1.0)
+    b, created = store.submit(spec(key="k", user="bob", uid=1001), 2.0)
+    assert created and a.id != b.id
+    c, created = store.submit(spec(key=None), 3.0)
+    d, created2 = store.submit(spec(key=None), 4.0)
+    assert created and created2 and c.id != d.id
+
+
+# --------------------------------------------------------------------------- transitions
+
+
+def test_compare_and_set(store: Store) -> None:
+    job, _ = store.submit(spec(), 1.0)
+    moved = store.transition(job.id, (QUEUED, HELD), RESERVED, now=2.0, kind="reserved",
+                             gpus=(0,), budget=GiB)
+    assert moved.state == RESERVED and moved.gpus == (0,) and moved.budget == GiB
+    with pytest.raises(Conflict) as err:
+        store.transition(job.id, QUEUED, RESERVED, now=3.0, kind="reserved", gpus=(1,))
+    assert err.value.state == RESERVED and err.value.job_id == job.id
+    assert "is reserved, not queued" in str(err.value)
+    assert isinstance(err.value, GpuwardenError)
+    after = store.get(job.id)
+    assert after == moved  # nothing changed, no event appended
+    assert len(after.events) == 2
+
+
+def test_transition_errors(store: Store) -> None:
+    job, _ = store.submit(spec(), 1.0)
+    with pytest.raises(JobNotFound) as err:
+        store.transition(job.id + 1, QUEUED, RESERVED, now=2.0, kind="x")
+    assert err.value.exit_code == 2 and isinstance(err.value, UsageError)
+    with pytest.raises(TypeError, match="state"):
+        store.transition(job.id, QUEUED, RESERVED, now=2.0, kind="x", state="running")
+    with pytest.raises(TypeError, match="user"):
+        store.transition(job.id, QUEUED, RESERVED, now=2.0, kind="x", user="root")
+    with pytest.raises(ValueError, match="bogus"):
+        store.transition(job.id, QUEUED, "bogus", now=2.0, kind="x")
+    with pytest.raises(ValueError, match="bogus"):
+        store.transition(job.id, ("bogus",), RESERVED, now=2.0, kind="x")
+    with pytest.raises(TypeError, match="gpus"):
+        store.transition(job.id, QUEUED, RESERVED, now=2.0, kind="x", gpus=3)
+    assert store.get(job.id).state == QUEUED and store.audit() == []
+    # Fields not given keep their value; None clears.
+    store.transition(job.id, QUEUED, HELD, now=3.0, kind="held", reason="held by alice")
+    store.transition(job.id, HELD, HELD, now=3.5, kind="note")
+    assert store.get(job.id).reason == "held by alice"
+    assert store.transition(job.id, HELD, QUEUED, now=4.0, kind="released",
+                            reason=None).reason is None
+    assert store.transitions(job.id) == [(None, QUEUED), (QUEUED, HELD), (HELD, HELD),
+                                         (HELD, QUEUED)]
+
+
+def test_get_and_unknown_ids(store: Store) -> None:
+    with pytest.raises(JobNotFound, match="no job 7"):
+        store.get(7)
+    with pytest.raises(JobNotFound):
+        store.get(1 << 70)  # out of SQLite's range: still just "no such job"
+    with pytest.raises(JobNotFound):
+        store.add_event(3, "note", None, 1.0)
+    with pytest.raises(JobNotFound):
+        store.set_peak(3, 5)
+    assert store.set_reason(3, "x", 1.0) is False
+
+
+def test_dependencies_must_exist(store: Store) -> None:
+    dep, _ = store.submit(spec(), 1.0)
+    with pytest.raises(DependencyNotFound, match="job 99") as err:
+        store.submit(spec(after=(dep.id, 99)), 2.0)
+    assert err.value.missing == (99,) and err.value.exit_code == 2
+    assert [j.id for j in store.list()] == [dep.id]  # nothing stored
+    job, created = store.submit(spec(after=(dep.id,)), 3.0)
+    assert created and job.spec.after == (dep.id,)
+
+
+def test_bad_specs_are_usage_errors(store: Store) -> None:
+    with pytest.raises(UsageError, match="command"):
+        store.submit(spec(command=()), 1.0)
+    with pytest.raises(UsageError, match="range"):
+        store.submit(spec(mem=1 << 80), 1.0)
+    with pytest.raises(UsageError, match="UTF-8"):
+        store.submit(spec(cwd="/bad\udcff"), 1.0)
+    # The environment is JSON: even undecodable bytes (as surrogates) round-trip.
+    job, _ = store.submit(spec(env={"WEIRD": "a\udcffb"}), 1.0)
+    assert store.get(job.id).spec.env == {"WEIRD": "a\udcffb"}
+    with pytest.raises(ValueError):
+        store.submit(spec(), 1.0, state=RUNNING)
+
+
+def test_submit_as_infeasible_or_held(store: Store) -> None:
+    job, _ = store.submit(spec(), 1.0, state=INFEASIBLE, reason="needs 200 GiB; largest "
+                          "GPU has 141 GiB")
+    assert job.state == INFEASIBLE and job.reason.startswith("needs 200")  # type: ignore[union-attr]
+    assert job.events[0].kind == "submitted" and job.events[0].detail == job.reason
+    held, _ = store.submit(spec(), 2.0, state=HELD)
+    assert held.state == HELD and store.audit() == []
+
+
+def test_list_filters_and_order(store: Store) -> None:
+    ids = []
+    for i in range(6):
+        job, _ = store.submit(spec(user="alice" if i % 2 else "bob", uid=1000 + i % 2,
+                                   group="g" if i < 3 else None), float(i))
+        ids.append(job.id)
+    store.transition(ids[0], QUEUED, RESERVED, now=9.0, kind="r")
+    store.transition(ids[5], QUEUED, RUNNING, now=9.0, kind="r")
+    assert [j.id for j in store.list()] == ids
+    assert [j.id for j in store.list(states=[RESERVED, RUNNING])] == [ids[0], ids[5]]
+    assert [j.id for j in store.active()] == [ids[0], ids[5]]
+    assert [j.id for j in store.list(user="alice")] == [ids[1], ids[3], ids[5]]
+    assert [j.id for j in store.list(group="g")] == ids[:3]
+    assert [j.id for j in store.list(ids=[ids[4], ids[2], 999])] == [ids[2], ids[4]]
+    assert [j.id for j in store.list(limit=2)] == ids[:2]
+    assert [j.id for j in store.list(states=[QUEUED], user="bob", group="g")] == [ids[2]]
+    assert store.list(ids=[]) == []
+    assert all(j.events == () for j in store.list(with_events=False))
+    assert all(len(j.events) >= 1 for j in store.list())
+    with pytest.raises(ValueError):
+        store.list(states=["nope"])
+    counts = store.counts()
+    assert counts[QUEUED] == 4 and counts[RESERVED] == 1 and counts[RUNNING] == 1
+    assert set(counts) == set(STATES)
+
+
+def test_events_are_ordered_and_notes_change_no_state(store: Store) -> None:
+    job, _ = store.submit(spec(), 1.0)
+    store.add_event(job.id, "note", "first", 5.0)
+    store.add_event(job.id, "note", "second", 4.0)  # order of writing, not of clock
+    store.transition(job.id, QUEUED, RESERVED, now=6.0, kind="reserved")
+    got = store.get(job.id)
+    assert [e.detail for e in got.events] == [None, "first", "second", None]
+    assert got.state == RESERVED and store.audit() == []
+
+
+def test_peak_only_grows(store: Store) -> None:
+    job, _ = store.submit(spec(), 1.0)
+    assert store.set_peak(job.id, 5 * GiB) is True
+    assert store.set_peak(job.id, 3 * GiB) is False
+    assert store.set_peak(job.id, 5 * GiB) is False
+    assert store.set_peak(job.id, 6 * GiB) is True
+    got = store.get(job.id)
+    assert got.peak_memory == 6 * GiB and len(got.events) == 1
+
+
+def test_reason_written_only_when_changed(store: Store) -> None:
+    job, _ = store.submit(spec(), 1.0)
+    assert store.set_reason(job.id, "no GPU has 14 GiB free", 2.0) is True
+    assert store.set_reason(job.id, "no GPU has 14 GiB free", 3.0) is False
+    assert store.set_reason(job.id, "waiting for job 3", 4.0) is True
+    assert store.set_reason(job.id, "waiting for job 3") is False
+    assert store.set_reason(job.id, "silent") is True  # without a clock: no event
+    got = store.get(job.id)
+    assert got.reason == "silent"
+    assert [(e.kind, e.detail) for e in got.events] == [
+        ("submitted", None), ("waiting", "no GPU has 14 GiB free"),
+        ("waiting", "waiting for job 3")]
+    store.transition(job.id, QUEUED, RUNNING, now=5.0, kind="started", reason=None)
+    assert store.set_reason(job.id, "late scheduler pass", 6.0) is False
+    assert store.get(job.id).reason is None
+
+
+def test_delete_only_finished(store: Store) -> None:
+    job, _ = store.submit(spec(), 1.0)
+    with pytest.raises(Conflict, match="only finished"):
+        store.delete(job.id)
+    store.transition(job.id, QUEUED, SUCCEEDED, now=2.0, kind="done", ended_at=2.0)
+    child, _ = store.submit(spec(after=(job.id,)), 3.0)
+    with pytest.raises(Conflict, match="dependency"):
+        store.delete(job.id)
+    store.transition(child.id, QUEUED, CANCELLED, now=4.0, kind="cancelled")
+    gone = store.delete(job.id)
+    assert gone.id == job.id and gone.state == SUCCEEDED
+    with pytest.raises(JobNotFound):
+        store.get(job.id)
+    with pytest.raises(JobNotFound):
+        store.delete(job.id)
+    with closing(sqlite3.connect(store.path)) as conn:  # events went with it
+        assert conn.execute("SELECT count(*) FROM events WHERE job_id = ?",
+                            (job.id,)).fetchone()[0] == 0
+    # Ids are never reused, even for the highest one.
+    store.delete(child.id)
+    new, _ = store.submit(spec(), 5.0)
+    assert new.id > child.id
+
+
+def test_clean(store: Store) -> None:
+    def finished(user: str, ended: float, state: str = SUCCEEDED) -> int:
+        job, _ = store.submit(spec(user=user), 0.0)
+        store.transition(job.id, QUEUED, state, now=ended, kind=state, ended_at=ended)
+        return job.id
+
+    old_a = finished("alice", 100.0)
+    old_b = finished("bob", 100.0, FAILED)
+    new_a = finished("alice", 950.0)
+    needed = finished("alice", 100.0)
+    waiting, _ = store.submit(spec(after=(needed,)), 1.0)
+    live, _ = store.submit(spec(), 0.0)
+    assert store.clean(300, 1000.0, user="alice") == 1
+    assert {j.id for j in store.list()} == {old_b, new_a, needed, waiting.id, live.id}
+    assert store.clean(300, 1000.0) == 1
+    assert {j.id for j in store.list()} == {new_a, needed, waiting.id, live.id}
+    assert old_a not in {j.id for j in store.list()}
+    assert store.clean(0, 10_000.0) == 1  # new_a; `needed` is still needed
+    assert store.audit() == []
+
+
+# --------------------------------------------------------------------------- concurrency
+
+
+def test_threads_race_and_exactly_one_wins(tmp_path: Path) -> None:
+    """Threads sharing one Store and threads with their own connection race to move the
+    same jobs: every job is won exactly once."""
+    shared = Store(tmp_path / "state.db")
+    jobs = [shared.submit(spec(), 1.0)[0].id for _ in range(25)]
+    n = 12
+    barrier = threading.Barrier(n)
+    wins: list[tuple[int, int]] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def race(me: int) -> None:
+        s = shared if me % 2 else Store(tmp_path / "state.db")
+        try:
+            barrier.wait()
+            for job_id in jobs:
+                try:
+                    s.transition(job_id, QUEUED, RESERVED, now=2.0, kind="reserved",
+                                 detail=f"thread {me}", supervisor_pid=me)
+                except Conflict:
+                    continue
+                with lock:
+                    wins.append((job_id, me))
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+        finally:
+            if s is not shared:
+                s.close()
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(j for j, _ in wins) == jobs
+    for job_id, me in wins:
+        job = shared.get(job_id)
+        assert job.state == RESERVED and job.supervisor_pid == me
+        assert [e.detail for e in job.events if e.kind == "reserved"] == [f"thread {me}"]
+    assert shared.audit() == []
+    shared.close()
+
+
+def _claim_in_process(db: str, me: int, jobs: list[int], go: Any, results: Any) -> None:
+    won: list[int] = []
+    try:
+        store = Store(db)
+        for job_id in jobs:
+            go.wait(timeout=30)  # a barrier: every process goes for this job at once
+            try:
+                store.transition(job_id, QUEUED, RESERVED, now=2.0, kind="reserved",
+                                 detail=f"process {me}", supervisor_pid=os.getpid())
+            except Conflict:
+                continue
+            won.append(job_id)
+            store.transition(job_id, RESERVED, RUNNING, now=3.0, kind="started")
+        store.close()
+    except BaseException as e:
+        go.abort()  # release the others instead of leaving them at the barrier
+        results.put((me, f"{type(e).__name__}: {e}"))
+        raise
+    results.put((me, won))
+
+
+def test_processes_race_and_exactly_one_wins(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    with Store(db) as s:
+        jobs = [s.submit(spec(), 1.0)[0].id for _ in range(40)]
+    ctx = multiprocessing.get_context("spawn")
+    n = 6
+    go = ctx.Barrier(n)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_claim_in_process, args=(str(db), i, jobs, go, results))
+             for i in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        won = dict(results.get(timeout=120) for _ in procs)
+        for p in procs:
+            p.join(timeout=30)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    failures = {me: r for me, r in won.items() if isinstance(r, str)}
+    assert failures == {}
+    assert [p.exitcode for p in procs] == [0] * n
+    claimed = Counter(j for ids in won.values() for j in ids)
+    assert sorted(claimed) == jobs and set(claimed.values()) == {1}
+    assert sum(1 for ids in won.values() if ids) > 1  # they did race
+    with Store(db) as s:
+        for me, ids in won.items():
+            for job_id in ids:
+                job = s.get(job_id)
+                assert job.state == RUNNING
+                assert [e.detail for e in job.events if e.kind == "reserved"] == [
+                    f"process {me}"]
+        assert s.audit() == [] and s.integrity() == "ok"
+
+
+def test_forked_child_gets_its_own_connection(store: Store) -> None:
+    job, _ = store.submit(spec(), 1.0)
+    with store._lock:  # as if another thread were inside the store at the fork
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            code = 1
+            try:
+                signal.alarm(10)  # a deadlock ends the child, not the test run
+                store.transition(job.id, QUEUED, RESERVED, now=2.0, kind="reserved")
+                store.close()
+                code = 0
+            finally:
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store.get(job.id).state == RESERVED  # the parent's connection still works
+    store.transition(job.id, RESERVED, RUNNING, now=3.0, kind="started")
+    assert store.audit() == []
+
+
+# --------------------------------------------------------------------------- database
+
+
+def test_pragmas_and_file_mode(store: Store) -> None:
+    conn = store._connection()
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert conn.execute("PRAGMA busy_timeout").fetchone()[0] > 0
+    assert stat.S_IMODE(store.path.stat().st_mode) == 0o600  # holds job environments
+    assert version(store.path) == SCHEMA_VERSION
+    assert store.integrity() == "ok"
+
+
+def test_older_database_is_upgraded(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    with Store(db, migrations=MIGRATIONS[:1]) as old:
+        job, _ = old.submit(spec(key="k"), 1.0)
+    assert version(db) == 1
+    with closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = "
+                            "'jobs_live_key'").fetchone()[0] == 0
+    with Store(db) as s:
+        assert version(db) == SCHEMA_VERSION
+        assert s.get(job.id).spec == job.spec
+        assert s.submit(spec(key="k"), 2.0) == (s.get(job.id), False)
+        conn = sqlite3.connect(db)
+        with closing(conn), pytest.raises(sqlite3.IntegrityError):  # a constraint now
+            conn.execute("INSERT INTO jobs SELECT NULL, user, uid, gid, groups, cwd, env, "
+                         "command, name, job_group, job_key, mem, gpu_count, gpu_ids, "
+                         "after_ids, timeout, exclusive, priority, requeue_on_reboot, "
+                         "state, submitted_at, started_at, ended_at, gpus, gpu_uuids, "
+                         "budget, peak_memory, exit_code, reason, supervisor_pid, "
+                         "supervisor_start, boot_id, attempts FROM jobs")
+
+
+def test_migrations_run_in_order_inside_one_transaction(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    Store(db).close()
+    order: list[int] = []
+
+    def add_column(conn: sqlite3.Connection) -> None:
+        order.append(3)
+        conn.execute("ALTER TABLE jobs ADD COLUMN qos TEXT")
+
+    def broken(conn: sqlite3.Connection) -> None:
+        order.append(4)
+        conn.execute("CREATE TABLE half_done (x)")
+        raise RuntimeError("migration 4 failed")
+
+    with pytest.raises(RuntimeError, match="migration 4"):
+        Store(db, migrations=[*MIGRATIONS, add_column, broken])
+    assert order == [3, 4]
+    assert version(db) == SCHEMA_VERSION  # nothing of 3 or 4 was kept
+    with closing(sqlite3.connect(db)) as conn:
+        cols = {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}
+        assert "qos" not in cols
+        assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = "
+                            "'half_done'").fetchone()[0] == 0
+    with Store(db, migrations=[*MIGRATIONS, add_column]) as s:
+        assert version(db) == SCHEMA_VERSION + 1
+        s.submit(spec(), 1.0)
+    assert order == [3, 4, 3]
+
+
+def test_newer_database_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    with Store(db) as s:
+        s.submit(spec(), 1.0)
+    with closing(sqlite3.connect(db)) as conn:
+        conn.execute("UPDATE schema_version SET version = 99")
+        conn.commit()
+    with pytest.raises(SchemaTooNew, match=r"version 99.*upgrade gpuwarden") as err:
+        Store(db)
+    assert isinstance(err.value, StoreError) and err.value.exit_code == 3
+    assert version(db) == 99  # untouched
+
+
+def test_foreign_files_are_refused(tmp_path: Path) -> None:
+    other = tmp_path / "other.db"
+    with closing(sqlite3.connect(other)) as conn:
+        conn.execute("CREATE TABLE stuff (x)")
+    with pytest.raises(StoreError, match="not a gpuwarden state database"):
+        Store(other)
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StoreError, match="unusable"):
+        Store(garbage)
+    with pytest.raises(StoreError):
+        Store(tmp_path)  # a directory
+
+
+def test_closed_store_says_so(tmp_path: Path) -> None:
+    s = Store(tmp_path / "state.db")
+    s.close()
+    with pytest.raises(StoreError, match="closed"):
+        s.list()
+
+
+# --------------------------------------------------------------------------- property
+
+NEXT = {QUEUED: (HELD, RESERVED, RUNNING, CANCELLED, INFEASIBLE),
+        HELD: (QUEUED, CANCELLED), RESERVED: (RUNNING, QUEUED, FAILED, CANCELLED),
+        RUNNING: (SUCCEEDED, FAILED, CANCELLED), SUCCEEDED: (),
+        FAILED: (QUEUED,), CANCELLED: (QUEUED,), INFEASIBLE: (QUEUED,)}
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """Random submits, transitions (allowed or not), deletes and notes against a model:
+    each job is always in exactly the one state the model says, and the event history
+    agrees with it."""
+
+    jobs = Bundle("jobs")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="gpuwarden-store-")
+        self.store = Store(Path(self.dir) / "state.db", synchronous="NORMAL")
+        self.state: dict[int, str] = {}
+        self.keys: dict[int, tuple[int, str | None]] = {}
+        self.now = 0.0
+
+    def teardown(self) -> None:
+        self.store.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def tick(self) -> float:
+        self.now += 1.0
+        return self.now
+
+    def holder(self, uid: int, key: str | None, but: int | None = None) -> int | None:
+        if key is None:
+            return None
+        for job_id, state in self.state.items():
+            if (job_id != but and self.keys[job_id] == (uid, key)
+                    and state not in KEY_RELEASED):
+                return job_id
+        return None
+
+    @rule(target=jobs, uid=st.sampled_from([1, 2]), key=st.sampled_from([None, "a", "b"]))
+    def submit(self, uid: int, key: str | None) -> int:
+        existing = self.holder(uid, key)
+        job, created = self.store.submit(spec(uid=uid, user=f"u{uid}", key=key), self.tick())
+        if existing is not None:
+            assert not created and job.id == existing
+        else:
+            assert created and job.id not in self.state
+            self.state[job.id] = QUEUED
+            self.keys[job.id] = (uid, key)
+        return job.id
+
+    @rule(job=jobs, froms=st.sets(st.sampled_from(STATES), min_size=1, max_size=3),
+          to=st.sampled_from(STATES))
+    def transition(self, job: int, froms: set[str], to: str) -> None:
+        self._transition(job, froms, to)
+
+    @rule(job=jobs, data=st.data())
+    def lifecycle_step(self, job: int, data: st.DataObject) -> None:
+        """A plausible move from the model's own state (most rules would conflict)."""
+        state = self.state.get(job)
+        if state is None or not NEXT[state]:
+            return
+        self._transition(job, {state}, data.draw(st.sampled_from(NEXT[state])))
+
+    def _transition(self, job: int, froms: set[str], to: str) -> None:
+        if job not in self.state:
+            with pytest.raises(JobNotFound):
+                self.store.transition(job, froms, to, now=self.tick(), kind=to)
+            return
+        current = self.state[job]
+        uid, key = self.keys[job]
+        blocked = to not in KEY_RELEASED and self.holder(uid, key, but=job) is not None
+        if current in froms and not blocked:
+            moved = self.store.transition(job, froms, to, now=self.tick(), kind=to)
+            assert moved.state == to
+            self.state[job] = to
+        else:
+            with pytest.raises(Conflict):
+                self.store.transition(job, froms, to, now=self.tick(), kind=to)
+
+    @rule(job=jobs)
+    def delete(self, job: int) -> None:
+        if job not in self.state:
+            with pytest.raises(JobNotFound):
+                self.store.delete(job)
+        elif self.state[job] in TERMINAL:
+            assert self.store.delete(job).id == job
+            del self.state[job]
+        else:
+            with pytest.raises(Conflict):
+                self.store.delete(job)
+
+    @rule(job=jobs, reason=st.sampled_from(["full", "deps", None]))
+    def reason(self, job: int, reason: str | None) -> None:
+        self.store.set_reason(job, reason, self.tick())
+
+    @invariant()
+    def one_state_each(self) -> None:
+        got = {j.id: j.state for j in self.store.list(with_events=False)}
+        assert got == self.state
+        assert self.store.audit() == []
+        live = Counter(self.keys[j] for j, s in self.state.items()
+                       if s not in KEY_RELEASED and self.keys[j][1] is not None)
+        assert all(n == 1 for n in live.values())
+
+
+TestStoreMachine = StoreMachine.TestCase
+TestStoreMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
+                                     suppress_health_check=[HealthCheck.too_slow])
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def test_paths_under_gpuwarden_home(tmp_path: Path) -> None:
+    p = resolve_paths({"GPUWARDEN_HOME": str(tmp_path / "h"), "XDG_RUNTIME_DIR": "/run/x"},
+                      euid=0, system_config=tmp_path / "none.toml")
+    home = tmp_path / "h"
+    assert p == Paths(home=home, socket=home / "gpuwarden.sock", db=home / "state.db",
+                      jobs_dir=home / "jobs", config=home / "config.toml",
+                      lock=home / "daemon.lock", configured=True, mode="home")
+    assert p.job_dir(12) == home / "jobs" / "12"
+
+
+def test_paths_for_root(tmp_path: Path) -> None:
+    missing = tmp_path / "none.toml"
+    p = resolve_paths({"HOME": "/root"}, euid=0, system_config=missing)
+    assert p.home == Path("/var/lib/gpuwarden") and p.socket == Path("/run/gpuwarden.sock")
+    assert p.db.parent == p.home and p.jobs_dir.parent == p.home
+    assert p.mode == "system" and p.configured is False
+    cfg = tmp_path / "config.toml"
+    cfg.write_text("")
+    assert resolve_paths({}, euid=0, system_config=cfg).configured is True
+
+
+def test_paths_for_a_user(tmp_path: Path) -> None:
+    runtime = tmp_path / "run"
+    runtime.mkdir()
+    env = {"HOME": str(tmp_path / "u"), "XDG_STATE_HOME": str(tmp_path / "state"),
+           "XDG_RUNTIME_DIR": str(runtime), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    euid = os.geteuid()
+    if euid == 0:  # root resolves to the system daemon: look as a user owning the dir
+        euid = 4321
+        os.chown(runtime, euid, -1)
+    none = tmp_path / "none.toml"
+    p = resolve_paths(env, euid=euid, system_config=none)
+    assert p.home == tmp_path / "state" / "gpuwarden"
+    assert p.socket == runtime / "gpuwarden.sock"
+    assert p.db == p.home / "state.db" and p.jobs_dir == p.home / "jobs"
+    assert p.config == tmp_path / "cfg" / "gpuwarden" / "config.toml"
+    assert p.mode == "user" and p.configured is False
+    # Defaults: ~/.local/state; without a usable runtime dir the socket lives in home.
+    d = resolve_paths({"HOME": "/home/u", "XDG_RUNTIME_DIR": str(tmp_path / "gone"),
+                       "XDG_STATE_HOME": "relative/ignored"}, euid=4321, system_config=none)
+    assert d.home == Path("/home/u/.local/state/gpuwarden")
+    assert d.socket == d.home / "gpuwarden.sock"
+    assert d.config == Path("/home/u/.config/gpuwarden/config.toml")
+    # A runtime dir owned by someone else (after `su`) is not used either.
+    other = resolve_paths({"HOME": "/home/u", "XDG_RUNTIME_DIR": str(runtime)},
+                          euid=os.stat(runtime).st_uid + 1, system_config=none)
+    assert other.socket == other.home / "gpuwarden.sock"
+
+
+def test_configured_machine_sends_users_to_the_system_daemon(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text("")
+    p = resolve_paths({"HOME": "/home/u"}, euid=4321, system_config=cfg)
+    assert p.configured and p.mode == "system"
+    assert p.socket == Path("/run/gpuwarden.sock") and p.config == cfg
+
+
+def test_paths_ensure(tmp_path: Path) -> None:
+    p = resolve_paths({"GPUWARDEN_HOME": str(tmp_path / "h")})
+    p.ensure()
+    p.ensure()  # idempotent
+    assert p.jobs_dir.is_dir()
+    assert stat.S_IMODE(p.home.stat().st_mode) == 0o700
+
+
+def test_boot_id(tmp_path: Path) -> None:
+    real = boot_id()
+    assert real and real == boot_id()
+    f = tmp_path / "boot_id"
+    f.write_text("abc-123\n")
+    assert boot_id(f) == "abc-123"
+    stat_file = tmp_path / "stat"
+    stat_file.write_text("cpu 1 2 3\nbtime 1700000000\n")
+    assert boot_id(tmp_path / "missing", stat_file) == "btime:1700000000"
+    assert boot_id(tmp_path / "missing", tmp_path / "missing") == "unknown"
+
+
+def test_model_states_are_covered() -> None:
+    assert set(NEXT) == set(model.STATES)
