@@ -76,7 +76,7 @@ class Scheduler:
         started = job.started_at
         if started is None:
             child = self._status(job).child
-            started = child.start_time if child is not None else None
+            started = child.started_at if child is not None else None
         self.store.transition(job.id, (model.RESERVED, model.RUNNING), state,
                               now=self.clock(), kind=state, detail=detail,
                               exit_code=exit_info.exit_code, ended_at=exit_info.ended_at,
@@ -169,7 +169,7 @@ class Scheduler:
                 self.store.transition(job.id, (model.RESERVED,), model.RUNNING,
                                       now=self.clock(), kind="started",
                                       detail=f"pid {st.child.pid}",
-                                      started_at=st.child.start_time)
+                                      started_at=st.child.started_at or self.clock())
             elif st.supervisor is not None and not alive(st.supervisor):
                 st = self._status(job)  # it may have written exit.json just now
                 if st.exit is not None:

@@ -13,8 +13,9 @@ Files in ``<jobdir>`` (all JSON written atomically; each ``*.json`` but spec.jso
 ``supervisor.json`` by the supervisor when it starts: ``{"job", "pid", "start_time",
                     "start_ticks", "boot_id", "nonce"}``. Created exclusively: one
                     supervisor per job directory, ever.
-``child.json``      right after the command started: ``{"pid", "start_time", "start_ticks",
-                    "warnings"}``.
+``child.json``      right after the command started: ``{"pid", "start_time", "started_at",
+                    "start_ticks", "warnings"}`` (start_time is the kernel's, for identity;
+                    started_at the wall clock, for people).
 ``exit.json``       once the whole tree is gone: ``{"job", "exit_code", "signal", "reason",
                     "ended_at", "tree_clean", "survivors", "started", "warnings"}``.
                     ``exit_code`` is the command's code, 128+N when signal N killed it,
@@ -213,9 +214,10 @@ class SupervisorHandle:
 @dataclass(frozen=True)
 class ChildInfo:
     pid: int
-    start_time: float
+    start_time: float  # the kernel's start time: identity, may drift from the wall clock
     start_ticks: int | None = None
     warnings: tuple[str, ...] = ()
+    started_at: float | None = None  # wall clock when the command started
 
 
 @dataclass(frozen=True)
@@ -279,9 +281,11 @@ def read_status(jobdir: str | os.PathLike[str]) -> SupervisorStatus:
     data = _read_json(d / CHILD)
     try:
         if data is not None:
+            wall = data.get("started_at")
             child = ChildInfo(pid=int(data["pid"]), start_time=float(data["start_time"]),
                               start_ticks=_opt_int(data.get("start_ticks")),
-                              warnings=_strings(data.get("warnings")))
+                              warnings=_strings(data.get("warnings")),
+                              started_at=float(wall) if isinstance(wall, (int, float)) else None)
     except (KeyError, TypeError, ValueError):
         child = None
     data = _read_json(d / EXIT)
@@ -737,11 +741,13 @@ class _Supervisor:
                 failed = _StartFailed(int(rec.get("exit_code", 126)), str(rec["error"]))
         if failed is not None:
             return failed
-        start = time.time()
+        started_at = time.time()  # the wall clock, for people; start_time is identity
+        start = started_at
         with contextlib.suppress(psutil.Error):
             start = psutil.Process(pid).create_time()
         try:
             _write_json(self.jobdir / CHILD, {"pid": pid, "start_time": start,
+                                              "started_at": started_at,
                                               "start_ticks": _start_ticks(pid),
                                               "warnings": self.warnings}, exclusive=True)
         except OSError as e:  # the job runs on; the daemon still knows us by supervisor.json

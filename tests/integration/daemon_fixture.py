@@ -1,0 +1,121 @@
+"""A real daemon in an isolated GPUWARDEN_HOME over a simulated machine, driven through
+the real CLI — the fixture the daemon tests share."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.conftest import EXAMPLES, SRC
+
+PY = sys.executable
+
+
+@dataclass
+class Daemon:
+    home: Path
+    env: dict[str, str]
+
+    def cli(self, *args: str, check: bool = False, timeout: float = 60,
+            env: dict[str, str] | None = None,
+            prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run([*prefix, PY, "-m", "gpuwarden", *args], env=env or self.env,
+                           capture_output=True, text=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise AssertionError(f"gpuwarden {' '.join(args)} -> {r.returncode}\n"
+                                 f"{r.stdout}\n{r.stderr}")
+        return r
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.cli(*args, "--json", check=True).stdout)
+
+    def submit(self, *args: str, cmd: list[str] | None = None) -> int:
+        command = cmd if cmd is not None else [PY, "-m", "gpuwarden.sim.job", "--seconds", "0"]
+        out = self.cli("submit", *args, "--", *command, check=True).stdout
+        return int(out.strip())
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        return dict(self.json("show", str(job_id)))
+
+    def wait_state(self, job_id: int, *states: str, timeout: float = 30) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            j = self.job(job_id)
+            if j["state"] in states:
+                return j
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job_id} stayed {j['state']}: {j}")
+            time.sleep(0.1)
+
+    def pid(self) -> int | None:
+        try:
+            return int((self.home / "daemon.lock").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def start(self) -> None:
+        self.cli("daemon", "start", check=True)
+
+    def stop(self) -> None:
+        self.cli("daemon", "stop", timeout=60)
+
+
+def make_env(tmp: Path, scenario: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUWARDEN_", "CUDA_"))}
+    env.update(GPUWARDEN_HOME=str(tmp / "home"), GPUWARDEN_SIM=str(scenario),
+               GPUWARDEN_SIM_STATE=str(tmp / "sim"), PYTHONUNBUFFERED="1",
+               PYTHONPATH=str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return env
+
+
+def _kill_jobs(home: Path) -> None:
+    """Leave nothing behind: supervisors (and so their trees) of this daemon's jobs."""
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "gpuwarden.daemon.supervisor" in cmd and any(str(home) in c for c in cmd):
+            try:
+                for c in p.children(recursive=True):
+                    c.kill()
+                p.kill()
+            except psutil.Error:
+                pass
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    """A running daemon over examples/idle-2gpu.json (2 x 24 GiB)."""
+    yield from start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json")
+
+
+def start_daemon(tmp: Path, scenario: Path, config: str = "") -> Iterator[Daemon]:
+    # A short directory: a unix socket path must stay under 108 bytes.
+    short = Path(tempfile.mkdtemp(prefix="gw-"))
+    os.chmod(short, 0o755)
+    home = short / "home"
+    home.mkdir()
+    (home / "config.toml").write_text('interval = "100ms"\ngrace = "2s"\n' + config)
+    env = make_env(tmp, scenario)
+    env["GPUWARDEN_HOME"] = str(home)
+    d = Daemon(home, env)
+    d.start()
+    try:
+        yield d
+    finally:
+        d.stop()
+        pid = d.pid()
+        if pid and psutil.pid_exists(pid):
+            os.kill(pid, 9)
+        _kill_jobs(home)
+        shutil.rmtree(short, ignore_errors=True)
