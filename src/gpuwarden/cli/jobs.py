@@ -157,6 +157,15 @@ def _age(iso: str | None) -> str:
     return format_duration(time.time() - datetime.fromisoformat(iso).timestamp())
 
 
+def _span(start: str, end: str) -> str:
+    from datetime import datetime
+
+    from gpuwarden.units import format_duration
+
+    return format_duration(datetime.fromisoformat(end).timestamp() -
+                           datetime.fromisoformat(start).timestamp())
+
+
 @click.command()
 @click.option("--all", "all_jobs", is_flag=True, help="Also jobs that have ended.")
 @click.option("--user", help="Only this user's jobs.")
@@ -176,7 +185,12 @@ def ps(all_jobs: bool, user: str | None, group: str | None, as_json: bool) -> No
         return
     rows = [("ID", "USER", "NAME", "STATE", "GPUS", "MEM", "PEAK", "TIME", "REASON / COMMAND")]
     for j in jobs:
-        when = _age(j["started_at"]) if j["state"] == "running" else _age(j["submitted_at"])
+        if j["state"] == "running":
+            when = _age(j["started_at"])  # running for
+        elif j["started_at"] and j["ended_at"]:
+            when = _span(j["started_at"], j["ended_at"])  # ran for
+        else:
+            when = _age(j["submitted_at"])  # waiting for, or since submission
         what = j["reason"] or " ".join(j["command"])
         rows.append((str(j["id"]), j["user"], j["name"] or "", j["state"],
                      ",".join(map(str, j["gpus"])) or "-",
