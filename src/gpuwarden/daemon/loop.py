@@ -4,6 +4,7 @@ store before the action it records (reserve, then launch)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -16,6 +17,7 @@ import psutil
 from gpuwarden.daemon import model
 from gpuwarden.daemon.model import Job
 from gpuwarden.daemon.service import Config, queued_view
+from gpuwarden.daemon.store import Conflict
 from gpuwarden.sched.model import GpuState, Infeasible, ManagedUse, Place, Wait
 from gpuwarden.units import format_bytes
 
@@ -116,17 +118,24 @@ class Scheduler:
                                           boot_id=self.boot_id)
                 continue
             if st.supervisor is None and job.state == model.RESERVED:
-                # Reserved, never launched: void the spec so a late supervisor cannot run
-                # it, then queue it again.
-                spec = self.jobdir(job) / "spec.json"
-                if spec.exists():
-                    os.replace(spec, spec.with_suffix(".void"))
-                if self._status(job).supervisor is None:
+                # Reserved, not launched as far as we know. A supervisor the last daemon
+                # started may still be coming up (it read spec.json and is about to claim
+                # the directory), so voiding the spec is not enough: take its claim
+                # first. Whoever creates supervisor.json owns this attempt.
+                if self._void_attempt(job):
                     self.store.transition(job.id, (model.RESERVED,), model.QUEUED,
                                           now=self.clock(), kind="requeued",
                                           detail="the daemon stopped before launching it",
                                           gpus=(), gpu_uuids=(), budget=None,
                                           attempts=job.attempts + 1)
+                    continue
+                st = self._status(job)  # a supervisor won: adopt it, or collect its end
+                if st.exit is None and st.supervisor is not None and alive(st.supervisor):
+                    self.store.transition(job.id, (model.RESERVED,), model.RESERVED,
+                                          now=self.clock(), kind="adopted",
+                                          supervisor_pid=st.supervisor.pid,
+                                          supervisor_start=st.supervisor.start_time,
+                                          boot_id=self.boot_id)
                     continue
             st = self._status(job)
             if st.exit is not None:
@@ -136,6 +145,35 @@ class Scheduler:
                                       now=self.clock(), kind="lost",
                                       detail="its supervisor died without recording an exit",
                                       reason="supervisor lost", ended_at=self.clock())
+
+    def _void_attempt(self, job: Job) -> bool:
+        """Make sure no supervisor ever runs this attempt of a job: create its
+        supervisor.json ourselves, exclusively, as a tombstone — the same claim a
+        supervisor makes before it runs anything, so exactly one of us gets it. True when
+        the attempt is void (now or by an earlier recovery); False when a supervisor
+        claimed it first (then it runs the job: adopt it, never requeue)."""
+        from gpuwarden.daemon.supervisor import SPEC, SUPERVISOR
+
+        d = self.jobdir(job)
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        claim = d / SUPERVISOR
+        try:
+            fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            # A supervisor writes its claim whole (temp file, then link), so one that
+            # names no process is a tombstone: ours, from a recovery cut short.
+            return self._status(job).supervisor is None
+        with os.fdopen(fd, "w") as f:
+            json.dump({"job": job.id, "void": True, "by": "gpuwarden daemon recovery",
+                       "at": self.clock()}, f)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        spec = d / SPEC  # tidy: a supervisor started now stops at reading it
+        if spec.exists():
+            os.replace(spec, spec.with_suffix(".void"))
+        return True
 
     def _lost_on_reboot(self, job: Job) -> None:
         now = self.clock()
@@ -298,7 +336,14 @@ class Scheduler:
                                   kind="launch_failed", detail=str(e),
                                   reason=f"launch failed: {e}", ended_at=self.clock())
             return
-        self.store.transition(job.id, (model.RESERVED,), model.RESERVED, now=self.clock(),
-                              kind="launched", detail=f"supervisor pid {handle.pid}",
-                              supervisor_pid=handle.pid, supervisor_start=handle.start_time,
-                              boot_id=self.boot_id)
+        try:
+            self.store.transition(job.id, (model.RESERVED,), model.RESERVED,
+                                  now=self.clock(), kind="launched",
+                                  detail=f"supervisor pid {handle.pid}",
+                                  supervisor_pid=handle.pid,
+                                  supervisor_start=handle.start_time, boot_id=self.boot_id)
+        except Conflict:
+            # Cancelled through the API while we launched it (a reserved job without a
+            # supervisor is cancelled in the store alone): stop what we started.
+            log.info("job %s was cancelled while launching; stopping it", job.id)
+            self.cancel_running(job)
