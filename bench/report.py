@@ -1,12 +1,15 @@
-"""Write bench/RESULTS.md from the JSON that bench_status.py and bench_holders.py wrote.
+"""Write bench/RESULTS.md from the JSON that bench_status.py, bench_holders.py and
+bench_daemon.py wrote.
 
 Every figure in RESULTS.md comes from those files; the prose around them is fixed.
+A section whose JSON is not given is left out (with a line saying so).
 Run through ``bench/run.sh``, which passes the exact commands it ran."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,7 +41,6 @@ def _machine(m: dict[str, Any]) -> list[str]:
         f"| Python | {m['python_impl']} {m['python']} |",
         f"| Memory | {_gib(m['mem_total'])} |",
         f"| fuser | {m['fuser']} |",
-        f"| /proc/loadavg before the status benchmark | `{m['loadavg']}` |",
     ]
 
 
@@ -184,16 +186,20 @@ def _holders(h: dict[str, Any]) -> list[str]:
     return out
 
 
-def _summary(status: dict[str, Any], holders: dict[str, Any]) -> list[str]:
+def _status_summary(status: dict[str, Any]) -> list[str]:
     res, d = status["cli"]["results"], status["derived"]
     sc = status["scenario"]
-    out = [
+    return [
         f"- One-shot `gpuwarden status --json` on {sc['gpus']} GPUs × "
         f"{sc['processes'] // sc['gpus']} processes: {ms(res['status --json']['median'])} "
         f"median, `gpuwarden status` (table) {ms(res['status']['median'])}; goal "
         f"< {ms(d['target'])}: {_verdict(d['status_json_meets_target'])} / "
         f"{_verdict(d['status_table_meets_target'])}.",
     ]
+
+
+def _holders_summary(holders: dict[str, Any]) -> list[str]:
+    out = []
     for mix, p in holders["populations"].items():
         r = p["ratios"]["fuser_over_scan"]
         out.append(
@@ -204,8 +210,247 @@ def _summary(status: dict[str, Any], holders: dict[str, Any]) -> list[str]:
     return out
 
 
-def render(status: dict[str, Any], holders: dict[str, Any], commands: list[str]) -> str:
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} µs"
+
+
+def _daemon_summary(dm: dict[str, Any]) -> list[str]:
+    lat, g = dm["latency"]["results"], dm["goals"]
+    q, ip = dm["queue"], dm["queue"]["in_process"]
+    thr = dm["throughput"]["variants"]
+    return [
+        f"- Submit → start on an idle GPU, p50 / p99: gpuwarden API "
+        f"{ms(lat['api']['p50'])} / {ms(lat['api']['p99'])}, `gpuwarden submit` "
+        f"{ms(lat['cli']['p50'])} / {ms(lat['cli']['p99'])}, task-spooler "
+        f"{ms(lat['ts']['p50'])} / {ms(lat['ts']['p99'])} (API ÷ ts "
+        f"**{dm['latency']['ratios']['api_over_ts_p50']:.1f}×** at p50); goal p50 "
+        f"< {ms(g['target_p50'])}: {_verdict(g['api_p50_under_target'])}, not slower than "
+        f"ts: {_verdict(g['api_not_slower_than_ts'])}.",
+        "- Throughput with trivial jobs: " + "; ".join(
+            f"{name} ({'whole GPU' if v['mem'] is None else '--mem ' + v['mem']}) "
+            f"gpuwarden {v['gw_jobs_per_s']:.1f} jobs/s vs ts {v['ts_jobs_per_s']:.0f} jobs/s"
+            for name, v in thr.items()) + ".",
+        f"- {q['queued']:,} queued jobs from {q['submitters']} concurrent submitters: submit "
+        f"p50 {ms(q['submit']['p50'])}, p99 {ms(q['submit']['p99'])}; placement pass "
+        f"(`plan`) {_us(g['plan_per_job'])} per queued job, the daemon's whole pass "
+        f"(`Scheduler.tick`) {ms(ip['tick']['p50'])} = {_us(g['tick_per_job'])} per job; "
+        f"goal < {ms(g['target_pass_per_job'])} per job: "
+        f"{_verdict(g['plan_per_job'] < g['target_pass_per_job'])} (pass alone), "
+        f"{_verdict(g['tick_per_job'] < g['target_pass_per_job'])} (whole tick).",
+    ]
+
+
+def _daemon(dm: dict[str, Any]) -> list[str]:
+    cfg, lat, g = dm["config"], dm["latency"], dm["goals"]
+    res, ph = lat["results"], lat["phases"]
+    out = [
+        "## 3. Job daemon vs task-spooler",
+        "",
+        f"A real gpuwarden daemon in a private `GPUWARDEN_HOME` (a short /tmp directory) "
+        f"over `{cfg['scenario']}` (2 simulated GPUs × 24 GiB), scheduling interval "
+        f"{cfg['interval']}; {dm['ts']['version'].split(' - ')[0]} (`{dm['ts']['binary']}`) "
+        "with a private `TS_SOCKET` and `TMPDIR`, on the same machine. Each part runs its "
+        "own fresh daemon and ts server; every one is stopped at the end, as are all "
+        "supervisors and jobs.",
+        "",
+        f"### (a) Submit → start on an idle GPU, {lat['rounds']} rounds",
+        "",
+        "**What this measures.** From just before the submit request to the moment the "
+        "job's command runs, one job at a time: each waits until the previous one has "
+        "ended (for gpuwarden until the daemon has recorded the end, so the GPU is idle "
+        "again). The job is the same command everywhere, `"
+        + " ".join(lat["command"][:4]) + " '<write time.time() to a file>' FILE`; the "
+        "wall-clock time it writes as its first action marks the start, so the job's own "
+        "Python start-up is inside every figure alike (the plain `Popen` row shows that "
+        "floor). gpuwarden is measured twice: through its API client in-process "
+        "(`gpuwarden.daemon.client.Client`: the daemon's own latency) and through "
+        "`gpuwarden submit` as a subprocess (what a user sees, CLI start-up included). "
+        "The tools run in an order that rotates every round, after one untimed warm-up "
+        "run each. p99 is nearest-rank: with "
+        f"{lat['rounds']} samples it is the sample of rank "
+        f"{max(1, -(-99 * lat['rounds'] // 100))} of {lat['rounds']}.",
+        "",
+        "| Path | p50 | p90 | p99 | min | max | p50 ÷ ts |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    labels = {"api": "gpuwarden, API client", "cli": "`gpuwarden submit` (CLI)",
+              "ts": "`tsp CMD` (task-spooler)",
+              "direct": "plain `subprocess.Popen(CMD)` (floor)"}
+    for key, label in labels.items():
+        v = res[key]
+        out.append(f"| {label} | {ms(v['p50'])} | {ms(v['p90'])} | {ms(v['p99'])} | "
+                   f"{ms(v['min'])} | {ms(v['max'])} | {v['p50'] / res['ts']['p50']:.1f}× |")
+    rtt = lat["submit_rtt"]
+    sup = res["supervisor_import"]
+    out += [
+        "",
+        f"- The submit request alone (until it answered), p50: API {ms(rtt['api']['p50'])}, "
+        f"`gpuwarden submit` {ms(rtt['cli']['p50'])}, `tsp` {ms(rtt['ts']['p50'])}.",
+        f"- Starting a fresh interpreter that imports `gpuwarden.daemon.supervisor` (what "
+        f"every launch pays before the supervisor does anything): {ms(sup['p50'])} p50 "
+        f"(`python -c pass` is about the `Popen` floor above).",
+        "",
+        "Where gpuwarden's time goes: median time after the submit request started at "
+        "which each point was reached, from the daemon's events and the supervisor's "
+        "record. `launched` is written when `spawn_supervisor` has returned to the daemon, "
+        "which can be after the supervisor already started the command.",
+        "",
+        "| Point | API | CLI |", "|---|---:|---:|",
+    ]
+    for name in sorted(ph["api"], key=lambda k: ph["api"][k]):
+        out.append(f"| {name} | {ms(ph['api'][name])} | {ms(ph['cli'].get(name, float('nan')))} |")
+    out += [
+        "",
+        f"- Goal, p50 submit → start under {ms(g['target_p50'])}: API "
+        f"{_verdict(g['api_p50_under_target'])} ({ms(res['api']['p50'])}); not slower than "
+        f"ts: API {_verdict(g['api_not_slower_than_ts'])} "
+        f"({lat['ratios']['api_over_ts_p50']:.1f}×), CLI "
+        f"{_verdict(g['cli_not_slower_than_ts'])} ({lat['ratios']['cli_over_ts_p50']:.1f}×).",
+    ]
+
+    thr = dm["throughput"]
+    out += [
+        "",
+        f"### (b) Queue throughput, {thr['jobs']} trivial jobs per batch, "
+        f"{thr['rounds']} batches per tool and shape",
+        "",
+        "**What this measures.** A batch of `true` jobs submitted back to back by one "
+        "client (gpuwarden: the API client; ts: `tsp true` each), timed until all have "
+        "ended: for gpuwarden until the daemon has recorded every end (what `gpuwarden "
+        "wait` sees; the jobs' own exits are in the last column but one), for ts until "
+        "`tsp -w` returned for every job. Two shapes: whole-GPU jobs (no `--mem`, so 2 at "
+        "a time on the 2 GPUs; `tsp -S 2`) and jobs packed by memory (`--mem "
+        f"{cfg['pack_mem']}`: up to {cfg['pack_slots']} at a time on 2 × 24 GiB with the "
+        f"512 MiB reserve; `tsp -S {cfg['pack_slots']}`). Batches alternate which tool goes "
+        "first; rates are medians over the batches, after one small untimed warm-up batch.",
+        "",
+        "| | whole GPU | packed by memory |", "|---|---:|---:|",
+    ]
+    vs = list(thr["variants"].values())
+
+    def row(label: str, fn: Any) -> str:
+        return f"| {label} | " + " | ".join(fn(v) for v in vs) + " |"
+
+    def med(v: dict[str, Any], key: str, sub: str = "p50") -> float:
+        return statistics.median(x[key][sub] for x in v["gw"])
+
+    out += [
+        row("ts slots (`tsp -S`)", lambda v: str(v["ts_slots"])),
+        row("**gpuwarden, jobs/s** (until the daemon recorded all)",
+            lambda v: f"**{v['gw_jobs_per_s']:.1f}**"),
+        row("gpuwarden, jobs/s until the last job exited",
+            lambda v: f"{v['gw_jobs_per_s_by_end']:.1f}"),
+        row("**task-spooler, jobs/s**", lambda v: f"**{v['ts_jobs_per_s']:.1f}**"),
+        row("ts ÷ gpuwarden", lambda v: f"{v['ts_over_gw']:.0f}×"),
+        row("gpuwarden: most jobs running at once",
+            lambda v: str(max(x["max_running"] for x in v["gw"]))),
+        row("gpuwarden: placed → launched (spawn_supervisor), p50",
+            lambda v: ms(med(v, "placed_to_launched"))),
+        row("gpuwarden: job exit → daemon records it, p50 (max)",
+            lambda v: f"{ms(med(v, 'end_recorded_lag'))} "
+                      f"({ms(max(x['end_recorded_lag']['max'] for x in v['gw']))})"),
+        row("gpuwarden batch wall times", lambda v: ", ".join(
+            f"{x['wall']:.1f} s" for x in v["gw"])),
+        row("ts batch wall times", lambda v: ", ".join(
+            f"{x['wall'] * 1000:.0f} ms" for x in v["ts"])),
+    ]
+
+    q, ip = dm["queue"], dm["queue"]["in_process"]
+    n = ip["queued"]
+    out += [
+        "",
+        f"### (c) {q['queued']:,} queued jobs, {q['submitters']} concurrent submitters",
+        "",
+        "**What this measures.** Both GPUs are first taken by two whole-GPU `sleep` jobs, "
+        f"so everything after waits. Then {q['submitters']} processes, each with its own API "
+        f"client, submit {q['queued']:,} jobs in all at once (released together by a "
+        "barrier): a mix of `--mem` 1-20 GiB, every tenth `--gpus 2`, every seventh a whole "
+        "GPU, some with a priority — all waiting, none infeasible. Every submit wakes the "
+        "daemon's pass, so passes over the growing queue run while the submits arrive. "
+        "Then: how long until every queued job carries its waiting reason (a full pass "
+        "has seen it); five more submits, each timed until its own reason is written (the "
+        "newest job is the last one a pass considers, so this is about one whole live "
+        "pass, plus a pass already under way); and the daemon's CPU use over 5 s while "
+        "nothing changes. Finally the daemon is stopped and, on a consistent copy of its "
+        f"database ({n:,} queued jobs), in-process, {ip['repeat']} times each: "
+        "`Scheduler.tick` (the daemon's whole pass: reconcile, snapshot, list, plan, write "
+        "reasons) and its parts, and `plan` over the same jobs on idle GPUs.",
+        "",
+        "| Submits | |", "|---|---:|",
+        f"| submit latency p50 / p90 / p99 / max | {ms(q['submit']['p50'])} / "
+        f"{ms(q['submit']['p90'])} / {ms(q['submit']['p99'])} / {ms(q['submit']['max'])} |",
+        f"| all {q['queued']:,} submitted in | {q['submit_wall']:.1f} s "
+        f"({q['submits_per_s']:.0f} submits/s) |",
+        f"| failed submits | {q['errors']} |",
+        f"| then until every job had its waiting reason | {q['settle_after_submits']:.1f} s |",
+        f"| one more submit → its reason written, p50 (min–max of 5) | "
+        f"{ms(q['live_pass_probe']['p50'])} ({ms(q['live_pass_probe']['min'])}–"
+        f"{ms(q['live_pass_probe']['max'])}) |",
+        f"| daemon CPU while idle with the queue | {q['idle_daemon_cpu'] * 100:.0f}% of a core |",
+        "| job states at the end | " + ", ".join(f"{k} {v:,}" for k, v in
+                                                  sorted(q["states"].items())) + " |",
+        "",
+        f"In-process on the copy ({n:,} queued; median of {ip['repeat']}):",
+        "",
+        "| Step | time | per queued job |", "|---|---:|---:|",
+    ]
+    steps = [
+        ("tick", "**`Scheduler.tick`** (the daemon's whole pass)"),
+        ("list_with_events", "`store.list(states=['queued'])` as the pass calls it "
+                             "(with every job's events)"),
+        ("list_without_events", "the same with `with_events=False`"),
+        ("queued_view", "`queued_view` for every job"),
+        ("plan_full", "**`plan`** (placement pass), GPUs full: "
+                      + ", ".join(f"{v:,} {k}" for k, v in ip["plan_full_decisions"].items())),
+        ("set_reason", f"`set_reason` per waiting job, reasons unchanged "
+                       f"({ip['set_reason_changed']} written)"),
+        ("plan_idle", f"`plan` on idle GPUs ({ip['plan_idle_placed']} placed, the rest wait)"),
+    ]
+    for key, label in steps:
+        out.append(f"| {label} | {ms(ip[key]['p50'])} | {_us(ip[key]['p50'] / n)} |")
+    out.append(f"| `plan` on the first 1,000 of them, GPUs full | "
+               f"{ms(ip['plan_full_1000']['p50'])} | "
+               f"{_us(ip['plan_full_1000']['p50'] / min(n, 1000))} |")
+    out += [
+        "",
+        f"- Goal, placement pass under {ms(g['target_pass_per_job'])} per queued job: "
+        f"`plan` {_verdict(g['plan_per_job'] < g['target_pass_per_job'])} "
+        f"({_us(g['plan_per_job'])} GPUs full, {_us(g['plan_idle_per_job'])} idle); the "
+        f"daemon's whole pass {_verdict(g['tick_per_job'] < g['target_pass_per_job'])} "
+        f"({_us(g['tick_per_job'])}).",
+    ]
+    d = dm["durations"]
+    notes = dm["notes"] or [f"no scaling needed: {q['queued']:,} jobs by {q['submitters']} "
+                            "submitters, as the issue asks."]
+    notes.append(f"run time: latency {d['latency']:.0f} s, throughput {d['throughput']:.0f} s, "
+                 f"queue {d['queue']:.0f} s.")
+    out += ["", *[f"- {x}" for x in notes]]
+    return out
+
+
+def render(status: dict[str, Any] | None, holders: dict[str, Any] | None,
+           daemon: dict[str, Any] | None, commands: list[str]) -> str:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    parts = [("status", status), ("holders", holders), ("daemon", daemon)]
+    present = [(name, data) for name, data in parts if data is not None]
+    if not present:
+        raise SystemExit("report.py: no results given")
+    summary: list[str] = []
+    if status is not None:
+        summary += _status_summary(status)
+    if holders is not None:
+        summary += _holders_summary(holders)
+    if daemon is not None:
+        summary += _daemon_summary(daemon)
+    first = present[0][1]
+    machine_rows = _machine(first["machine"])
+    if daemon is not None:
+        machine_rows.append(f"| task-spooler | {daemon['ts']['version'].split(' - ')[0]} |")
+    titles = {"status": "status", "holders": "holder", "daemon": "daemon"}
+    for name, data in present:
+        machine_rows.append(f"| /proc/loadavg before the {titles[name]} benchmark | "
+                            f"`{data['machine']['loadavg']}` |")
+    missing = [name for name, data in parts if data is None]
     lines = [
         "# gpuwarden benchmark results",
         "",
@@ -215,12 +460,11 @@ def render(status: dict[str, Any], holders: dict[str, Any], commands: list[str])
         "",
         "## Summary",
         "",
-        *_summary(status, holders),
+        *summary,
         "",
         "## Machine",
         "",
-        *_machine(status["machine"]),
-        f"| /proc/loadavg before the holder benchmark | `{holders['machine']['loadavg']}` |",
+        *machine_rows,
         "",
         "## Commands",
         "",
@@ -228,24 +472,31 @@ def render(status: dict[str, Any], holders: dict[str, Any], commands: list[str])
         *commands,
         "```",
         "",
-        *_status(status),
-        "",
-        *_holders(holders),
-        "",
     ]
+    if missing:
+        lines += [f"Not included (no results given): {', '.join(missing)}.", ""]
+    if status is not None:
+        lines += [*_status(status), ""]
+    if holders is not None:
+        lines += [*_holders(holders), ""]
+    if daemon is not None:
+        lines += [*_daemon(daemon), ""]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--status", type=Path, required=True)
-    ap.add_argument("--holders", type=Path, required=True)
+    ap.add_argument("--status", type=Path, help="bench_status.py's JSON")
+    ap.add_argument("--holders", type=Path, help="bench_holders.py's JSON")
+    ap.add_argument("--daemon", type=Path, help="bench_daemon.py's JSON")
     ap.add_argument("--command", action="append", default=[],
                     help="a command that produced the figures (repeatable)")
     ap.add_argument("-o", "--output", type=Path, help="default: stdout")
     args = ap.parse_args(argv)
-    text = render(json.loads(args.status.read_text()), json.loads(args.holders.read_text()),
-                  args.command)
+    def load(path: Path | None) -> Any:
+        return None if path is None else json.loads(path.read_text())
+
+    text = render(load(args.status), load(args.holders), load(args.daemon), args.command)
     if args.output:
         tmp = args.output.with_suffix(".tmp")
         tmp.write_text(text)

@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# Run every benchmark and regenerate bench/RESULTS.md (never edit that file by hand).
+# Run the benchmarks and regenerate bench/RESULTS.md (never edit that file by hand).
 #
-#   bench/run.sh                      # the full run: 8x200 status, 2x5,000-process scan
+#   bench/run.sh                      # everything: 8x200 status, 2x5,000-process scan, daemon
+#   bench/run.sh daemon               # only the job daemon vs task-spooler (about 6 minutes)
+#   bench/run.sh status holders       # any subset of: status holders daemon
 #   BENCH_STATUS_ARGS="--runs 5 --cli-runs 3" BENCH_HOLDERS_ARGS="--procs 500" bench/run.sh
+#   BENCH_DAEMON_ARGS="--rounds 20 --jobs 50 --queued 2000 --submitters 20" bench/run.sh daemon
 #
-# PYTHON selects the interpreter (default: the repository's .venv). Needs psmisc (fuser).
+# Each benchmark writes its figures to bench/results/<name>.json; RESULTS.md is always
+# rendered from all three files, so a benchmark left out of this run keeps the figures of
+# its last run (the Commands block of RESULTS.md says which, and when).
+#
+# PYTHON selects the interpreter (default: the repository's .venv). The holder benchmark
+# needs psmisc (fuser); the daemon benchmark needs task-spooler (Debian: apt-get install
+# task-spooler, binary tsp).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -12,23 +21,46 @@ repo="$(dirname "$here")"
 py="${PYTHON:-$repo/.venv/bin/python}"
 read -r -a status_args <<< "${BENCH_STATUS_ARGS:-}"
 read -r -a holders_args <<< "${BENCH_HOLDERS_ARGS:-}"
+read -r -a daemon_args <<< "${BENCH_DAEMON_ARGS:-}"
+
+all=(status holders daemon)
+selected=("$@")
+[ ${#selected[@]} -eq 0 ] && selected=("${all[@]}")
+for name in "${selected[@]}"; do
+    case "$name" in
+        status|holders|daemon) ;;
+        *) echo "usage: bench/run.sh [status] [holders] [daemon]" >&2; exit 2 ;;
+    esac
+done
 
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/gpuwarden-bench.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 cd "$repo"
+mkdir -p bench/results
 
-status_cmd=(bench/bench_status.py "${status_args[@]}")
-holders_cmd=(bench/bench_holders.py "${holders_args[@]}")
+commands=(--command "bench/run.sh ${*:-}  # which ran, with ${py#"$repo"/}:")
+report_args=()
+for name in "${all[@]}"; do
+    case "$name" in
+        status) cmd=(bench/bench_status.py "${status_args[@]}") ;;
+        holders) cmd=(bench/bench_holders.py "${holders_args[@]}") ;;
+        daemon) cmd=(bench/bench_daemon.py "${daemon_args[@]}") ;;
+    esac
+    out="bench/results/$name.json"
+    if [[ " ${selected[*]} " == *" $name "* ]]; then
+        echo "== ${cmd[*]}" >&2
+        # Into a temporary file first: a failed run leaves the last good figures alone.
+        "$py" "${cmd[@]}" --json "$tmp/$name.json"
+        mv "$tmp/$name.json" "$out"
+        commands+=(--command "python ${cmd[*]} --json $out")
+    elif [ -f "$out" ]; then
+        commands+=(--command "# $out kept from an earlier run ($(date -u -r "$out" '+%Y-%m-%d %H:%M UTC'))")
+    else
+        continue
+    fi
+    report_args+=("--$name" "$out")
+done
 
-echo "== ${status_cmd[*]}" >&2
-"$py" "${status_cmd[@]}" --json "$tmp/status.json"
-echo "== ${holders_cmd[*]}" >&2
-"$py" "${holders_cmd[@]}" --json "$tmp/holders.json"
-
-"$py" bench/report.py --status "$tmp/status.json" --holders "$tmp/holders.json" \
-    --command "bench/run.sh   # which ran, with ${py#"$repo"/}:" \
-    --command "python ${status_cmd[*]} --json status.json" \
-    --command "python ${holders_cmd[*]} --json holders.json" \
-    --command "python bench/report.py --status status.json --holders holders.json" \
-    -o bench/RESULTS.md
+commands+=(--command "python bench/report.py ${report_args[*]}")
+"$py" bench/report.py "${report_args[@]}" "${commands[@]}" -o bench/RESULTS.md
 echo "wrote bench/RESULTS.md" >&2
