@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,10 @@ PY = sys.executable
 class Daemon:
     home: Path
     env: dict[str, str]
+
+    @property
+    def socket(self) -> Path:
+        return self.home / "gpuwarden.sock"
 
     def cli(self, *args: str, check: bool = False, timeout: float = 60,
             env: dict[str, str] | None = None,
@@ -119,3 +124,45 @@ def start_daemon(tmp: Path, scenario: Path, config: str = "") -> Iterator[Daemon
             os.kill(pid, 9)
         _kill_jobs(home)
         shutil.rmtree(short, ignore_errors=True)
+
+
+def raw_http(sock_path: Path, request: bytes, timeout: float = 15) -> tuple[int, bytes]:
+    """Send ``request`` (raw bytes, which should ask for ``Connection: close``) over the
+    daemon's unix socket; (status code, body) of the answer, read until the daemon closes
+    the connection. For requests the CLI would never send."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(sock_path))
+        s.sendall(request)
+        chunks = []
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    if b"transfer-encoding: chunked" in head.lower():
+        body = _dechunk(body)
+    return status, body
+
+
+def _dechunk(data: bytes) -> bytes:
+    out = b""
+    while data:
+        size_line, _, rest = data.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        out += rest[:size]
+        data = rest[size + 2:]
+    return out
+
+
+def http_request(method: str, path: str, body: bytes = b"",
+                 headers: dict[str, str] | None = None) -> bytes:
+    """A raw HTTP/1.1 request with Content-Length and ``Connection: close``."""
+    lines = [f"{method} {path} HTTP/1.1", "Host: localhost", "Connection: close",
+             f"Content-Length: {len(body)}"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body

@@ -52,7 +52,10 @@ def read_directives(command: Sequence[str]) -> list[str]:
     """Options from ``#gpuwarden --mem=14G`` lines at the top of a script (like #SBATCH):
     read up to the first line that is neither blank nor a comment."""
     path = Path(command[0])
-    if not path.is_file():
+    try:
+        if not path.is_file():
+            return []
+    except OSError:  # e.g. a directory on the way that this user may not search
         return []
     tokens: list[str] = []
     try:
@@ -283,7 +286,10 @@ def cancel(ids: tuple[str, ...], group: str | None, as_json: bool) -> None:
     gets SIGTERM, then SIGKILL after the grace period."""
     targets = parse_ids(ids)
     if group:
-        jobs = _client().request("GET", "/v1/jobs", query={"group": group})["jobs"]
+        import pwd
+
+        me = pwd.getpwuid(os.getuid()).pw_name
+        jobs = _client().request("GET", "/v1/jobs", query={"group": group, "user": me})["jobs"]
         targets += [j["id"] for j in jobs]
     if not targets:
         raise UsageError("name job ids, ranges or --group")

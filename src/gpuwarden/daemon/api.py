@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -61,22 +62,48 @@ def caller_of(request: web.Request) -> Caller:
 
 def _job_id(request: web.Request) -> int:
     raw = request.match_info["id"]
-    if not raw.isdigit() or not 0 < int(raw) < 2**63:
+    if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) < 2**63:  # not "²"
         raise UsageError(f"invalid job id {raw!r}")
     return int(raw)
 
 
 def _flag(request: web.Request, name: str) -> bool:
-    return request.query.get(name, "").lower() in ("1", "true", "yes")
+    value = request.query.get(name)
+    if value is None:
+        return False
+    if value.lower() in ("1", "true", "yes"):
+        return True
+    if value.lower() in ("0", "false", "no"):
+        return False
+    raise UsageError(f"{name} must be true or false")
 
 
 async def _body(request: web.Request) -> Any:
     if request.content_length and request.content_length > MAX_BODY:
         raise UsageError("request body too large")
     try:
-        return json.loads(await request.read() or b"null")
+        body = json.loads(await request.read() or b"null", parse_constant=_no_constant,
+                          parse_float=_finite_float)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"the request body is not valid JSON: {e}") from None
+    try:  # "\ud800" parses, but is no character: no argv, path or name can hold it
+        json.dumps(body, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise UsageError("the request body is not valid JSON: a string holds a lone "
+                         "surrogate (\\ud800-\\udfff)") from None
+    return body
+
+
+def _no_constant(name: str) -> Any:
+    """NaN and Infinity are not JSON (Python's parser accepts them by default)."""
+    raise UsageError(f"the request body is not valid JSON: {name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses as inf
+        raise UsageError(f"the request body is not valid JSON: {text} is out of range")
+    return value
 
 
 async def _call(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
@@ -130,15 +157,19 @@ async def wait(request: web.Request) -> web.Response:
     svc, caller = request.app[SERVICE], caller_of(request)
     job_id = _job_id(request)
     try:
-        timeout = min(max(float(request.query.get("timeout", "30")), 0.0), 3600.0)
+        timeout = float(request.query.get("timeout", "30"))
     except ValueError:
-        raise UsageError("timeout must be a number of seconds") from None
+        timeout = math.nan
+    if not 0 <= timeout <= 3600:  # as documented; NaN would never reach the deadline
+        raise UsageError("timeout must be a number of seconds from 0 to 3600")
     deadline = time.monotonic() + timeout
     while True:
         job = await _call(svc.show, caller, job_id)
         if job["state"] in ("succeeded", "failed", "cancelled", "infeasible") or \
                 time.monotonic() >= deadline:
             return web.json_response(job)
+        if request.transport is None or request.transport.is_closing():
+            return web.json_response(job)  # the client has gone: stop polling for it
         await asyncio.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
 
 

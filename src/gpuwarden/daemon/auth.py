@@ -3,6 +3,7 @@ request — and what they may do."""
 
 from __future__ import annotations
 
+import errno
 import grp
 import pwd
 import socket
@@ -30,24 +31,59 @@ def _name(uid: int) -> str:
         return str(uid)
 
 
-def _groups_of(pid: int, gid: int) -> tuple[int, ...]:
-    """Supplementary groups of the calling process, from /proc (the kernel's view)."""
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13
+MAX_PEER_GROUPS = 256  # Python's getsockopt reads at most 1024 bytes (256 gids)
+
+
+def _peer_groups(sock: socket.socket, gid: int) -> tuple[int, ...] | None:
+    """Supplementary groups of the peer as they were when it connected, from the kernel
+    (like SO_PEERCRED's uid and gid); None where the kernel cannot tell. A caller in
+    more than MAX_PEER_GROUPS groups counts with its primary group only (never more)."""
+    size = 64
+    while True:
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * size)
+        except OSError as e:
+            if e.errno == errno.ERANGE and size < MAX_PEER_GROUPS:
+                size = MAX_PEER_GROUPS
+                continue
+            if e.errno == errno.ENOPROTOOPT:
+                return None
+            return (gid,)  # no supplementary groups we can trust
+        n = len(raw) // 4
+        return tuple(sorted({gid, *struct.unpack(f"{n}I", raw[:4 * n])}))
+
+
+def _groups_of(pid: int, uid: int, gid: int) -> tuple[int, ...]:
+    """Old kernels only: the supplementary groups of the calling process from /proc, read
+    now, not at connect time; so only when that pid still runs as the caller's uid."""
+    groups: tuple[int, ...] | None = None
+    real_uid = None
     try:
         with open(f"/proc/{pid}/status", encoding="utf-8") as f:
             for line in f:
-                if line.startswith("Groups:"):
-                    return tuple(sorted({gid, *(int(g) for g in line.split()[1:])}))
+                if line.startswith("Uid:"):
+                    real_uid = int(line.split()[1])
+                elif line.startswith("Groups:"):
+                    groups = tuple(int(g) for g in line.split()[1:])
     except (OSError, ValueError):
         pass
-    return (gid,)
+    if groups is None or real_uid != uid:
+        return (gid,)
+    return tuple(sorted({gid, *groups}))
 
 
 def peer_caller(sock: socket.socket) -> Caller:
-    """The process on the other end of a unix socket."""
+    """The process on the other end of a unix socket, as the kernel saw it connect.
+    Groups come with the connection (SO_PEERGROUPS), not from /proc/PID later: the
+    process may have changed since, or exited and had its pid reused by someone else's."""
     fmt = "3i"
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize(fmt))
     pid, uid, gid = struct.unpack(fmt, raw)
-    return Caller(pid=pid, uid=uid, gid=gid, user=_name(uid), groups=_groups_of(pid, gid))
+    groups = _peer_groups(sock, gid)
+    if groups is None:
+        groups = _groups_of(pid, uid, gid)
+    return Caller(pid=pid, uid=uid, gid=gid, user=_name(uid), groups=groups)
 
 
 def admin_gids(group_names: tuple[str, ...]) -> frozenset[int]:

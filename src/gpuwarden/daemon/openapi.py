@@ -27,20 +27,26 @@ _JOB = {
         "events": {"type": "array", "items": _EVENT},
     },
 }
+_NULL = {"type": "null"}  # the optional fields below also take null: the same as absent
+_LABEL = {"type": ["string", "null"], "minLength": 1, "maxLength": 200}
 _SUBMIT = {
     "type": "object", "required": ["command"], "additionalProperties": False,
     "properties": {
-        "command": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        "cwd": {"type": "string"},
+        "command": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                    "prefixItems": [{"type": "string", "minLength": 1}]},
+        "cwd": {"type": "string", "pattern": "^/"},
         "env": {"type": "object", "additionalProperties": {"type": "string"}},
         "env_keep": {"type": "array", "items": {"type": "string"}},
-        "name": {"type": "string"}, "group": {"type": "string"}, "key": {"type": "string"},
-        "mem": {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string"}]},
+        "name": _LABEL, "group": _LABEL, "key": _LABEL,
+        "mem": {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string"}, _NULL]},
         "gpus": {"type": "integer", "minimum": 1, "maximum": 64},
-        "gpu_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-        "after": {"type": "array", "items": {"type": "integer", "minimum": 1}},
-        "timeout": {"oneOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string"}]},
-        "exclusive": {"type": "boolean"}, "priority": {"type": "integer"},
+        "gpu_ids": {"oneOf": [{"type": "array", "minItems": 1,
+                               "items": {"type": "integer", "minimum": 0}}, _NULL]},
+        "after": {"type": ["array", "null"], "items": {"type": "integer", "minimum": 1}},
+        "timeout": {"oneOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string"},
+                              _NULL]},
+        "exclusive": {"type": "boolean"},
+        "priority": {"type": "integer", "minimum": -1000, "maximum": 1000},
         "requeue_on_reboot": {"type": "boolean"},
     },
 }
@@ -64,7 +70,7 @@ def _job_action(summary: str) -> dict[str, Any]:
 
 def document() -> dict[str, Any]:
     return {
-        "openapi": "3.0.3",
+        "openapi": "3.1.0",
         "info": {"title": "gpuwarden daemon", "version": __version__,
                  "description": "Job queue API over a unix socket. The caller's identity "
                                 "comes from the socket's peer credentials."},

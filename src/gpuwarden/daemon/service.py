@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -48,6 +49,10 @@ def _int(value: Any, field: str, lo: int | None = None, hi: int | None = None) -
     if isinstance(value, bool) or not isinstance(value, int):
         raise UsageError(f"{field} must be an integer")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
+        if hi is None:
+            raise UsageError(f"{field} must be at least {lo}")
+        if lo is None:
+            raise UsageError(f"{field} must be at most {hi}")
         raise UsageError(f"{field} must be between {lo} and {hi}")
     return value
 
@@ -65,6 +70,8 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
     command = _str_list(body.get("command"), "command")
     if not command or not command[0]:
         raise UsageError("command must not be empty")
+    if any("\0" in arg for arg in command):
+        raise UsageError("command must not contain NUL characters")
     cwd = body.get("cwd", "/")
     if not isinstance(cwd, str) or not cwd.startswith("/"):
         raise UsageError("cwd must be an absolute path")
@@ -72,6 +79,9 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
     if not isinstance(raw_env, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in raw_env.items()):
         raise UsageError("env must be an object of strings")
+    bad_env = sorted(k for k, v in raw_env.items() if not k or "=" in k or "\0" in k + v)
+    if bad_env:  # execve would refuse them: the job could never start
+        raise UsageError(f"invalid environment variable(s): {', '.join(map(repr, bad_env))}")
     keep = _str_list(body.get("env_keep", []), "env_keep")
     env, dropped = snapshot_env(raw_env, keep)
     mem_raw = body.get("mem")
@@ -93,15 +103,20 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
             raise UsageError(f"no GPU with index {', '.join(map(str, bad))} "
                              f"(this machine has {gpu_count})")
         gpu_ids = tuple(sorted(set(ids)))
-    after = tuple(_int(a, "after", 1, None) for a in body.get("after", []) or [])
+    after_raw = body.get("after")
+    if after_raw is None:
+        after_raw = []
+    if not isinstance(after_raw, list):  # not false, 0 or "" for "none" either
+        raise UsageError("after must be a list of job ids")
+    after = tuple(_int(a, "after", 1, 2**63 - 1) for a in after_raw)
     timeout_raw = body.get("timeout")
     timeout = None
     if timeout_raw is not None:
         if isinstance(timeout_raw, bool) or not isinstance(timeout_raw, (int, float, str)):
             raise UsageError("timeout must be a duration like 2h or a number of seconds")
         timeout = parse_duration(timeout_raw)
-        if timeout <= 0:
-            raise UsageError("timeout must be positive")
+        if not 0 < timeout < math.inf:
+            raise UsageError("timeout must be a positive, finite duration")
     for field in ("name", "group", "key"):
         v = body.get(field)
         if v is not None and (not isinstance(v, str) or not v or len(v) > 200):
@@ -265,8 +280,12 @@ class JobService:
         path = job_dir(self.jobs_dir, job) / stream
         try:
             with open(path, "rb") as f:
-                f.seek(offset)
-                chunk = f.read(MAX_LOG_CHUNK)
+                # Past the end there is nothing yet; seeking there could overflow.
+                if offset >= os.fstat(f.fileno()).st_size:
+                    chunk = b""
+                else:
+                    f.seek(offset)
+                    chunk = f.read(MAX_LOG_CHUNK)
         except FileNotFoundError:
             chunk = b""
         return chunk, offset + len(chunk), job.terminal

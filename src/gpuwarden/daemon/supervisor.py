@@ -837,7 +837,9 @@ class _Supervisor:
             if left <= 0:
                 self.log(f"timeout after {self.spec.timeout:g}s")
                 return "timeout"
-            info = signal.sigtimedwait(WATCHED, left)
+            # At most an hour per wait: a huge timeout (years) overflows the kernel's
+            # timespec, and the loop re-checks the deadline anyway.
+            info = signal.sigtimedwait(WATCHED, min(left, 3600.0))
             if info is not None and info.si_signo in CANCEL_SIGNALS:
                 self.log(f"cancelled by signal {info.si_signo} from pid {info.si_pid}")
                 return "cancelled"
