@@ -115,3 +115,64 @@ def test_two_gpu_torchrun_allreduce_placed_by_exec(tmp_path: Path) -> None:
     assert len(uuids) == 2 and uuids <= {g.uuid.removeprefix("GPU-") for g in gpus}
     if "NCCL_NVLS_ENABLE" in os.environ:  # the machine's NCCL settings must survive exec
         assert all(f"nvls={os.environ['NCCL_NVLS_ENABLE']}" in ln for ln in lines)
+
+
+@pytest.mark.gpu
+def test_daemon_places_a_two_gpu_torchrun_job_on_two_gpus(tmp_path: Path) -> None:
+    """A 2-GPU job placed by the daemon gets two distinct GPUs (NVLink peers where there
+    are), CPUs local to them, and the machine's NCCL settings; a 1-GPU job beside it keeps
+    running."""
+    import json
+    import shutil
+    import tempfile
+    import time
+
+    gpus = _need_two()
+    script = tmp_path / "allreduce.py"
+    script.write_text(ALLREDUCE)
+    script.chmod(0o644)
+    tmp_path.chmod(0o755)
+    short = Path(tempfile.mkdtemp(prefix="gw-"))
+    env = {**_env(), "GPUWARDEN_HOME": str(short / "home")}
+    (short / "home").mkdir()
+    (short / "home" / "config.toml").write_text('interval = "200ms"\n')
+
+    def cli(*args: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "gpuwarden", *args], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, (args, r.stdout, r.stderr)
+        return r.stdout
+
+    try:
+        cli("daemon", "start")
+        beside = int(cli("submit", "--mem", "4G", "--", sys.executable, "-c",
+                         "import torch, time; x = torch.ones(1 << 28, device='cuda'); "
+                         "time.sleep(40); print('beside done')"))
+        deadline = time.monotonic() + 60
+        while json.loads(cli("show", str(beside), "--json"))["state"] != "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        two = int(cli("submit", "--gpus", "2", "--mem", "8G", "--", sys.executable, "-m",
+                      "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                      str(script)))
+        subprocess.run([sys.executable, "-m", "gpuwarden", "wait", str(two)], env=env,
+                       timeout=300)
+        job = json.loads(cli("show", str(two), "--json"))
+        out = cli("logs", str(two))
+        print(job["state"], job["gpus"], job["peak_memory"], out, cli("logs", "--stderr",
+                                                                         str(two))[-2000:])
+        assert job["state"] == "succeeded"
+        assert len(set(job["gpus"])) == 2
+        lines = [ln for ln in out.splitlines() if ln.startswith("rank=")]
+        assert len(lines) == 2 and all("sum=3.0" in ln for ln in lines)
+        uuids = {ln.split("uuid=")[1].split()[0] for ln in lines}
+        by_index = {g.index: g.uuid.removeprefix("GPU-") for g in gpus}
+        assert uuids == {by_index[i] for i in job["gpus"]}
+        if "NCCL_NVLS_ENABLE" in os.environ:
+            assert all(f"nvls={os.environ['NCCL_NVLS_ENABLE']}" in ln for ln in lines)
+        assert json.loads(cli("show", str(beside), "--json"))["state"] in ("running",
+                                                                           "succeeded")
+    finally:
+        subprocess.run([sys.executable, "-m", "gpuwarden", "daemon", "stop"], env=env,
+                       timeout=60)
+        shutil.rmtree(short, ignore_errors=True)
