@@ -5,6 +5,7 @@ with the machine's NCCL settings kept. Skipped on a one-GPU machine."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -163,7 +164,8 @@ def test_daemon_places_a_two_gpu_torchrun_job_on_two_gpus(tmp_path: Path) -> Non
                                                                          str(two))[-2000:])
         assert job["state"] == "succeeded"
         assert len(set(job["gpus"])) == 2
-        lines = [ln for ln in out.splitlines() if ln.startswith("rank=")]
+        # Both ranks write to the job's one stdout; their lines can interleave.
+        lines = re.findall(r"rank=\d+ sum=\S+ visible=\S+ uuid=\S+ nvls=\S+ cpus=\d+", out)
         assert len(lines) == 2 and all("sum=3.0" in ln for ln in lines)
         uuids = {ln.split("uuid=")[1].split()[0] for ln in lines}
         by_index = {g.index: g.uuid.removeprefix("GPU-") for g in gpus}
