@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import IO
 
 from aiohttp import web
@@ -39,6 +40,43 @@ def _lock(paths: Paths) -> IO[str]:
     f.write(f"{os.getpid()}\n")
     f.flush()
     return f
+
+
+class ExitWatcher:
+    """Wake the scheduling loop the moment a supervisor exits (a pidfd becomes readable),
+    so a finished job frees its GPUs at once instead of at the next periodic pass."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, wake: Callable[[], None]) -> None:
+        self.loop = loop
+        self.wake = wake
+        self.fds: dict[int, int] = {}  # pid -> pidfd
+
+    def watch(self, pids: set[int]) -> None:
+        for pid in set(self.fds) - pids:
+            self._drop(pid)
+        if not hasattr(os, "pidfd_open"):
+            return
+        for pid in pids - set(self.fds):
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue  # already gone: the next pass collects it anyway
+            self.fds[pid] = fd
+            self.loop.add_reader(fd, self._exited, pid)
+
+    def _exited(self, pid: int) -> None:
+        self._drop(pid)
+        self.wake()
+
+    def _drop(self, pid: int) -> None:
+        fd = self.fds.pop(pid, None)
+        if fd is not None:
+            self.loop.remove_reader(fd)
+            os.close(fd)
+
+    def close(self) -> None:
+        for pid in list(self.fds):
+            self._drop(pid)
 
 
 def load_config(paths: Paths) -> Config:
@@ -80,6 +118,7 @@ async def serve(paths: Paths, config: Config) -> None:
     os.chmod(sock, 0o666)  # every local user may connect; each request is authorized
     log.info("gpuwarden daemon %s serving on %s", os.getpid(), sock)
 
+    watcher = ExitWatcher(loop, nudge)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -97,9 +136,13 @@ async def serve(paths: Paths, config: Config) -> None:
                 break
             try:
                 await asyncio.to_thread(sched.tick)
+                pids = await asyncio.to_thread(
+                    lambda: {j.supervisor_pid for j in store.active() if j.supervisor_pid})
+                watcher.watch(pids)
             except Exception:
                 log.exception("scheduling pass failed; trying again")
     finally:
+        watcher.close()
         await runner.cleanup()
         with contextlib.suppress(FileNotFoundError):
             sock.unlink()
