@@ -20,4 +20,18 @@ if [ -n "${GPUWARDEN_SIM:-}" ]; then
   sleep 1.5
   step gpuwarden status --gpu 3 --gpu 4
   wait
+  # The job queue: a private daemon places three jobs by memory, two share one GPU.
+  export GPUWARDEN_HOME="$(mktemp -d /tmp/gw-demo.XXXXXX)"
+  step gpuwarden daemon start
+  for mem in 30G 30G 60G; do
+    gpuwarden submit --mem "$mem" --name "demo-$mem" -- python3 -m gpuwarden.sim.job \
+      --mem "${mem%G}G" --seconds 3 >/dev/null
+  done
+  sleep 1.5
+  step gpuwarden ps
+  step gpuwarden wait 1 2 3
+  step gpuwarden ps --all
+  step gpuwarden show 1
+  gpuwarden daemon stop >/dev/null
+  rm -rf "$GPUWARDEN_HOME"
 fi
