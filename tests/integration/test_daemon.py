@@ -183,3 +183,41 @@ def test_openapi_document_is_served(daemon: Daemon) -> None:
 
     doc = Client(str(daemon.home / "gpuwarden.sock")).request("GET", "/openapi.json")
     assert doc["openapi"].startswith("3.") and "/v1/jobs" in doc["paths"]
+
+
+def _simulate_reboot(daemon: Daemon, job_ids: list[int]) -> None:
+    """What a reboot leaves behind: no supervisor, no exit record, another boot id."""
+    import os
+    import signal
+
+    from gpuwarden.daemon.paths import DB_NAME
+    from gpuwarden.daemon.store import Store
+
+    states = {j: daemon.job(j)["state"] for j in job_ids}
+    daemon.stop()
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "gpuwarden.daemon.supervisor" in cmd and any(str(daemon.home) in c for c in cmd):
+            for c in p.children(recursive=True):
+                os.kill(c.pid, signal.SIGKILL)
+            os.kill(p.pid, signal.SIGKILL)
+    store = Store(daemon.home / DB_NAME)
+    try:
+        for j, state in states.items():
+            store.transition(j, (state,), state, now=time.time(), kind="test",
+                             detail="pretend the machine rebooted", boot_id="an-earlier-boot")
+    finally:
+        store.close()
+    daemon.start()
+
+
+def test_a_reboot_marks_running_jobs_lost_or_requeues_them(daemon: Daemon) -> None:
+    lost = daemon.submit("--mem", "1G", cmd=sim_job("1G", 120))
+    again = daemon.submit("--mem", "1G", "--requeue-on-reboot", cmd=sim_job("1G", 10))
+    daemon.wait_state(lost, "running")
+    daemon.wait_state(again, "running")
+    _simulate_reboot(daemon, [lost, again])
+    job = daemon.wait_state(lost, "failed")
+    assert job["reason"] == "lost on reboot"
+    j2 = daemon.wait_state(again, "succeeded", timeout=60)
+    assert j2["attempts"] == 1 and "requeued" in [e["kind"] for e in j2["events"]]
