@@ -448,5 +448,5 @@ def test_groups_are_the_connections_not_the_processes_later(root_daemon: Daemon,
         assert r["status"] == 403, r
     r = as_b("after", "GET", f"/v1/jobs/{jid}/logs")
     assert r["status"] == 403, r
-    assert root_daemon.job(jid)["state"] == "running"
+    assert root_daemon.job(jid)["state"] in ("reserved", "running")  # not cancelled
     assert cli_as(root_daemon, a, "cancel", str(jid)).returncode == 0
