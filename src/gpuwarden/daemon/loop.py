@@ -242,7 +242,7 @@ class Scheduler:
 
     def _gpu_states(self, snap: Snapshot, active: list[Job],
                     managed_pids: set[int]) -> list[GpuState]:
-        from gpuwarden.sched.placement import gpu_states
+        from gpuwarden.sched.placement import foreign_usage, gpu_states, reservation
 
         now = self.clock()
         uses: dict[str, list[ManagedUse]] = {}
@@ -250,16 +250,13 @@ class Scheduler:
             if job.budget is None:
                 continue
             for uuid in job.gpu_uuids:
-                uses.setdefault(uuid, []).append(
-                    ManagedUse(job.id, job.budget, job.spec.exclusive or job.spec.mem is None))
+                uses.setdefault(uuid, []).append(reservation(queued_view(job), job.budget))
         peaks: dict[str, int] = {}
-        for g in snap.gpus:
-            current = sum(p.memory or 0 for p in g.processes if p.pid not in managed_pids)
-            hist = [(t, b) for t, b in self._peaks.get(g.facts.uuid, [])
-                    if now - t < PEAK_WINDOW]
+        for uuid, current in foreign_usage(snap, managed_pids).items():
+            hist = [(t, b) for t, b in self._peaks.get(uuid, []) if now - t < PEAK_WINDOW]
             hist.append((now, current))
-            self._peaks[g.facts.uuid] = hist[-600:]
-            peaks[g.facts.uuid] = max(b for _, b in hist)
+            self._peaks[uuid] = hist[-600:]
+            peaks[uuid] = max(b for _, b in hist)
         return list(gpu_states(snap, uses, managed_pids, peaks, self.config.reserve))
 
     def _schedule(self, snap: Snapshot) -> None:
