@@ -221,3 +221,17 @@ def test_a_reboot_marks_running_jobs_lost_or_requeues_them(daemon: Daemon) -> No
     assert job["reason"] == "lost on reboot"
     j2 = daemon.wait_state(again, "succeeded", timeout=60)
     assert j2["attempts"] == 1 and "requeued" in [e["kind"] for e in j2["events"]]
+
+
+def test_clean_keeps_an_ended_job_that_a_waiting_job_depends_on(daemon: Daemon) -> None:
+    done = daemon.submit(cmd=sim_job("1G", 0))
+    daemon.cli("wait", str(done), check=True)
+    long = daemon.submit(cmd=sim_job("1G", 60))
+    daemon.submit("--after", str(done), "--after", str(long), cmd=sim_job("1G", 0))
+    other = daemon.submit(cmd=sim_job("1G", 0))
+    daemon.cli("wait", str(other), check=True)
+    time.sleep(0.05)
+    out = daemon.json("clean", "--older-than", "0s")
+    assert out["removed"] == 1  # `other`; `done` stays for its dependent
+    assert daemon.job(done)["state"] == "succeeded"
+    assert daemon.cli("show", str(other)).returncode != 0

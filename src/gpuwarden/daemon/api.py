@@ -17,7 +17,8 @@ from aiohttp import web
 from gpuwarden import __version__
 from gpuwarden.daemon.auth import Caller, peer_caller
 from gpuwarden.daemon.openapi import document
-from gpuwarden.daemon.service import JobService, NotFound
+from gpuwarden.daemon.service import JobService
+from gpuwarden.daemon.store import Conflict, JobNotFound
 from gpuwarden.errors import GpuwardenError, PermissionDenied, UsageError
 from gpuwarden.units import parse_duration
 
@@ -29,12 +30,11 @@ MAX_BODY = 4 << 20
 
 
 def _status_for(e: Exception) -> int:
-    name = type(e).__name__
     if isinstance(e, PermissionDenied):
         return 403
-    if isinstance(e, NotFound) or name in ("JobNotFound", "NotFoundError"):
+    if isinstance(e, JobNotFound):
         return 404
-    if name in ("Conflict", "ConflictError"):
+    if isinstance(e, Conflict):
         return 409
     return 400
 

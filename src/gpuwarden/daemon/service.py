@@ -16,16 +16,12 @@ from gpuwarden.daemon import model
 from gpuwarden.daemon.auth import Caller, admin_gids, may_manage
 from gpuwarden.daemon.envsnap import snapshot_env
 from gpuwarden.daemon.model import Job, JobSpec
-from gpuwarden.daemon.store import Store
-from gpuwarden.errors import GpuwardenError, PermissionDenied, UsageError
+from gpuwarden.daemon.store import Conflict, Store
+from gpuwarden.errors import PermissionDenied, UsageError
 from gpuwarden.sched.model import GpuState, QueuedJob
 from gpuwarden.units import parse_duration, parse_size
 
 MAX_LOG_CHUNK = 1 << 20
-
-
-class NotFound(GpuwardenError):
-    exit_code = 2
 
 
 @dataclass(frozen=True)
@@ -262,7 +258,10 @@ class JobService:
         removed = 0
         for job in self.store.list(states=sorted(model.TERMINAL)):
             if job.ended_at is not None and job.ended_at < cutoff and self._may(caller, job):
-                self.store.delete(job.id)
+                try:
+                    self.store.delete(job.id)
+                except Conflict:
+                    continue  # a waiting job still depends on it: keep it until that one ends
                 shutil.rmtree(self.jobs_dir / str(job.id), ignore_errors=True)
                 removed += 1
         return removed
