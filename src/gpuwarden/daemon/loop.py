@@ -23,7 +23,7 @@ from gpuwarden.units import format_bytes
 
 if TYPE_CHECKING:
     from gpuwarden.daemon.store import Store
-    from gpuwarden.daemon.supervisor import ExitInfo, SupervisorStatus
+    from gpuwarden.daemon.supervisor import ExitInfo, SupervisorHandle, SupervisorStatus
     from gpuwarden.gpus.backend import Backend
     from gpuwarden.observe.snapshot import Snapshot
 
@@ -48,8 +48,10 @@ def _tree(pid: int) -> list[psutil.Process]:
 class Scheduler:
     def __init__(self, store: Store, jobs_dir: Path, config: Config,
                  backend: Callable[[], Backend], boot_id: str,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 spawn: Callable[[Path], SupervisorHandle] | None = None) -> None:
         self.store = store
+        self.spawn = spawn  # starts a supervisor (the daemon's fork server); None: fresh
         self.jobs_dir = jobs_dir
         self.config = config
         self.backend = backend
@@ -326,7 +328,7 @@ class Scheduler:
                                          uid=job.spec.uid, gid=job.spec.gid,
                                          groups=job.spec.groups, timeout=job.spec.timeout,
                                          grace=self.config.grace))
-            handle = spawn_supervisor(d)
+            handle = (self.spawn or spawn_supervisor)(d)
         except Exception as e:
             log.exception("launching job %s failed", job.id)
             self.store.transition(job.id, (model.RESERVED,), model.FAILED, now=self.clock(),

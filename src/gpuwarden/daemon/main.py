@@ -87,6 +87,7 @@ def load_config(paths: Paths) -> Config:
 
 async def serve(paths: Paths, config: Config) -> None:
     from gpuwarden.daemon.api import make_app
+    from gpuwarden.daemon.forkserver import ForkServer
     from gpuwarden.daemon.loop import Scheduler
     from gpuwarden.daemon.store import Store
     from gpuwarden.gpus.backend import open_backend
@@ -94,7 +95,10 @@ async def serve(paths: Paths, config: Config) -> None:
     store = Store(paths.db)
     paths.jobs_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(paths.jobs_dir, 0o711)  # job directories hold each owner's private logs
-    sched = Scheduler(store, paths.jobs_dir, config, open_backend, boot_id())
+    launcher = ForkServer()
+    sched = Scheduler(store, paths.jobs_dir, config, open_backend, boot_id(),
+                      spawn=launcher.spawn)
+    await asyncio.to_thread(launcher.warm)
     wake = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -143,6 +147,7 @@ async def serve(paths: Paths, config: Config) -> None:
                 log.exception("scheduling pass failed; trying again")
     finally:
         watcher.close()
+        launcher.close()
         await runner.cleanup()
         with contextlib.suppress(FileNotFoundError):
             sock.unlink()

@@ -25,7 +25,8 @@ Files in ``<jobdir>`` (all JSON written atomically; each ``*.json`` but spec.jso
 ``stdout``/``stderr`` the command's output, mode 0600, owned by the job's user.
 ``supervisor.log``  the supervisor's own diagnostics.
 
-Run as ``python -m gpuwarden.daemon.supervisor JOBDIR``: it detaches (fork, setsid, fork),
+Run as ``python -m gpuwarden.daemon.supervisor JOBDIR`` (or ``start`` from a process that
+imported this module, as the daemon's fork server does): it detaches (fork, setsid, fork),
 the process the daemon started exits as soon as the supervisor has claimed the directory,
 and ``spawn_supervisor`` returns the real supervisor's identity. The supervisor becomes a
 child subreaper, starts the command as argv (never through a shell) in a new session as
@@ -419,22 +420,35 @@ def spawn_supervisor(jobdir: str | os.PathLike[str], python: str = sys.executabl
         proc.kill()
         proc.wait()
         proc.stderr.close()
-        # If it claimed the directory anyway, make sure the job does not run unnoticed.
-        data = _read_json(d / SUPERVISOR)
-        if data is not None and data.get("nonce") == nonce:
-            cancel(d)
+        abandon_start(d, nonce)
         raise SupervisorError(f"the supervisor for {d} did not start within {timeout:g}s") \
             from None
-    err = proc.stderr.read().decode(errors="replace").strip()
+    err = proc.stderr.read().decode(errors="replace")
     proc.stderr.close()
+    return started(d, nonce, rc, err)
+
+
+def started(jobdir: Path, nonce: str, rc: int, err: str) -> SupervisorHandle:
+    """The identity of the supervisor that claimed ``jobdir`` with ``nonce``, given how
+    the process that started it ended (exit status ``rc``, its stderr ``err``)."""
+    err = err.strip()
     if rc != 0:
         last = err.splitlines()[-1] if err else f"exit status {rc}"
         raise SupervisorError(last.removeprefix("gpuwarden supervisor: "))
-    data = _read_json(d / SUPERVISOR)
-    status = read_status(d).supervisor
+    data = _read_json(jobdir / SUPERVISOR)
+    status = read_status(jobdir).supervisor
     if data is None or status is None or data.get("nonce") != nonce:
-        raise SupervisorError(f"{d / SUPERVISOR} was not written by the supervisor started")
+        raise SupervisorError(f"{jobdir / SUPERVISOR} was not written by the supervisor "
+                              "started")
     return status
+
+
+def abandon_start(jobdir: Path, nonce: str) -> None:
+    """The launcher gave up on a start: if the supervisor claimed the directory anyway,
+    make sure the job does not run unnoticed."""
+    data = _read_json(jobdir / SUPERVISOR)
+    if data is not None and data.get("nonce") == nonce:
+        cancel(jobdir)
 
 
 # ------------------------------------------------------------------------ internals
@@ -958,30 +972,41 @@ def _daemonize(jobdir: Path, spec: SupervisorSpec, nonce: str | None) -> int:
     """fork, setsid, fork: the supervisor is nobody's child but init's (or the nearest
     subreaper's). This process waits for the intermediate one and for the supervisor's
     word that it owns the directory, then exits: 0, or 2 with the reason on stderr."""
+    rc, err = detach(jobdir, spec, nonce)
+    if err:
+        print(err, file=sys.stderr)
+    return rc
+
+
+def detach(jobdir: Path, spec: SupervisorSpec, nonce: str | None) -> tuple[int, str]:
+    """Start the detached supervisor for ``jobdir`` from this process (fork, setsid,
+    fork) and wait until it owns the directory. Returns (0, "") or (2, the reason); the
+    caller goes on as before, with no child of its own left behind."""
     sys.stdout.flush()
     sys.stderr.flush()
     r, w = os.pipe()
     pid = os.fork()
-    if pid > 0:
-        os.close(w)
-        os.waitpid(pid, 0)
-        chunks = []
-        while True:
-            chunk = os.read(r, 4096)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        os.close(r)
-        try:
-            reply = json.loads(b"".join(chunks).decode(errors="replace").splitlines()[0])
-        except (ValueError, IndexError):
-            reply = {}
-        if isinstance(reply, dict) and reply.get("ok") is True:
-            return 0
-        why = reply.get("error") if isinstance(reply, dict) else None
-        print(f"gpuwarden supervisor: {why or 'the supervisor died while starting'}",
-              file=sys.stderr)
-        return 2
+    if pid == 0:
+        _run_detached(jobdir, spec, nonce, r, w)
+    os.close(w)
+    os.waitpid(pid, 0)
+    chunks = []
+    while chunk := os.read(r, 4096):
+        chunks.append(chunk)
+    os.close(r)
+    try:
+        reply = json.loads(b"".join(chunks).decode(errors="replace").splitlines()[0])
+    except (ValueError, IndexError):
+        reply = {}
+    if isinstance(reply, dict) and reply.get("ok") is True:
+        return 0, ""
+    why = reply.get("error") if isinstance(reply, dict) else None
+    return 2, f"gpuwarden supervisor: {why or 'the supervisor died while starting'}"
+
+
+def _run_detached(jobdir: Path, spec: SupervisorSpec, nonce: str | None, r: int,
+                  w: int) -> NoReturn:
+    """In the first child: new session, fork the supervisor, exit."""
     code = 1
     try:
         os.close(r)
@@ -1005,6 +1030,18 @@ def _daemonize(jobdir: Path, spec: SupervisorSpec, nonce: str | None) -> int:
         except BaseException:
             pass
     os._exit(code)
+
+
+def start(jobdir: str | os.PathLike[str], nonce: str | None) -> tuple[int, str]:
+    """What ``python -m gpuwarden.daemon.supervisor --nonce N JOBDIR`` does, callable from
+    a process that has this module imported already (the daemon's fork server)."""
+    d = Path(jobdir).resolve()
+    try:
+        spec = load_spec(d)
+        _refuse_if_started(d)
+    except SupervisorError as e:
+        return 2, f"gpuwarden supervisor: {e}"
+    return detach(d, spec, nonce)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
