@@ -254,7 +254,7 @@ def test_apply_books_the_reservation_and_refuses_overbooking() -> None:
     gpus = [g(0, 20), g(1, 20)]
     after = apply(gpus, job(15), Place(1, (1,), 15 * GiB), 0.1)
     assert after[0] == gpus[0]
-    assert after[1].managed == (ManagedUse(1, 15 * GiB),)
+    assert after[1].managed == (ManagedUse(1, 15 * GiB, user="alice"),)
     with pytest.raises(ValueError, match="headroom"):
         apply(after, job(6, id=2), Place(2, (1,), 6 * GiB), 0.1)
     with pytest.raises(ValueError, match="unknown GPU"):

@@ -4,14 +4,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+GUARANTEED, BURSTABLE, BESTEFFORT = "guaranteed", "burstable", "besteffort"
+QOS_CLASSES = (GUARANTEED, BURSTABLE, BESTEFFORT)
+QOS_RANK = {BESTEFFORT: 0, BURSTABLE: 1, GUARANTEED: 2}
+"""Higher ranks go first and may preempt lower ones; guaranteed jobs are never preempted."""
+
 
 @dataclass(frozen=True)
 class ManagedUse:
-    """A reserved or running managed job's claim on one GPU."""
+    """A reserved or running managed job's claim on one GPU. The fields past ``exclusive``
+    feed the policies: who holds it (user limits), its class and priority (preemption),
+    when it started and is expected to end (backfill), what it uses now (over its
+    request?) and whether it is already being preempted."""
 
     job_id: int
     budget: int  # bytes
     exclusive: bool = False
+    user: str = ""
+    qos: str = BURSTABLE
+    priority: int = 0
+    started_at: float | None = None
+    ends_at: float | None = None  # start + timeout; None: unknown (runs until it ends)
+    used: int | None = None  # bytes the job's processes use on this GPU now
+    preempting: bool = False
 
 
 @dataclass(frozen=True)
@@ -42,6 +57,9 @@ class QueuedJob:
     exclusive: bool = False
     priority: int = 0
     submitted_at: float = 0.0
+    qos: str = BURSTABLE
+    runtime: float | None = None  # the job's --timeout: the longest it may run
+    not_before: float = 0.0  # epoch seconds; a retry waits out its backoff
 
 
 @dataclass(frozen=True)
@@ -69,4 +87,14 @@ class Infeasible:
     reason: str
 
 
-Decision = Place | Wait | Infeasible
+@dataclass(frozen=True)
+class Preempt:
+    """Decision: stop ``victims`` (job ids) so that ``job_id`` can be placed; the job
+    itself waits until they are gone."""
+
+    job_id: int
+    victims: tuple[int, ...]
+    reason: str
+
+
+Decision = Place | Wait | Infeasible | Preempt

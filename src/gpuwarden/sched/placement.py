@@ -238,14 +238,21 @@ def fits(job: QueuedJob, gpus: Sequence[GpuState],
     return Place(job.id, tuple(sorted(g.index for g, _ in chosen)), budget)
 
 
-def reservation(job: QueuedJob, budget: int) -> ManagedUse:
+def reservation(job: QueuedJob, budget: int, *, started_at: float | None = None,
+                used: int | None = None, preempting: bool = False) -> ManagedUse:
     """The claim a placed job holds on each of its GPUs (whole-GPU jobs hold theirs alone).
-    The daemon builds the ``managed`` input of ``gpu_states`` with this too."""
-    return ManagedUse(job_id=job.id, budget=budget, exclusive=_alone(job))
+    The daemon builds the ``managed`` input of ``gpu_states`` with this too: a job's
+    expected end is its start plus its ``--timeout``."""
+    ends = started_at + job.runtime if started_at is not None and job.runtime is not None \
+        else None
+    return ManagedUse(job_id=job.id, budget=budget, exclusive=_alone(job), user=job.user,
+                      qos=job.qos, priority=job.priority, started_at=started_at, ends_at=ends,
+                      used=used, preempting=preempting)
 
 
 def apply(gpus: Sequence[GpuState], job: QueuedJob, place: Place,
-          spike_buffer: float = DEFAULT_SPIKE_BUFFER) -> list[GpuState]:
+          spike_buffer: float = DEFAULT_SPIKE_BUFFER, *,
+          started_at: float | None = None) -> list[GpuState]:
     """The GPU states after booking ``place``. Raises ValueError if the Place asks more
     than a GPU's headroom: the guard of invariant 1, whatever fit policy made it."""
     targets = set(place.gpus)
@@ -256,11 +263,29 @@ def apply(gpus: Sequence[GpuState], job: QueuedJob, place: Place,
             if place.budget > room or place.budget < 0:
                 raise ValueError(f"job {job.id}: {format_bytes(place.budget)} on GPU "
                                  f"{gpu.index} exceeds its headroom {format_bytes(room)}")
-            gpu = replace(gpu, managed=(*gpu.managed, reservation(job, place.budget)))
+            gpu = replace(gpu, managed=(*gpu.managed, reservation(job, place.budget,
+                                                                   started_at=started_at)))
             targets.discard(gpu.index)
         out.append(gpu)
     if targets:
         raise ValueError(f"job {job.id}: placed on unknown GPU {_ids(targets)}")
+    return out
+
+
+def release(gpus: Sequence[GpuState], job_ids: Set[int]) -> list[GpuState]:
+    """The GPU states once the jobs ``job_ids`` have ended (their claims dropped)."""
+    if not job_ids:
+        return list(gpus)
+    return [replace(g, managed=tuple(u for u in g.managed if u.job_id not in job_ids))
+            if any(u.job_id in job_ids for u in g.managed) else g for g in gpus]
+
+
+def claims(gpus: Sequence[GpuState]) -> dict[int, list[ManagedUse]]:
+    """Every managed job's claims, by job id (a multi-GPU job holds one per GPU)."""
+    out: dict[int, list[ManagedUse]] = {}
+    for g in gpus:
+        for u in g.managed:
+            out.setdefault(u.job_id, []).append(u)
     return out
 
 

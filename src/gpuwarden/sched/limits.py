@@ -1,0 +1,80 @@
+"""Per-user limits: how many GPUs, how much reserved memory and how many jobs one user
+may hold at once, so one user cannot take the box. Pure: usage is read from the GPU
+states' claims, and a pass books each placement before the next job is checked."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpuwarden.sched.model import GpuState, Place, QueuedJob
+from gpuwarden.sched.placement import claims
+from gpuwarden.units import format_bytes
+
+
+@dataclass(frozen=True)
+class UserLimits:
+    """None: no limit."""
+
+    max_gpus: int | None = None
+    max_memory: int | None = None  # bytes reserved, summed over the user's GPUs
+    max_running: int | None = None  # reserved or running jobs
+
+
+@dataclass(frozen=True)
+class Limits:
+    default: UserLimits = UserLimits()
+    users: Mapping[str, UserLimits] = field(default_factory=dict)
+
+    def of(self, user: str) -> UserLimits:
+        return self.users.get(user, self.default)
+
+    @property
+    def any(self) -> bool:
+        return bool(self.users) or self.default != UserLimits()
+
+
+@dataclass(frozen=True)
+class Usage:
+    jobs: int = 0
+    gpus: int = 0
+    memory: int = 0
+
+    def plus(self, gpus: int, memory: int) -> Usage:
+        return Usage(self.jobs + 1, self.gpus + gpus, self.memory + memory)
+
+
+def usage(gpus: Sequence[GpuState]) -> dict[str, Usage]:
+    """What each user holds now (reserved and running jobs)."""
+    out: dict[str, Usage] = {}
+    for uses in claims(gpus).values():
+        user = uses[0].user
+        out[user] = out.get(user, Usage()).plus(len(uses), sum(u.budget for u in uses))
+    return out
+
+
+def over_limit(job: QueuedJob, budget: int | None, held: Mapping[str, Usage],
+               limits: Limits) -> str | None:
+    """Why starting ``job`` (``budget`` bytes on each of its GPUs; None: not known yet,
+    memory is then not checked) would take its user past a limit; None when it would
+    not."""
+    lim = limits.of(job.user)
+    now = held.get(job.user, Usage())
+    who = f"user {job.user}"
+    if lim.max_running is not None and now.jobs + 1 > lim.max_running:
+        return f"{who} may run {lim.max_running} job(s) at once and has {now.jobs}"
+    if lim.max_gpus is not None and now.gpus + job.count > lim.max_gpus:
+        return (f"{who} may hold {lim.max_gpus} GPU(s); holds {now.gpus}, "
+                f"this job needs {job.count}")
+    if lim.max_memory is not None and budget is not None \
+            and now.memory + budget * job.count > lim.max_memory:
+        return (f"{who} may reserve {format_bytes(lim.max_memory)}; holds "
+                f"{format_bytes(now.memory)}, this job needs {format_bytes(budget * job.count)}")
+    return None
+
+
+def book(held: Mapping[str, Usage], job: QueuedJob, place: Place) -> dict[str, Usage]:
+    out = dict(held)
+    out[job.user] = out.get(job.user, Usage()).plus(len(place.gpus),
+                                                     place.budget * len(place.gpus))
+    return out
