@@ -10,7 +10,7 @@ otherwise. task-spooler runs with a private ``TS_SOCKET`` and ``TMPDIR``.
    ``gpuwarden submit`` (the CLI as a subprocess), ``tsp`` and a plain ``subprocess.Popen``
    (the floor: fork, exec and the job's own start-up), in an order that rotates every
    round; plus, as a baseline, a fresh interpreter importing
-   ``gpuwarden.daemon.supervisor`` (what every launch pays before its supervisor runs).
+   ``gpuwarden.daemon.supervisor`` (what every launch would pay without the fork server).
    One job at a time: each waits until the previous one has ended (for gpuwarden, until
    the daemon has recorded its end, so the GPU is idle again). The job is the same
    command for every tool, ``python -I -S -c <write time.time() to a file>``: the latency
@@ -71,7 +71,7 @@ SCENARIO = REPO / "examples" / "idle-2gpu.json"
 TARGET_P50 = 0.030  # the goal: p50 submit → start under 30 ms, not slower than ts
 TARGET_PASS_PER_JOB = 0.001  # the goal: placement pass under 1 ms per queued job
 MARKER = "import sys,time;t=time.time();open(sys.argv[1],'w').write(repr(t))"
-# What every job launch pays before the supervisor runs: a fresh interpreter + its imports.
+# What a launch would pay without the fork server: a fresh interpreter + its imports.
 SUPERVISOR_IMPORT = [sys.executable, "-c", "import gpuwarden.daemon.supervisor"]
 TERMINAL = ("succeeded", "failed", "cancelled", "infeasible")
 GIB = 1 << 30
