@@ -178,12 +178,9 @@ class Daemon:
         self.pid = None
 
     def supervisors(self) -> list[psutil.Process]:
-        out = []
-        for p in psutil.process_iter(["cmdline"]):
-            cmd = p.info["cmdline"] or []
-            if "gpuwarden.daemon.supervisor" in cmd and any(str(self.root) in c for c in cmd):
-                out.append(p)
-        return out
+        from gpuwarden.daemon.supervisor import live_supervisors
+
+        return live_supervisors(self.root / "home" / "jobs")
 
     def close(self) -> None:
         """Leave nothing behind: the daemon, every supervisor and job tree, the files."""

@@ -87,15 +87,15 @@ def make_env(tmp: Path, scenario: Path) -> dict[str, str]:
 
 def _kill_jobs(home: Path) -> None:
     """Leave nothing behind: supervisors (and so their trees) of this daemon's jobs."""
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if "gpuwarden.daemon.supervisor" in cmd and any(str(home) in c for c in cmd):
-            try:
-                for c in p.children(recursive=True):
-                    c.kill()
-                p.kill()
-            except psutil.Error:
-                pass
+    from gpuwarden.daemon.supervisor import live_supervisors
+
+    for p in live_supervisors(home / "jobs"):
+        try:
+            for c in p.children(recursive=True):
+                c.kill()
+            p.kill()
+        except psutil.Error:
+            pass
 
 
 @pytest.fixture

@@ -195,12 +195,12 @@ def _simulate_reboot(daemon: Daemon, job_ids: list[int]) -> None:
 
     states = {j: daemon.job(j)["state"] for j in job_ids}
     daemon.stop()
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if "gpuwarden.daemon.supervisor" in cmd and any(str(daemon.home) in c for c in cmd):
-            for c in p.children(recursive=True):
-                os.kill(c.pid, signal.SIGKILL)
-            os.kill(p.pid, signal.SIGKILL)
+    from gpuwarden.daemon.supervisor import live_supervisors
+
+    for p in live_supervisors(daemon.home / "jobs"):
+        for c in p.children(recursive=True):
+            os.kill(c.pid, signal.SIGKILL)
+        os.kill(p.pid, signal.SIGKILL)
     store = Store(daemon.home / DB_NAME)
     try:
         for j, state in states.items():

@@ -124,13 +124,14 @@ def submit(client: Client, d: Daemon, command: list[str], after: list[int]) -> i
 def live_job_processes(home: Path, ledger: Path) -> list[str]:
     """Supervisors of this daemon's jobs, and job commands, still running (zombies left
     to an init that does not reap count as gone)."""
-    found = []
+    from gpuwarden.daemon.supervisor import live_supervisors
+
+    found = [f"{p.pid}: supervisor" for p in live_supervisors(home / "jobs")]
     for p in psutil.process_iter(["cmdline", "status"]):
         cmd = p.info["cmdline"] or []
         if p.info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        if ("gpuwarden.daemon.supervisor" in cmd and any(str(home) in c for c in cmd)) or \
-                str(ledger) in cmd:
+        if str(ledger) in cmd:
             found.append(f"{p.pid}: {' '.join(cmd)[:120]}")
     return found
 

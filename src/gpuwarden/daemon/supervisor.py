@@ -361,6 +361,24 @@ def alive(handle: SupervisorHandle) -> bool:
         return True
 
 
+def live_supervisors(jobs_dir: str | os.PathLike[str]) -> list[psutil.Process]:
+    """The supervisors still running for job directories under ``jobs_dir`` (any depth
+    of ``<job>/<attempt>/supervisor.json``), identity-checked: forked from the daemon's
+    fork server, their command lines do not name their directories."""
+    out = []
+    for claim in sorted(Path(jobs_dir).glob(f"*/*/{SUPERVISOR}")):
+        status = read_status(claim.parent).supervisor
+        if status is None:
+            continue
+        p = _identified(status.pid, status.start_time, status.start_ticks)
+        try:
+            if p is not None and p.status() not in _GONE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
 def _signal_identified(handle: SupervisorHandle, sig: int) -> bool:
     """Send ``sig`` to the supervisor if it is still the same process; a pidfd makes the
     identity check and the signal refer to one process even if the pid is reused."""
@@ -506,6 +524,19 @@ def _prctl(option: int, arg: int) -> bool:
                                ctypes.c_ulong(0), ctypes.c_ulong(0))) == 0
     except (OSError, AttributeError):
         return False
+
+
+def _set_name(name: str) -> None:
+    """Name this process for ps/top (``comm``): supervisors forked from the daemon's fork
+    server would otherwise all show as the fork server."""
+    global _LIBC
+    PR_SET_NAME = 15
+    try:
+        if _LIBC is None:
+            _LIBC = ctypes.CDLL(None, use_errno=True)
+        _LIBC.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 class _StartFailed(Exception):
@@ -1014,6 +1045,7 @@ def _run_detached(jobdir: Path, spec: SupervisorSpec, nonce: str | None, r: int,
         if os.fork() > 0:
             os._exit(0)
         os.chdir("/")
+        _set_name(f"gw-sup-{spec.job}")
         null = os.open(os.devnull, os.O_RDONLY)
         log = os.open(jobdir / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
                       0o600)
