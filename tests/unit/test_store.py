@@ -88,7 +88,8 @@ def test_every_spec_field_round_trips(tmp_path: Path) -> None:
             cwd="/home/bob/proj dir", env={"PATH": "/usr/bin", "X": "multi\nline=ü", "E": ""},
             name="train-ü", group="sweep-7", key="run-42", mem=14 * GiB, gpus=3,
             gpu_ids=(0, 2, 5), after=(dep1.id, dep2.id), timeout=3600.5, exclusive=True,
-            priority=-7, requeue_on_reboot=True)
+            priority=-7, requeue_on_reboot=True, qos="guaranteed", mem_limit=20 * GiB,
+            grace=2.5, no_requeue=True, retries=3, checkpoint=True)
         # Every field differs from its default, so none can silently fall back to it.
         default = JobSpec(command=(), user="", uid=0, gid=0)
         for f in dataclasses.fields(JobSpec):
@@ -117,7 +118,8 @@ def test_every_transition_field_round_trips(tmp_path: Path) -> None:
         started_at=10.5, ended_at=20.25, gpus=(1, 3), gpu_uuids=("GPU-a", "GPU-b"),
         budget=14 * GiB, exit_code=137, reason="killed: out of memory",
         supervisor_pid=4242, supervisor_start=123456.78, boot_id="b00t", attempts=2,
-        peak_memory=13 * GiB)
+        peak_memory=13 * GiB, preempting_at=15.5, preemptions=1, oom_retries=2,
+        retry_mem=17 * GiB, not_before=30.5)
     assert set(values) == TRANSITION_FIELDS
     with Store(db) as s:
         job, _ = s.submit(spec(), 1.0)
@@ -545,16 +547,24 @@ def test_pragmas_and_file_mode(store: Store) -> None:
 
 def test_older_database_is_upgraded(tmp_path: Path) -> None:
     db = tmp_path / "state.db"
-    with Store(db, migrations=MIGRATIONS[:1]) as old:
-        job, _ = old.submit(spec(key="k"), 1.0)
+    Store(db, migrations=MIGRATIONS[:1]).close()
+    with closing(sqlite3.connect(db)) as conn, conn:  # a job as the version-1 code wrote it
+        conn.execute(
+            "INSERT INTO jobs (user, uid, gid, groups, cwd, env, command, job_key, "
+            "gpu_count, after_ids, exclusive, priority, requeue_on_reboot, state, "
+            "submitted_at) VALUES ('alice', 1000, 1000, '[]', '/', '{}', '[\"true\"]', "
+            "'k', 1, '[]', 0, 0, 0, 'queued', 1.0)")
     assert version(db) == 1
     with closing(sqlite3.connect(db)) as conn:
         assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = "
                             "'jobs_live_key'").fetchone()[0] == 0
     with Store(db) as s:
         assert version(db) == SCHEMA_VERSION
-        assert s.get(job.id).spec == job.spec
-        assert s.submit(spec(key="k"), 2.0) == (s.get(job.id), False)
+        job = s.get(1)
+        assert job.spec == JobSpec(command=("true",), user="alice", uid=1000, gid=1000,
+                                   key="k")  # new fields at their defaults
+        assert (job.preemptions, job.oom_retries, job.retry_mem) == (0, 0, None)
+        assert s.submit(spec(key="k", uid=1000), 2.0) == (s.get(job.id), False)
         conn = sqlite3.connect(db)
         with closing(conn), pytest.raises(sqlite3.IntegrityError):  # a constraint now
             conn.execute("INSERT INTO jobs SELECT NULL, user, uid, gid, groups, cwd, env, "
@@ -562,7 +572,9 @@ def test_older_database_is_upgraded(tmp_path: Path) -> None:
                          "after_ids, timeout, exclusive, priority, requeue_on_reboot, "
                          "state, submitted_at, started_at, ended_at, gpus, gpu_uuids, "
                          "budget, peak_memory, exit_code, reason, supervisor_pid, "
-                         "supervisor_start, boot_id, attempts FROM jobs")
+                         "supervisor_start, boot_id, attempts, qos, mem_limit, grace, "
+                         "no_requeue, retries, checkpoint, preempting_at, preemptions, "
+                         "oom_retries, retry_mem, not_before FROM jobs")
 
 
 def test_migrations_run_in_order_inside_one_transaction(tmp_path: Path) -> None:
@@ -571,27 +583,27 @@ def test_migrations_run_in_order_inside_one_transaction(tmp_path: Path) -> None:
     order: list[int] = []
 
     def add_column(conn: sqlite3.Connection) -> None:
-        order.append(3)
-        conn.execute("ALTER TABLE jobs ADD COLUMN qos TEXT")
+        order.append(1)
+        conn.execute("ALTER TABLE jobs ADD COLUMN extra TEXT")
 
     def broken(conn: sqlite3.Connection) -> None:
-        order.append(4)
+        order.append(2)
         conn.execute("CREATE TABLE half_done (x)")
-        raise RuntimeError("migration 4 failed")
+        raise RuntimeError("the second new migration failed")
 
-    with pytest.raises(RuntimeError, match="migration 4"):
+    with pytest.raises(RuntimeError, match="second new migration"):
         Store(db, migrations=[*MIGRATIONS, add_column, broken])
-    assert order == [3, 4]
-    assert version(db) == SCHEMA_VERSION  # nothing of 3 or 4 was kept
+    assert order == [1, 2]
+    assert version(db) == SCHEMA_VERSION  # nothing of either was kept
     with closing(sqlite3.connect(db)) as conn:
         cols = {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}
-        assert "qos" not in cols
+        assert "extra" not in cols
         assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = "
                             "'half_done'").fetchone()[0] == 0
     with Store(db, migrations=[*MIGRATIONS, add_column]) as s:
         assert version(db) == SCHEMA_VERSION + 1
         s.submit(spec(), 1.0)
-    assert order == [3, 4, 3]
+    assert order == [1, 2, 1]
 
 
 def test_newer_database_is_refused(tmp_path: Path) -> None:

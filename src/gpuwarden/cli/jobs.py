@@ -89,6 +89,18 @@ _SUBMIT_OPTIONS = [
     click.option("--priority", type=click.IntRange(-1000, 1000), default=0, show_default=True),
     click.option("--requeue-on-reboot", is_flag=True,
                  help="Queue the job again if the machine reboots while it runs."),
+    click.option("--qos", type=click.Choice(["guaranteed", "burstable", "besteffort"]),
+                 help="guaranteed: never preempted; burstable (default): may grow to "
+                      "--mem-limit; besteffort: preempted first."),
+    click.option("--mem-limit", help="Burstable: how far past --mem the job may grow."),
+    click.option("--grace", type=DURATION,
+                 help="SIGTERM to SIGKILL on cancel or preemption (default: the daemon's)."),
+    click.option("--no-requeue", is_flag=True,
+                 help="If preempted, end as cancelled instead of queueing again."),
+    click.option("--retries", type=click.IntRange(0, 100), default=0, show_default=True,
+                 help="Retry a CUDA OOM this many times, with a bigger budget each time."),
+    click.option("--checkpoint", is_flag=True,
+                 help="Set GPUWARDEN_PREEMPT_FILE: it appears before a preemption."),
 ]
 
 
@@ -121,8 +133,10 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
         "gpus": opts["gpus"], "priority": opts["priority"],
         "exclusive": opts["exclusive"], "requeue_on_reboot": opts["requeue_on_reboot"],
         "after": parse_ids(opts["after"]),
+        "no_requeue": opts["no_requeue"], "retries": opts["retries"],
+        "checkpoint": opts["checkpoint"],
     }
-    for key in ("mem", "name", "group", "key", "timeout"):
+    for key in ("mem", "name", "group", "key", "timeout", "qos", "mem_limit", "grace"):
         if opts[key] is not None:
             body[key] = opts[key]
     if opts["gpu_ids"]:
@@ -224,7 +238,14 @@ def show(job_id: int, as_json: bool) -> None:
     click.echo(f"  cwd       {j.get('cwd')}")
     click.echo(f"  gpus      {','.join(map(str, j['gpus'])) or '-'} (asked {j['gpu_count']})")
     click.echo(f"  memory    declared {format_bytes(j['mem']) if j['mem'] else 'whole GPU'}, "
-               f"reserved {format_bytes(j['budget'])}, peak {format_bytes(j['peak_memory'])}")
+               f"reserved {format_bytes(j['budget'])}, peak {format_bytes(j['peak_memory'])}"
+               + (f", limit {format_bytes(j['mem_limit'])}" if j.get("mem_limit") else "")
+               + (f", retry budget {format_bytes(j['request'])}"
+                  if j.get("request") and j["request"] != j["mem"] else ""))
+    click.echo(f"  qos       {j.get('qos', 'burstable')}, priority {j['priority']}"
+               + (f", preempted {j['preemptions']}x" if j.get("preemptions") else "")
+               + (f", OOM retries {j['oom_retries']}/{j['retries']}" if j.get("retries")
+                  else ""))
     for label, key in (("submitted", "submitted_at"), ("started", "started_at"),
                        ("ended", "ended_at")):
         if j[key]:

@@ -4,7 +4,19 @@
     spike_buffer = 0.1      # foreign processes count at their peak x (1 + this)
     reserve = "512MiB"      # per GPU, never given to jobs
     interval = "500ms"      # scheduling pass period (passes also run on every change)
-    grace = "10s"           # SIGTERM -> SIGKILL when a job is cancelled
+    grace = "10s"           # SIGTERM -> SIGKILL when a job is cancelled or preempted
+    aging = "1h"            # waiting this long raises a job's priority by one ("0": off)
+    backfill = true         # later jobs may start if they cannot delay the first waiting one
+    preemption = true       # higher class/priority jobs may stop cheaper running ones
+    retry_backoff = "10s"   # before the first OOM retry; doubles with each retry
+
+    [limits]                # every user (each key optional)
+    max_gpus = 4
+    max_memory = "160G"     # reserved, summed over the user's GPUs
+    max_running = 8
+
+    [limits.users.alice]    # one user, instead of the defaults above
+    max_gpus = 8
 """
 
 from __future__ import annotations
@@ -15,6 +27,8 @@ from typing import Any
 
 from gpuwarden.daemon.service import Config
 from gpuwarden.errors import UsageError
+from gpuwarden.sched.limits import Limits, UserLimits
+from gpuwarden.sched.queue import Policy
 from gpuwarden.units import parse_duration, parse_size
 
 if sys.version_info >= (3, 11):
@@ -31,7 +45,8 @@ def read_config(path: Path) -> Config:
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise UsageError(f"cannot read the config file {path}: {e}") from None
     unknown = sorted(set(raw) - {"admin_groups", "spike_buffer", "reserve", "interval",
-                                 "grace"})
+                                 "grace", "aging", "backfill", "preemption", "retry_backoff",
+                                 "limits"})
     if unknown:
         raise UsageError(f"{path}: unknown setting(s) {', '.join(unknown)}")
     groups = raw.get("admin_groups", [])
@@ -40,10 +55,47 @@ def read_config(path: Path) -> Config:
     spike = raw.get("spike_buffer", 0.1)
     if isinstance(spike, bool) or not isinstance(spike, (int, float)) or not 0 <= spike <= 10:
         raise UsageError(f"{path}: spike_buffer must be a number from 0 to 10")
+    for flag in ("backfill", "preemption"):
+        if not isinstance(raw.get(flag, True), bool):
+            raise UsageError(f"{path}: {flag} must be true or false")
+    policy = Policy(aging=parse_duration(raw.get("aging", 3600.0)),
+                    backfill=raw.get("backfill", True), preemption=raw.get("preemption", True),
+                    limits=_limits(path, raw.get("limits", {})))
     return Config(
+        policy=policy,
+        retry_backoff=parse_duration(raw.get("retry_backoff", 10.0)),
         admin_groups=tuple(groups),
         spike_buffer=float(spike),
         reserve=parse_size(raw.get("reserve", 512 << 20)),
         interval=max(parse_duration(raw.get("interval", 0.5)), 0.05),
         grace=parse_duration(raw.get("grace", 10.0)),
     )
+
+
+def _user_limits(path: Path, where: str, raw: Any) -> UserLimits:
+    if not isinstance(raw, dict):
+        raise UsageError(f"{path}: {where} must be a table")
+    unknown = sorted(set(raw) - {"max_gpus", "max_memory", "max_running"})
+    if unknown:
+        raise UsageError(f"{path}: {where}: unknown setting(s) {', '.join(unknown)}")
+    out: dict[str, int | None] = {}
+    for name in ("max_gpus", "max_running"):
+        v = raw.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise UsageError(f"{path}: {where}.{name} must be a whole number ≥ 0")
+        out[name] = v
+    mem = raw.get("max_memory")
+    return UserLimits(max_gpus=out["max_gpus"], max_running=out["max_running"],
+                      max_memory=None if mem is None else parse_size(mem))
+
+
+def _limits(path: Path, raw: Any) -> Limits:
+    if not isinstance(raw, dict):
+        raise UsageError(f"{path}: limits must be a table")
+    users_raw = raw.get("users", {})
+    if not isinstance(users_raw, dict):
+        raise UsageError(f"{path}: limits.users must be a table of users")
+    default = _user_limits(path, "limits", {k: v for k, v in raw.items() if k != "users"})
+    users = {name: _user_limits(path, f"limits.users.{name}", v)
+             for name, v in users_raw.items()}
+    return Limits(default=default, users=users)

@@ -8,8 +8,9 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import psutil
@@ -17,8 +18,10 @@ import psutil
 from gpuwarden.daemon import model
 from gpuwarden.daemon.model import Job
 from gpuwarden.daemon.service import Config, queued_view
-from gpuwarden.daemon.store import Conflict
-from gpuwarden.sched.model import GpuState, Infeasible, ManagedUse, Place, Wait
+from gpuwarden.daemon.store import Conflict, JobNotFound
+from gpuwarden.sched.model import BURSTABLE, GpuState, Infeasible, ManagedUse, Place, Preempt, Wait
+from gpuwarden.sched.oom import GiveUp, after_oom, oom_signature
+from gpuwarden.sched.placement import capacity
 from gpuwarden.units import format_bytes
 
 if TYPE_CHECKING:
@@ -29,6 +32,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpuwarden.loop")
 PEAK_WINDOW = 300.0  # seconds a foreign process's peak keeps counting against headroom
+# Fields that describe one attempt: cleared when a job is queued again.
+FRESH_ATTEMPT: Mapping[str, object] = MappingProxyType(dict(
+    gpus=(), gpu_uuids=(), budget=None, supervisor_pid=None, supervisor_start=None,
+    boot_id=None, started_at=None, exit_code=None, preempting_at=None))
+PREEMPT_NOTICE = "preempt"  # in the attempt directory; GPUWARDEN_PREEMPT_FILE names it
 
 
 def job_dir(jobs_dir: Path, job: Job) -> Path:
@@ -43,6 +51,32 @@ def _tree(pid: int) -> list[psutil.Process]:
         return [root, *root.children(recursive=True)]
     except psutil.Error:
         return []
+
+
+def cap(job: Job, budget: int) -> int | None:
+    """The memory cap a job runs with (per GPU): burstable jobs may grow to their
+    ``--mem-limit``; every other job with a budget is held to it; whole-GPU jobs (no
+    ``--mem``) are not capped."""
+    if job.request is None:
+        return None
+    if job.spec.qos == BURSTABLE and job.spec.mem_limit is not None:
+        return max(job.spec.mem_limit, budget)
+    return budget
+
+
+def job_env(job: Job, budget: int, jobdir: Path) -> dict[str, str]:
+    """The job's environment on top of its snapshot: its id and budget, the preemption
+    notice file of checkpoint-friendly jobs, and expandable segments for PyTorch's
+    allocator (fragmentation otherwise makes a job OOM below its budget) unless the
+    user chose allocator settings."""
+    env = {**job.spec.env, "GPUWARDEN_JOB": str(job.id), "GPUWARDEN_BUDGET": str(budget),
+           "GPUWARDEN_QOS": job.spec.qos}
+    if job.spec.checkpoint:
+        env["GPUWARDEN_PREEMPT_FILE"] = str(jobdir / PREEMPT_NOTICE)
+    if job.request is not None and "PYTORCH_CUDA_ALLOC_CONF" not in env \
+            and "PYTORCH_ALLOC_CONF" not in env:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    return env
 
 
 class Scheduler:
@@ -81,12 +115,73 @@ class Scheduler:
         if started is None:
             child = self._status(job).child
             started = child.started_at if child is not None else None
-        self.store.transition(job.id, (model.RESERVED, model.RUNNING), state,
-                              now=self.clock(), kind=state, detail=detail,
+        now = self.clock()
+        if state == model.CANCELLED and job.preempting_at is not None:
+            self._requeue_preempted(job, detail)
+            return
+        if state == model.FAILED and exit_info.started:
+            signature = oom_signature(self._output_tail(job))
+            if signature is not None and self._after_oom(job, signature, detail,
+                                                         exit_info.exit_code):
+                return
+        self.store.transition(job.id, model.ACTIVE, state,
+                              now=now, kind=state, detail=detail,
                               exit_code=exit_info.exit_code, ended_at=exit_info.ended_at,
-                              started_at=started,
+                              started_at=started, preempting_at=None,
                               reason=None if state == model.SUCCEEDED else
                               (reason if reason != "exited" else detail))
+
+    def _requeue_preempted(self, job: Job, detail: str) -> None:
+        now = self.clock()
+        if job.spec.no_requeue:
+            self.store.transition(job.id, model.ACTIVE, model.CANCELLED, now=now,
+                                  kind=model.CANCELLED, detail=f"preempted; {detail}",
+                                  reason="preempted (--no-requeue)", ended_at=now,
+                                  preempting_at=None, preemptions=job.preemptions + 1)
+            return
+        self.store.transition(job.id, model.ACTIVE, model.QUEUED, now=now, kind="requeued",
+                              detail=f"after preemption {job.preemptions + 1}; {detail}",
+                              reason="requeued after preemption", **FRESH_ATTEMPT,
+                              attempts=job.attempts + 1, preemptions=job.preemptions + 1)
+
+    def _after_oom(self, job: Job, signature: str, detail: str,
+                   exit_code: int | None) -> bool:
+        """Record the OOM; queue the job again with a bigger budget when it may. True
+        when it was queued again (the caller records nothing more)."""
+        now = self.clock()
+        self.store.add_event(job.id, "oom", f"{signature}; {detail}", now)
+        largest = max((capacity(g) for g in self.last_states), default=0)
+        decision = after_oom(old_budget=job.budget if job.request is not None else None,
+                             peak=job.peak_memory, largest=largest, used=job.oom_retries,
+                             allowed=job.spec.retries, backoff=self.config.retry_backoff)
+        if isinstance(decision, GiveUp):
+            self.store.add_event(job.id, "not_retried", decision.reason, now)
+            return False
+        until = now + decision.delay
+        self.store.transition(
+            job.id, model.ACTIVE, model.QUEUED, now=now, kind="retried",
+            detail=(f"CUDA OOM retry {job.oom_retries + 1} of {job.spec.retries}: budget "
+                    f"{format_bytes(job.budget or 0)} -> {format_bytes(decision.budget)}, "
+                    f"in {decision.delay:g}s"),
+            reason="retrying after a CUDA OOM", **FRESH_ATTEMPT,
+            attempts=job.attempts + 1, oom_retries=job.oom_retries + 1,
+            retry_mem=decision.budget, not_before=until)
+        return True
+
+    def _output_tail(self, job: Job, limit: int = 64 << 10) -> str:
+        """The end of the job's stderr and stdout, where an OOM message would be."""
+        from gpuwarden.daemon.supervisor import STDERR, STDOUT
+
+        parts = []
+        for name in (STDERR, STDOUT):
+            try:
+                with open(self.jobdir(job) / name, "rb") as f:
+                    f.seek(0, os.SEEK_END)
+                    f.seek(max(f.tell() - limit, 0))
+                    parts.append(f.read().decode(errors="replace"))
+            except OSError:
+                continue
+        return "\n".join(parts)
 
     def _status(self, job: Job) -> SupervisorStatus:
         from gpuwarden.daemon.supervisor import read_status
@@ -182,9 +277,7 @@ class Scheduler:
         if job.spec.requeue_on_reboot:
             self.store.transition(job.id, (model.RESERVED, model.RUNNING), model.QUEUED,
                                   now=now, kind="requeued", detail="the machine rebooted",
-                                  gpus=(), gpu_uuids=(), budget=None, supervisor_pid=None,
-                                  supervisor_start=None, boot_id=None, started_at=None,
-                                  attempts=job.attempts + 1)
+                                  **FRESH_ATTEMPT, attempts=job.attempts + 1)
         else:
             self.store.transition(job.id, (model.RESERVED, model.RUNNING), model.FAILED,
                                   now=now, kind="lost", detail="lost on reboot",
@@ -225,25 +318,27 @@ class Scheduler:
         snap = take_snapshot(backend, holders=False, detail=False)
         active = self.store.active()
         managed_pids: set[int] = set()
+        used: dict[int, dict[str, int]] = {}  # job id -> GPU uuid -> bytes its tree uses
         for job in active:
             if job.supervisor_pid is None:
                 continue
             tree = {p.pid for p in _tree(job.supervisor_pid)}
             managed_pids |= tree
-            per_gpu: dict[int, int] = {}
+            per_gpu: dict[str, int] = {}
             for g in snap.gpus:
                 for p in g.processes:
                     if p.pid in tree and p.memory is not None:
-                        per_gpu[g.index] = per_gpu.get(g.index, 0) + p.memory
+                        per_gpu[g.facts.uuid] = per_gpu.get(g.facts.uuid, 0) + p.memory
+            used[job.id] = per_gpu
             if per_gpu:
                 self.store.set_peak(job.id, max(per_gpu.values()))
-        self.last_states = self._gpu_states(snap, active, managed_pids)
+        self.last_states = self._gpu_states(snap, active, managed_pids, used)
 
         # 3. Decide and act.
         self._schedule(snap)
 
-    def _gpu_states(self, snap: Snapshot, active: list[Job],
-                    managed_pids: set[int]) -> list[GpuState]:
+    def _gpu_states(self, snap: Snapshot, active: list[Job], managed_pids: set[int],
+                    used: dict[int, dict[str, int]]) -> list[GpuState]:
         from gpuwarden.sched.placement import foreign_usage, gpu_states, reservation
 
         now = self.clock()
@@ -251,8 +346,12 @@ class Scheduler:
         for job in active:
             if job.budget is None:
                 continue
+            view = queued_view(job)
             for uuid in job.gpu_uuids:
-                uses.setdefault(uuid, []).append(reservation(queued_view(job), job.budget))
+                uses.setdefault(uuid, []).append(reservation(
+                    view, job.budget, started_at=job.started_at or now,
+                    used=used.get(job.id, {}).get(uuid),
+                    preempting=job.preempting_at is not None))
         peaks: dict[str, int] = {}
         for uuid, current in foreign_usage(snap, managed_pids).items():
             hist = [(t, b) for t, b in self._peaks.get(uuid, []) if now - t < PEAK_WINDOW]
@@ -274,9 +373,11 @@ class Scheduler:
             return
         by_id = {j.id: j for j in ready}
         for d in plan(self.last_states, [queued_view(j) for j in ready],
-                      self.config.spike_buffer):
+                      self.config.spike_buffer, now=self.clock(), policy=self.config.policy):
             job = by_id[d.job_id]
-            if isinstance(d, Place):
+            if isinstance(d, Preempt):
+                self._preempt(job, d)
+            elif isinstance(d, Place):
                 self._launch(job, d, snap)
                 # Later jobs in this pass were planned with this reservation applied.
             elif isinstance(d, Wait):
@@ -285,6 +386,38 @@ class Scheduler:
                 self.store.transition(job.id, (model.QUEUED,), model.INFEASIBLE,
                                       now=self.clock(), kind="infeasible", detail=d.reason,
                                       reason=d.reason, ended_at=self.clock())
+
+    def _preempt(self, job: Job, d: Preempt) -> None:
+        """Stop the victims so ``job`` can start: record the preemption on each (written
+        before the signal), leave the notice file for checkpoint-friendly jobs, then ask
+        its supervisor to end it (SIGTERM, the job's grace, SIGKILL). Its end is then a
+        requeue (``_finish``); ``job`` waits until their memory is back."""
+        now = self.clock()
+        for victim_id in d.victims:
+            try:
+                victim = self.store.transition(
+                    victim_id, model.ACTIVE, None, now=now, kind="preempted",
+                    detail=f"for job {job.id}: {d.reason}", preempting_at=now)
+            except (Conflict, JobNotFound):
+                continue  # it ended meanwhile: its room is coming back anyway
+            if victim.spec.checkpoint:
+                self._write_preempt_notice(victim, job, now)
+            self.cancel_running(victim)
+        self.store.set_reason(job.id, f"waiting for preempted job(s) "
+                                      f"{', '.join(map(str, d.victims))} to stop")
+
+    def _write_preempt_notice(self, victim: Job, job: Job, now: float) -> None:
+        path = self.jobdir(victim) / PREEMPT_NOTICE
+        grace = victim.spec.grace if victim.spec.grace is not None else self.config.grace
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o644)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"job": victim.id, "preempted_by": job.id, "at": now,
+                           "grace": grace}, f)
+                f.write("\n")
+        except OSError as e:
+            log.warning("cannot write the preemption notice of job %s: %s", victim.id, e)
 
     def _dependency_block(self, job: Job) -> str | None:
         """None when every dependency succeeded; else why it waits (or cancels it)."""
@@ -318,16 +451,18 @@ class Scheduler:
             gpus=place.gpus, gpu_uuids=tuple(f.uuid for f in chosen), budget=place.budget,
             reason=None)
         try:
-            env = {**job.spec.env, "GPUWARDEN_JOB": str(job.id)}
-            launch = plan_launch(job.spec.command, chosen, base_env=env,
-                                 host=probe_host(env),
-                                 mem_limit=place.budget if job.spec.mem is not None else None,
-                                 bind=True)
             d = self.jobdir(job)
+            env = job_env(job, place.budget, d)
+            launch = plan_launch(job.spec.command, chosen, base_env=env,
+                                 host=probe_host(env), mem_limit=cap(job, place.budget),
+                                 bind=True)
+            grace = job.spec.grace if job.spec.grace is not None else self.config.grace
             write_spec(d, spec_from_plan(job.id, launch, job.spec.command, cwd=job.spec.cwd,
                                          uid=job.spec.uid, gid=job.spec.gid,
                                          groups=job.spec.groups, timeout=job.spec.timeout,
-                                         grace=self.config.grace))
+                                         grace=grace))
+            if job.spec.checkpoint:
+                d.chmod(0o711)  # the job may look up its notice file, not list the rest
             handle = (self.spawn or spawn_supervisor)(d)
         except Exception as e:
             log.exception("launching job %s failed", job.id)

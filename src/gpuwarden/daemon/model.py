@@ -44,6 +44,12 @@ class JobSpec:
     exclusive: bool = False
     priority: int = 0
     requeue_on_reboot: bool = False
+    qos: str = "burstable"  # guaranteed | burstable | besteffort
+    mem_limit: int | None = None  # bytes per GPU a burstable job may grow to (its cap)
+    grace: float | None = None  # SIGTERM -> SIGKILL on cancel/preemption; None: config
+    no_requeue: bool = False  # a preempted job ends cancelled instead of queued again
+    retries: int = 0  # times a CUDA OOM may be retried with a bigger budget
+    checkpoint: bool = False  # gets GPUWARDEN_PREEMPT_FILE, written before preemption
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,18 @@ class Job:
     supervisor_start: float | None = None
     boot_id: str | None = None
     attempts: int = 0
+    preempting_at: float | None = None  # preemption asked; its end is then a requeue
+    preemptions: int = 0
+    oom_retries: int = 0  # OOM retries used
+    retry_mem: int | None = None  # the bumped per-GPU request after an OOM
+    not_before: float | None = None  # a retry's backoff: not placed before this
     events: tuple[Event, ...] = ()
+
+    @property
+    def request(self) -> int | None:
+        """Bytes per GPU placement asks for now: the bumped budget after an OOM, else
+        what the user asked for."""
+        return self.retry_mem if self.retry_mem is not None else self.spec.mem
 
     @property
     def user(self) -> str:
@@ -105,6 +122,13 @@ class Job:
             "peak_memory": self.peak_memory,
             "exclusive": s.exclusive,
             "priority": s.priority,
+            "qos": s.qos,
+            "mem_limit": s.mem_limit,
+            "request": self.request,
+            "grace": s.grace,
+            "retries": s.retries,
+            "no_requeue": s.no_requeue,
+            "checkpoint": s.checkpoint,
             "after": list(s.after),
             "timeout": s.timeout,
             "exit_code": self.exit_code,
@@ -113,6 +137,10 @@ class Job:
             "ended_at": iso(self.ended_at),
             "reason": self.reason,
             "attempts": self.attempts,
+            "preemptions": self.preemptions,
+            "oom_retries": self.oom_retries,
+            "preempting": self.preempting_at is not None,
+            "not_before": iso(self.not_before),
             "events": [e.to_json() for e in self.events],
         }
         if with_env:

@@ -25,6 +25,10 @@ _JOB = {
         "submitted_at": {"type": "string"}, "started_at": {"type": ["string", "null"]},
         "ended_at": {"type": ["string", "null"]}, "reason": {"type": ["string", "null"]},
         "events": {"type": "array", "items": _EVENT},
+        "qos": {"enum": ["guaranteed", "burstable", "besteffort"]},
+        "mem_limit": {"type": ["integer", "null"]}, "request": {"type": ["integer", "null"]},
+        "preemptions": {"type": "integer"}, "oom_retries": {"type": "integer"},
+        "retries": {"type": "integer"}, "preempting": {"type": "boolean"},
     },
 }
 _NULL = {"type": "null"}  # the optional fields below also take null: the same as absent
@@ -48,6 +52,13 @@ _SUBMIT = {
         "exclusive": {"type": "boolean"},
         "priority": {"type": "integer", "minimum": -1000, "maximum": 1000},
         "requeue_on_reboot": {"type": "boolean"},
+        "qos": {"enum": ["guaranteed", "burstable", "besteffort"]},
+        "mem_limit": {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string"},
+                                _NULL]},
+        "grace": {"oneOf": [{"type": "number", "minimum": 0}, {"type": "string"}, _NULL]},
+        "no_requeue": {"type": "boolean"},
+        "retries": {"type": "integer", "minimum": 0, "maximum": 100},
+        "checkpoint": {"type": "boolean"},
     },
 }
 

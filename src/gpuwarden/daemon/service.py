@@ -8,7 +8,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,8 @@ from gpuwarden.daemon.envsnap import snapshot_env
 from gpuwarden.daemon.model import Job, JobSpec
 from gpuwarden.daemon.store import Conflict, Store
 from gpuwarden.errors import PermissionDenied, UsageError
-from gpuwarden.sched.model import GpuState, QueuedJob
+from gpuwarden.sched.model import BESTEFFORT, GUARANTEED, QOS_CLASSES, GpuState, QueuedJob
+from gpuwarden.sched.queue import Policy
 from gpuwarden.units import parse_duration, parse_size
 
 MAX_LOG_CHUNK = 1 << 20
@@ -33,6 +34,8 @@ class Config:
     reserve: int = 512 << 20
     interval: float = 0.5
     grace: float = 10.0
+    policy: Policy = field(default_factory=lambda: Policy(aging=3600.0))
+    retry_backoff: float = 10.0  # seconds before the first OOM retry; doubles each time
 
 
 def _str_list(value: Any, field: str) -> tuple[str, ...]:
@@ -59,7 +62,8 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
     if not isinstance(body, Mapping):
         raise UsageError("the request body must be a JSON object")
     known = {"command", "cwd", "env", "env_keep", "name", "group", "key", "mem", "gpus",
-             "gpu_ids", "after", "timeout", "exclusive", "priority", "requeue_on_reboot"}
+             "gpu_ids", "after", "timeout", "exclusive", "priority", "requeue_on_reboot",
+             "qos", "mem_limit", "grace", "no_requeue", "retries", "checkpoint"}
     unknown = sorted(set(body) - known)
     if unknown:
         raise UsageError(f"unknown field(s): {', '.join(unknown)}")
@@ -80,14 +84,23 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
         raise UsageError(f"invalid environment variable(s): {', '.join(map(repr, bad_env))}")
     keep = _str_list(body.get("env_keep", []), "env_keep")
     env, dropped = snapshot_env(raw_env, keep)
-    mem_raw = body.get("mem")
-    mem: int | None = None
-    if mem_raw is not None:
-        if isinstance(mem_raw, bool) or not isinstance(mem_raw, (int, str)):
-            raise UsageError("mem must be a size like 14G or a number of bytes")
-        mem = parse_size(mem_raw)
-        if mem <= 0:
-            raise UsageError("mem must be positive")
+    mem = _size(body.get("mem"), "mem")
+    mem_limit = _size(body.get("mem_limit"), "mem_limit")
+    qos = body.get("qos", "burstable")
+    if qos not in QOS_CLASSES:
+        raise UsageError(f"qos must be one of {', '.join(QOS_CLASSES)}")
+    if mem_limit is not None:
+        if mem is None:
+            raise UsageError("mem_limit needs mem: the limit is how far past its request "
+                             "a job may grow")
+        if mem_limit < mem:
+            raise UsageError("mem_limit must be at least mem")
+        if qos == GUARANTEED and mem_limit != mem:
+            raise UsageError("a guaranteed job is capped at its request: drop mem_limit")
+    if qos == BESTEFFORT and body.get("exclusive", False) is True:
+        raise UsageError("a besteffort job cannot hold GPUs exclusively")
+    grace = _duration(body.get("grace"), "grace", zero_ok=True)
+    retries = _int(body.get("retries", 0), "retries", 0, 100)
     gpus = _int(body.get("gpus", 1), "gpus", 1, 64)
     gpu_ids = body.get("gpu_ids")
     if gpu_ids is not None:
@@ -105,21 +118,14 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
     if not isinstance(after_raw, list):  # not false, 0 or "" for "none" either
         raise UsageError("after must be a list of job ids")
     after = tuple(_int(a, "after", 1, 2**63 - 1) for a in after_raw)
-    timeout_raw = body.get("timeout")
-    timeout = None
-    if timeout_raw is not None:
-        if isinstance(timeout_raw, bool) or not isinstance(timeout_raw, (int, float, str)):
-            raise UsageError("timeout must be a duration like 2h or a number of seconds")
-        timeout = parse_duration(timeout_raw)
-        if not 0 < timeout < math.inf:
-            raise UsageError("timeout must be a positive, finite duration")
-    for field in ("name", "group", "key"):
-        v = body.get(field)
+    timeout = _duration(body.get("timeout"), "timeout")
+    for label in ("name", "group", "key"):
+        v = body.get(label)
         if v is not None and (not isinstance(v, str) or not v or len(v) > 200):
-            raise UsageError(f"{field} must be a non-empty string of at most 200 characters")
-    for field in ("exclusive", "requeue_on_reboot"):
-        if not isinstance(body.get(field, False), bool):
-            raise UsageError(f"{field} must be true or false")
+            raise UsageError(f"{label} must be a non-empty string of at most 200 characters")
+    for flag in ("exclusive", "requeue_on_reboot", "no_requeue", "checkpoint"):
+        if not isinstance(body.get(flag, False), bool):
+            raise UsageError(f"{flag} must be true or false")
     spec = JobSpec(
         command=command, user=caller.user, uid=caller.uid, gid=caller.gid,
         groups=caller.groups, cwd=cwd, env=env, name=body.get("name"),
@@ -128,14 +134,41 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
         exclusive=bool(body.get("exclusive", False)),
         priority=_int(body.get("priority", 0), "priority", -1000, 1000),
         requeue_on_reboot=bool(body.get("requeue_on_reboot", False)),
+        qos=qos, mem_limit=mem_limit, grace=grace,
+        no_requeue=bool(body.get("no_requeue", False)), retries=retries,
+        checkpoint=bool(body.get("checkpoint", False)),
     )
     return spec, dropped
 
 
+def _size(raw: Any, label: str) -> int | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+        raise UsageError(f"{label} must be a size like 14G or a number of bytes")
+    size = parse_size(raw)
+    if size <= 0:
+        raise UsageError(f"{label} must be positive")
+    return size
+
+
+def _duration(raw: Any, label: str, *, zero_ok: bool = False) -> float | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise UsageError(f"{label} must be a duration like 2h or a number of seconds")
+    value = parse_duration(raw)
+    if not (value >= 0 if zero_ok else value > 0) or not value < math.inf:
+        raise UsageError(f"{label} must be a {'' if zero_ok else 'positive, '}finite duration")
+    return value
+
+
 def queued_view(job: Job) -> QueuedJob:
     s = job.spec
-    return QueuedJob(id=job.id, user=s.user, mem=s.mem, count=s.gpus, gpu_ids=s.gpu_ids,
-                     exclusive=s.exclusive, priority=s.priority, submitted_at=job.submitted_at)
+    return QueuedJob(id=job.id, user=s.user, mem=job.request, count=s.gpus,
+                     gpu_ids=s.gpu_ids, exclusive=s.exclusive, priority=s.priority,
+                     submitted_at=job.submitted_at, qos=s.qos, runtime=s.timeout,
+                     not_before=job.not_before or 0.0)
 
 
 class JobService:

@@ -187,6 +187,20 @@ MIGRATIONS: list[Migration] = [
         f"""CREATE UNIQUE INDEX jobs_live_key ON jobs(uid, job_key)
             WHERE job_key IS NOT NULL AND state NOT IN ({_RELEASED_SQL})""",
     ),
+    # 3: scheduling policies: QoS and limits asked for, preemption and OOM-retry state.
+    _sql(
+        "ALTER TABLE jobs ADD COLUMN qos TEXT NOT NULL DEFAULT 'burstable'",
+        "ALTER TABLE jobs ADD COLUMN mem_limit INTEGER",
+        "ALTER TABLE jobs ADD COLUMN grace REAL",
+        "ALTER TABLE jobs ADD COLUMN no_requeue INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN retries INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN checkpoint INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN preempting_at REAL",
+        "ALTER TABLE jobs ADD COLUMN preemptions INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN oom_retries INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN retry_mem INTEGER",
+        "ALTER TABLE jobs ADD COLUMN not_before REAL",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -195,6 +209,7 @@ _JSON_FIELDS = frozenset({"gpus", "gpu_uuids"})
 TRANSITION_FIELDS = frozenset({
     "started_at", "ended_at", "gpus", "gpu_uuids", "budget", "exit_code", "reason",
     "supervisor_pid", "supervisor_start", "boot_id", "attempts", "peak_memory",
+    "preempting_at", "preemptions", "oom_retries", "retry_mem", "not_before",
 })
 _WAITING = (QUEUED, HELD)
 _TERMINAL_SQL = ", ".join(f"'{s}'" for s in sorted(TERMINAL))
@@ -232,7 +247,8 @@ def _check_spec(spec: JobSpec) -> None:
             raise UsageError(f"job {label} is not valid UTF-8") from None
         if "\0" in text:
             raise UsageError(f"job {label} contains a NUL character")
-    ints = (spec.uid, spec.gid, spec.mem, spec.gpus, spec.priority, *spec.groups,
+    ints = (spec.uid, spec.gid, spec.mem, spec.gpus, spec.priority, spec.mem_limit,
+            spec.retries, *spec.groups,
             *(spec.gpu_ids or ()), *spec.after)
     if not _ints_ok(*ints):
         raise UsageError("a number in the job request is out of range")
@@ -265,6 +281,12 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event]) -> Job:
         exclusive=bool(row["exclusive"]),
         priority=row["priority"],
         requeue_on_reboot=bool(row["requeue_on_reboot"]),
+        qos=row["qos"],
+        mem_limit=row["mem_limit"],
+        grace=row["grace"],
+        no_requeue=bool(row["no_requeue"]),
+        retries=row["retries"],
+        checkpoint=bool(row["checkpoint"]),
     )
     return Job(
         id=row["id"],
@@ -283,6 +305,11 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event]) -> Job:
         supervisor_start=row["supervisor_start"],
         boot_id=row["boot_id"],
         attempts=row["attempts"],
+        preempting_at=row["preempting_at"],
+        preemptions=row["preemptions"],
+        oom_retries=row["oom_retries"],
+        retry_mem=row["retry_mem"],
+        not_before=row["not_before"],
         events=tuple(events),
     )
 
@@ -549,14 +576,16 @@ class Store:
             cur = conn.execute(
                 """INSERT INTO jobs (user, uid, gid, groups, cwd, env, command, name,
                        job_group, job_key, mem, gpu_count, gpu_ids, after_ids, timeout,
-                       exclusive, priority, requeue_on_reboot, state, submitted_at, reason)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                       exclusive, priority, requeue_on_reboot, state, submitted_at, reason,
+                       qos, mem_limit, grace, no_requeue, retries, checkpoint)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
                 (spec.user, spec.uid, spec.gid, _json_ids(spec.groups), spec.cwd,
                  json.dumps(dict(spec.env), sort_keys=True), json.dumps(list(spec.command)),
                  spec.name, spec.group, spec.key, spec.mem, spec.gpus,
                  None if spec.gpu_ids is None else _json_ids(spec.gpu_ids),
                  _json_ids(spec.after), spec.timeout, int(spec.exclusive), spec.priority,
-                 int(spec.requeue_on_reboot), state, now, reason))
+                 int(spec.requeue_on_reboot), state, now, reason, spec.qos, spec.mem_limit,
+                 spec.grace, int(spec.no_requeue), spec.retries, int(spec.checkpoint)))
             job_id = cur.lastrowid
             assert job_id is not None
             conn.execute(
@@ -565,22 +594,22 @@ class Store:
                 (job_id, now, reason if state != QUEUED else None, state))
             return self._load(conn, job_id), True
 
-    def transition(self, job_id: int, from_states: str | Iterable[str], to_state: str, *,
-                   now: float, kind: str, detail: str | None = None,
+    def transition(self, job_id: int, from_states: str | Iterable[str],
+                   to_state: str | None, *, now: float, kind: str, detail: str | None = None,
                    **fields: object) -> Job:
-        """Compare-and-set: move the job to ``to_state`` only if it is in one of
-        ``from_states``, set ``fields`` (see TRANSITION_FIELDS; those not given keep
-        their value) and append the event — one transaction. Raises Conflict when the
-        job is in another state (another actor moved it first), JobNotFound when it
-        does not exist. Returns the job as committed."""
+        """Compare-and-set: move the job to ``to_state`` (None: keep the state it is in)
+        only if it is in one of ``from_states``, set ``fields`` (see TRANSITION_FIELDS;
+        those not given keep their value) and append the event — one transaction.
+        Raises Conflict when the job is in another state (another actor moved it first),
+        JobNotFound when it does not exist. Returns the job as committed."""
         froms = _states_arg(from_states)
-        if to_state not in STATES:
+        if to_state is not None and to_state not in STATES:
             raise ValueError(f"unknown job state: {to_state}")
         unknown = set(fields) - TRANSITION_FIELDS
         if unknown:
             raise TypeError(f"transition() cannot set {', '.join(sorted(unknown))}")
         sets = ["state = ?"]
-        args: list[Any] = [to_state]
+        args: list[Any] = [to_state]  # None is filled in once the current state is read
         for name, value in sorted(fields.items()):
             sets.append(f"{name} = ?")
             if name in _JSON_FIELDS:
@@ -597,6 +626,8 @@ class Store:
             if current not in froms:
                 raise Conflict(f"job {job_id} is {current}, not {'/'.join(froms)}",
                                job_id=job_id, state=current)
+            if to_state is None:
+                to_state = args[0] = current
             try:
                 conn.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ? AND state = ?",
                              [*args, job_id, current])

@@ -1,0 +1,139 @@
+"""The queue's policies on a real GPU with real torch jobs: a CUDA OOM retried with a
+bigger budget succeeds; a besteffort job preempted by a guaranteed one is requeued and
+finishes later, and how long its memory took to come back is measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+GiB = 1 << 30
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+# Allocates argv[1] bytes, holds them argv[2] seconds. With argv[3] (a marker path): the
+# first attempt holds for argv[2] s, a later one (marker present) for 1 s.
+TORCH_JOB = """\
+import os, pathlib, signal, sys, time
+import torch
+n, hold = int(sys.argv[1]), float(sys.argv[2])
+if len(sys.argv) > 3:
+    marker = pathlib.Path(sys.argv[3])
+    if marker.exists():
+        hold = 1.0
+    marker.touch()
+def stop(*_):
+    notice = os.environ.get("GPUWARDEN_PREEMPT_FILE")
+    print("stopping; notice", os.path.exists(notice) if notice else None, flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+x = torch.empty(n, dtype=torch.uint8, device="cuda")
+x.fill_(1)
+torch.cuda.synchronize()
+print("holding", n, flush=True)
+time.sleep(hold)
+print("done", flush=True)
+"""
+
+
+class GpuDaemon:
+    def __init__(self, config: str = "") -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="gw-"))
+        self.home = self.root / "home"
+        self.home.mkdir()
+        (self.home / "config.toml").write_text('interval = "200ms"\n' + config)
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("GPUWARDEN_", "CUDA_VISIBLE"))}
+        self.env.update(GPUWARDEN_HOME=str(self.home), PYTHONPATH=SRC)
+
+    def cli(self, *args: str, timeout: float = 300, check: bool = True,
+            ) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run([sys.executable, "-m", "gpuwarden", *args], env=self.env,
+                           capture_output=True, text=True, timeout=timeout)
+        if check:
+            assert r.returncode == 0, (args, r.stdout, r.stderr)
+        return r
+
+    def submit(self, *args: str) -> int:
+        return int(self.cli("submit", *args).stdout)
+
+    def job(self, jid: int) -> dict[str, Any]:
+        return json.loads(self.cli("show", str(jid), "--json").stdout)  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        self.cli("daemon", "stop", check=False)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture
+def gd() -> Iterator[GpuDaemon]:
+    pytest.importorskip("torch")
+    d = GpuDaemon('retry_backoff = "1s"\ngrace = "5s"\n')
+    d.cli("daemon", "start")
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def _at(job: dict[str, Any], kind: str) -> float:
+    e = next(e for e in job["events"] if e["kind"] == kind)
+    return datetime.fromisoformat(e["at"]).timestamp()
+
+
+@pytest.mark.gpu
+def test_a_cuda_oom_is_retried_with_a_bigger_budget_and_succeeds(gd: GpuDaemon) -> None:
+    jid = gd.submit("--mem", "5G", "--retries", "2", "--", sys.executable, "-c", TORCH_JOB,
+                    str(6 * GiB), "1")
+    r = gd.cli("wait", str(jid), check=False)
+    job = gd.job(jid)
+    print(json.dumps({k: job[k] for k in ("state", "mem", "request", "budget", "peak_memory",
+                                          "oom_retries", "attempts")}))
+    for e in job["events"]:
+        print(e["at"], e["kind"], e["detail"])
+    assert r.returncode == 0 and job["state"] == "succeeded"
+    assert job["oom_retries"] == 1 and job["request"] >= int(1.25 * 5 * GiB)
+    oom = next(e for e in job["events"] if e["kind"] == "oom")
+    assert "out of memory" in oom["detail"].lower()
+
+
+@pytest.mark.gpu
+def test_a_preempted_besteffort_job_is_requeued_and_finishes(gd: GpuDaemon,
+                                                            tmp_path: Path) -> None:
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    big = int(total * 0.6)  # the two cannot share the GPU
+    marker = tmp_path / "marker"
+    os.chmod(tmp_path, 0o777)
+    victim = gd.submit("--qos", "besteffort", "--mem", str(big + 2 * GiB), "--checkpoint",
+                       "--", sys.executable, "-c", TORCH_JOB, str(big), "300", str(marker))
+    deadline = time.monotonic() + 120
+    while "holding" not in gd.cli("logs", str(victim), check=False).stdout:
+        assert time.monotonic() < deadline, gd.job(victim)
+        time.sleep(0.3)
+    boss = gd.submit("--qos", "guaranteed", "--mem", str(big + 2 * GiB), "--", sys.executable,
+                     "-c", TORCH_JOB, str(big), "3")
+    assert gd.cli("wait", str(boss), check=False).returncode == 0, gd.job(boss)
+    assert gd.cli("wait", str(victim), check=False).returncode == 0, gd.job(victim)
+    v, b = gd.job(victim), gd.job(boss)
+    for e in v["events"]:
+        print("victim", e["at"], e["kind"], e["detail"])
+    for e in b["events"]:
+        print("boss", e["at"], e["kind"], e["detail"])
+    assert v["state"] == "succeeded" and v["preemptions"] == 1
+    assert b["state"] == "succeeded" and b["preemptions"] == 0
+    first = (gd.home / "jobs" / str(victim) / "attempt-0" / "stdout").read_text()
+    assert "stopping; notice True" in first
+    released = _at(b, "placed") - _at(v, "preempted")
+    print(f"preempted -> room given to the guaranteed job: {released:.2f} s")
+    assert released < 30

@@ -1,0 +1,166 @@
+"""The queue's policies carried out by a real daemon with real supervised subprocesses on a
+simulated 2 x 24 GiB machine: preemption and requeue (with the checkpoint notice), opting
+out of requeue, CUDA-OOM retry with a bigger budget, and per-user limits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, start_daemon
+
+GiB = 1 << 30
+
+# Runs until SIGTERM (then says whether the preemption notice was there) on its first
+# attempt; the attempt after a requeue finds its marker and succeeds at once.
+CHECKPOINTING = """\
+import os, pathlib, signal, sys, time
+notice = os.environ.get("GPUWARDEN_PREEMPT_FILE")
+marker = pathlib.Path(sys.argv[1])
+def stop(*_):
+    seen = notice is not None and os.path.exists(notice)
+    print("notice" if seen else "no notice", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+if marker.exists():
+    print("second attempt", flush=True)
+    sys.exit(0)
+marker.touch()
+print("first attempt", flush=True)
+time.sleep(120)
+"""
+
+
+def sim_job(mem: str, seconds: float, *extra: str) -> list[str]:
+    return [PY, "-m", "gpuwarden.sim.job", "--mem", mem, "--seconds", str(seconds), *extra]
+
+
+@pytest.fixture
+def fast_daemon(tmp_path: Path) -> Iterator[Daemon]:
+    yield from start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json",
+                            'retry_backoff = "200ms"\n')
+
+
+def kinds(job: dict[str, object]) -> list[str]:
+    return [e["kind"] for e in job["events"]]  # type: ignore[index,union-attr]
+
+
+def test_a_guaranteed_job_preempts_a_besteffort_one_which_is_requeued(
+        fast_daemon: Daemon, tmp_path: Path) -> None:
+    d = fast_daemon
+    marker = tmp_path / "marker"
+    victim = d.submit("--qos", "besteffort", "--gpus", "2", "--mem", "20G", "--checkpoint",
+                      "--grace", "5s", cmd=[PY, "-c", CHECKPOINTING, str(marker)])
+    d.wait_state(victim, "running")
+    assert _wait_for(lambda: marker.exists())
+    boss = d.submit("--qos", "guaranteed", "--mem", "20G", cmd=sim_job("18G", 1))
+    assert d.cli("wait", str(boss), timeout=60).returncode == 0
+    assert d.cli("wait", str(victim), timeout=60).returncode == 0
+    v = d.job(victim)
+    assert v["state"] == "succeeded" and v["preemptions"] == 1 and v["attempts"] == 1
+    seq = kinds(v)
+    assert seq.index("preempted") < seq.index("requeued") < seq.index("succeeded")
+    preempted = next(e for e in v["events"] if e["kind"] == "preempted")
+    assert f"for job {boss}" in preempted["detail"]
+    first = (d.home / "jobs" / str(victim) / "attempt-0" / "stdout").read_text()
+    assert first.splitlines() == ["first attempt", "notice"]
+    assert d.cli("logs", str(victim), check=True).stdout == "second attempt\n"
+    b = d.job(boss)
+    assert b["state"] == "succeeded" and b["qos"] == "guaranteed"
+    # The guaranteed job started only once the victim was gone.
+    assert b["started_at"] >= next(e["at"] for e in v["events"] if e["kind"] == "requeued")
+
+
+def test_no_requeue_ends_a_preempted_job_cancelled(fast_daemon: Daemon) -> None:
+    d = fast_daemon
+    victim = d.submit("--qos", "besteffort", "--gpus", "2", "--mem", "20G", "--no-requeue",
+                      cmd=sim_job("1G", 120))
+    d.wait_state(victim, "running")
+    boss = d.submit("--priority", "5", "--mem", "20G", cmd=sim_job("1G", 0.5))
+    assert d.cli("wait", str(boss), timeout=60).returncode == 0
+    v = d.wait_state(victim, "cancelled")
+    assert v["reason"] == "preempted (--no-requeue)" and v["preemptions"] == 1
+
+
+def test_guaranteed_jobs_are_not_preempted(fast_daemon: Daemon) -> None:
+    d = fast_daemon
+    held = d.submit("--qos", "guaranteed", "--gpus", "2", "--mem", "20G",
+                    cmd=sim_job("1G", 3))
+    d.wait_state(held, "running")
+    other = d.submit("--qos", "guaranteed", "--priority", "100", "--mem", "20G",
+                     cmd=sim_job("1G", 0))
+    job = d.wait_state(other, "queued")
+    assert "preempted" not in kinds(d.job(held))
+    assert d.cli("wait", str(other), timeout=60).returncode == 0
+    assert d.job(held)["state"] == "succeeded" and d.job(held)["preemptions"] == 0
+    assert job["state"] == "queued"
+
+
+def test_cuda_oom_is_retried_with_a_bigger_budget(fast_daemon: Daemon) -> None:
+    d = fast_daemon
+    jid = d.submit("--mem", "3G", "--retries", "2",
+                   cmd=sim_job("1G", 1, "--grow-to", "3.5G", "--steps", "2"))
+    r = d.cli("wait", str(jid), timeout=60)
+    job = d.job(jid)
+    assert r.returncode == 0, job
+    assert job["state"] == "succeeded" and job["oom_retries"] == 1 and job["attempts"] == 1
+    seq = kinds(job)
+    assert seq.index("oom") < seq.index("retried") < seq.index("succeeded")
+    oom = next(e for e in job["events"] if e["kind"] == "oom")
+    assert oom["detail"].startswith("torch.OutOfMemoryError")
+    assert job["request"] >= int(1.25 * 3 * GiB) and job["budget"] == job["request"]
+    first = (d.home / "jobs" / str(jid) / "attempt-0" / "stderr").read_text()
+    assert "CUDA out of memory" in first
+
+
+def test_other_failures_do_not_consume_retries(fast_daemon: Daemon) -> None:
+    d = fast_daemon
+    jid = d.submit("--mem", "2G", "--retries", "3", cmd=sim_job("1G", 0, "--exit-code", "3"))
+    assert d.cli("wait", str(jid), timeout=60).returncode == 3
+    job = d.job(jid)
+    assert job["state"] == "failed" and job["oom_retries"] == 0 and job["attempts"] == 0
+    assert "oom" not in kinds(job)
+
+
+def test_an_oom_without_retries_fails_and_says_so(fast_daemon: Daemon) -> None:
+    d = fast_daemon
+    jid = d.submit("--mem", "2G", cmd=sim_job("1G", 0, "--grow-to", "3G", "--steps", "1"))
+    assert d.cli("wait", str(jid), timeout=60).returncode != 0
+    job = d.job(jid)
+    assert job["state"] == "failed"
+    assert kinds(job)[-3:-1] == ["oom", "not_retried"]
+
+
+def test_per_user_limits_hold_jobs_back(tmp_path: Path) -> None:
+    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json", "[limits]\nmax_running = 1\n"):
+        first = d.submit("--mem", "1G", cmd=sim_job("1G", 2))
+        second = d.submit("--mem", "1G", cmd=sim_job("1G", 0))
+        d.wait_state(first, "running")
+        waiting = d.job(second)
+        assert waiting["state"] == "queued"
+        assert "may run 1 job(s) at once" in waiting["reason"]
+        assert d.cli("wait", str(second), timeout=60).returncode == 0
+        assert d.job(second)["started_at"] >= d.job(first)["ended_at"]
+
+
+def test_bad_policy_input_is_a_clear_error(fast_daemon: Daemon) -> None:
+    d = fast_daemon
+    for args, needle in ((["--qos", "gold"], "Invalid value for '--qos'"),
+                         (["--mem-limit", "8G"], "mem_limit needs mem"),
+                         (["--mem", "8G", "--mem-limit", "4G"], "at least mem"),
+                         (["--qos", "guaranteed", "--mem", "4G", "--mem-limit", "8G"],
+                          "capped at its request"),
+                         (["--retries", "-1"], "-1"),
+                         (["--grace", "soon"], "soon")):
+        r = d.cli("submit", *args, "--", "true")
+        assert r.returncode != 0, args
+        assert needle in r.stderr, (args, r.stderr)
+        assert "Traceback" not in r.stderr
+
+
+def _wait_for(cond: object, timeout: float = 20) -> bool:
+    from tests.conftest import wait_for
+
+    return wait_for(cond, timeout)  # type: ignore[arg-type]
