@@ -164,3 +164,40 @@ def _wait_for(cond: object, timeout: float = 20) -> bool:
     from tests.conftest import wait_for
 
     return wait_for(cond, timeout)  # type: ignore[arg-type]
+
+
+def uncapped(cmd: list[str]) -> list[str]:
+    """The job allocates where the cooperative cap cannot see (as non-PyTorch code does)."""
+    return ["env", "-u", "GPUWARDEN_MEM_LIMIT", *cmd]
+
+
+def test_watchdog_kills_a_besteffort_job_over_its_limit(fast_daemon: Daemon) -> None:
+    d = fast_daemon
+    jid = d.submit("--qos", "besteffort", "--mem", "2G",
+                   cmd=uncapped(sim_job("1G", 30, "--grow-to", "4G", "--steps", "1")))
+    job = d.wait_state(jid, "failed", timeout=30)
+    assert job["reason"].startswith("killed: uses 4096MiB on GPU 0, over its limit 2048MiB")
+    assert "killed_over_limit" in kinds(job)
+    assert job["enforcement"]["watchdog"] == "kill over the limit"
+
+
+def test_watchdog_only_warns_about_a_guaranteed_job(fast_daemon: Daemon) -> None:
+    d = fast_daemon
+    jid = d.submit("--qos", "guaranteed", "--mem", "2G",
+                   cmd=uncapped(sim_job("1G", 2, "--grow-to", "3G", "--steps", "1")))
+    assert d.cli("wait", str(jid), timeout=60).returncode == 0
+    job = d.job(jid)
+    warned = [e for e in job["events"] if e["kind"] == "over_budget"]
+    assert len(warned) == 1 and "guaranteed: warn" in warned[0]["detail"]
+    assert "killed_over_limit" not in kinds(job)
+
+
+def test_a_burstable_job_may_grow_to_its_limit(fast_daemon: Daemon) -> None:
+    d = fast_daemon
+    jid = d.submit("--mem", "2G", "--mem-limit", "6G",
+                   cmd=sim_job("1G", 2, "--grow-to", "5G", "--steps", "1"))
+    assert d.cli("wait", str(jid), timeout=60).returncode == 0  # capped at 6G, not 2G
+    job = d.job(jid)
+    assert job["enforcement"]["limit"] == 6 * GiB and job["peak_memory"] == 5 * GiB
+    noted = [e for e in job["events"] if e["kind"] == "over_budget"]
+    assert len(noted) == 1 and noted[0]["detail"].startswith("bursting")

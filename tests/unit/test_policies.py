@@ -342,3 +342,27 @@ def test_retry_budget_grows_by_a_quarter_of_the_larger_of_peak_and_budget() -> N
         args.update(kw)
         d = after_oom(**args)  # type: ignore[arg-type]
         assert isinstance(d, GiveUp) and why in d.reason, (kw, d)
+
+
+# --- watchdog -----------------------------------------------------------------------------
+
+def test_watchdog_acts_per_class() -> None:
+    from gpuwarden.sched.watchdog import KILL, NOTE, WARN, check
+
+    over = {"GPU-0": 12 * GiB}
+    assert check(1, GUARANTEED, 10 * GiB, 10 * GiB, over, True).action == WARN  # type: ignore[union-attr]
+    assert check(1, BESTEFFORT, 10 * GiB, 10 * GiB, over, False).action == KILL  # type: ignore[union-attr]
+    assert check(1, BURSTABLE, 10 * GiB, 10 * GiB, over, False).action == WARN  # type: ignore[union-attr]
+    assert check(1, BURSTABLE, 10 * GiB, 10 * GiB, over, True).action == KILL  # type: ignore[union-attr]
+    burst = check(1, BURSTABLE, 10 * GiB, 16 * GiB, over, True)
+    assert burst is not None and burst.action == NOTE and "bursting" in burst.detail
+    assert check(1, BURSTABLE, 10 * GiB, 16 * GiB, {"GPU-0": 9 * GiB}, True) is None
+    assert check(1, BESTEFFORT, None, None, over, True) is None  # a whole GPU: no limit
+    d = check(1, BESTEFFORT, 10 * GiB, 10 * GiB, {"GPU-0": 11 * GiB, "GPU-1": 13 * GiB}, True)
+    assert d is not None and d.gpu == "GPU-1" and d.used == 13 * GiB
+
+
+def test_a_bursting_job_counts_at_what_it_uses() -> None:
+    gpus = [g(0, use(100, 10, used=40))]
+    d = plan(gpus, [job(1, 45)], 0, now=NOW, policy=Policy(preemption=False))
+    assert isinstance(d[0], Wait) and d[0].cause == "room"  # 80 - 40 < 45 though 10 booked

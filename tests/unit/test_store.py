@@ -119,7 +119,7 @@ def test_every_transition_field_round_trips(tmp_path: Path) -> None:
         budget=14 * GiB, exit_code=137, reason="killed: out of memory",
         supervisor_pid=4242, supervisor_start=123456.78, boot_id="b00t", attempts=2,
         peak_memory=13 * GiB, preempting_at=15.5, preemptions=1, oom_retries=2,
-        retry_mem=17 * GiB, not_before=30.5)
+        retry_mem=17 * GiB, not_before=30.5, kill_reason="over its limit")
     assert set(values) == TRANSITION_FIELDS
     with Store(db) as s:
         job, _ = s.submit(spec(), 1.0)
@@ -574,7 +574,7 @@ def test_older_database_is_upgraded(tmp_path: Path) -> None:
                          "budget, peak_memory, exit_code, reason, supervisor_pid, "
                          "supervisor_start, boot_id, attempts, qos, mem_limit, grace, "
                          "no_requeue, retries, checkpoint, preempting_at, preemptions, "
-                         "oom_retries, retry_mem, not_before FROM jobs")
+                         "oom_retries, retry_mem, not_before, kill_reason FROM jobs")
 
 
 def test_migrations_run_in_order_inside_one_transaction(tmp_path: Path) -> None:

@@ -250,6 +250,11 @@ def show(job_id: int, as_json: bool) -> None:
                        ("ended", "ended_at")):
         if j[key]:
             click.echo(f"  {label:<9} {j[key]}")
+    enf = j.get("enforcement") or {}
+    if enf.get("limit"):
+        layers = [x for x in (enf.get("cooperative"), enf.get("hard"),
+                              enf.get("watchdog") and f"watchdog: {enf['watchdog']}") if x]
+        click.echo(f"  limit     {format_bytes(enf['limit'])} per GPU: " + "; ".join(layers))
     if j["exit_code"] is not None:
         click.echo(f"  exit code {j['exit_code']}")
     if j["reason"]:

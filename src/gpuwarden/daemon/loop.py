@@ -19,7 +19,7 @@ from gpuwarden.daemon import model
 from gpuwarden.daemon.model import Job
 from gpuwarden.daemon.service import Config, queued_view
 from gpuwarden.daemon.store import Conflict, JobNotFound
-from gpuwarden.sched.model import BURSTABLE, GpuState, Infeasible, ManagedUse, Place, Preempt, Wait
+from gpuwarden.sched.model import GpuState, Infeasible, ManagedUse, Place, Preempt, Wait
 from gpuwarden.sched.oom import GiveUp, after_oom, oom_signature
 from gpuwarden.sched.placement import capacity
 from gpuwarden.units import format_bytes
@@ -35,7 +35,7 @@ PEAK_WINDOW = 300.0  # seconds a foreign process's peak keeps counting against h
 # Fields that describe one attempt: cleared when a job is queued again.
 FRESH_ATTEMPT: Mapping[str, object] = MappingProxyType(dict(
     gpus=(), gpu_uuids=(), budget=None, supervisor_pid=None, supervisor_start=None,
-    boot_id=None, started_at=None, exit_code=None, preempting_at=None))
+    boot_id=None, started_at=None, exit_code=None, preempting_at=None, kill_reason=None))
 PREEMPT_NOTICE = "preempt"  # in the attempt directory; GPUWARDEN_PREEMPT_FILE names it
 
 
@@ -51,17 +51,6 @@ def _tree(pid: int) -> list[psutil.Process]:
         return [root, *root.children(recursive=True)]
     except psutil.Error:
         return []
-
-
-def cap(job: Job, budget: int) -> int | None:
-    """The memory cap a job runs with (per GPU): burstable jobs may grow to their
-    ``--mem-limit``; every other job with a budget is held to it; whole-GPU jobs (no
-    ``--mem``) are not capped."""
-    if job.request is None:
-        return None
-    if job.spec.qos == BURSTABLE and job.spec.mem_limit is not None:
-        return max(job.spec.mem_limit, budget)
-    return budget
 
 
 def job_env(job: Job, budget: int, jobdir: Path) -> dict[str, str]:
@@ -94,6 +83,7 @@ class Scheduler:
         self.last_states: list[GpuState] = []
         self._peaks: dict[str, list[tuple[float, int]]] = {}  # uuid -> (time, foreign bytes)
         self._backend: Backend | None = None
+        self._watched: set[tuple[int, int, str]] = set()  # (job, attempt, action) recorded
 
     # -- supervisor bookkeeping --------------------------------------------------------
     def jobdir(self, job: Job) -> Path:
@@ -119,6 +109,8 @@ class Scheduler:
         if state == model.CANCELLED and job.preempting_at is not None:
             self._requeue_preempted(job, detail)
             return
+        if state == model.CANCELLED and job.kill_reason is not None:
+            state, reason = model.FAILED, job.kill_reason
         if state == model.FAILED and exit_info.started:
             signature = oom_signature(self._output_tail(job))
             if signature is not None and self._after_oom(job, signature, detail,
@@ -334,8 +326,9 @@ class Scheduler:
                 self.store.set_peak(job.id, max(per_gpu.values()))
         self.last_states = self._gpu_states(snap, active, managed_pids, used)
 
-        # 3. Decide and act.
-        self._schedule(snap)
+        # 3. Decide and act; then hold running jobs to their limits.
+        room_wanted = self._schedule(snap)
+        self._watch(active, used, room_wanted)
 
     def _gpu_states(self, snap: Snapshot, active: list[Job], managed_pids: set[int],
                     used: dict[int, dict[str, int]]) -> list[GpuState]:
@@ -360,7 +353,43 @@ class Scheduler:
             peaks[uuid] = max(b for _, b in hist)
         return list(gpu_states(snap, uses, managed_pids, peaks, self.config.reserve))
 
-    def _schedule(self, snap: Snapshot) -> None:
+    def _watch(self, active: list[Job], used: dict[int, dict[str, int]],
+               room_wanted: bool) -> None:
+        """The watchdog: a running job past its limit is noted, warned about or killed,
+        per its class (``sched/watchdog.py``); each finding is one event per attempt."""
+        from gpuwarden.sched.watchdog import KILL, check
+
+        index = {g.uuid: g.index for g in self.last_states}
+        for job in active:
+            if job.state != model.RUNNING or job.budget is None or job.preempting_at \
+                    or job.kill_reason:
+                continue
+            request = job.budget if job.request is not None else None
+            by_index = {str(index[uuid]): b for uuid, b in used.get(job.id, {}).items()
+                        if uuid in index}
+            d = check(job.id, job.spec.qos, request, job.cap(job.budget), by_index,
+                      room_wanted)
+            if d is None:
+                continue
+            key = (job.id, job.attempts, d.action)
+            if key in self._watched:
+                continue
+            self._watched.add(key)
+            now = self.clock()
+            if d.action != KILL:
+                self.store.add_event(job.id, "over_budget", d.detail, now)
+                continue
+            try:
+                self.store.transition(job.id, (model.RUNNING,), None, now=now,
+                                      kind="killed_over_limit", detail=d.detail,
+                                      kill_reason=f"killed: {d.detail}")
+            except (Conflict, JobNotFound):
+                continue
+            self.cancel_running(job)
+
+    def _schedule(self, snap: Snapshot) -> bool:
+        """Plan and carry out one pass. Returns whether a job waits for room (the
+        watchdog is stricter then)."""
         from gpuwarden.sched.queue import plan
 
         queued = self.store.list(states=[model.QUEUED])
@@ -370,7 +399,8 @@ class Scheduler:
             if blocked is None:
                 ready.append(job)
         if not ready:
-            return
+            return False
+        room_wanted = False
         by_id = {j.id: j for j in ready}
         for d in plan(self.last_states, [queued_view(j) for j in ready],
                       self.config.spike_buffer, now=self.clock(), policy=self.config.policy):
@@ -381,11 +411,13 @@ class Scheduler:
                 self._launch(job, d, snap)
                 # Later jobs in this pass were planned with this reservation applied.
             elif isinstance(d, Wait):
+                room_wanted = room_wanted or d.cause in ("room", "preemption")
                 self.store.set_reason(job.id, d.reason)
             elif isinstance(d, Infeasible):
                 self.store.transition(job.id, (model.QUEUED,), model.INFEASIBLE,
                                       now=self.clock(), kind="infeasible", detail=d.reason,
                                       reason=d.reason, ended_at=self.clock())
+        return room_wanted
 
     def _preempt(self, job: Job, d: Preempt) -> None:
         """Stop the victims so ``job`` can start: record the preemption on each (written
@@ -454,7 +486,7 @@ class Scheduler:
             d = self.jobdir(job)
             env = job_env(job, place.budget, d)
             launch = plan_launch(job.spec.command, chosen, base_env=env,
-                                 host=probe_host(env), mem_limit=cap(job, place.budget),
+                                 host=probe_host(env), mem_limit=job.cap(place.budget),
                                  bind=True)
             grace = job.spec.grace if job.spec.grace is not None else self.config.grace
             write_spec(d, spec_from_plan(job.id, launch, job.spec.command, cwd=job.spec.cwd,

@@ -85,7 +85,32 @@ class Job:
     oom_retries: int = 0  # OOM retries used
     retry_mem: int | None = None  # the bumped per-GPU request after an OOM
     not_before: float | None = None  # a retry's backoff: not placed before this
+    kill_reason: str | None = None  # why gpuwarden killed it (the watchdog), if it did
     events: tuple[Event, ...] = ()
+
+    def cap(self, budget: int | None = None) -> int | None:
+        """The memory limit per GPU the job runs with, given its budget (default: the
+        one it holds, else its request): burstable jobs may grow to ``--mem-limit``;
+        every other job with a budget is held to it; whole-GPU jobs have none."""
+        if self.request is None:
+            return None
+        base = budget if budget is not None else (self.budget or self.request)
+        if self.spec.qos == "burstable" and self.spec.mem_limit is not None:
+            return max(self.spec.mem_limit, base)
+        return base
+
+    def enforcement(self) -> dict[str, Any]:
+        """Which layers of memory enforcement apply to this job (``show``)."""
+        from gpuwarden.sched.watchdog import policy
+
+        limit = self.cap()
+        return {
+            "limit": limit,
+            "cooperative": None if limit is None else
+            "PyTorch memory fraction (CUDA context included) + expandable segments",
+            "hard": None,
+            "watchdog": None if limit is None else policy(self.spec.qos),
+        }
 
     @property
     def request(self) -> int | None:
@@ -140,6 +165,7 @@ class Job:
             "preemptions": self.preemptions,
             "oom_retries": self.oom_retries,
             "preempting": self.preempting_at is not None,
+            "enforcement": self.enforcement(),
             "not_before": iso(self.not_before),
             "events": [e.to_json() for e in self.events],
         }

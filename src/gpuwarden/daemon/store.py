@@ -200,6 +200,7 @@ MIGRATIONS: list[Migration] = [
         "ALTER TABLE jobs ADD COLUMN oom_retries INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE jobs ADD COLUMN retry_mem INTEGER",
         "ALTER TABLE jobs ADD COLUMN not_before REAL",
+        "ALTER TABLE jobs ADD COLUMN kill_reason TEXT",
     ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -209,7 +210,7 @@ _JSON_FIELDS = frozenset({"gpus", "gpu_uuids"})
 TRANSITION_FIELDS = frozenset({
     "started_at", "ended_at", "gpus", "gpu_uuids", "budget", "exit_code", "reason",
     "supervisor_pid", "supervisor_start", "boot_id", "attempts", "peak_memory",
-    "preempting_at", "preemptions", "oom_retries", "retry_mem", "not_before",
+    "preempting_at", "preemptions", "oom_retries", "retry_mem", "not_before", "kill_reason",
 })
 _WAITING = (QUEUED, HELD)
 _TERMINAL_SQL = ", ".join(f"'{s}'" for s in sorted(TERMINAL))
@@ -310,6 +311,7 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event]) -> Job:
         oom_retries=row["oom_retries"],
         retry_mem=row["retry_mem"],
         not_before=row["not_before"],
+        kill_reason=row["kill_reason"],
         events=tuple(events),
     )
 

@@ -73,10 +73,14 @@ class Place:
 
 @dataclass(frozen=True)
 class Wait:
-    """Decision: the job stays queued; ``reason`` says why (shown to the user)."""
+    """Decision: the job stays queued; ``reason`` says why (shown to the user). ``cause``
+    sorts it: "room" (no GPU has the memory now), "limit" (its user's limits), "backoff"
+    (a retry waits out its delay), "backfill" (it would delay the first waiting job),
+    "preemption" (it waits for preempted jobs to stop)."""
 
     job_id: int
     reason: str
+    cause: str = "room"
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """Placement: which GPUs one queued job gets, as a pure function of GPU states.
 
-A GPU's headroom is what it can still promise: total − reserve − Σ managed budgets −
-foreign peak × (1 + spike buffer). A Place never asks more than the headroom of any of its
-GPUs, which is invariant 1 of DESIGN.md; ``apply`` re-checks it for every Place it books.
-The fit check lives here and the queue order in queue.py, apart, so QoS and preemption
-can replace either one without touching the other."""
+A GPU's headroom is what it can still promise: total − reserve − Σ managed budgets (or
+what a job uses, when that is more) − foreign peak × (1 + spike buffer). A Place never
+asks more than the headroom of any of its GPUs, which is invariant 1 of DESIGN.md;
+``apply`` re-checks it for every Place it books. The fit check lives here and the queue
+order in queue.py, apart, so QoS and preemption can replace either one without touching
+the other."""
 
 from __future__ import annotations
 
@@ -57,8 +58,9 @@ def capacity(gpu: GpuState) -> int:
 
 
 def headroom(gpu: GpuState, spike_buffer: float = DEFAULT_SPIKE_BUFFER) -> int:
-    """Bytes placement may still promise on this GPU (never negative)."""
-    booked = sum(u.budget for u in gpu.managed)
+    """Bytes placement may still promise on this GPU (never negative). A job using more
+    than it reserved (a burstable job bursting) counts at what it uses."""
+    booked = sum(max(u.budget, u.used or 0) for u in gpu.managed)
     return max(gpu.total - gpu.reserve - booked - foreign_charge(gpu.foreign_peak, spike_buffer),
                0)
 

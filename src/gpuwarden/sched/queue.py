@@ -109,23 +109,25 @@ def plan(gpus: Sequence[GpuState], queue: Iterable[QueuedJob],
             decisions.append(Infeasible(job.id, reason))
             continue
         if job.not_before > now:
-            decisions.append(Wait(job.id, f"retry backs off until {_when(job.not_before)}"))
+            decisions.append(Wait(job.id, f"retry backs off until {_when(job.not_before)}",
+                                  "backoff"))
             continue
         over = limits.over_limit(job, job.mem, held, pol.limits)
         if over is not None:
-            decisions.append(Wait(job.id, f"waiting: {over}"))
+            decisions.append(Wait(job.id, f"waiting: {over}", "limit"))
             continue
         place = fit(job, state, spike_buffer)
         if place is not None:
             over = limits.over_limit(job, place.budget, held, pol.limits)
             if over is not None:
-                decisions.append(Wait(job.id, f"waiting: {over}"))
+                decisions.append(Wait(job.id, f"waiting: {over}", "limit"))
                 continue
             if head is not None and pol.backfill:
                 ok, head_after = backfill.admits(head, job, place, now, spike_buffer, fit)
                 if not ok:
                     decisions.append(Wait(job.id, f"waiting: starting now would delay job "
-                                                  f"{head.job.id}, first in the queue"))
+                                                  f"{head.job.id}, first in the queue",
+                                          "backfill"))
                     continue
                 head = head_after
             state = apply(state, job, place, spike_buffer, started_at=now)
@@ -136,7 +138,7 @@ def plan(gpus: Sequence[GpuState], queue: Iterable[QueuedJob],
         # It does not fit now.
         if stopping and fit(job, release(state, stopping), spike_buffer) is not None:
             decisions.append(Wait(job.id, f"waiting for preempted job(s) {_ids(stopping)} "
-                                          "to stop"))
+                                          "to stop", "preemption"))
             if head is None:
                 head = backfill.reserve(job, state, now, spike_buffer, fit)
             continue
