@@ -69,8 +69,28 @@ class GpuDaemon:
     def job(self, jid: int) -> dict[str, Any]:
         return json.loads(self.cli("show", str(jid), "--json").stdout)  # type: ignore[no-any-return]
 
+    def released(self, jid: int, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            rel = self.job(jid)["memory_release"]
+            if rel and rel["released_at"] is not None:
+                return rel  # type: ignore[no-any-return]
+            assert time.monotonic() < deadline, self.job(jid)
+            time.sleep(0.2)
+
     def stop(self) -> None:
         self.cli("daemon", "stop", check=False)
+        # Jobs outlive the daemon by design, and so would MPS daemons started for them:
+        # a test leaves none behind.
+        from gpuwarden.gpus.mps import MpsControl
+
+        for d in sorted((self.home / "mps").glob("*")):
+            control = MpsControl(str(d / "p"), str(d / "l"))
+            if control.daemons():
+                try:
+                    control.stop()
+                except Exception as e:  # report, keep cleaning
+                    print(f"could not quit the MPS daemon in {d}: {e}")
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -139,3 +159,49 @@ def test_a_preempted_besteffort_job_is_requeued_and_finishes(gd: GpuDaemon,
     released = _at(b, "placed") - _at(v, "preempted")
     print(f"preempted -> room given to the guaranteed job: {released:.2f} s")
     assert released < 30
+    for name, jid in (("victim", victim), ("guaranteed", boss)):
+        rel = gd.released(jid)
+        print(f"{name}: {rel['budget'] / GiB:.1f} GiB back {rel['seconds']:.3f} s after "
+              f"its end ({rel['how']})")
+        assert rel["how"] == "verified" and rel["leak"] is None and rel["seconds"] < 10
+
+
+@pytest.mark.gpu
+def test_an_mps_job_past_its_budget_fails_while_its_neighbour_runs_on(gd: GpuDaemon) -> None:
+    from gpuwarden.gpus.mps import read_mps_state
+
+    if shutil.which("nvidia-cuda-mps-control") is None:
+        pytest.skip("nvidia-cuda-mps-control is not installed")
+    if read_mps_state().controls:
+        pytest.skip("another MPS control daemon runs here; not interfering")
+    neighbour = gd.submit("--mps", "--mem", "4G", "--", sys.executable, "-c", TORCH_JOB,
+                          str(2 * GiB), "20")
+    deadline = time.monotonic() + 120
+    while "holding" not in gd.cli("logs", str(neighbour), check=False).stdout:
+        assert time.monotonic() < deadline, gd.job(neighbour)
+        time.sleep(0.3)
+    status = json.loads(gd.cli("status", "--json").stdout)
+    for gpu in status["gpus"]:
+        for p in gpu["processes"]:
+            print("NVML lists:", p["pid"], p.get("memory"), p.get("command", "")[:60])
+    # The greedy job escapes the PyTorch cap (as non-PyTorch allocations would): only the
+    # MPS limit stands between it and its neighbour's memory.
+    greedy = gd.submit("--mps", "--mem", "3G", "--", "env", "-u", "GPUWARDEN_MEM_LIMIT",
+                       sys.executable, "-c", TORCH_JOB, str(5 * GiB), "1")
+    assert gd.cli("wait", str(greedy), check=False).returncode != 0
+    g = gd.job(greedy)
+    err = (gd.home / "jobs" / str(greedy) / "attempt-0" / "stderr").read_text()
+    print("greedy:", g["state"], g["reason"], err.strip().splitlines()[-1:])
+    assert g["state"] == "failed" and "out of memory" in err.lower()
+    assert "oom" in [e["kind"] for e in g["events"]]
+    assert g["enforcement"]["hard"].startswith("MPS pinned device memory limit")
+    n = gd.job(neighbour)
+    assert n["state"] == "running", n  # its server and its memory are untouched
+    assert gd.cli("wait", str(neighbour), check=False).returncode == 0
+    assert gd.job(neighbour)["state"] == "succeeded"
+    # With no MPS job left, gpuwarden quits the daemon it started for them.
+    deadline = time.monotonic() + 30
+    while [c for c in read_mps_state().controls
+           if str(gd.home) in (c.pipe_dir or "")]:
+        assert time.monotonic() < deadline, "the MPS daemon was not quit"
+        time.sleep(0.3)

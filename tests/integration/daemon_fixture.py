@@ -64,6 +64,18 @@ class Daemon:
                 raise AssertionError(f"job {job_id} stayed {j['state']}: {j}")
             time.sleep(0.1)
 
+    def wait_for_release(self, job_id: int, timeout: float = 30) -> dict[str, Any]:
+        """The job once the memory of its last attempt is released (or cleared)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            j = self.job(job_id)
+            rel = j.get("memory_release")
+            if rel is not None and rel["released_at"] is not None:
+                return j
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job_id}'s memory was not released: {j}")
+            time.sleep(0.1)
+
     def pid(self) -> int | None:
         try:
             return int((self.home / "daemon.lock").read_text().split()[0])

@@ -31,7 +31,13 @@ def test_submit_run_and_wait(daemon: Daemon) -> None:
     kinds = [e["kind"] for e in job["events"]]
     assert kinds[:4] == ["submitted", "placed", "launched", "started"] or \
         kinds[:3] == ["submitted", "placed", "launched"]
-    assert kinds[-1] == "succeeded"
+    assert "succeeded" in kinds[-2:]
+    # Its memory is released only once verified back (invariant 5), and says how fast.
+    job = daemon.wait_for_release(jid)
+    assert kinds[-1] in ("succeeded", "memory_returned")
+    release = job["memory_release"]
+    assert release["how"] == "verified" and release["budget"] == 2 * GiB
+    assert 0 <= release["seconds"] < 5 and release["leak"] is None
     assert daemon.cli("logs", str(jid), check=True).stdout == f"hi from {jid}\n"
 
 

@@ -289,3 +289,25 @@ def test_read_mps_state_without_root_leaves_directories_unknown(
     d = seen[control.pid]
     assert d["kind"] == "control" and d["user"] == "root"
     assert d["pipe_dir"] is None and d["pinned_mem_limit"] is None
+
+
+def test_job_client_env_renumbers_devices_and_sets_the_limit() -> None:
+    from gpuwarden.daemon.mps_jobs import client_env, key
+
+    control = MpsControl("/var/lib/gpuwarden/mps/1000-2_5/p", "/var/lib/gpuwarden/mps/1000-2_5/l")
+    env = client_env(control, (5, 2), 14 << 30, 30)
+    assert env == {"CUDA_MPS_PIPE_DIRECTORY": "/var/lib/gpuwarden/mps/1000-2_5/p",
+                   "CUDA_MPS_LOG_DIRECTORY": "/var/lib/gpuwarden/mps/1000-2_5/l",
+                   "CUDA_VISIBLE_DEVICES": "0,1",
+                   "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=14G,1=14G",
+                   "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}
+    assert key(1000, (5, 2)) == "1000-2_5"
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in client_env(control, (0,), 1 << 30, None)
+
+
+def test_pool_refuses_a_pipe_dir_too_long_for_unix_sockets(tmp_path: Path) -> None:
+    from gpuwarden.daemon.mps_jobs import MpsJobError, MpsPool
+
+    pool = MpsPool(tmp_path / ("x" * 120))
+    with pytest.raises(MpsJobError, match="too long"):
+        pool.ensure(os.geteuid(), os.getegid(), (0,))

@@ -89,7 +89,7 @@ def test_every_spec_field_round_trips(tmp_path: Path) -> None:
             name="train-ü", group="sweep-7", key="run-42", mem=14 * GiB, gpus=3,
             gpu_ids=(0, 2, 5), after=(dep1.id, dep2.id), timeout=3600.5, exclusive=True,
             priority=-7, requeue_on_reboot=True, qos="guaranteed", mem_limit=20 * GiB,
-            grace=2.5, no_requeue=True, retries=3, checkpoint=True)
+            grace=2.5, no_requeue=True, retries=3, checkpoint=True, mps=True, sm_percent=50)
         # Every field differs from its default, so none can silently fall back to it.
         default = JobSpec(command=(), user="", uid=0, gid=0)
         for f in dataclasses.fields(JobSpec):
@@ -574,7 +574,8 @@ def test_older_database_is_upgraded(tmp_path: Path) -> None:
                          "budget, peak_memory, exit_code, reason, supervisor_pid, "
                          "supervisor_start, boot_id, attempts, qos, mem_limit, grace, "
                          "no_requeue, retries, checkpoint, preempting_at, preemptions, "
-                         "oom_retries, retry_mem, not_before, kill_reason FROM jobs")
+                         "oom_retries, retry_mem, not_before, kill_reason, mps, sm_percent "
+                         "FROM jobs")
 
 
 def test_migrations_run_in_order_inside_one_transaction(tmp_path: Path) -> None:
@@ -834,3 +835,31 @@ def test_boot_id(tmp_path: Path) -> None:
 
 def test_model_states_are_covered() -> None:
     assert set(NEXT) == set(model.STATES)
+
+
+def test_memory_holds_live_with_their_job(store: Store) -> None:
+    from gpuwarden.daemon.model import NewHold
+
+    job, _ = store.submit(spec(), 1.0)
+    store.transition(job.id, QUEUED, RESERVED, now=2.0, kind="placed", gpus=(0,),
+                     gpu_uuids=("GPU-a",), budget=4 * GiB)
+    ended = store.transition(job.id, RESERVED, FAILED, now=5.0, kind="failed",
+                             hold=NewHold(gpu_uuids=("GPU-a",), budget=4 * GiB,
+                                          pids=(42, 7), baseline={"GPU-a": 1024},
+                                          exited_at=4.5))
+    [h] = store.open_holds()
+    assert (h.job_id, h.attempt, h.pids, h.baseline, h.budget) == (job.id, 0, (7, 42),
+                                                                    {"GPU-a": 1024}, 4 * GiB)
+    assert ended.release == h and ended.to_json()["memory_release"]["released_at"] is None
+    with pytest.raises(Conflict, match="still holds GPU memory"):
+        store.delete(job.id)
+    assert store.clean(0, 100.0) == 0
+    assert store.report_leak(h.id, "pid 42 holds 1GiB", 6.0)
+    assert not store.report_leak(h.id, "again", 7.0)  # reported once
+    assert store.close_hold(h.id, 8.0, "verified", kind="memory_returned", detail="3.50 s")
+    assert not store.close_hold(h.id, 9.0, "verified", kind="memory_returned", detail="x")
+    assert store.open_holds() == []
+    got = store.get(job.id)
+    assert got.release is not None and got.release.to_json()["seconds"] == 3.5
+    assert [e.kind for e in got.events][-2:] == ["leak", "memory_returned"]
+    assert store.clean(0, 100.0) == 1

@@ -101,6 +101,10 @@ _SUBMIT_OPTIONS = [
                  help="Retry a CUDA OOM this many times, with a bigger budget each time."),
     click.option("--checkpoint", is_flag=True,
                  help="Set GPUWARDEN_PREEMPT_FILE: it appears before a preemption."),
+    click.option("--mps", is_flag=True,
+                 help="Run as an MPS client: the driver enforces --mem as a hard limit."),
+    click.option("--sm-percent", type=click.IntRange(1, 100),
+                 help="With --mps: the share of the GPU's SMs the job may use."),
 ]
 
 
@@ -134,9 +138,10 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
         "exclusive": opts["exclusive"], "requeue_on_reboot": opts["requeue_on_reboot"],
         "after": parse_ids(opts["after"]),
         "no_requeue": opts["no_requeue"], "retries": opts["retries"],
-        "checkpoint": opts["checkpoint"],
+        "checkpoint": opts["checkpoint"], "mps": opts["mps"],
     }
-    for key in ("mem", "name", "group", "key", "timeout", "qos", "mem_limit", "grace"):
+    for key in ("mem", "name", "group", "key", "timeout", "qos", "mem_limit", "grace",
+                "sm_percent"):
         if opts[key] is not None:
             body[key] = opts[key]
     if opts["gpu_ids"]:
@@ -259,6 +264,13 @@ def show(job_id: int, as_json: bool) -> None:
         click.echo(f"  exit code {j['exit_code']}")
     if j["reason"]:
         click.echo(f"  reason    {j['reason']}")
+    rel = j.get("memory_release")
+    if rel:
+        if rel["released_at"] is None:
+            click.echo("  memory    still reserved: not verified back since the end"
+                       + (f"; leak: {rel['leak']}" if rel.get("leak") else ""))
+        else:
+            click.echo(f"  memory    back {rel['seconds']:.2f} s after the end ({rel['how']})")
     click.echo("  events:")
     for e in j["events"]:
         click.echo(f"    {e['at']}  {e['kind']}" + (f"  {e['detail']}" if e["detail"] else ""))
@@ -334,6 +346,8 @@ def _simple(verb: str, doc: str) -> click.Command:
 hold = _simple("hold", "Keep queued jobs from starting.")
 release = _simple("release", "Let held jobs start.")
 retry = _simple("retry", "Queue failed, cancelled or infeasible jobs again.")
+unreserve = _simple("unreserve", "Admins: clear the GPU memory ended jobs still hold because "
+                                 "it was not verified back (a leak).")
 
 
 @click.command()

@@ -31,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "hold": ("gpuwarden.cli.jobs", "hold", "Keep queued jobs from starting."),
     "release": ("gpuwarden.cli.jobs", "release", "Let held jobs start."),
     "retry": ("gpuwarden.cli.jobs", "retry", "Queue failed or cancelled jobs again."),
+    "unreserve": ("gpuwarden.cli.jobs", "unreserve",
+                  "Admins: clear memory a job holds after a leak."),
     "rm": ("gpuwarden.cli.jobs", "rm", "Remove ended jobs."),
     "clean": ("gpuwarden.cli.jobs", "clean", "Remove ended jobs older than a duration."),
 }

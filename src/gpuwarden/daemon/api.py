@@ -207,7 +207,7 @@ def make_app(service: JobService) -> web.Application:
     app.router.add_post("/v1/jobs", submit)
     app.router.add_get("/v1/jobs/{id}", show)
     app.router.add_delete("/v1/jobs/{id}", remove)
-    for verb in ("cancel", "hold", "release", "retry"):
+    for verb in ("cancel", "hold", "release", "retry", "unreserve"):
         app.router.add_post(f"/v1/jobs/{{id}}/{verb}", _action(verb))
     app.router.add_get("/v1/jobs/{id}/wait", wait)
     app.router.add_get("/v1/jobs/{id}/logs", logs)

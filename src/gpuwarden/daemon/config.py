@@ -9,6 +9,7 @@
     backfill = true         # later jobs may start if they cannot delay the first waiting one
     preemption = true       # higher class/priority jobs may stop cheaper running ones
     retry_backoff = "10s"   # before the first OOM retry; doubles with each retry
+    release_timeout = "10s" # an ended job's memory not back by then is a leak
 
     [limits]                # every user (each key optional)
     max_gpus = 4
@@ -46,7 +47,7 @@ def read_config(path: Path) -> Config:
         raise UsageError(f"cannot read the config file {path}: {e}") from None
     unknown = sorted(set(raw) - {"admin_groups", "spike_buffer", "reserve", "interval",
                                  "grace", "aging", "backfill", "preemption", "retry_backoff",
-                                 "limits"})
+                                 "release_timeout", "limits"})
     if unknown:
         raise UsageError(f"{path}: unknown setting(s) {', '.join(unknown)}")
     groups = raw.get("admin_groups", [])
@@ -64,6 +65,7 @@ def read_config(path: Path) -> Config:
     return Config(
         policy=policy,
         retry_backoff=parse_duration(raw.get("retry_backoff", 10.0)),
+        release_timeout=parse_duration(raw.get("release_timeout", 10.0)),
         admin_groups=tuple(groups),
         spike_buffer=float(spike),
         reserve=parse_size(raw.get("reserve", 512 << 20)),

@@ -4,6 +4,7 @@ store before the action it records (reserve, then launch)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -11,15 +12,17 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from gpuwarden.daemon import model
-from gpuwarden.daemon.model import Job
+from gpuwarden.daemon.model import Hold, Job, NewHold
+from gpuwarden.daemon.mps_jobs import MpsPool, client_env
+from gpuwarden.daemon.mps_jobs import key as mps_key
 from gpuwarden.daemon.service import Config, queued_view
 from gpuwarden.daemon.store import Conflict, JobNotFound
-from gpuwarden.sched.model import GpuState, Infeasible, ManagedUse, Place, Preempt, Wait
+from gpuwarden.sched.model import GUARANTEED, GpuState, Infeasible, ManagedUse, Place, Preempt, Wait
 from gpuwarden.sched.oom import GiveUp, after_oom, oom_signature
 from gpuwarden.sched.placement import capacity
 from gpuwarden.units import format_bytes
@@ -33,10 +36,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuwarden.loop")
 PEAK_WINDOW = 300.0  # seconds a foreign process's peak keeps counting against headroom
 # Fields that describe one attempt: cleared when a job is queued again.
-FRESH_ATTEMPT: Mapping[str, object] = MappingProxyType(dict(
+FRESH_ATTEMPT: Mapping[str, Any] = MappingProxyType(dict(
     gpus=(), gpu_uuids=(), budget=None, supervisor_pid=None, supervisor_start=None,
     boot_id=None, started_at=None, exit_code=None, preempting_at=None, kill_reason=None))
 PREEMPT_NOTICE = "preempt"  # in the attempt directory; GPUWARDEN_PREEMPT_FILE names it
+LEAK_TOLERANCE = 64 << 20  # unaccounted memory may drift this much without blame
 
 
 def job_dir(jobs_dir: Path, job: Job) -> Path:
@@ -72,8 +76,10 @@ class Scheduler:
     def __init__(self, store: Store, jobs_dir: Path, config: Config,
                  backend: Callable[[], Backend], boot_id: str,
                  clock: Callable[[], float] = time.time,
-                 spawn: Callable[[Path], SupervisorHandle] | None = None) -> None:
+                 spawn: Callable[[Path], SupervisorHandle] | None = None,
+                 mps: MpsPool | None = None) -> None:
         self.store = store
+        self.mps = mps or MpsPool(jobs_dir.parent / "mps")
         self.spawn = spawn  # starts a supervisor (the daemon's fork server); None: fresh
         self.jobs_dir = jobs_dir
         self.config = config
@@ -84,6 +90,9 @@ class Scheduler:
         self._peaks: dict[str, list[tuple[float, int]]] = {}  # uuid -> (time, foreign bytes)
         self._backend: Backend | None = None
         self._watched: set[tuple[int, int, str]] = set()  # (job, attempt, action) recorded
+        self._seen_pids: dict[int, set[int]] = {}  # job id -> its processes this attempt
+        self._unaccounted: dict[str, int] = {}  # GPU uuid -> unaccounted bytes, last pass
+        self._mps_in_use: set[str] | None = None  # MPS daemons running jobs used last pass
 
     # -- supervisor bookkeeping --------------------------------------------------------
     def jobdir(self, job: Job) -> Path:
@@ -121,7 +130,76 @@ class Scheduler:
                               exit_code=exit_info.exit_code, ended_at=exit_info.ended_at,
                               started_at=started, preempting_at=None,
                               reason=None if state == model.SUCCEEDED else
-                              (reason if reason != "exited" else detail))
+                              (reason if reason != "exited" else detail),
+                              hold=self._hold(job, exit_info.ended_at))
+
+    def _hold(self, job: Job, exited_at: float) -> NewHold | None:
+        """What the ending attempt leaves reserved until its memory is verified back."""
+        if job.budget is None or not job.gpu_uuids:
+            return None
+        pids = self._seen_pids.pop(job.id, set())
+        child = self._status(job).child  # the command itself, even if no pass saw it run
+        if child is not None:
+            pids.add(child.pid)
+        baseline = {u: self._unaccounted[u] for u in job.gpu_uuids if u in self._unaccounted}
+        return NewHold(gpu_uuids=job.gpu_uuids, budget=job.budget, pids=tuple(sorted(pids)),
+                       baseline=baseline, exited_at=exited_at)
+
+    def _verify_holds(self, snap: Snapshot) -> None:
+        """Release the memory of ended attempts once it is back: none of their processes
+        is listed on their GPUs and the memory no process accounts for did not grow.
+        Past ``release_timeout`` what is left is a leak, attributed to the job (one
+        event) and handed to the reap logic; the memory stays reserved meanwhile."""
+        views = {v.facts.uuid: v for v in snap.gpus}
+        now = self.clock()
+        for h in self.store.open_holds():
+            left: list[str] = []
+            for uuid in h.gpu_uuids:
+                view = views.get(uuid)
+                if view is None:
+                    continue
+                for p in view.processes:
+                    if p.pid in h.pids:
+                        left.append(f"pid {p.pid} holds {format_bytes(p.memory)} on GPU "
+                                    f"{view.facts.index}")
+                base, unacc = h.baseline.get(uuid), view.unaccounted
+                if base is not None and unacc is not None and unacc - base > LEAK_TOLERANCE:
+                    left.append(f"GPU {view.facts.index}: {format_bytes(unacc - base)} more "
+                                "in use by no process than while it ran")
+            took = now - h.exited_at
+            if not left:
+                how = "verified" if h.pids or h.baseline else \
+                    "unverified: the daemon did not see the attempt run"
+                self.store.close_hold(h.id, now, how, kind="memory_returned",
+                                      detail=f"{format_bytes(h.budget)} on "
+                                             f"{len(h.gpu_uuids)} GPU(s) back {took:.2f} s "
+                                             "after the end" + ("" if how == "verified"
+                                                                else f" ({how})"))
+            elif took > self.config.release_timeout and h.leak is None:
+                what = "; ".join(left) + f" ({took:.1f} s after the end)"
+                if self.store.report_leak(h.id, what, now):
+                    self._reap_for(h, snap)
+
+    def _reap_for(self, hold: Hold, snap: Snapshot) -> None:
+        """Run the reap logic on what the attempt left: kill its processes that are
+        still there; for memory no process holds, say what would free it."""
+        from gpuwarden.observe.leaks import find_leaks
+        from gpuwarden.observe.reap import plan_reap
+        from gpuwarden.procs.terminate import signal_parent, terminate
+
+        gpus = {v.facts.index for v in snap.gpus if v.facts.uuid in hold.gpu_uuids}
+        mine = [lk for lk in find_leaks([snap])
+                if lk.pid in hold.pids or (lk.pid is None and lk.gpu in gpus)]
+        for a in plan_reap(mine, snap, caller_uid=os.geteuid()):
+            if a.action == "terminate" and a.pid is not None:
+                result = terminate(a.pid, a.start_time, self.config.grace)
+            elif a.action == "signal_parent" and a.target is not None and a.pid is not None:
+                result = signal_parent(a.target, a.pid)
+            else:
+                result = a.next_step or a.reason
+            self.store.add_event(hold.job_id, "reaped" if a.pid is not None else "reap_advice",
+                                 f"{a.kind} pid {a.pid}: {result}" if a.pid is not None
+                                 else result, self.clock())
 
     def _requeue_preempted(self, job: Job, detail: str) -> None:
         now = self.clock()
@@ -129,12 +207,14 @@ class Scheduler:
             self.store.transition(job.id, model.ACTIVE, model.CANCELLED, now=now,
                                   kind=model.CANCELLED, detail=f"preempted; {detail}",
                                   reason="preempted (--no-requeue)", ended_at=now,
-                                  preempting_at=None, preemptions=job.preemptions + 1)
+                                  preempting_at=None, preemptions=job.preemptions + 1,
+                                  hold=self._hold(job, now))
             return
         self.store.transition(job.id, model.ACTIVE, model.QUEUED, now=now, kind="requeued",
                               detail=f"after preemption {job.preemptions + 1}; {detail}",
                               reason="requeued after preemption", **FRESH_ATTEMPT,
-                              attempts=job.attempts + 1, preemptions=job.preemptions + 1)
+                              attempts=job.attempts + 1, preemptions=job.preemptions + 1,
+                              hold=self._hold(job, now))
 
     def _after_oom(self, job: Job, signature: str, detail: str,
                    exit_code: int | None) -> bool:
@@ -157,7 +237,7 @@ class Scheduler:
                     f"in {decision.delay:g}s"),
             reason="retrying after a CUDA OOM", **FRESH_ATTEMPT,
             attempts=job.attempts + 1, oom_retries=job.oom_retries + 1,
-            retry_mem=decision.budget, not_before=until)
+            retry_mem=decision.budget, not_before=until, hold=self._hold(job, now))
         return True
 
     def _output_tail(self, job: Job, limit: int = 64 << 10) -> str:
@@ -233,7 +313,8 @@ class Scheduler:
                 self.store.transition(job.id, (model.RESERVED, model.RUNNING), model.FAILED,
                                       now=self.clock(), kind="lost",
                                       detail="its supervisor died without recording an exit",
-                                      reason="supervisor lost", ended_at=self.clock())
+                                      reason="supervisor lost", ended_at=self.clock(),
+                                      hold=self._hold(job, self.clock()))
 
     def _void_attempt(self, job: Job) -> bool:
         """Make sure no supervisor ever runs this attempt of a job: create its
@@ -303,7 +384,14 @@ class Scheduler:
                     self.store.transition(job.id, (model.RESERVED, model.RUNNING),
                                           model.FAILED, now=self.clock(), kind="lost",
                                           detail="its supervisor died without an exit record",
-                                          reason="supervisor lost", ended_at=self.clock())
+                                          reason="supervisor lost", ended_at=self.clock(),
+                                          hold=self._hold(job, self.clock()))
+
+        # MPS daemons no running job uses any more are quit.
+        in_use = {mps_key(j.spec.uid, j.gpus) for j in self.store.active() if j.spec.mps}
+        if in_use != self._mps_in_use and self.mps.root.is_dir():  # a job left one
+            self.mps.prune(in_use)
+        self._mps_in_use = in_use
 
         # 2. Observe: one snapshot, job trees, peaks.
         backend = self._open_backend()
@@ -316,6 +404,7 @@ class Scheduler:
                 continue
             tree = {p.pid for p in _tree(job.supervisor_pid)}
             managed_pids |= tree
+            self._seen_pids.setdefault(job.id, set()).update(tree)
             per_gpu: dict[str, int] = {}
             for g in snap.gpus:
                 for p in g.processes:
@@ -324,6 +413,12 @@ class Scheduler:
             used[job.id] = per_gpu
             if per_gpu:
                 self.store.set_peak(job.id, max(per_gpu.values()))
+        if any(j.spec.mps for j in active):
+            managed_pids |= self.mps.server_pids()
+        self._verify_holds(snap)
+        for view in snap.gpus:
+            if view.unaccounted is not None:
+                self._unaccounted[view.facts.uuid] = view.unaccounted
         self.last_states = self._gpu_states(snap, active, managed_pids, used)
 
         # 3. Decide and act; then hold running jobs to their limits.
@@ -345,6 +440,11 @@ class Scheduler:
                     view, job.budget, started_at=job.started_at or now,
                     used=used.get(job.id, {}).get(uuid),
                     preempting=job.preempting_at is not None))
+        for h in self.store.open_holds():  # ended attempts whose memory is not back yet
+            for uuid in h.gpu_uuids:
+                uses.setdefault(uuid, []).append(ManagedUse(
+                    job_id=-h.id, budget=h.budget, qos=GUARANTEED, started_at=h.exited_at))
+            managed_pids |= set(h.pids)  # what they leave is theirs, not foreign
         peaks: dict[str, int] = {}
         for uuid, current in foreign_usage(snap, managed_pids).items():
             hist = [(t, b) for t, b in self._peaks.get(uuid, []) if now - t < PEAK_WINDOW]
@@ -488,6 +588,12 @@ class Scheduler:
             launch = plan_launch(job.spec.command, chosen, base_env=env,
                                  host=probe_host(env), mem_limit=job.cap(place.budget),
                                  bind=True)
+            if job.spec.mps:
+                control = self.mps.ensure(job.spec.uid, job.spec.gid, place.gpus)
+                limit = job.cap(place.budget) or place.budget
+                launch = dataclasses.replace(launch, env={
+                    **launch.env, **client_env(control, place.gpus, limit,
+                                               job.spec.sm_percent)})
             grace = job.spec.grace if job.spec.grace is not None else self.config.grace
             write_spec(d, spec_from_plan(job.id, launch, job.spec.command, cwd=job.spec.cwd,
                                          uid=job.spec.uid, gid=job.spec.gid,

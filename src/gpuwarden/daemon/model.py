@@ -50,6 +50,8 @@ class JobSpec:
     no_requeue: bool = False  # a preempted job ends cancelled instead of queued again
     retries: int = 0  # times a CUDA OOM may be retried with a bigger budget
     checkpoint: bool = False  # gets GPUWARDEN_PREEMPT_FILE, written before preemption
+    mps: bool = False  # run as an MPS client with the budget as a hard limit
+    sm_percent: int | None = None  # MPS: share of the GPU's SMs (1-100)
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,49 @@ class Event:
 
     def to_json(self) -> dict[str, Any]:
         return {"at": iso(self.at), "kind": self.kind, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class NewHold:
+    """What an ending attempt leaves reserved (``Store.transition(hold=...)``)."""
+
+    gpu_uuids: tuple[str, ...]
+    budget: int
+    pids: tuple[int, ...]
+    baseline: dict[str, int]
+    exited_at: float
+
+
+@dataclass(frozen=True)
+class Hold:
+    """GPU memory an ended attempt keeps reserved until it is verified back (invariant
+    5): none of the attempt's processes is still listed on its GPUs and the memory no
+    process accounts for did not grow. A leak keeps it open until the memory comes back
+    or an admin clears it."""
+
+    id: int
+    job_id: int
+    attempt: int
+    gpu_uuids: tuple[str, ...]
+    budget: int
+    pids: tuple[int, ...]  # the attempt's processes, as last seen
+    baseline: dict[str, int]  # GPU uuid -> unaccounted bytes last seen while it ran
+    exited_at: float
+    released_at: float | None = None
+    how: str | None = None  # "verified", "cleared by NAME", "unverified: WHY"
+    leak: str | None = None  # what was still there, once reported
+
+    @property
+    def open(self) -> bool:
+        return self.released_at is None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "gpu_uuids": list(self.gpu_uuids),
+                "budget": self.budget, "exited_at": iso(self.exited_at),
+                "released_at": iso(self.released_at),
+                "seconds": None if self.released_at is None else
+                round(self.released_at - self.exited_at, 3),
+                "how": self.how, "leak": self.leak}
 
 
 @dataclass(frozen=True)
@@ -86,6 +131,7 @@ class Job:
     retry_mem: int | None = None  # the bumped per-GPU request after an OOM
     not_before: float | None = None  # a retry's backoff: not placed before this
     kill_reason: str | None = None  # why gpuwarden killed it (the watchdog), if it did
+    release: Hold | None = None  # the memory of its latest ended attempt
     events: tuple[Event, ...] = ()
 
     def cap(self, budget: int | None = None) -> int | None:
@@ -101,6 +147,7 @@ class Job:
 
     def enforcement(self) -> dict[str, Any]:
         """Which layers of memory enforcement apply to this job (``show``)."""
+        from gpuwarden.daemon.mps_jobs import SHARED_FATE
         from gpuwarden.sched.watchdog import policy
 
         limit = self.cap()
@@ -108,7 +155,10 @@ class Job:
             "limit": limit,
             "cooperative": None if limit is None else
             "PyTorch memory fraction (CUDA context included) + expandable segments",
-            "hard": None,
+            "hard": None if limit is None or not self.spec.mps else
+            "MPS pinned device memory limit"
+            + (f", {self.spec.sm_percent}% of SMs" if self.spec.sm_percent else "")
+            + f" ({SHARED_FATE})",
             "watchdog": None if limit is None else policy(self.spec.qos),
         }
 
@@ -154,6 +204,8 @@ class Job:
             "retries": s.retries,
             "no_requeue": s.no_requeue,
             "checkpoint": s.checkpoint,
+            "mps": s.mps,
+            "sm_percent": s.sm_percent,
             "after": list(s.after),
             "timeout": s.timeout,
             "exit_code": self.exit_code,
@@ -166,6 +218,7 @@ class Job:
             "oom_retries": self.oom_retries,
             "preempting": self.preempting_at is not None,
             "enforcement": self.enforcement(),
+            "memory_release": None if self.release is None else self.release.to_json(),
             "not_before": iso(self.not_before),
             "events": [e.to_json() for e in self.events],
         }

@@ -59,6 +59,8 @@ _SUBMIT = {
         "no_requeue": {"type": "boolean"},
         "retries": {"type": "integer", "minimum": 0, "maximum": 100},
         "checkpoint": {"type": "boolean"},
+        "mps": {"type": "boolean"},
+        "sm_percent": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": 100}, _NULL]},
     },
 }
 
@@ -111,6 +113,9 @@ def document() -> dict[str, Any]:
             "/v1/jobs/{id}/hold": _job_action("keep a queued job from starting"),
             "/v1/jobs/{id}/release": _job_action("let a held job start"),
             "/v1/jobs/{id}/retry": _job_action("queue a failed or cancelled job again"),
+            "/v1/jobs/{id}/unreserve": _job_action(
+                "admins: clear the memory an ended job holds because it was not verified "
+                "back"),
             "/v1/jobs/{id}/wait": {"get": {
                 "summary": "block until the job ends or the timeout passes",
                 "parameters": [_ID, {"name": "timeout", "in": "query",

@@ -36,6 +36,7 @@ class Config:
     grace: float = 10.0
     policy: Policy = field(default_factory=lambda: Policy(aging=3600.0))
     retry_backoff: float = 10.0  # seconds before the first OOM retry; doubles each time
+    release_timeout: float = 10.0  # seconds an ended job's memory may take to come back
 
 
 def _str_list(value: Any, field: str) -> tuple[str, ...]:
@@ -63,7 +64,8 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
         raise UsageError("the request body must be a JSON object")
     known = {"command", "cwd", "env", "env_keep", "name", "group", "key", "mem", "gpus",
              "gpu_ids", "after", "timeout", "exclusive", "priority", "requeue_on_reboot",
-             "qos", "mem_limit", "grace", "no_requeue", "retries", "checkpoint"}
+             "qos", "mem_limit", "grace", "no_requeue", "retries", "checkpoint", "mps",
+             "sm_percent"}
     unknown = sorted(set(body) - known)
     if unknown:
         raise UsageError(f"unknown field(s): {', '.join(unknown)}")
@@ -100,6 +102,13 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
     if qos == BESTEFFORT and body.get("exclusive", False) is True:
         raise UsageError("a besteffort job cannot hold GPUs exclusively")
     grace = _duration(body.get("grace"), "grace", zero_ok=True)
+    sm_percent = body.get("sm_percent")
+    if sm_percent is not None:
+        sm_percent = _int(sm_percent, "sm_percent", 1, 100)
+        if body.get("mps") is not True:
+            raise UsageError("sm_percent needs mps: only MPS can share a GPU's SMs")
+    if body.get("mps") is True and mem is None:
+        raise UsageError("mps needs mem: the budget is the limit MPS enforces")
     retries = _int(body.get("retries", 0), "retries", 0, 100)
     gpus = _int(body.get("gpus", 1), "gpus", 1, 64)
     gpu_ids = body.get("gpu_ids")
@@ -123,7 +132,7 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
         v = body.get(label)
         if v is not None and (not isinstance(v, str) or not v or len(v) > 200):
             raise UsageError(f"{label} must be a non-empty string of at most 200 characters")
-    for flag in ("exclusive", "requeue_on_reboot", "no_requeue", "checkpoint"):
+    for flag in ("exclusive", "requeue_on_reboot", "no_requeue", "checkpoint", "mps"):
         if not isinstance(body.get(flag, False), bool):
             raise UsageError(f"{flag} must be true or false")
     spec = JobSpec(
@@ -137,6 +146,7 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
         qos=qos, mem_limit=mem_limit, grace=grace,
         no_requeue=bool(body.get("no_requeue", False)), retries=retries,
         checkpoint=bool(body.get("checkpoint", False)),
+        mps=body.get("mps") is True, sm_percent=sm_percent,
     )
     return spec, dropped
 
@@ -265,6 +275,24 @@ class JobService:
                                     kind="released", detail=f"by {caller.user}", reason=None)
         self.wake()
         return self.view(caller, job)
+
+    def unreserve(self, caller: Caller, job_id: int) -> dict[str, Any]:
+        """Clear the memory an ended job still holds because it was not verified back (a
+        leak): admins only, since it hands that memory to other jobs."""
+        if not may_manage(caller, -1, self.admins, self.daemon_uid):
+            raise PermissionDenied("only root or an admin may clear a job's memory "
+                                   "reservation")
+        job = self.store.get(job_id)
+        opened = [h for h in self.store.open_holds() if h.job_id == job_id]
+        if not opened:
+            raise UsageError(f"job {job_id} holds no memory that is waiting to come back")
+        for h in opened:
+            self.store.close_hold(h.id, self.clock(), f"cleared by {caller.user}",
+                                  kind="memory_cleared",
+                                  detail=f"{h.leak or 'not verified back'}; cleared by "
+                                         f"{caller.user}")
+        self.wake()
+        return self.view(caller, self.store.get(job.id))
 
     def retry(self, caller: Caller, job_id: int) -> dict[str, Any]:
         job = self._owned(caller, job_id, "retry")

@@ -60,8 +60,10 @@ from gpuwarden.daemon.model import (
     STATES,
     TERMINAL,
     Event,
+    Hold,
     Job,
     JobSpec,
+    NewHold,
 )
 from gpuwarden.errors import GpuwardenError, UsageError
 
@@ -201,6 +203,24 @@ MIGRATIONS: list[Migration] = [
         "ALTER TABLE jobs ADD COLUMN retry_mem INTEGER",
         "ALTER TABLE jobs ADD COLUMN not_before REAL",
         "ALTER TABLE jobs ADD COLUMN kill_reason TEXT",
+        "ALTER TABLE jobs ADD COLUMN mps INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN sm_percent INTEGER",
+        # Memory an ended attempt keeps reserved until it is verified back.
+        """CREATE TABLE holds (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+            attempt INTEGER NOT NULL,
+            gpu_uuids TEXT NOT NULL,       -- JSON list
+            budget INTEGER NOT NULL,
+            pids TEXT NOT NULL,            -- JSON list: its processes, as last seen
+            baseline TEXT NOT NULL,        -- JSON object: uuid -> unaccounted bytes
+            exited_at REAL NOT NULL,
+            released_at REAL,
+            how TEXT,
+            leak TEXT
+        )""",
+        "CREATE INDEX holds_job ON holds(job_id, id)",
+        "CREATE INDEX holds_open ON holds(released_at) WHERE released_at IS NULL",
     ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -249,7 +269,7 @@ def _check_spec(spec: JobSpec) -> None:
         if "\0" in text:
             raise UsageError(f"job {label} contains a NUL character")
     ints = (spec.uid, spec.gid, spec.mem, spec.gpus, spec.priority, spec.mem_limit,
-            spec.retries, *spec.groups,
+            spec.retries, spec.sm_percent, *spec.groups,
             *(spec.gpu_ids or ()), *spec.after)
     if not _ints_ok(*ints):
         raise UsageError("a number in the job request is out of range")
@@ -261,7 +281,16 @@ def _loads_tuple(text: str | None) -> tuple[Any, ...]:
     return tuple(json.loads(text))
 
 
-def _row_to_job(row: sqlite3.Row, events: Sequence[Event]) -> Job:
+def _row_to_hold(row: sqlite3.Row) -> Hold:
+    return Hold(id=row["id"], job_id=row["job_id"], attempt=row["attempt"],
+                gpu_uuids=tuple(json.loads(row["gpu_uuids"])), budget=row["budget"],
+                pids=tuple(json.loads(row["pids"])),
+                baseline={str(k): int(v) for k, v in json.loads(row["baseline"]).items()},
+                exited_at=row["exited_at"], released_at=row["released_at"], how=row["how"],
+                leak=row["leak"])
+
+
+def _row_to_job(row: sqlite3.Row, events: Sequence[Event], hold: Hold | None = None) -> Job:
     gpu_ids = row["gpu_ids"]
     spec = JobSpec(
         command=tuple(json.loads(row["command"])),
@@ -288,6 +317,8 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event]) -> Job:
         no_requeue=bool(row["no_requeue"]),
         retries=row["retries"],
         checkpoint=bool(row["checkpoint"]),
+        mps=bool(row["mps"]),
+        sm_percent=row["sm_percent"],
     )
     return Job(
         id=row["id"],
@@ -312,6 +343,7 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event]) -> Job:
         retry_mem=row["retry_mem"],
         not_before=row["not_before"],
         kill_reason=row["kill_reason"],
+        release=hold,
         events=tuple(events),
     )
 
@@ -490,11 +522,22 @@ class Store:
             out[r["job_id"]].append(Event(at=r["at"], kind=r["kind"], detail=r["detail"]))
         return out
 
+    @staticmethod
+    def _holds(conn: sqlite3.Connection, ids: Sequence[int]) -> dict[int, Hold]:
+        """The latest hold of each job that has one."""
+        if not ids:
+            return {}
+        rows = conn.execute(
+            "SELECT * FROM holds WHERE id IN (SELECT max(id) FROM holds WHERE job_id IN "
+            "(SELECT value FROM json_each(?)) GROUP BY job_id)", (_json_ids(ids),))
+        return {r["job_id"]: _row_to_hold(r) for r in rows}
+
     def _load(self, conn: sqlite3.Connection, job_id: int) -> Job:
         row = conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise JobNotFound(job_id)
-        return _row_to_job(row, self._events(conn, [job_id])[job_id])
+        return _row_to_job(row, self._events(conn, [job_id])[job_id],
+                           self._holds(conn, [job_id]).get(job_id))
 
     def get(self, job_id: int) -> Job:
         """The job with its events (oldest first); JobNotFound when there is none."""
@@ -532,9 +575,10 @@ class Store:
             args.append(max(0, limit))
         with self._tx(write=False) as conn:
             rows = conn.execute(sql, args).fetchall()
-            events = (self._events(conn, [r["id"] for r in rows]) if with_events
-                      else {})
-            return [_row_to_job(r, events.get(r["id"], ())) for r in rows]
+            ids = [r["id"] for r in rows]
+            events = self._events(conn, ids) if with_events else {}
+            holds = self._holds(conn, ids) if with_events else {}
+            return [_row_to_job(r, events.get(r["id"], ()), holds.get(r["id"])) for r in rows]
 
     def active(self) -> builtins.list[Job]:
         """Jobs that hold GPU budget: reserved and running."""
@@ -579,15 +623,17 @@ class Store:
                 """INSERT INTO jobs (user, uid, gid, groups, cwd, env, command, name,
                        job_group, job_key, mem, gpu_count, gpu_ids, after_ids, timeout,
                        exclusive, priority, requeue_on_reboot, state, submitted_at, reason,
-                       qos, mem_limit, grace, no_requeue, retries, checkpoint)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                       qos, mem_limit, grace, no_requeue, retries, checkpoint, mps,
+                       sm_percent)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
                 (spec.user, spec.uid, spec.gid, _json_ids(spec.groups), spec.cwd,
                  json.dumps(dict(spec.env), sort_keys=True), json.dumps(list(spec.command)),
                  spec.name, spec.group, spec.key, spec.mem, spec.gpus,
                  None if spec.gpu_ids is None else _json_ids(spec.gpu_ids),
                  _json_ids(spec.after), spec.timeout, int(spec.exclusive), spec.priority,
                  int(spec.requeue_on_reboot), state, now, reason, spec.qos, spec.mem_limit,
-                 spec.grace, int(spec.no_requeue), spec.retries, int(spec.checkpoint)))
+                 spec.grace, int(spec.no_requeue), spec.retries, int(spec.checkpoint),
+                 int(spec.mps), spec.sm_percent))
             job_id = cur.lastrowid
             assert job_id is not None
             conn.execute(
@@ -598,12 +644,14 @@ class Store:
 
     def transition(self, job_id: int, from_states: str | Iterable[str],
                    to_state: str | None, *, now: float, kind: str, detail: str | None = None,
-                   **fields: object) -> Job:
+                   hold: NewHold | None = None, **fields: object) -> Job:
         """Compare-and-set: move the job to ``to_state`` (None: keep the state it is in)
         only if it is in one of ``from_states``, set ``fields`` (see TRANSITION_FIELDS;
         those not given keep their value) and append the event — one transaction.
-        Raises Conflict when the job is in another state (another actor moved it first),
-        JobNotFound when it does not exist. Returns the job as committed."""
+        ``hold``: the ended attempt's memory stays reserved until verified back (written
+        in the same transaction). Raises Conflict when the job is in another state
+        (another actor moved it first), JobNotFound when it does not exist. Returns the
+        job as committed."""
         froms = _states_arg(from_states)
         if to_state is not None and to_state not in STATES:
             raise ValueError(f"unknown job state: {to_state}")
@@ -621,7 +669,8 @@ class Store:
         if not _ints_ok(job_id):
             raise JobNotFound(job_id)
         with self._tx(write=True) as conn:
-            row = conn.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            row = conn.execute("SELECT state, attempts FROM jobs WHERE id = ?",
+                               (job_id,)).fetchone()
             if row is None:
                 raise JobNotFound(job_id)
             current = row["state"]
@@ -640,7 +689,49 @@ class Store:
             conn.execute(
                 "INSERT INTO events (job_id, at, kind, detail, from_state, to_state) "
                 "VALUES (?, ?, ?, ?, ?, ?)", (job_id, now, kind, detail, current, to_state))
+            if hold is not None and hold.gpu_uuids:
+                conn.execute(
+                    "INSERT INTO holds (job_id, attempt, gpu_uuids, budget, pids, baseline, "
+                    "exited_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (job_id, row["attempts"], json.dumps(list(hold.gpu_uuids)), hold.budget,
+                     _json_ids(sorted(hold.pids)), json.dumps(dict(hold.baseline)),
+                     hold.exited_at))
             return self._load(conn, job_id)
+
+    # -- memory holds ----------------------------------------------------------------
+
+    def open_holds(self) -> builtins.list[Hold]:
+        """Memory of ended attempts not yet verified back (or cleared), oldest first."""
+        with self._tx(write=False) as conn:
+            return [_row_to_hold(r) for r in conn.execute(
+                "SELECT * FROM holds WHERE released_at IS NULL ORDER BY id")]
+
+    def close_hold(self, hold_id: int, now: float, how: str, *, kind: str,
+                   detail: str) -> bool:
+        """Release a hold (memory verified back, or cleared) and note it on its job.
+        False when it was closed already."""
+        with self._tx(write=True) as conn:
+            row = conn.execute("SELECT job_id FROM holds WHERE id = ? AND released_at IS "
+                               "NULL", (hold_id,)).fetchone()
+            if row is None:
+                return False
+            conn.execute("UPDATE holds SET released_at = ?, how = ? WHERE id = ?",
+                         (now, how, hold_id))
+            conn.execute("INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, ?, ?)",
+                         (row["job_id"], now, kind, detail))
+            return True
+
+    def report_leak(self, hold_id: int, what: str, now: float) -> bool:
+        """Record, once, what an open hold found still there (a ``leak`` event)."""
+        with self._tx(write=True) as conn:
+            row = conn.execute("SELECT job_id FROM holds WHERE id = ? AND released_at IS "
+                               "NULL AND leak IS NULL", (hold_id,)).fetchone()
+            if row is None:
+                return False
+            conn.execute("UPDATE holds SET leak = ? WHERE id = ?", (what, hold_id))
+            conn.execute("INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, "
+                         "'leak', ?)", (row["job_id"], now, what))
+            return True
 
     def add_event(self, job_id: int, kind: str, detail: str | None, now: float) -> Event:
         """Append an event that changes no state (a note: oom seen, leak found)."""
@@ -698,6 +789,10 @@ class Store:
             if not job.terminal:
                 raise Conflict(f"job {job_id} is {job.state}; only finished jobs can be "
                                "removed", job_id=job_id, state=job.state)
+            if job.release is not None and job.release.open:
+                raise Conflict(f"job {job_id} still holds GPU memory that is not verified "
+                               "back; it can be removed once it is (or an admin clears it)",
+                               job_id=job_id, state=job.state)
             waiting = conn.execute(
                 f"SELECT 1 FROM ({_NEEDED_SQL}) WHERE value = ?",
                 (job_id,)).fetchone()
@@ -713,7 +808,8 @@ class Store:
         ``older_than_seconds`` before ``now``, except those an unfinished job depends
         on. Returns how many were removed."""
         sql = (f"DELETE FROM jobs WHERE state IN ({_TERMINAL_SQL}) "
-               f"AND coalesce(ended_at, submitted_at) < ? AND id NOT IN ({_NEEDED_SQL})")
+               f"AND coalesce(ended_at, submitted_at) < ? AND id NOT IN ({_NEEDED_SQL}) "
+               "AND id NOT IN (SELECT job_id FROM holds WHERE released_at IS NULL)")
         args: list[Any] = [now - older_than_seconds]
         if user is not None:
             sql += " AND user = ?"
