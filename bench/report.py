@@ -429,8 +429,66 @@ def _daemon(dm: dict[str, Any]) -> list[str]:
     return out
 
 
+def _mixed_summary(mx: dict[str, Any]) -> list[str]:
+    p, w = mx["results"]["packed"], mx["results"]["whole"]
+    ok = mx["makespan_ratio"] <= 0.5 and mx["neighbour_ooms"] == 0
+    return [f"- Mixed real torch jobs on one {mx['gpu']}: makespan {p['makespan_s']:.1f} s "
+            f"packed by memory vs {w['makespan_s']:.1f} s one at a time "
+            f"(**{mx['makespan_ratio']:.2f}×**), neighbour OOMs {mx['neighbour_ooms']}; "
+            f"goal ≤ 0.5× with none: {_verdict(ok)}."]
+
+
+def _mixed(mx: dict[str, Any]) -> list[str]:
+    jobs = mx["job_set"]
+    p, w = mx["results"]["packed"], mx["results"]["whole"]
+    light = sum(1 for j in jobs if not j["heavy"])
+    out = [
+        "## 4. A mixed job set on one GPU: packed by memory vs one at a time",
+        "",
+        f"**What this measures.** {len(jobs)} real torch jobs (seed {mx['seed']}) on one "
+        f"{mx['gpu']} ({_gib(mx['gpu_memory'])}, torch {mx['torch']}), submitted at once to "
+        "a gpuwarden daemon, timed until the last one ended: once with each job's `--mem` "
+        "(its allocation + 1.5 GiB), packed by memory; once without `--mem`, so each job "
+        "gets the whole GPU and they run one at a time — whole-GPU queueing, through the "
+        f"same daemon. {light} jobs are light on the SMs (a 2048² matmul every 50 ms, as "
+        f"evaluation, data-loader-bound training or an inference worker are), "
+        f"{len(jobs) - light} compute-heavy (matmuls back to back). One job is "
+        "under-declared on purpose (80% of what it allocates, `--retries 2`): its OOMs and "
+        "retries are its own, not a neighbour's. Runs: "
+        f"{mx['order'].replace('-', ' ')}; bench/bench_mixed.py on the GPU machine.",
+        "",
+        "| | packed by memory | whole GPU, one at a time |",
+        "|---|---:|---:|",
+        f"| makespan | **{p['makespan_s']:.1f} s** | **{w['makespan_s']:.1f} s** |",
+        f"| mean wait (submit → start) | {p['mean_wait_s']:.1f} s | {w['mean_wait_s']:.1f} s |",
+        f"| jobs succeeded / failed | {p['succeeded']} / {p['failed']} | "
+        f"{w['succeeded']} / {w['failed']} |",
+        f"| OOMs (of which retried) | {p['oom_events']} ({p['oom_retried']}) | "
+        f"{w['oom_events']} ({w['oom_retried']}) |",
+        f"| most jobs running at once | {p['most_at_once']} | {w['most_at_once']} |",
+        f"| jobs whose NVML peak exceeded their budget | {p['peaks_over_budget']} | "
+        f"{w['peaks_over_budget']} |",
+        "",
+        "| job | holds | seconds | kind | declared |",
+        "|---:|---:|---:|---|---:|",
+        *[f"| {i} | {_gib(j['bytes'])} | {j['seconds']:.0f} | "
+          f"{'heavy' if j['heavy'] else 'light'} | {_gib(j['mem'])}"
+          f"{' (under-declared)' if j['retries'] else ''} |"
+          for i, j in enumerate(jobs, 1)],
+        "",
+        f"- Makespan packed ÷ one at a time: **{mx['makespan_ratio']:.2f}×**; neighbour OOMs "
+        f"(a job that declared enough running out of memory): {mx['neighbour_ooms']}. Goal "
+        f"≤ 0.5× with none: {_verdict(mx['makespan_ratio'] <= 0.5 and mx['neighbour_ooms'] == 0)}.",
+        "- The gain depends on the mix: light jobs leave most of the GPU's SMs idle, which "
+        "packing puts to use; compute-bound jobs sharing a GPU slow each other down, so a set "
+        "of only those would gain less.",
+    ]
+    return out
+
+
 def render(status: dict[str, Any] | None, holders: dict[str, Any] | None,
-           daemon: dict[str, Any] | None, commands: list[str]) -> str:
+           daemon: dict[str, Any] | None, commands: list[str],
+           mixed: dict[str, Any] | None = None) -> str:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     parts = [("status", status), ("holders", holders), ("daemon", daemon)]
     present = [(name, data) for name, data in parts if data is not None]
@@ -443,6 +501,8 @@ def render(status: dict[str, Any] | None, holders: dict[str, Any] | None,
         summary += _holders_summary(holders)
     if daemon is not None:
         summary += _daemon_summary(daemon)
+    if mixed is not None:
+        summary += _mixed_summary(mixed)
     first = present[0][1]
     machine_rows = _machine(first["machine"])
     if daemon is not None:
@@ -482,6 +542,8 @@ def render(status: dict[str, Any] | None, holders: dict[str, Any] | None,
         lines += [*_holders(holders), ""]
     if daemon is not None:
         lines += [*_daemon(daemon), ""]
+    if mixed is not None:
+        lines += [*_mixed(mixed), ""]
     return "\n".join(lines)
 
 
@@ -490,6 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--status", type=Path, help="bench_status.py's JSON")
     ap.add_argument("--holders", type=Path, help="bench_holders.py's JSON")
     ap.add_argument("--daemon", type=Path, help="bench_daemon.py's JSON")
+    ap.add_argument("--mixed", type=Path, help="bench_mixed.py's JSON (from a GPU machine)")
     ap.add_argument("--command", action="append", default=[],
                     help="a command that produced the figures (repeatable)")
     ap.add_argument("-o", "--output", type=Path, help="default: stdout")
@@ -497,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     def load(path: Path | None) -> Any:
         return None if path is None else json.loads(path.read_text())
 
-    text = render(load(args.status), load(args.holders), load(args.daemon), args.command)
+    text = render(load(args.status), load(args.holders), load(args.daemon), args.command,
+                  load(args.mixed))
     if args.output:
         tmp = args.output.with_suffix(".tmp")
         tmp.write_text(text)

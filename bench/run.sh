@@ -6,9 +6,10 @@
 #   bench/run.sh status holders       # any subset of: status holders daemon
 #   BENCH_STATUS_ARGS="--runs 5 --cli-runs 3" BENCH_HOLDERS_ARGS="--procs 500" bench/run.sh
 #   BENCH_DAEMON_ARGS="--rounds 20 --jobs 50 --queued 2000 --submitters 20" bench/run.sh daemon
+#   PYTHON=python3 bench/run.sh mixed # on a GPU machine with torch only: real jobs, ~4 minutes
 #
 # Each benchmark writes its figures to bench/results/<name>.json; RESULTS.md is always
-# rendered from all three files, so a benchmark left out of this run keeps the figures of
+# rendered from all the files, so a benchmark left out of this run keeps the figures of
 # its last run (the Commands block of RESULTS.md says which, and when).
 #
 # PYTHON selects the interpreter (default: the repository's .venv). The holder benchmark
@@ -22,14 +23,15 @@ py="${PYTHON:-$repo/.venv/bin/python}"
 read -r -a status_args <<< "${BENCH_STATUS_ARGS:-}"
 read -r -a holders_args <<< "${BENCH_HOLDERS_ARGS:-}"
 read -r -a daemon_args <<< "${BENCH_DAEMON_ARGS:-}"
+read -r -a mixed_args <<< "${BENCH_MIXED_ARGS:-}"
 
-all=(status holders daemon)
+all=(status holders daemon mixed)
 selected=("$@")
-[ ${#selected[@]} -eq 0 ] && selected=("${all[@]}")
+[ ${#selected[@]} -eq 0 ] && selected=(status holders daemon)  # mixed needs a GPU: name it
 for name in "${selected[@]}"; do
     case "$name" in
-        status|holders|daemon) ;;
-        *) echo "usage: bench/run.sh [status] [holders] [daemon]" >&2; exit 2 ;;
+        status|holders|daemon|mixed) ;;
+        *) echo "usage: bench/run.sh [status] [holders] [daemon] [mixed]" >&2; exit 2 ;;
     esac
 done
 
@@ -45,6 +47,7 @@ for name in "${all[@]}"; do
         status) cmd=(bench/bench_status.py "${status_args[@]}") ;;
         holders) cmd=(bench/bench_holders.py "${holders_args[@]}") ;;
         daemon) cmd=(bench/bench_daemon.py "${daemon_args[@]}") ;;
+        mixed) cmd=(bench/bench_mixed.py "${mixed_args[@]}") ;;
     esac
     out="bench/results/$name.json"
     if [[ " ${selected[*]} " == *" $name "* ]]; then
