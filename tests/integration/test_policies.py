@@ -271,3 +271,42 @@ def test_mps_needs_a_budget_and_says_when_mps_is_missing(fast_daemon: Daemon) ->
     assert "cannot start an MPS daemon" in job["reason"] and \
         "nvidia-cuda-mps-control not found" in job["reason"]
     assert job["enforcement"]["hard"].startswith("MPS pinned device memory limit, 50% of SMs")
+
+
+def test_mem_auto_learns_from_earlier_successful_runs(fast_daemon: Daemon) -> None:
+    d = fast_daemon
+    first = d.submit("--mem", "auto", "--name", "nightly", cmd=sim_job("3G", 1))
+    assert d.cli("wait", str(first), timeout=60).returncode == 0
+    j = d.job(first)
+    assert j["mem"] is None and j["mem_auto"]  # no history yet: a whole GPU
+    learned = next(e for e in j["events"] if e["kind"] == "budget_learned")
+    assert "no earlier successful run" in learned["detail"]
+    assert j["peak_memory"] == 3 * GiB
+    second = d.submit("--mem", "auto", "--name", "nightly", cmd=sim_job("3G", 1))
+    r = d.cli("wait", str(second), timeout=60)
+    assert r.returncode == 0
+    j2 = d.job(second)
+    assert j2["mem"] == int(3.75 * GiB) and j2["budget"] == int(3.75 * GiB)
+    assert "3840MiB = 1.2 × the highest peak 3072MiB of 1 earlier run(s)" in next(
+        e["detail"] for e in j2["events"] if e["kind"] == "budget_learned")
+    assert "over-declared by 768MiB (20%)" in j2["declared_vs_peak"]
+    assert "over-declared by 768MiB" in r.stderr  # the completion line says it too
+    r = d.cli("submit", "--mem", "auto", "--", "true")
+    assert r.returncode != 0 and "same key or name" in r.stderr
+
+
+def test_a_group_failing_the_same_way_three_times_is_held(fast_daemon: Daemon) -> None:
+    d = fast_daemon
+    blocker = d.submit("--mem", "1G", cmd=sim_job("1G", 30))
+    later = [d.submit("--group", "sweep", "--mem", "1G", "--after", str(blocker),
+                      cmd=sim_job("1G", 0)) for _ in range(2)]
+    failing = [d.submit("--group", "sweep", "--mem", "1G",
+                        cmd=sim_job("1G", 0, "--exit-code", "3")) for _ in range(3)]
+    for jid in failing:
+        assert d.cli("wait", str(jid), timeout=60).returncode == 3
+    for jid in later:
+        job = d.wait_state(jid, "held", timeout=20)
+        assert "its last 3 jobs failed the same way (exit code 3)" in job["reason"]
+        assert "group_held" in kinds(job)
+    assert d.job(blocker)["state"] == "running"  # not in the group: untouched
+    assert d.cli("cancel", str(blocker)).returncode == 0

@@ -366,3 +366,40 @@ def test_a_bursting_job_counts_at_what_it_uses() -> None:
     gpus = [g(0, use(100, 10, used=40))]
     d = plan(gpus, [job(1, 45)], 0, now=NOW, policy=Policy(preemption=False))
     assert isinstance(d[0], Wait) and d[0].cause == "room"  # 80 - 40 < 45 though 10 booked
+
+
+# --- history: learned budgets, failure streaks ---------------------------------------------
+
+def test_learned_budget_is_the_highest_recent_peak_plus_a_margin_rounded_up() -> None:
+    from gpuwarden.sched.history import learned_budget
+
+    budget, how = learned_budget([10 * GiB, 12 * GiB, 11 * GiB])
+    assert budget == int(14.5 * GiB)  # 1.2 × 12 GiB = 14.4 GiB, up to 256 MiB steps
+    assert "3 earlier run(s)" in how
+    assert learned_budget([]) == (None, "no earlier successful run with a recorded peak: "
+                                        "a whole GPU")
+    # Only the five most recent runs count.
+    assert learned_budget([GiB] * 5 + [50 * GiB])[0] == int(1.25 * GiB)
+
+
+def test_a_streak_is_three_failures_the_same_way() -> None:
+    from gpuwarden.sched.history import failing_streak, failure_signature
+
+    oom = failure_signature("failed", 1, "exit code 1", True)
+    assert oom == "CUDA out of memory"
+    assert failing_streak([oom, oom, oom]) == oom
+    assert failing_streak([oom, oom]) is None
+    three = failure_signature("failed", 3, None, False)
+    assert failing_streak([three, three, oom]) is None
+    assert failing_streak([failure_signature("succeeded", 0, None, False)] * 3) is None
+    assert failure_signature("failed", None, "command not found: x", False) == \
+        "command not found: x"
+
+
+def test_declared_vs_actual() -> None:
+    from gpuwarden.sched.history import declared_vs_actual
+
+    assert declared_vs_actual(10 * GiB, 8 * GiB) == \
+        "peak 8192MiB of 10.0GiB declared: over-declared by 2048MiB (20%)"
+    assert "under-declared by" in (declared_vs_actual(10 * GiB, 11 * GiB) or "")
+    assert declared_vs_actual(None, GiB) is None

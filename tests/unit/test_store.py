@@ -89,7 +89,8 @@ def test_every_spec_field_round_trips(tmp_path: Path) -> None:
             name="train-ü", group="sweep-7", key="run-42", mem=14 * GiB, gpus=3,
             gpu_ids=(0, 2, 5), after=(dep1.id, dep2.id), timeout=3600.5, exclusive=True,
             priority=-7, requeue_on_reboot=True, qos="guaranteed", mem_limit=20 * GiB,
-            grace=2.5, no_requeue=True, retries=3, checkpoint=True, mps=True, sm_percent=50)
+            grace=2.5, no_requeue=True, retries=3, checkpoint=True, mps=True, sm_percent=50,
+            mem_auto=True)
         # Every field differs from its default, so none can silently fall back to it.
         default = JobSpec(command=(), user="", uid=0, gid=0)
         for f in dataclasses.fields(JobSpec):
@@ -574,8 +575,8 @@ def test_older_database_is_upgraded(tmp_path: Path) -> None:
                          "budget, peak_memory, exit_code, reason, supervisor_pid, "
                          "supervisor_start, boot_id, attempts, qos, mem_limit, grace, "
                          "no_requeue, retries, checkpoint, preempting_at, preemptions, "
-                         "oom_retries, retry_mem, not_before, kill_reason, mps, sm_percent "
-                         "FROM jobs")
+                         "oom_retries, retry_mem, not_before, kill_reason, mps, sm_percent, "
+                         "mem_auto FROM jobs")
 
 
 def test_migrations_run_in_order_inside_one_transaction(tmp_path: Path) -> None:

@@ -72,7 +72,8 @@ def read_directives(command: Sequence[str]) -> list[str]:
 
 
 _SUBMIT_OPTIONS = [
-    click.option("--mem", help="GPU memory per GPU (14G, 512MiB). Without: a whole idle GPU."),
+    click.option("--mem", help="GPU memory per GPU (14G, 512MiB), or auto: learned from earlier "
+                               "runs with the same --key/--name. Without: a whole idle GPU."),
     click.option("--gpus", type=click.IntRange(1, 64), default=1, show_default=True,
                  help="How many GPUs."),
     click.option("--gpu-ids", help="Only these GPUs (comma-separated indices)."),
@@ -247,6 +248,8 @@ def show(job_id: int, as_json: bool) -> None:
                + (f", limit {format_bytes(j['mem_limit'])}" if j.get("mem_limit") else "")
                + (f", retry budget {format_bytes(j['request'])}"
                   if j.get("request") and j["request"] != j["mem"] else ""))
+    if j.get("declared_vs_peak"):
+        click.echo(f"            {j['declared_vs_peak']}")
     click.echo(f"  qos       {j.get('qos', 'burstable')}, priority {j['priority']}"
                + (f", preempted {j['preemptions']}x" if j.get("preemptions") else "")
                + (f", OOM retries {j['oom_retries']}/{j['retries']}" if j.get("retries")
@@ -374,6 +377,11 @@ def wait(ids: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
                 break
     if as_json:
         emit_json({"jobs": done})
+    else:
+        for job in done:
+            if job.get("declared_vs_peak"):
+                click.echo(f"job {job['id']} {job['state']}: {job['declared_vs_peak']}",
+                           err=True)
     for job in done:
         if job["state"] != "succeeded":
             code = job["exit_code"] if job["exit_code"] not in (None, 0) else 1

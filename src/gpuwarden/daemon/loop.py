@@ -4,6 +4,7 @@ store before the action it records (reserve, then launch)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -132,6 +133,31 @@ class Scheduler:
                               reason=None if state == model.SUCCEEDED else
                               (reason if reason != "exited" else detail),
                               hold=self._hold(job, exit_info.ended_at))
+        if state == model.FAILED and job.spec.group is not None:
+            self._hold_failing_group(job)
+
+    def _hold_failing_group(self, job: Job) -> None:
+        """A group whose last jobs all failed the same way is held, not burned through:
+        its queued jobs wait for the user to look (``release`` lets them go)."""
+        from gpuwarden.sched.history import STREAK, failing_streak, failure_signature
+
+        assert job.spec.group is not None
+        recent = self.store.recent_ends(job.spec.uid, job.spec.group, STREAK)
+        same = failing_streak([failure_signature(j.state, j.exit_code, j.reason,
+                                                 any(e.kind == "oom" for e in j.events))
+                               for j in recent])
+        if same is None:
+            return
+        why = (f"group {job.spec.group}: its last {STREAK} jobs failed the same way "
+               f"({same}); held until released")
+        now = self.clock()
+        for waiting in self.store.list(states=[model.QUEUED], user=job.spec.user,
+                                       group=job.spec.group, with_events=False):
+            if waiting.spec.uid != job.spec.uid:
+                continue
+            with contextlib.suppress(Conflict, JobNotFound):
+                self.store.transition(waiting.id, (model.QUEUED,), model.HELD, now=now,
+                                      kind="group_held", detail=why, reason=why)
 
     def _hold(self, job: Job, exited_at: float) -> NewHold | None:
         """What the ending attempt leaves reserved until its memory is verified back."""

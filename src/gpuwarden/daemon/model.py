@@ -52,6 +52,7 @@ class JobSpec:
     checkpoint: bool = False  # gets GPUWARDEN_PREEMPT_FILE, written before preemption
     mps: bool = False  # run as an MPS client with the budget as a hard limit
     sm_percent: int | None = None  # MPS: share of the GPU's SMs (1-100)
+    mem_auto: bool = False  # mem was learned from earlier runs (--mem auto)
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,8 @@ class Job:
         return self.state in TERMINAL
 
     def to_json(self, *, with_env: bool = False) -> dict[str, Any]:
+        from gpuwarden.sched.history import declared_vs_actual
+
         s = self.spec
         out: dict[str, Any] = {
             "id": self.id,
@@ -205,6 +208,8 @@ class Job:
             "no_requeue": s.no_requeue,
             "checkpoint": s.checkpoint,
             "mps": s.mps,
+            "mem_auto": s.mem_auto,
+            "declared_vs_peak": declared_vs_actual(s.mem, self.peak_memory),
             "sm_percent": s.sm_percent,
             "after": list(s.after),
             "timeout": s.timeout,

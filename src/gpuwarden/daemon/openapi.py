@@ -42,7 +42,9 @@ _SUBMIT = {
         "env": {"type": "object", "additionalProperties": {"type": "string"}},
         "env_keep": {"type": "array", "items": {"type": "string"}},
         "name": _LABEL, "group": _LABEL, "key": _LABEL,
-        "mem": {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string"}, _NULL]},
+        "mem": {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string"}, _NULL],
+                "description": "bytes per GPU, a size like 14G, or auto (learned from "
+                               "earlier successful runs with the same key or name)"},
         "gpus": {"type": "integer", "minimum": 1, "maximum": 64},
         "gpu_ids": {"oneOf": [{"type": "array", "minItems": 1,
                                "items": {"type": "integer", "minimum": 0}}, _NULL]},

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -86,16 +87,20 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
         raise UsageError(f"invalid environment variable(s): {', '.join(map(repr, bad_env))}")
     keep = _str_list(body.get("env_keep", []), "env_keep")
     env, dropped = snapshot_env(raw_env, keep)
-    mem = _size(body.get("mem"), "mem")
+    mem_auto = body.get("mem") == "auto"
+    mem = None if mem_auto else _size(body.get("mem"), "mem")
+    if mem_auto and body.get("key") is None and body.get("name") is None:
+        raise UsageError("mem auto learns from earlier runs with the same key or name: "
+                         "give one")
     mem_limit = _size(body.get("mem_limit"), "mem_limit")
     qos = body.get("qos", "burstable")
     if qos not in QOS_CLASSES:
         raise UsageError(f"qos must be one of {', '.join(QOS_CLASSES)}")
     if mem_limit is not None:
-        if mem is None:
+        if mem is None and not mem_auto:
             raise UsageError("mem_limit needs mem: the limit is how far past its request "
                              "a job may grow")
-        if mem_limit < mem:
+        if mem is not None and mem_limit < mem:
             raise UsageError("mem_limit must be at least mem")
         if qos == GUARANTEED and mem_limit != mem:
             raise UsageError("a guaranteed job is capped at its request: drop mem_limit")
@@ -107,7 +112,7 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
         sm_percent = _int(sm_percent, "sm_percent", 1, 100)
         if body.get("mps") is not True:
             raise UsageError("sm_percent needs mps: only MPS can share a GPU's SMs")
-    if body.get("mps") is True and mem is None:
+    if body.get("mps") is True and mem is None and not mem_auto:
         raise UsageError("mps needs mem: the budget is the limit MPS enforces")
     retries = _int(body.get("retries", 0), "retries", 0, 100)
     gpus = _int(body.get("gpus", 1), "gpus", 1, 64)
@@ -146,7 +151,7 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
         qos=qos, mem_limit=mem_limit, grace=grace,
         no_requeue=bool(body.get("no_requeue", False)), retries=retries,
         checkpoint=bool(body.get("checkpoint", False)),
-        mps=body.get("mps") is True, sm_percent=sm_percent,
+        mps=body.get("mps") is True, sm_percent=sm_percent, mem_auto=mem_auto,
     )
     return spec, dropped
 
@@ -220,7 +225,21 @@ class JobService:
         spec, dropped = spec_from_request(body, caller, len(gpus) or 1 << 16)
         if spec.uid == 0 and caller.uid != 0:  # impossible by construction; kept as a guard
             raise PermissionDenied("only root may run jobs as root")
+        learned = None
+        if spec.mem_auto:
+            from gpuwarden.sched.history import learned_budget
+
+            mem, learned = learned_budget(self.store.peaks(spec.uid, key=spec.key,
+                                                           name=spec.name))
+            if mem is None and spec.mps:
+                raise UsageError("mps needs mem, and there is no earlier run to learn it "
+                                 "from: give --mem SIZE this time")
+            spec = dataclasses.replace(spec, mem=mem, mem_limit=None if mem is None else
+                                       spec.mem_limit and max(spec.mem_limit, mem))
         job, created = self.store.submit(spec, self.clock())
+        if created and learned is not None:
+            self.store.add_event(job.id, "budget_learned", f"mem auto: {learned}", self.clock())
+            job = self.store.get(job.id)
         if created and gpus:
             reason = infeasible_reason(queued_view(job), gpus)
             if reason:

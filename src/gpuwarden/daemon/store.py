@@ -58,6 +58,7 @@ from gpuwarden.daemon.model import (
     INFEASIBLE,
     QUEUED,
     STATES,
+    SUCCEEDED,
     TERMINAL,
     Event,
     Hold,
@@ -205,6 +206,7 @@ MIGRATIONS: list[Migration] = [
         "ALTER TABLE jobs ADD COLUMN kill_reason TEXT",
         "ALTER TABLE jobs ADD COLUMN mps INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE jobs ADD COLUMN sm_percent INTEGER",
+        "ALTER TABLE jobs ADD COLUMN mem_auto INTEGER NOT NULL DEFAULT 0",
         # Memory an ended attempt keeps reserved until it is verified back.
         """CREATE TABLE holds (
             id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -319,6 +321,7 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event], hold: Hold | None = N
         checkpoint=bool(row["checkpoint"]),
         mps=bool(row["mps"]),
         sm_percent=row["sm_percent"],
+        mem_auto=bool(row["mem_auto"]),
     )
     return Job(
         id=row["id"],
@@ -580,6 +583,32 @@ class Store:
             holds = self._holds(conn, ids) if with_events else {}
             return [_row_to_job(r, events.get(r["id"], ()), holds.get(r["id"])) for r in rows]
 
+    def peaks(self, uid: int, *, key: str | None = None, name: str | None = None,
+              limit: int = 5) -> builtins.list[int]:
+        """Peak memory of this user's latest succeeded jobs with this key (else name),
+        newest first: what ``--mem auto`` learns from."""
+        if key is not None:
+            where, arg = "job_key = ?", key
+        elif name is not None:
+            where, arg = "name = ?", name
+        else:
+            return []
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                f"SELECT peak_memory FROM jobs WHERE uid = ? AND {where} AND state = ? "
+                "AND peak_memory IS NOT NULL ORDER BY ended_at DESC, id DESC LIMIT ?",
+                (uid, arg, SUCCEEDED, limit))
+            return [r[0] for r in rows]
+
+    def recent_ends(self, uid: int, group: str, limit: int = 3) -> builtins.list[Job]:
+        """This user's latest ended jobs of ``group``, newest first (with events)."""
+        with self._tx(write=False) as conn:
+            ids = [r[0] for r in conn.execute(
+                f"SELECT id FROM jobs WHERE uid = ? AND job_group = ? AND state IN "
+                f"({_TERMINAL_SQL}) ORDER BY ended_at DESC, id DESC LIMIT ?",
+                (uid, group, limit))]
+        return sorted(self.list(ids=ids), key=lambda j: (-(j.ended_at or 0), -j.id))
+
     def active(self) -> builtins.list[Job]:
         """Jobs that hold GPU budget: reserved and running."""
         return self.list(states=sorted(ACTIVE))
@@ -624,8 +653,8 @@ class Store:
                        job_group, job_key, mem, gpu_count, gpu_ids, after_ids, timeout,
                        exclusive, priority, requeue_on_reboot, state, submitted_at, reason,
                        qos, mem_limit, grace, no_requeue, retries, checkpoint, mps,
-                       sm_percent)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                       sm_percent, mem_auto)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
                 (spec.user, spec.uid, spec.gid, _json_ids(spec.groups), spec.cwd,
                  json.dumps(dict(spec.env), sort_keys=True), json.dumps(list(spec.command)),
                  spec.name, spec.group, spec.key, spec.mem, spec.gpus,
@@ -633,7 +662,7 @@ class Store:
                  _json_ids(spec.after), spec.timeout, int(spec.exclusive), spec.priority,
                  int(spec.requeue_on_reboot), state, now, reason, spec.qos, spec.mem_limit,
                  spec.grace, int(spec.no_requeue), spec.retries, int(spec.checkpoint),
-                 int(spec.mps), spec.sm_percent))
+                 int(spec.mps), spec.sm_percent, int(spec.mem_auto)))
             job_id = cur.lastrowid
             assert job_id is not None
             conn.execute(
