@@ -101,9 +101,11 @@ def _python_path(existing: str | None, *, with_hook: bool) -> str | None:
 
 
 def plan_launch(command: Sequence[str], gpus: Sequence[GpuFacts], *, base_env: Mapping[str, str],
-                host: Host, mem_limit: int | None, bind: bool = True) -> LaunchPlan:
+                host: Host, mem_limit: int | None, bind: bool = True,
+                cores: frozenset[int] | None = None) -> LaunchPlan:
     """Plan running ``command`` on ``gpus`` (in CUDA_VISIBLE_DEVICES order), capped at
-    ``mem_limit`` bytes per GPU (None: no cap), bound to their CPUs and NUMA node."""
+    ``mem_limit`` bytes per GPU (None: no cap), bound to their CPUs and NUMA node.
+    ``cores``: exactly these CPUs (cores the job holds alone) instead of every local one."""
     if not command:
         raise ValueError("empty command")
     env = dict(base_env)
@@ -127,7 +129,9 @@ def plan_launch(command: Sequence[str], gpus: Sequence[GpuFacts], *, base_env: M
     argv = tuple(command)
     if bind and gpus:
         lists = [g.cpus for g in gpus]
-        if any(c is None for c in lists):
+        if cores is not None:
+            cpus = cores
+        elif any(c is None for c in lists):
             notes.append("CPU affinity not set: a GPU's local CPUs are unknown")
         else:
             local = frozenset().union(*(parse_cpulist(c) for c in lists if c is not None))
@@ -136,6 +140,9 @@ def plan_launch(command: Sequence[str], gpus: Sequence[GpuFacts], *, base_env: M
                 cpus = usable
             else:
                 notes.append("CPU affinity not set: none of the GPUs' CPUs is allowed here")
+        if host.numa_nodes is not None and len(host.numa_nodes) <= 1:
+            notes.append("one NUMA node here: binding to the GPUs' node changes nothing"
+                         + ("" if cores is None else "; the job's cores are its own"))
         nodes = {g.numa_node for g in gpus}
         node = next(iter(nodes)) if len(nodes) == 1 else None
         if node is None:

@@ -205,3 +205,18 @@ def test_an_mps_job_past_its_budget_fails_while_its_neighbour_runs_on(gd: GpuDae
            if str(gd.home) in (c.pipe_dir or "")]:
         assert time.monotonic() < deadline, "the MPS daemon was not quit"
         time.sleep(0.3)
+
+
+@pytest.mark.gpu
+def test_cpus_held_alone_on_a_one_node_machine(gd: GpuDaemon) -> None:
+    jid = gd.submit("--cpus", "4", "--mem", "2G", "--", sys.executable, "-c",
+                    "import os; print(sorted(os.sched_getaffinity(0)))")
+    assert gd.cli("wait", str(jid), check=False).returncode == 0
+    job = gd.job(jid)
+    launched = next(e for e in job["events"] if e["kind"] == "launched")
+    print(job["cpu_set"], launched["detail"])
+    assert len(job["cpu_set"]) == 4
+    assert gd.cli("logs", str(jid)).stdout.strip() == str(job["cpu_set"])
+    if len(os.listdir("/sys/devices/system/node")) and sum(
+            1 for n in os.listdir("/sys/devices/system/node") if n[4:].isdigit()) == 1:
+        assert "one NUMA node here" in launched["detail"]

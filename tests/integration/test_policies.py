@@ -4,6 +4,8 @@ out of requeue, CUDA-OOM retry with a bigger budget, and per-user limits."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -310,3 +312,38 @@ def test_a_group_failing_the_same_way_three_times_is_held(fast_daemon: Daemon) -
         assert "group_held" in kinds(job)
     assert d.job(blocker)["state"] == "running"  # not in the group: untouched
     assert d.cli("cancel", str(blocker)).returncode == 0
+
+
+AFFINITY = "import os; print(sorted(os.sched_getaffinity(0)))"
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the scenario puts GPU 1 near CPU 1")
+def test_cpus_are_held_alone_near_the_gpu(fast_daemon: Daemon) -> None:
+    d = fast_daemon
+    first = d.submit("--gpu-ids", "1", "--mem", "1G", "--cpus", "1",
+                     cmd=[PY, "-c", AFFINITY + "; import time; time.sleep(2)"])
+    second = d.submit("--gpu-ids", "1", "--mem", "1G", "--cpus", "1", cmd=[PY, "-c", AFFINITY])
+    d.wait_state(first, "running")
+    waiting = d.job(second)
+    assert waiting["state"] == "queued" and "0 free CPU core(s) near it" in waiting["reason"]
+    for jid in (first, second):
+        assert d.cli("wait", str(jid), timeout=60).returncode == 0
+        assert d.job(jid)["cpu_set"] == [1]
+        assert d.cli("logs", str(jid), check=True).stdout.strip() == "[1]"
+    launched = next(e for e in d.job(first)["events"] if e["kind"] == "launched")
+    assert "CPUs 1" in launched["detail"]
+    r = d.cli("submit", "--cpus", "2", "--mem", "1G", "--json", "--", "true")
+    assert json.loads(r.stdout)["state"] == "infeasible"
+    assert "at most 1 are near each GPU" in json.loads(r.stdout)["reason"]
+
+
+def test_no_numa_leaves_affinity_alone(fast_daemon: Daemon) -> None:
+    d = fast_daemon
+    jid = d.submit("--gpu-ids", "1", "--mem", "1G", "--no-numa", cmd=[PY, "-c", AFFINITY])
+    assert d.cli("wait", str(jid), timeout=60).returncode == 0
+    assert d.cli("logs", str(jid), check=True).stdout.strip() == str(
+        sorted(os.sched_getaffinity(0)))
+    launched = next(e for e in d.job(jid)["events"] if e["kind"] == "launched")
+    assert "CPUs" not in launched["detail"]
+    r = d.cli("submit", "--cpus", "1", "--no-numa", "--", "true")
+    assert r.returncode != 0 and "choose one" in r.stderr

@@ -403,3 +403,45 @@ def test_declared_vs_actual() -> None:
         "peak 8192MiB of 10.0GiB declared: over-declared by 2048MiB (20%)"
     assert "under-declared by" in (declared_vs_actual(10 * GiB, 11 * GiB) or "")
     assert declared_vs_actual(None, GiB) is None
+
+
+# --- CPU cores held alone (--cpus) ----------------------------------------------------------
+
+def _cpu_gpu(index: int, cores: set[int], free: set[int] | None = None) -> GpuState:
+    return GpuState(index=index, uuid=f"GPU-{index}", total=80 * GiB,
+                    local_cpus=frozenset(cores),
+                    free_cpus=frozenset(cores if free is None else free))
+
+
+def test_cores_are_held_alone_and_booked_within_a_pass() -> None:
+    from dataclasses import replace
+
+    gpus = [_cpu_gpu(0, {0, 1, 2, 3}), _cpu_gpu(1, {0, 1, 2, 3})]  # one NUMA node
+    a, b, c = (replace(job(i, 5), cpus=2) for i in (1, 2, 3))
+    d = by_id(plan(gpus, [a, b, c], 0, now=NOW, policy=ALL))
+    assert isinstance(d[1], Place) and d[1].cpus == (0, 1)
+    assert isinstance(d[2], Place) and d[2].cpus == (2, 3)
+    assert isinstance(d[3], Wait) and "0 free CPU core(s) near it" in d[3].reason
+
+
+def test_cores_come_from_each_gpus_node() -> None:
+    from dataclasses import replace
+
+    gpus = [_cpu_gpu(0, {0, 1, 2, 3}), _cpu_gpu(1, {4, 5, 6, 7}, free={6, 7})]
+    two = replace(job(1, 5, count=2), cpus=4)
+    [p] = plan(gpus, [two], 0, now=NOW, policy=ALL)
+    assert isinstance(p, Place) and p.cpus == (0, 1, 6, 7)
+
+
+def test_more_cores_than_any_gpu_has_is_infeasible() -> None:
+    from dataclasses import replace
+
+    from gpuwarden.sched.model import Infeasible
+
+    [d] = plan([_cpu_gpu(0, {0, 1})], [replace(job(1, 5), cpus=3)], 0, now=NOW, policy=ALL)
+    assert isinstance(d, Infeasible) and "at most 2 are near each GPU" in d.reason
+
+
+def test_jobs_without_cpus_ignore_cores() -> None:
+    d = plan([_cpu_gpu(0, {0}, free=set())], [job(1, 5)], 0, now=NOW, policy=ALL)
+    assert isinstance(d[0], Place) and d[0].cpus == ()

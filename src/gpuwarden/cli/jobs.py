@@ -106,6 +106,10 @@ _SUBMIT_OPTIONS = [
                  help="Run as an MPS client: the driver enforces --mem as a hard limit."),
     click.option("--sm-percent", type=click.IntRange(1, 100),
                  help="With --mps: the share of the GPU's SMs the job may use."),
+    click.option("--cpus", type=click.IntRange(1, 4096),
+                 help="Hold this many CPU cores near the GPUs alone (among gpuwarden jobs)."),
+    click.option("--no-numa", is_flag=True,
+                 help="No CPU affinity and no NUMA memory binding."),
 ]
 
 
@@ -139,10 +143,10 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
         "exclusive": opts["exclusive"], "requeue_on_reboot": opts["requeue_on_reboot"],
         "after": parse_ids(opts["after"]),
         "no_requeue": opts["no_requeue"], "retries": opts["retries"],
-        "checkpoint": opts["checkpoint"], "mps": opts["mps"],
+        "checkpoint": opts["checkpoint"], "mps": opts["mps"], "no_numa": opts["no_numa"],
     }
     for key in ("mem", "name", "group", "key", "timeout", "qos", "mem_limit", "grace",
-                "sm_percent"):
+                "sm_percent", "cpus"):
         if opts[key] is not None:
             body[key] = opts[key]
     if opts["gpu_ids"]:

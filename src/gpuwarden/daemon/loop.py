@@ -94,6 +94,7 @@ class Scheduler:
         self._seen_pids: dict[int, set[int]] = {}  # job id -> its processes this attempt
         self._unaccounted: dict[str, int] = {}  # GPU uuid -> unaccounted bytes, last pass
         self._mps_in_use: set[str] | None = None  # MPS daemons running jobs used last pass
+        self._allowed_cpus: frozenset[int] | None = None  # this daemon's CPU mask
 
     # -- supervisor bookkeeping --------------------------------------------------------
     def jobdir(self, job: Job) -> Path:
@@ -477,7 +478,31 @@ class Scheduler:
             hist.append((now, current))
             self._peaks[uuid] = hist[-600:]
             peaks[uuid] = max(b for _, b in hist)
-        return list(gpu_states(snap, uses, managed_pids, peaks, self.config.reserve))
+        states = gpu_states(snap, uses, managed_pids, peaks, self.config.reserve)
+        return self._with_cpus(states, snap, active)
+
+    def _with_cpus(self, states: list[GpuState], snap: Snapshot,
+                   active: list[Job]) -> list[GpuState]:
+        """Each GPU's local CPUs (those this daemon may use) and which of them no job
+        holds alone (--cpus), for placement."""
+        from gpuwarden.gpus.topology import parse_cpulist
+        from gpuwarden.launch import probe_host
+
+        if self._allowed_cpus is None:
+            self._allowed_cpus = probe_host().allowed_cpus or frozenset()
+        held = frozenset(c for j in active for c in j.cpu_set)
+        facts = {v.facts.index: v.facts for v in snap.gpus}
+        out = []
+        for g in states:
+            text = facts[g.index].cpus if g.index in facts else None
+            if text is None:
+                out.append(g)
+                continue
+            local = parse_cpulist(text)
+            if self._allowed_cpus:
+                local &= self._allowed_cpus
+            out.append(dataclasses.replace(g, local_cpus=local, free_cpus=local - held))
+        return out
 
     def _watch(self, active: list[Job], used: dict[int, dict[str, int]],
                room_wanted: bool) -> None:
@@ -607,13 +632,14 @@ class Scheduler:
             job.id, (model.QUEUED,), model.RESERVED, now=self.clock(), kind="placed",
             detail=f"GPU {','.join(map(str, place.gpus))}, {budget_text} each",
             gpus=place.gpus, gpu_uuids=tuple(f.uuid for f in chosen), budget=place.budget,
-            reason=None)
+            cpu_set=place.cpus, reason=None)
         try:
             d = self.jobdir(job)
             env = job_env(job, place.budget, d)
             launch = plan_launch(job.spec.command, chosen, base_env=env,
                                  host=probe_host(env), mem_limit=job.cap(place.budget),
-                                 bind=True)
+                                 bind=not job.spec.no_numa,
+                                 cores=frozenset(place.cpus) if place.cpus else None)
             if job.spec.mps:
                 control = self.mps.ensure(job.spec.uid, job.spec.gid, place.gpus)
                 limit = job.cap(place.budget) or place.budget
@@ -637,7 +663,8 @@ class Scheduler:
         try:
             self.store.transition(job.id, (model.RESERVED,), model.RESERVED,
                                   now=self.clock(), kind="launched",
-                                  detail=f"supervisor pid {handle.pid}",
+                                  detail=f"supervisor pid {handle.pid}; {launch.describe()}"
+                                  + "".join(f"; {n}" for n in launch.notes),
                                   supervisor_pid=handle.pid,
                                   supervisor_start=handle.start_time, boot_id=self.boot_id)
         except Conflict:

@@ -53,6 +53,8 @@ class JobSpec:
     mps: bool = False  # run as an MPS client with the budget as a hard limit
     sm_percent: int | None = None  # MPS: share of the GPU's SMs (1-100)
     mem_auto: bool = False  # mem was learned from earlier runs (--mem auto)
+    cpus: int | None = None  # CPU cores near its GPUs held alone (--cpus N)
+    no_numa: bool = False  # no CPU affinity, no NUMA memory binding
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,7 @@ class Job:
     not_before: float | None = None  # a retry's backoff: not placed before this
     kill_reason: str | None = None  # why gpuwarden killed it (the watchdog), if it did
     release: Hold | None = None  # the memory of its latest ended attempt
+    cpu_set: tuple[int, ...] = ()  # the cores it holds alone while reserved/running
     events: tuple[Event, ...] = ()
 
     def cap(self, budget: int | None = None) -> int | None:
@@ -209,6 +212,9 @@ class Job:
             "checkpoint": s.checkpoint,
             "mps": s.mps,
             "mem_auto": s.mem_auto,
+            "cpus": s.cpus,
+            "no_numa": s.no_numa,
+            "cpu_set": list(self.cpu_set),
             "declared_vs_peak": declared_vs_actual(s.mem, self.peak_memory),
             "sm_percent": s.sm_percent,
             "after": list(s.after),

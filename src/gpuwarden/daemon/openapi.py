@@ -63,6 +63,8 @@ _SUBMIT = {
         "checkpoint": {"type": "boolean"},
         "mps": {"type": "boolean"},
         "sm_percent": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": 100}, _NULL]},
+        "cpus": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": 4096}, _NULL]},
+        "no_numa": {"type": "boolean"},
     },
 }
 

@@ -66,7 +66,7 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
     known = {"command", "cwd", "env", "env_keep", "name", "group", "key", "mem", "gpus",
              "gpu_ids", "after", "timeout", "exclusive", "priority", "requeue_on_reboot",
              "qos", "mem_limit", "grace", "no_requeue", "retries", "checkpoint", "mps",
-             "sm_percent"}
+             "sm_percent", "cpus", "no_numa"}
     unknown = sorted(set(body) - known)
     if unknown:
         raise UsageError(f"unknown field(s): {', '.join(unknown)}")
@@ -115,6 +115,12 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
     if body.get("mps") is True and mem is None and not mem_auto:
         raise UsageError("mps needs mem: the budget is the limit MPS enforces")
     retries = _int(body.get("retries", 0), "retries", 0, 100)
+    cpus = body.get("cpus")
+    if cpus is not None:
+        cpus = _int(cpus, "cpus", 1, 4096)
+        if body.get("no_numa") is True:
+            raise UsageError("cpus binds the job to cores near its GPUs; no_numa turns "
+                             "binding off: choose one")
     gpus = _int(body.get("gpus", 1), "gpus", 1, 64)
     gpu_ids = body.get("gpu_ids")
     if gpu_ids is not None:
@@ -137,7 +143,8 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
         v = body.get(label)
         if v is not None and (not isinstance(v, str) or not v or len(v) > 200):
             raise UsageError(f"{label} must be a non-empty string of at most 200 characters")
-    for flag in ("exclusive", "requeue_on_reboot", "no_requeue", "checkpoint", "mps"):
+    for flag in ("exclusive", "requeue_on_reboot", "no_requeue", "checkpoint", "mps",
+                 "no_numa"):
         if not isinstance(body.get(flag, False), bool):
             raise UsageError(f"{flag} must be true or false")
     spec = JobSpec(
@@ -152,6 +159,7 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
         no_requeue=bool(body.get("no_requeue", False)), retries=retries,
         checkpoint=bool(body.get("checkpoint", False)),
         mps=body.get("mps") is True, sm_percent=sm_percent, mem_auto=mem_auto,
+        cpus=cpus, no_numa=body.get("no_numa") is True,
     )
     return spec, dropped
 
@@ -183,7 +191,7 @@ def queued_view(job: Job) -> QueuedJob:
     return QueuedJob(id=job.id, user=s.user, mem=job.request, count=s.gpus,
                      gpu_ids=s.gpu_ids, exclusive=s.exclusive, priority=s.priority,
                      submitted_at=job.submitted_at, qos=s.qos, runtime=s.timeout,
-                     not_before=job.not_before or 0.0)
+                     not_before=job.not_before or 0.0, cpus=s.cpus)
 
 
 class JobService:

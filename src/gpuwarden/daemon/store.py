@@ -207,6 +207,9 @@ MIGRATIONS: list[Migration] = [
         "ALTER TABLE jobs ADD COLUMN mps INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE jobs ADD COLUMN sm_percent INTEGER",
         "ALTER TABLE jobs ADD COLUMN mem_auto INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN cpus INTEGER",
+        "ALTER TABLE jobs ADD COLUMN no_numa INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN cpu_set TEXT NOT NULL DEFAULT '[]'",
         # Memory an ended attempt keeps reserved until it is verified back.
         """CREATE TABLE holds (
             id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -228,11 +231,12 @@ MIGRATIONS: list[Migration] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 
 # Columns a transition may set, with how each is stored.
-_JSON_FIELDS = frozenset({"gpus", "gpu_uuids"})
+_JSON_FIELDS = frozenset({"gpus", "gpu_uuids", "cpu_set"})
 TRANSITION_FIELDS = frozenset({
     "started_at", "ended_at", "gpus", "gpu_uuids", "budget", "exit_code", "reason",
     "supervisor_pid", "supervisor_start", "boot_id", "attempts", "peak_memory",
     "preempting_at", "preemptions", "oom_retries", "retry_mem", "not_before", "kill_reason",
+    "cpu_set",
 })
 _WAITING = (QUEUED, HELD)
 _TERMINAL_SQL = ", ".join(f"'{s}'" for s in sorted(TERMINAL))
@@ -271,7 +275,7 @@ def _check_spec(spec: JobSpec) -> None:
         if "\0" in text:
             raise UsageError(f"job {label} contains a NUL character")
     ints = (spec.uid, spec.gid, spec.mem, spec.gpus, spec.priority, spec.mem_limit,
-            spec.retries, spec.sm_percent, *spec.groups,
+            spec.retries, spec.sm_percent, spec.cpus, *spec.groups,
             *(spec.gpu_ids or ()), *spec.after)
     if not _ints_ok(*ints):
         raise UsageError("a number in the job request is out of range")
@@ -322,6 +326,8 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event], hold: Hold | None = N
         mps=bool(row["mps"]),
         sm_percent=row["sm_percent"],
         mem_auto=bool(row["mem_auto"]),
+        cpus=row["cpus"],
+        no_numa=bool(row["no_numa"]),
     )
     return Job(
         id=row["id"],
@@ -347,6 +353,7 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event], hold: Hold | None = N
         not_before=row["not_before"],
         kill_reason=row["kill_reason"],
         release=hold,
+        cpu_set=_loads_tuple(row["cpu_set"]),
         events=tuple(events),
     )
 
@@ -653,8 +660,8 @@ class Store:
                        job_group, job_key, mem, gpu_count, gpu_ids, after_ids, timeout,
                        exclusive, priority, requeue_on_reboot, state, submitted_at, reason,
                        qos, mem_limit, grace, no_requeue, retries, checkpoint, mps,
-                       sm_percent, mem_auto)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                       sm_percent, mem_auto, cpus, no_numa)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
                 (spec.user, spec.uid, spec.gid, _json_ids(spec.groups), spec.cwd,
                  json.dumps(dict(spec.env), sort_keys=True), json.dumps(list(spec.command)),
                  spec.name, spec.group, spec.key, spec.mem, spec.gpus,
@@ -662,7 +669,8 @@ class Store:
                  _json_ids(spec.after), spec.timeout, int(spec.exclusive), spec.priority,
                  int(spec.requeue_on_reboot), state, now, reason, spec.qos, spec.mem_limit,
                  spec.grace, int(spec.no_requeue), spec.retries, int(spec.checkpoint),
-                 int(spec.mps), spec.sm_percent, int(spec.mem_auto)))
+                 int(spec.mps), spec.sm_percent, int(spec.mem_auto), spec.cpus,
+                 int(spec.no_numa)))
             job_id = cur.lastrowid
             assert job_id is not None
             conn.execute(

@@ -43,6 +43,8 @@ class GpuState:
     managed: tuple[ManagedUse, ...] = ()
     foreign_peak: int = 0  # bytes used by processes gpuwarden does not manage, at their peak
     foreign_processes: int = 0
+    local_cpus: frozenset[int] | None = None  # CPUs near this GPU (None: unknown)
+    free_cpus: frozenset[int] | None = None  # of those, not held alone by a job (--cpus)
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class QueuedJob:
     qos: str = BURSTABLE
     runtime: float | None = None  # the job's --timeout: the longest it may run
     not_before: float = 0.0  # epoch seconds; a retry waits out its backoff
+    cpus: int | None = None  # CPU cores near its GPUs to hold alone (--cpus N)
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class Place:
     job_id: int
     gpus: tuple[int, ...]
     budget: int
+    cpus: tuple[int, ...] = ()  # the cores it holds alone, when it asked for some
 
 
 @dataclass(frozen=True)

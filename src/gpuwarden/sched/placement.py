@@ -171,6 +171,8 @@ def _blocked(job: QueuedJob, gpu: GpuState, room: int) -> tuple[bool, str] | Non
         if gpu.foreign_processes:
             bits.append(_plural(gpu.foreign_processes, "foreign process", "es"))
         return False, "in use by " + " and ".join(bits)
+    if job.cpus and gpu.free_cpus is not None and len(gpu.free_cpus) < _cores_each(job):
+        return False, f"{len(gpu.free_cpus)} free CPU core(s) near it"
     if job.mem is None:
         if room <= 0:
             return True, f"no headroom ({format_bytes(gpu.foreign_peak)} foreign/leaked)"
@@ -178,6 +180,29 @@ def _blocked(job: QueuedJob, gpu: GpuState, room: int) -> tuple[bool, str] | Non
     if room < job.mem:
         return True, f"{format_bytes(room)} free"
     return None
+
+
+def _cores_each(job: QueuedJob) -> int:
+    """Cores each of the job's GPUs must have free near it (its --cpus, spread)."""
+    return -(-(job.cpus or 0) // max(job.count, 1))
+
+
+def pick_cores(job: QueuedJob, chosen: Sequence[GpuState]) -> tuple[int, ...] | None:
+    """The job's --cpus cores: the lowest free ones near its GPUs, as evenly from each GPU's
+    node as they allow. None when there are not enough (or the CPUs are unknown)."""
+    if not job.cpus:
+        return ()
+    if any(g.free_cpus is None for g in chosen):
+        return None
+    pools = [sorted(g.free_cpus or ()) for g in chosen]
+    picked: list[int] = []
+    while len(picked) < job.cpus and any(pools):
+        for pool in pools:
+            while pool and pool[0] in picked:
+                pool.pop(0)
+            if pool and len(picked) < job.cpus:
+                picked.append(pool.pop(0))
+    return tuple(sorted(picked)) if len(picked) == job.cpus else None
 
 
 def _set_key(job: QueuedJob, chosen: Sequence[tuple[GpuState, int]],
@@ -237,7 +262,10 @@ def fits(job: QueuedJob, gpus: Sequence[GpuState],
         return None
     chosen = _best_set(job, ok)
     budget = job.mem if job.mem is not None else min(room for _, room in chosen)
-    return Place(job.id, tuple(sorted(g.index for g, _ in chosen)), budget)
+    cores = pick_cores(job, [g for g, _ in chosen])
+    if cores is None:
+        return None
+    return Place(job.id, tuple(sorted(g.index for g, _ in chosen)), budget, cores)
 
 
 def reservation(job: QueuedJob, budget: int, *, started_at: float | None = None,
@@ -268,6 +296,8 @@ def apply(gpus: Sequence[GpuState], job: QueuedJob, place: Place,
             gpu = replace(gpu, managed=(*gpu.managed, reservation(job, place.budget,
                                                                    started_at=started_at)))
             targets.discard(gpu.index)
+        if place.cpus and gpu.free_cpus is not None and gpu.free_cpus & set(place.cpus):
+            gpu = replace(gpu, free_cpus=gpu.free_cpus - set(place.cpus))
         out.append(gpu)
     if targets:
         raise ValueError(f"job {job.id}: placed on unknown GPU {_ids(targets)}")
@@ -317,6 +347,12 @@ def infeasible_reason(job: QueuedJob, gpus: Sequence[GpuState]) -> str | None:
     if job.count > len(usable):
         why = f" (GPU {_ids(barred)}: Prohibited)" if barred else ""
         return f"needs {_plural(job.count, 'GPU')} but only {len(usable)} usable on {where}{why}"
+    if job.cpus:
+        known = [g for g in usable if g.local_cpus is not None]
+        if known and max(len(g.local_cpus or ()) for g in known) * job.count < job.cpus:
+            most = max(len(g.local_cpus or ()) for g in known)
+            return (f"asks for {job.cpus} CPU cores, but at most {most} are near each GPU "
+                    f"({most * job.count} for {_plural(job.count, 'GPU')})")
     need = 1 if job.mem is None else job.mem
     big = [g for g in usable if capacity(g) >= need]
     if len(big) >= job.count:
