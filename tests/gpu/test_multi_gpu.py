@@ -178,3 +178,75 @@ def test_daemon_places_a_two_gpu_torchrun_job_on_two_gpus(tmp_path: Path) -> Non
         subprocess.run([sys.executable, "-m", "gpuwarden", "daemon", "stop"], env=env,
                        timeout=60)
         shutil.rmtree(short, ignore_errors=True)
+
+
+@pytest.mark.gpu
+def test_packing_and_preemption_across_gpus() -> None:
+    """As in the simulated tests, on real GPUs: jobs of 40% of a GPU pack two per GPU;
+    a besteffort job on two GPUs is preempted by a guaranteed one that needs one of them,
+    is queued again and finishes after it."""
+    import json
+    import shutil
+    import tempfile
+    import time
+
+    import torch
+
+    gpus = _need_two()
+    total = torch.cuda.get_device_properties(0).total_memory
+    hold = ("import sys, time, torch; n = int(sys.argv[1]); "
+            "x = torch.empty(n, dtype=torch.uint8, device='cuda'); x.fill_(1); "
+            "torch.cuda.synchronize(); print('holding', flush=True); "
+            "time.sleep(float(sys.argv[2]))")
+    root = Path(tempfile.mkdtemp(prefix="gw-"))
+    home = root / "home"
+    home.mkdir()
+    (home / "config.toml").write_text('interval = "200ms"\ngrace = "3s"\n')
+    env = _env()
+    env["GPUWARDEN_HOME"] = str(home)
+
+    def gw(*args: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "gpuwarden", *args], env=env,
+                           capture_output=True, text=True, timeout=300, check=False)
+        assert r.returncode == 0 or args[0] == "wait", (args, r.stderr)
+        return r.stdout
+
+    def job(jid: int) -> dict:  # type: ignore[type-arg]
+        return json.loads(gw("show", str(jid), "--json"))  # type: ignore[no-any-return]
+
+    def wait_running(ids: list[int], timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not all(job(j)["state"] == "running" for j in ids):
+            assert time.monotonic() < deadline, [job(j)["state"] for j in ids]
+            time.sleep(0.3)
+
+    try:
+        gw("daemon", "start")
+        tenth = total // 10
+        packed = [int(gw("submit", "--mem", str(4 * tenth), "--", sys.executable, "-c", hold,
+                         str(3 * tenth), "8")) for _ in range(4)]
+        wait_running(packed)
+        placed = sorted(job(j)["gpus"][0] for j in packed)
+        print("packed onto GPUs", placed)
+        assert placed == [gpus[0].index, gpus[0].index, gpus[1].index, gpus[1].index]
+        for j in packed:
+            gw("wait", str(j))
+        victim = int(gw("submit", "--qos", "besteffort", "--gpus", "2", "--mem",
+                        str(6 * tenth), "--", sys.executable, "-c", hold, str(5 * tenth),
+                        "20"))
+        wait_running([victim])
+        boss = int(gw("submit", "--qos", "guaranteed", "--mem", str(6 * tenth), "--",
+                      sys.executable, "-c", hold, str(5 * tenth), "3"))
+        gw("wait", str(boss))
+        gw("wait", str(victim))
+        v, b = job(victim), job(boss)
+        for e in v["events"]:
+            print("victim", e["at"], e["kind"], e["detail"])
+        assert b["state"] == "succeeded" and v["state"] == "succeeded"
+        assert v["preemptions"] == 1 and len(v["gpus"]) == 2
+        kinds = [e["kind"] for e in v["events"]]
+        assert kinds.index("preempted") < kinds.index("requeued")
+    finally:
+        subprocess.run([sys.executable, "-m", "gpuwarden", "daemon", "stop"], env=env,
+                       capture_output=True, timeout=60, check=False)
+        shutil.rmtree(root, ignore_errors=True)

@@ -18,7 +18,7 @@ from gpuwarden import __version__
 from gpuwarden.daemon.auth import Caller, peer_caller
 from gpuwarden.daemon.openapi import document
 from gpuwarden.daemon.service import JobService
-from gpuwarden.daemon.store import Conflict, JobNotFound
+from gpuwarden.daemon.store import Conflict, JobNotFound, StoreError
 from gpuwarden.errors import GpuwardenError, PermissionDenied, UsageError
 from gpuwarden.units import parse_duration
 
@@ -36,6 +36,8 @@ def _status_for(e: Exception) -> int:
         return 404
     if isinstance(e, Conflict):
         return 409
+    if isinstance(e, StoreError):  # the daemon's side: a full disk, a broken database
+        return 503
     return 400
 
 

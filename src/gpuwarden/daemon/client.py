@@ -67,6 +67,8 @@ class Client:
                 message = data.decode(errors="replace")[:200] or resp.reason
             if resp.status == 403:
                 raise PermissionDenied(message)
+            if resp.status == 503:
+                raise DaemonUnavailable(f"the daemon cannot do that now: {message}")
             if resp.status >= 500:
                 raise GpuwardenError(f"daemon error: {message}")
             raise UsageError(message)

@@ -39,7 +39,8 @@ PEAK_WINDOW = 300.0  # seconds a foreign process's peak keeps counting against h
 # Fields that describe one attempt: cleared when a job is queued again.
 FRESH_ATTEMPT: Mapping[str, Any] = MappingProxyType(dict(
     gpus=(), gpu_uuids=(), budget=None, supervisor_pid=None, supervisor_start=None,
-    boot_id=None, started_at=None, exit_code=None, preempting_at=None, kill_reason=None))
+    boot_id=None, started_at=None, exit_code=None, preempting_at=None, kill_reason=None,
+    cpu_set=()))
 PREEMPT_NOTICE = "preempt"  # in the attempt directory; GPUWARDEN_PREEMPT_FILE names it
 LEAK_TOLERANCE = 64 << 20  # unaccounted memory may drift this much without blame
 
@@ -322,8 +323,7 @@ class Scheduler:
                     self.store.transition(job.id, (model.RESERVED,), model.QUEUED,
                                           now=self.clock(), kind="requeued",
                                           detail="the daemon stopped before launching it",
-                                          gpus=(), gpu_uuids=(), budget=None,
-                                          attempts=job.attempts + 1)
+                                          **FRESH_ATTEMPT, attempts=job.attempts + 1)
                     continue
                 st = self._status(job)  # a supervisor won: adopt it, or collect its end
                 if st.exit is None and st.supervisor is not None and alive(st.supervisor):
@@ -342,6 +342,26 @@ class Scheduler:
                                       detail="its supervisor died without recording an exit",
                                       reason="supervisor lost", ended_at=self.clock(),
                                       hold=self._hold(job, self.clock()))
+
+    def _settle_unlaunched(self, job: Job, st: SupervisorStatus) -> None:
+        """A reserved job whose launch did not complete: the pass that placed it failed
+        before recording the supervisor (a full disk, a failed spawn whose failure could
+        not be written either). Adopt the supervisor if one claimed the attempt, else
+        void the attempt and queue the job again."""
+        from gpuwarden.daemon.supervisor import alive
+
+        if st.supervisor is not None:
+            if alive(st.supervisor):
+                self.store.transition(job.id, (model.RESERVED,), model.RESERVED,
+                                      now=self.clock(), kind="adopted",
+                                      supervisor_pid=st.supervisor.pid,
+                                      supervisor_start=st.supervisor.start_time,
+                                      boot_id=self.boot_id)
+            return  # a dead one: its exit.json, or the lost-supervisor rule, settles it
+        if self._void_attempt(job):
+            self.store.transition(job.id, (model.RESERVED,), model.QUEUED, now=self.clock(),
+                                  kind="requeued", detail="its launch did not complete",
+                                  **FRESH_ATTEMPT, attempts=job.attempts + 1)
 
     def _void_attempt(self, job: Job) -> bool:
         """Make sure no supervisor ever runs this attempt of a job: create its
@@ -398,6 +418,8 @@ class Scheduler:
             st = self._status(job)
             if st.exit is not None:
                 self._finish(job, st.exit)
+            elif job.state == model.RESERVED and job.supervisor_pid is None:
+                self._settle_unlaunched(job, st)
             elif job.state == model.RESERVED and st.child is not None:
                 self.store.transition(job.id, (model.RESERVED,), model.RUNNING,
                                       now=self.clock(), kind="started",

@@ -75,7 +75,8 @@ def _resp(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
 
 
 _ERRORS = {str(code): _resp(_ERROR, text) for code, text in (
-    (400, "bad request"), (403, "not allowed"), (404, "no such job"), (409, "conflict"))}
+    (400, "bad request"), (403, "not allowed"), (404, "no such job"), (409, "conflict"),
+    (503, "the daemon cannot do it now (its disk is full, its database is unusable)"))}
 _ID = {"name": "id", "in": "path", "required": True,
        "schema": {"type": "integer", "minimum": 1}}
 

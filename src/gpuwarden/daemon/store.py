@@ -40,6 +40,7 @@ Decisions, and why:
 from __future__ import annotations
 
 import builtins
+import contextlib
 import itertools
 import json
 import os
@@ -490,13 +491,27 @@ class Store:
                 yield conn
                 conn.execute("COMMIT")
             except BaseException as e:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+                self._roll_back(conn)
                 # Locked too long, disk full, I/O error, corrupt file: the database's
                 # trouble, not a bug here (integrity and programming errors stay as they are).
                 if type(e) in (sqlite3.OperationalError, sqlite3.DatabaseError):
                     raise StoreError(f"state database {self.path}: {e}") from None
                 raise
+
+    def _roll_back(self, conn: sqlite3.Connection) -> None:
+        """End a failed transaction. If even that fails (the disk is full, the file is
+        gone), the connection is replaced, so one bad moment cannot leave every later
+        transaction failing with "cannot start a transaction within a transaction"."""
+        if not conn.in_transaction:
+            return
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+            self._conn = None
+            with contextlib.suppress(StoreError):
+                self._conn = self._open()
 
     def close(self) -> None:
         if os.getpid() != self._pid:  # a forked child never opened one of its own

@@ -1,0 +1,104 @@
+"""A full disk under the state directory (logs and database on one small tmpfs): requests
+fail with a clear error instead of killing the daemon, the running job's end is kept by
+its supervisor until it can be recorded, and once space is freed everything carries on
+with an intact database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, _kill_jobs, make_env
+
+# Writes ~16 MiB of output: more than the 4 MiB file system holds.
+FLOOD = ("import sys\nfor _ in range(16384):\n    sys.stdout.write('x' * 1023 + '\\n')\n"
+         "sys.stdout.flush()\n")
+
+
+@pytest.fixture
+def small_home(tmp_path: Path) -> Iterator[Daemon]:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    short = Path(tempfile.mkdtemp(prefix="gw-"))
+    os.chmod(short, 0o755)
+    home = short / "home"
+    home.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs",
+                        str(home)], capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {r.stderr.strip()}")
+    try:
+        (home / "config.toml").write_text('interval = "100ms"\ngrace = "2s"\n'
+                                          'release_timeout = "1s"\n')
+        env = make_env(tmp_path, EXAMPLES / "idle-2gpu.json")
+        env["GPUWARDEN_HOME"] = str(home)
+        d = Daemon(home, env)
+        d.start()
+        try:
+            yield d
+        finally:
+            d.stop()
+            _kill_jobs(home)
+    finally:
+        for _ in range(50):
+            if subprocess.run(["umount", str(home)], capture_output=True,
+                              check=False).returncode == 0:
+                break
+            time.sleep(0.1)
+        subprocess.run(["rm", "-rf", str(short)], check=False)
+
+
+def _fill(home: Path) -> Path:
+    """Take what space is left, as another writer on the disk would."""
+    ballast = home / "ballast"
+    with open(ballast, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    return ballast
+
+
+def test_a_full_disk_fails_requests_cleanly_and_nothing_is_lost(small_home: Daemon) -> None:
+    from gpuwarden.daemon.paths import DB_NAME
+    from gpuwarden.daemon.store import Store
+
+    d = small_home
+    running = d.submit("--mem", "1G", cmd=[PY, "-c", "import time; time.sleep(2)"])
+    d.wait_state(running, "running")
+    flood = d.submit("--mem", "1G", cmd=[PY, "-c", FLOOD])
+    ballast = _fill(d.home)
+    time.sleep(3)  # the running job ends meanwhile; its end cannot be written yet
+
+    # Requests: a clear one-line error or an answer, never a dead daemon.
+    r = d.cli("submit", "--mem", "1G", "--", "true")
+    print("submit on a full disk:", r.returncode, r.stdout.strip(), r.stderr.strip())
+    assert "Traceback" not in r.stderr
+    if r.returncode != 0:  # the daemon's trouble, not bad input: exit 3, one line
+        assert r.returncode == 3 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "cannot do that now" in r.stderr and "disk is full" in r.stderr, r.stderr
+    assert d.cli("ps", "--all").returncode == 0
+    assert d.pid() is not None and d.cli("daemon", "status").returncode == 0
+
+    # Space comes back: every end is recorded, nothing ran twice, the database is sound.
+    ballast.unlink()
+    try:
+        d.wait_state(running, "succeeded", timeout=60)
+    except AssertionError:
+        print((d.home / "daemon.log").read_text()[-3000:])
+        raise
+    flooded = d.wait_state(flood, "succeeded", "failed", timeout=60)
+    print("flood:", flooded["state"], flooded["reason"], [e["kind"] for e in flooded["events"]])
+    assert flooded["exit_code"] is not None
+    ok = d.submit("--mem", "1G", cmd=[PY, "-c", "print('after')"])
+    assert d.cli("wait", str(ok), timeout=60).returncode == 0
+    with Store(d.home / DB_NAME) as store:
+        assert store.integrity() == "ok" and store.audit() == []
