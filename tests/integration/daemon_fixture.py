@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,12 +116,16 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
     yield from start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json")
 
 
-def start_daemon(tmp: Path, scenario: Path, config: str = "") -> Iterator[Daemon]:
+def start_daemon(tmp: Path, scenario: Path, config: str = "",
+                 prepare: Callable[[Path], None] | None = None) -> Iterator[Daemon]:
+    """A daemon in a fresh home; ``prepare(home)`` runs first (a test may mount there)."""
     # A short directory: a unix socket path must stay under 108 bytes.
     short = Path(tempfile.mkdtemp(prefix="gw-"))
     os.chmod(short, 0o755)
     home = short / "home"
     home.mkdir()
+    if prepare is not None:
+        prepare(home)
     (home / "config.toml").write_text('interval = "100ms"\ngrace = "2s"\n' + config)
     env = make_env(tmp, scenario)
     env["GPUWARDEN_HOME"] = str(home)

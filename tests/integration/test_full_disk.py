@@ -6,15 +6,15 @@ with an intact database."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, _kill_jobs, make_env
+from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, start_daemon
 
 # Writes ~16 MiB of output: more than the 4 MiB file system holds.
 FLOOD = ("import sys\nfor _ in range(16384):\n    sys.stdout.write('x' * 1023 + '\\n')\n"
@@ -25,33 +25,26 @@ FLOOD = ("import sys\nfor _ in range(16384):\n    sys.stdout.write('x' * 1023 + 
 def small_home(tmp_path: Path) -> Iterator[Daemon]:
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
-    short = Path(tempfile.mkdtemp(prefix="gw-"))
-    os.chmod(short, 0o755)
-    home = short / "home"
-    home.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs",
-                        str(home)], capture_output=True, text=True, check=False)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {r.stderr.strip()}")
+    mounted: list[Path] = []
+
+    def mount(home: Path) -> None:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs",
+                            str(home)], capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here: {r.stderr.strip()}")
+        mounted.append(home)
+
     try:
-        (home / "config.toml").write_text('interval = "100ms"\ngrace = "2s"\n'
-                                          'release_timeout = "1s"\n')
-        env = make_env(tmp_path, EXAMPLES / "idle-2gpu.json")
-        env["GPUWARDEN_HOME"] = str(home)
-        d = Daemon(home, env)
-        d.start()
-        try:
-            yield d
-        finally:
-            d.stop()
-            _kill_jobs(home)
+        yield from start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json",
+                                'release_timeout = "1s"\n', prepare=mount)
     finally:
-        for _ in range(50):
-            if subprocess.run(["umount", str(home)], capture_output=True,
-                              check=False).returncode == 0:
-                break
-            time.sleep(0.1)
-        subprocess.run(["rm", "-rf", str(short)], check=False)
+        for home in mounted:
+            for _ in range(50):
+                if subprocess.run(["umount", str(home)], capture_output=True,
+                                  check=False).returncode == 0:
+                    break
+                time.sleep(0.1)
+            shutil.rmtree(home.parent, ignore_errors=True)
 
 
 def _fill(home: Path) -> Path:
