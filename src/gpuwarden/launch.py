@@ -140,12 +140,13 @@ def plan_launch(command: Sequence[str], gpus: Sequence[GpuFacts], *, base_env: M
                 cpus = usable
             else:
                 notes.append("CPU affinity not set: none of the GPUs' CPUs is allowed here")
-        if host.numa_nodes is not None and len(host.numa_nodes) <= 1:
-            notes.append("one NUMA node here: binding to the GPUs' node changes nothing"
-                         + ("" if cores is None else "; the job's cores are its own"))
         nodes = {g.numa_node for g in gpus}
         node = next(iter(nodes)) if len(nodes) == 1 else None
-        if node is None:
+        if host.numa_nodes is not None and len(host.numa_nodes) <= 1:
+            # Nothing to bind to: say so once instead of why each binding was skipped.
+            notes.append("one NUMA node here: binding to the GPUs' node changes nothing"
+                         + ("" if cores is None else "; the job's cores are its own"))
+        elif node is None:
             notes.append("memory not bound: the GPUs are not on one known NUMA node")
         elif host.numactl is None:
             notes.append("memory not bound: numactl is not installed")
