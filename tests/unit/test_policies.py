@@ -403,6 +403,7 @@ def test_declared_vs_actual() -> None:
         "peak 8192MiB of 10.0GiB declared: over-declared by 2048MiB (20%)"
     assert "under-declared by" in (declared_vs_actual(10 * GiB, 11 * GiB) or "")
     assert declared_vs_actual(None, GiB) is None
+    assert declared_vs_actual(GiB, GiB) == "peak 1024MiB: as declared"
 
 
 # --- CPU cores held alone (--cpus) ----------------------------------------------------------

@@ -274,10 +274,11 @@ def show(job_id: int, as_json: bool) -> None:
     rel = j.get("memory_release")
     if rel:
         if rel["released_at"] is None:
-            click.echo("  memory    still reserved: not verified back since the end"
+            click.echo("  release   still reserved: not verified back since the end"
                        + (f"; leak: {rel['leak']}" if rel.get("leak") else ""))
         else:
-            click.echo(f"  memory    back {rel['seconds']:.2f} s after the end ({rel['how']})")
+            click.echo(f"  release   memory back {rel['seconds']:.2f} s after the end "
+                       f"({rel['how']})")
     click.echo("  events:")
     for e in j["events"]:
         click.echo(f"    {e['at']}  {e['kind']}" + (f"  {e['detail']}" if e["detail"] else ""))

@@ -53,6 +53,8 @@ def declared_vs_actual(declared: int | None, peak: int | None) -> str | None:
         return None
     diff = declared - peak
     pct = abs(diff) * 100 / declared
+    if pct < 1:
+        return f"peak {format_bytes(peak)}: as declared"
     if diff >= 0:
         return (f"peak {format_bytes(peak)} of {format_bytes(declared)} declared: "
                 f"over-declared by {format_bytes(diff)} ({pct:.0f}%)")
