@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "unreserve": ("gpuwarden.cli.jobs", "unreserve",
                   "Admins: clear memory a job holds after a leak."),
     "rm": ("gpuwarden.cli.jobs", "rm", "Remove ended jobs."),
+    "exporter": ("gpuwarden.cli.exporter", "exporter", "Prometheus metrics on HTTP."),
     "clean": ("gpuwarden.cli.jobs", "clean", "Remove ended jobs older than a duration."),
 }
 

@@ -1,0 +1,153 @@
+"""Prometheus exposition of a Snapshot: one snapshot per scrape (never one NVML call per
+metric), cached for ``cache_seconds`` so several scrapers do not multiply the load.
+
+Units are Prometheus's: bytes, seconds, ratios from 0 to 1, degrees Celsius, watts.
+Series are rebuilt from the snapshot on every collect, so a process that went away is
+gone from the next scrape. Per-process series carry ``pid`` unless ``pid_labels`` is off
+(then processes of one user/container/job on a GPU are summed), to bound cardinality."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from gpuwarden.observe.snapshot import Snapshot
+
+COMPUTE_MODES = ("Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process")
+PREFIX = "gpuwarden_"
+
+
+def _g(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(PREFIX + name, doc, labels=labels)
+
+
+class SnapshotCollector(Collector):
+    """Collects GPU, process, user and leak metrics from snapshots taken by ``take``."""
+
+    def __init__(self, take: Callable[[], Snapshot], *, cache_seconds: float = 1.0,
+                 pid_labels: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.take = take
+        self.cache_seconds = cache_seconds
+        self.pid_labels = pid_labels
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._cached: tuple[float, Snapshot, float] | None = None  # (when, snap, seconds)
+
+    def snapshot(self) -> tuple[Snapshot, float]:
+        """The snapshot for this scrape and how long taking it took."""
+        with self._lock:
+            now = self.clock()
+            if self._cached is not None and now - self._cached[0] < self.cache_seconds:
+                return self._cached[1], self._cached[2]
+            started = time.perf_counter()
+            snap = self.take()
+            took = time.perf_counter() - started
+            self._cached = (now, snap, took)
+            return snap, took
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # no fixed set to check at registration: it depends on the GPUs
+
+    def collect(self) -> Iterator[Metric]:
+        from gpuwarden.observe.leaks import find_leaks
+
+        snap, took = self.snapshot()
+        info = InfoMetricFamily(PREFIX + "gpu", "Identity of each GPU",
+                                labels=["gpu", "uuid", "name", "pci_bus_id"])
+        total = _g("gpu_memory_total_bytes", "Memory of each GPU", ["gpu"])
+        used = _g("gpu_memory_used_bytes", "Memory in use on each GPU (as NVML says)", ["gpu"])
+        free = _g("gpu_memory_free_bytes", "Memory free on each GPU", ["gpu"])
+        util = _g("gpu_utilization_ratio", "Share of time a kernel ran, 0-1", ["gpu"])
+        temp = _g("gpu_temperature_celsius", "GPU temperature", ["gpu"])
+        power = _g("gpu_power_watts", "Power draw", ["gpu"])
+        ecc = _g("gpu_ecc_uncorrected_errors", "Volatile uncorrected ECC errors", ["gpu"])
+        mode = _g("gpu_compute_mode", "1 for the GPU's compute mode, 0 for the others",
+                  ["gpu", "mode"])
+        mps = _g("gpu_mps_active", "1 when an MPS server serves the GPU", ["gpu"])
+        unacc = _g("gpu_unaccounted_bytes",
+                   "Memory in use that no listed process accounts for (leaked contexts)",
+                   ["gpu"])
+        leaked = _g("gpu_leaked_bytes", "Memory held by leaks, by kind (one sample)",
+                    ["gpu", "kind"])
+        hidden = _g("gpu_hidden_holders", "Processes holding the GPU that NVML does not list",
+                    ["gpu"])
+        users_on = _g("gpu_users", "Distinct users with processes on the GPU", ["gpu"])
+        # "job_id", not "job": Prometheus sets "job" on every series (the scrape job).
+        labels = ["gpu", "user", "container", "job_id"] + (["pid"] if self.pid_labels else [])
+        pmem = _g("process_memory_bytes", "GPU memory of each process", labels)
+        psm = _g("process_sm_utilization_ratio", "SM utilization of each process, 0-1",
+                 labels)
+        umem = _g("user_memory_bytes", "GPU memory of each user's processes, over all GPUs",
+                  ["user"])
+        age = _g("snapshot_seconds", "How long taking the scrape's snapshot took", [])
+
+        per_user: dict[str, int] = {}
+        for view in snap.gpus:
+            f = view.facts
+            g = str(f.index)
+            info.add_metric([g, f.uuid, f.name, f.pci_bus_id or ""], {})
+            total.add_metric([g], f.memory_total)
+            used.add_metric([g], f.memory_used)
+            free.add_metric([g], f.memory_free)
+            if f.utilization is not None:
+                util.add_metric([g], f.utilization / 100)
+            if f.temperature is not None:
+                temp.add_metric([g], f.temperature)
+            if f.power_watts is not None:
+                power.add_metric([g], f.power_watts)
+            if f.ecc_uncorrected is not None:
+                ecc.add_metric([g], f.ecc_uncorrected)
+            current = f.compute_mode or "Default"
+            for m in sorted(set(COMPUTE_MODES) | {current}):
+                mode.add_metric([g, m], 1.0 if m == current else 0.0)
+            if f.mps is not None:
+                mps.add_metric([g], 1.0 if f.mps else 0.0)
+            if view.unaccounted is not None:
+                unacc.add_metric([g], max(view.unaccounted, 0))
+            mem_sums: dict[tuple[str, ...], int] = {}
+            sm_sums: dict[tuple[str, ...], float] = {}
+            owners: set[str] = set()
+            for p in view.processes:
+                user = p.user or ""
+                if user:
+                    owners.add(user)
+                env = p.info.env or {}
+                key: tuple[str, ...] = (g, user, p.container or "",
+                                        env.get("GPUWARDEN_JOB", ""))
+                if self.pid_labels:
+                    key = (*key, str(p.pid))
+                if p.memory is not None:
+                    mem_sums[key] = mem_sums.get(key, 0) + p.memory
+                    per_user[user] = per_user.get(user, 0) + p.memory
+                if p.gpu.sm_utilization is not None:
+                    sm_sums[key] = sm_sums.get(key, 0.0) + p.gpu.sm_utilization / 100
+            for key, b in mem_sums.items():
+                pmem.add_metric(list(key), b)
+            for key, r in sm_sums.items():
+                psm.add_metric(list(key), min(r, 1.0))
+            users_on.add_metric([g], len(owners))
+        by_kind: dict[tuple[str, str], int] = {}
+        holders: dict[str, int] = {str(v.facts.index): 0 for v in snap.gpus}
+        for lk in find_leaks([snap]):
+            if lk.gpu is None:
+                continue
+            g = str(lk.gpu)
+            by_kind[(g, lk.kind)] = by_kind.get((g, lk.kind), 0) + (lk.memory or 0)
+            if lk.kind == "hidden_holder":
+                holders[g] = holders.get(g, 0) + 1
+        for (g, kind), b in sorted(by_kind.items()):
+            leaked.add_metric([g, kind], b)
+        for g, n in holders.items():
+            hidden.add_metric([g], n)
+        for user, b in sorted(per_user.items()):
+            umem.add_metric([user], b)
+        age.add_metric([], took)
+        yield from (info, total, used, free, util, temp, power, ecc, mode, mps, unacc, leaked,
+                    hidden, users_on, pmem, psm, umem, age)

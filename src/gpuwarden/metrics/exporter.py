@@ -1,0 +1,62 @@
+"""The standalone exporter: /metrics over HTTP for machines without the daemon."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from gpuwarden.errors import UsageError
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from gpuwarden.gpus.backend import Backend
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9402`` for IPv6, ``:9402`` for every address)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"invalid listen address {text!r}: expected HOST:PORT, "
+                         "e.g. 127.0.0.1:9402")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+def registry_for(backend: Backend, *, cache_seconds: float, pid_labels: bool,
+                 holders: bool = True) -> CollectorRegistry:
+    """A registry with the snapshot collector over ``backend``."""
+    from prometheus_client import CollectorRegistry
+
+    from gpuwarden.metrics.collector import SnapshotCollector
+    from gpuwarden.observe.snapshot import take_snapshot
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: take_snapshot(backend, holders=holders),
+                                        cache_seconds=cache_seconds, pid_labels=pid_labels))
+    return registry
+
+
+def serve(listen: str, registry: CollectorRegistry,
+          ready: Callable[[str, int], None] | None = None) -> None:
+    """Serve /metrics until SIGTERM or SIGINT."""
+    from prometheus_client import start_http_server
+
+    host, port = parse_listen(listen)
+    try:
+        server, thread = start_http_server(port, host, registry)
+    except OSError as e:
+        raise UsageError(f"cannot listen on {listen}: {e.strerror or e}") from None
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if ready is not None:
+        ready(host, server.server_port)
+    try:
+        stop.wait()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
