@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from gpuwarden.daemon.store import Store
 from gpuwarden.gpus.sim import SimBackend
 from gpuwarden.metrics.collector import SnapshotCollector
+from gpuwarden.metrics.jobs import JobsCollector, pass_histogram
 from gpuwarden.observe.snapshot import take_snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +43,9 @@ def exposed_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> set[str]:
     backend = SimBackend.from_file(ROOT / "examples" / "a100x8-shared.json")
     reg = CollectorRegistry(auto_describe=False)
     reg.register(SnapshotCollector(lambda: take_snapshot(backend)))
+    # The daemon's queue metrics, over a real (empty) store.
+    reg.register(JobsCollector(Store(tmp_path / "state.db"), lambda: []))
+    pass_histogram(reg)
     text = generate_latest(reg).decode()
     return set(re.findall(r"^# TYPE (\w+) ", text, re.M))
 

@@ -10,6 +10,8 @@
     preemption = true       # higher class/priority jobs may stop cheaper running ones
     retry_backoff = "10s"   # before the first OOM retry; doubles with each retry
     release_timeout = "10s" # an ended job's memory not back by then is a leak
+    metrics_listen = "127.0.0.1:9402"  # serve Prometheus metrics there (off by default)
+    metrics_cache = "1s"    # scrapes this close together share one snapshot
 
     [limits]                # every user (each key optional)
     max_gpus = 4
@@ -47,7 +49,8 @@ def read_config(path: Path) -> Config:
         raise UsageError(f"cannot read the config file {path}: {e}") from None
     unknown = sorted(set(raw) - {"admin_groups", "spike_buffer", "reserve", "interval",
                                  "grace", "aging", "backfill", "preemption", "retry_backoff",
-                                 "release_timeout", "limits"})
+                                 "release_timeout", "limits", "metrics_listen",
+                                 "metrics_cache"})
     if unknown:
         raise UsageError(f"{path}: unknown setting(s) {', '.join(unknown)}")
     groups = raw.get("admin_groups", [])
@@ -66,6 +69,8 @@ def read_config(path: Path) -> Config:
         policy=policy,
         retry_backoff=parse_duration(raw.get("retry_backoff", 10.0)),
         release_timeout=parse_duration(raw.get("release_timeout", 10.0)),
+        metrics_listen=_listen(path, raw.get("metrics_listen")),
+        metrics_cache=parse_duration(raw.get("metrics_cache", 1.0)),
         admin_groups=tuple(groups),
         spike_buffer=float(spike),
         reserve=parse_size(raw.get("reserve", 512 << 20)),
@@ -101,3 +106,17 @@ def _limits(path: Path, raw: Any) -> Limits:
     users = {name: _user_limits(path, f"limits.users.{name}", v)
              for name, v in users_raw.items()}
     return Limits(default=default, users=users)
+
+
+def _listen(path: Path, raw: Any) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        raise UsageError(f"{path}: metrics_listen must be HOST:PORT")
+    from gpuwarden.metrics.exporter import parse_listen
+
+    try:
+        parse_listen(raw)
+    except UsageError as e:
+        raise UsageError(f"{path}: metrics_listen: {e}") from None
+    return raw

@@ -79,8 +79,11 @@ class Scheduler:
                  backend: Callable[[], Backend], boot_id: str,
                  clock: Callable[[], float] = time.time,
                  spawn: Callable[[Path], SupervisorHandle] | None = None,
-                 mps: MpsPool | None = None) -> None:
+                 mps: MpsPool | None = None,
+                 on_pass: Callable[[float], None] | None = None) -> None:
         self.store = store
+        self.on_pass = on_pass  # told each pass's duration (the metrics histogram)
+        self.last_running: list[dict[str, Any]] = []  # running jobs' use, last pass
         self.mps = mps or MpsPool(jobs_dir.parent / "mps")
         self.spawn = spawn  # starts a supervisor (the daemon's fork server); None: fresh
         self.jobs_dir = jobs_dir
@@ -410,6 +413,14 @@ class Scheduler:
         return self._backend
 
     def tick(self) -> None:
+        started = time.perf_counter()
+        try:
+            self._tick()
+        finally:
+            if self.on_pass is not None:
+                self.on_pass(time.perf_counter() - started)
+
+    def _tick(self) -> None:
         from gpuwarden.daemon.supervisor import alive
         from gpuwarden.observe.snapshot import take_snapshot
 
@@ -469,6 +480,11 @@ class Scheduler:
             if view.unaccounted is not None:
                 self._unaccounted[view.facts.uuid] = view.unaccounted
         self.last_states = self._gpu_states(snap, active, managed_pids, used)
+        index = {v.facts.uuid: v.facts.index for v in snap.gpus}
+        self.last_running = [
+            {"id": j.id, "user": j.user, "qos": j.spec.qos, "limit": j.cap(j.budget),
+             "used": {str(index[u]): b for u, b in used.get(j.id, {}).items() if u in index}}
+            for j in active if j.state == model.RUNNING]
 
         # 3. Decide and act; then hold running jobs to their limits.
         room_wanted = self._schedule(snap)

@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import IO
+from typing import IO, Any
 
 from aiohttp import web
 
@@ -79,6 +79,49 @@ class ExitWatcher:
             self._drop(pid)
 
 
+class DaemonMetrics:
+    """/metrics of the daemon (``metrics_listen``): the GPUs and processes, as the
+    exporter has them, plus the queue and its jobs."""
+
+    def __init__(self, config: Config) -> None:
+        from prometheus_client import CollectorRegistry
+
+        from gpuwarden.metrics.jobs import pass_histogram
+
+        self.config = config
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.on_pass = pass_histogram(self.registry)
+        self.server: Any = None
+        self.backend: Any = None
+
+    def start(self, store: Any, sched: Any) -> None:
+        from gpuwarden.gpus.backend import open_backend
+        from gpuwarden.metrics.collector import SnapshotCollector
+        from gpuwarden.metrics.exporter import start
+        from gpuwarden.metrics.jobs import JobsCollector
+        from gpuwarden.observe.snapshot import take_snapshot
+
+        assert self.config.metrics_listen is not None
+        self.backend = open_backend()  # its own: scrapes run on the server's threads
+        backend = self.backend
+        self.registry.register(SnapshotCollector(lambda: take_snapshot(backend),
+                                                 cache_seconds=self.config.metrics_cache))
+        self.registry.register(JobsCollector(store, lambda: sched.last_running))
+        self.server, _ = start(self.config.metrics_listen, self.registry)
+        log.info("metrics on http://%s/metrics", self.config.metrics_listen)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+        if self.backend is not None:
+            self.backend.close()
+
+
+def _metrics_registry(config: Config) -> DaemonMetrics | None:
+    return None if config.metrics_listen is None else DaemonMetrics(config)
+
+
 def load_config(paths: Paths) -> Config:
     from gpuwarden.daemon.config import read_config
 
@@ -96,8 +139,12 @@ async def serve(paths: Paths, config: Config) -> None:
     paths.jobs_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(paths.jobs_dir, 0o711)  # job directories hold each owner's private logs
     launcher = ForkServer()
+    metrics = _metrics_registry(config)
     sched = Scheduler(store, paths.jobs_dir, config, open_backend, boot_id(),
-                      spawn=launcher.spawn)
+                      spawn=launcher.spawn,
+                      on_pass=None if metrics is None else metrics.on_pass)
+    if metrics is not None:
+        metrics.start(store, sched)
     await asyncio.to_thread(launcher.warm)
     wake = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -148,6 +195,8 @@ async def serve(paths: Paths, config: Config) -> None:
     finally:
         watcher.close()
         launcher.close()
+        if metrics is not None:
+            metrics.stop()
         await runner.cleanup()
         with contextlib.suppress(FileNotFoundError):
             sock.unlink()

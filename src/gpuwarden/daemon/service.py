@@ -38,6 +38,8 @@ class Config:
     policy: Policy = field(default_factory=lambda: Policy(aging=3600.0))
     retry_backoff: float = 10.0  # seconds before the first OOM retry; doubles each time
     release_timeout: float = 10.0  # seconds an ended job's memory may take to come back
+    metrics_listen: str | None = None  # HOST:PORT for /metrics; None: not served
+    metrics_cache: float = 1.0  # seconds one snapshot serves scrapes
 
 
 def _str_list(value: Any, field: str) -> tuple[str, ...]:

@@ -643,6 +643,28 @@ class Store:
         return {s: found.get(s, 0) for s in STATES} | {
             s: n for s, n in found.items() if s not in STATES}
 
+    def stats(self, now: float) -> dict[str, Any]:
+        """What the daemon's /metrics reports about the queue, in one read: jobs per
+        (state, qos), OOM retries and preemptions so far, leak events, the oldest queued
+        job's wait, and the raw samples for the wait and release-time histograms."""
+        with self._tx(write=False) as conn:
+            by = {(r[0], r[1]): r[2] for r in conn.execute(
+                "SELECT state, qos, count(*) FROM jobs GROUP BY state, qos")}
+            totals = conn.execute(
+                "SELECT coalesce(sum(oom_retries), 0), coalesce(sum(preemptions), 0) "
+                "FROM jobs").fetchone()
+            leaks = conn.execute("SELECT count(*) FROM events WHERE kind = 'leak'"
+                                 ).fetchone()[0]
+            oldest = conn.execute("SELECT min(submitted_at) FROM jobs WHERE state = ?",
+                                  (QUEUED,)).fetchone()[0]
+            waits = [r[0] for r in conn.execute(
+                "SELECT started_at - submitted_at FROM jobs WHERE started_at IS NOT NULL")]
+            releases = [r[0] for r in conn.execute(
+                "SELECT released_at - exited_at FROM holds WHERE how = 'verified'")]
+        return {"jobs": by, "oom_retries": totals[0], "preemptions": totals[1],
+                "leaks": leaks, "oldest_wait": None if oldest is None else now - oldest,
+                "waits": waits, "releases": releases}
+
     # -- writing -------------------------------------------------------------------
 
     def submit(self, spec: JobSpec, now: float, *, state: str = QUEUED,

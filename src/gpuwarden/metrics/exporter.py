@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpuwarden.errors import UsageError
 
@@ -39,16 +39,22 @@ def registry_for(backend: Backend, *, cache_seconds: float, pid_labels: bool,
     return registry
 
 
-def serve(listen: str, registry: CollectorRegistry,
-          ready: Callable[[str, int], None] | None = None) -> None:
-    """Serve /metrics until SIGTERM or SIGINT."""
+def start(listen: str, registry: CollectorRegistry) -> tuple[Any, threading.Thread]:
+    """Serve /metrics from a background thread; returns (server, thread)."""
     from prometheus_client import start_http_server
 
     host, port = parse_listen(listen)
     try:
-        server, thread = start_http_server(port, host, registry)
+        return start_http_server(port, host, registry)
     except OSError as e:
         raise UsageError(f"cannot listen on {listen}: {e.strerror or e}") from None
+
+
+def serve(listen: str, registry: CollectorRegistry,
+          ready: Callable[[str, int], None] | None = None) -> None:
+    """Serve /metrics until SIGTERM or SIGINT."""
+    host, _ = parse_listen(listen)
+    server, thread = start(listen, registry)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

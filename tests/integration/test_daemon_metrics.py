@@ -1,0 +1,89 @@
+"""The daemon's /metrics (opt-in ``metrics_listen``): GPU and process series as the
+exporter has them, plus the queue: jobs by state and QoS, a running job's memory against
+its limit, the wait and release-time histograms and the scheduling pass duration."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import wait_for
+from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, start_daemon
+
+GiB = 1 << 30
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def metered(tmp_path: Path) -> Iterator[tuple[Daemon, str]]:
+    port = free_port()
+    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json",
+                          f'metrics_listen = "127.0.0.1:{port}"\nmetrics_cache = "100ms"\n'):
+        yield d, f"http://127.0.0.1:{port}/metrics"
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def find(m: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str,
+         **labels: str) -> float | None:
+    for (n, ls), v in m.items():
+        if n == name and all((k, val) in ls for k, val in labels.items()):
+            return v
+    return None
+
+
+def test_daemon_metrics_cover_gpus_and_the_queue(metered: tuple[Daemon, str]) -> None:
+    d, url = metered
+    done = d.submit("--mem", "1G", cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "1G",
+                                        "--seconds", "0"])
+    assert d.cli("wait", str(done), timeout=60).returncode == 0
+    d.wait_for_release(done)
+    running = d.submit("--qos", "guaranteed", "--mem", "4G",
+                       cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "3G", "--seconds", "30"])
+    d.wait_state(running, "running")
+    held = d.submit("--mem", "1G", "--after", str(running), cmd=[PY, "-c", "pass"])
+
+    def ready() -> bool:
+        m = scrape(url)
+        return find(m, "gpuwarden_job_memory_bytes", job_id=str(running)) == 3 * GiB
+    assert wait_for(ready, 20)
+    m = scrape(url)
+    assert find(m, "gpuwarden_jobs", state="succeeded", qos="burstable") == 1
+    assert find(m, "gpuwarden_jobs", state="running", qos="guaranteed") == 1
+    assert find(m, "gpuwarden_jobs", state="queued", qos="burstable") == 1
+    assert find(m, "gpuwarden_job_limit_bytes", job_id=str(running)) == 4 * GiB
+    assert (find(m, "gpuwarden_queue_oldest_wait_seconds") or 0) > 0
+    assert find(m, "gpuwarden_queue_wait_seconds_count") == 2
+    assert find(m, "gpuwarden_memory_release_seconds_count") == 1
+    assert (find(m, "gpuwarden_placement_pass_seconds_count") or 0) > 5
+    assert find(m, "gpuwarden_job_preemptions_total") == 0
+    # The exporter's series are there too, with the job's id on its process.
+    assert find(m, "gpuwarden_process_memory_bytes", job_id=str(running)) == 3 * GiB
+    assert find(m, "gpuwarden_gpu_memory_total_bytes", gpu="0") == 24 * GiB
+    assert d.cli("cancel", str(running)).returncode == 0
+    assert d.wait_state(held, "cancelled")["reason"] == f"dependency {running} cancelled"
+
+
+def test_bad_metrics_listen_is_a_clear_config_error(tmp_path: Path) -> None:
+    from gpuwarden.daemon.config import read_config
+    from gpuwarden.errors import UsageError
+
+    p = tmp_path / "config.toml"
+    p.write_text('metrics_listen = "everywhere"\n')
+    with pytest.raises(UsageError, match="metrics_listen: invalid listen address"):
+        read_config(p)
