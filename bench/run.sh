@@ -24,14 +24,16 @@ read -r -a status_args <<< "${BENCH_STATUS_ARGS:-}"
 read -r -a holders_args <<< "${BENCH_HOLDERS_ARGS:-}"
 read -r -a daemon_args <<< "${BENCH_DAEMON_ARGS:-}"
 read -r -a mixed_args <<< "${BENCH_MIXED_ARGS:-}"
+read -r -a metrics_args <<< "${BENCH_METRICS_ARGS:-}"
 
-all=(status holders daemon mixed)
+all=(status holders daemon mixed metrics)
 selected=("$@")
-[ ${#selected[@]} -eq 0 ] && selected=(status holders daemon)  # mixed needs a GPU: name it
+[ ${#selected[@]} -eq 0 ] && selected=(status holders daemon metrics)  # mixed: GPU, name it
 for name in "${selected[@]}"; do
     case "$name" in
-        status|holders|daemon|mixed) ;;
-        *) echo "usage: bench/run.sh [status] [holders] [daemon] [mixed]" >&2; exit 2 ;;
+        status|holders|daemon|mixed|metrics) ;;
+        *) echo "usage: bench/run.sh [status] [holders] [daemon] [mixed] [metrics]" >&2
+           exit 2 ;;
     esac
 done
 
@@ -48,6 +50,7 @@ for name in "${all[@]}"; do
         holders) cmd=(bench/bench_holders.py "${holders_args[@]}") ;;
         daemon) cmd=(bench/bench_daemon.py "${daemon_args[@]}") ;;
         mixed) cmd=(bench/bench_mixed.py "${mixed_args[@]}") ;;
+        metrics) cmd=(bench/bench_metrics.py "${metrics_args[@]}") ;;
     esac
     out="bench/results/$name.json"
     if [[ " ${selected[*]} " == *" $name "* ]]; then
