@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -126,14 +125,16 @@ def test_the_helper_exits_with_the_daemon_end(tmp_path: Path) -> None:
     assert finished(d)["code"] == 0
 
 
-def test_launch_is_fast_once_warm(server: ForkServer, tmp_path: Path) -> None:
-    """Not a timing test: shows the helper is actually used (no fresh interpreter per
-    launch, which would show as a python child of this process)."""
+def test_supervisors_come_from_the_helper_not_a_fresh_interpreter(
+        server: ForkServer, tmp_path: Path) -> None:
+    """A fork of the helper carries its command line; a fresh interpreter (the fallback)
+    would carry the supervisor module's."""
     server.warm()
-    before = {p.pid for p in psutil.Process().children()}
-    d = spec(tmp_path, 1, [PY, "-c", "import time; time.sleep(0.2)"])
-    started = time.monotonic()
-    server.spawn(d)
-    assert {p.pid for p in psutil.Process().children()} == before
-    assert time.monotonic() - started < 5
+    helper = server.pid
+    d = spec(tmp_path, 1, [PY, "-c", "import time; time.sleep(1)"])
+    handle = server.spawn(d)
+    cmdline = psutil.Process(handle.pid).cmdline()
+    assert "gpuwarden.daemon.forkserver" in cmdline, cmdline
+    assert server.pid == helper  # the same helper served it
+    assert psutil.Process(handle.pid).name() == "gw-sup-1"
     assert finished(d)["code"] == 0

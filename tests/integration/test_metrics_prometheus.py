@@ -5,7 +5,6 @@ that went away leaves the next scrape."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -128,4 +127,3 @@ def test_exporter_bad_listen_address_is_one_line(tmp_path: Path) -> None:
                        env=env, capture_output=True, text=True, timeout=30, check=False)
     assert r.returncode == 2 and "invalid listen address 'nowhere'" in r.stderr
     assert "Traceback" not in r.stderr
-    os.environ.get("PATH")

@@ -176,13 +176,15 @@ class Scheduler:
         return NewHold(gpu_uuids=job.gpu_uuids, budget=job.budget, pids=tuple(sorted(pids)),
                        baseline=baseline, exited_at=exited_at)
 
-    def _verify_holds(self, snap: Snapshot) -> None:
+    def _verify_holds(self, snap: Snapshot) -> list[Hold]:
         """Release the memory of ended attempts once it is back: none of their processes
         is listed on their GPUs and the memory no process accounts for did not grow.
         Past ``release_timeout`` what is left is a leak, attributed to the job (one
-        event) and handed to the reap logic; the memory stays reserved meanwhile."""
+        event) and handed to the reap logic; the memory stays reserved meanwhile.
+        Returns the holds still open."""
         views = {v.facts.uuid: v for v in snap.gpus}
         now = self.clock()
+        still: list[Hold] = []
         for h in self.store.open_holds():
             left: list[str] = []
             for uuid in h.gpu_uuids:
@@ -206,18 +208,25 @@ class Scheduler:
                                              f"{len(h.gpu_uuids)} GPU(s) back {took:.2f} s "
                                              "after the end" + ("" if how == "verified"
                                                                 else f" ({how})"))
-            elif took > self.config.release_timeout and h.leak is None:
+                continue
+            if took > self.config.release_timeout and h.leak is None:
                 what = "; ".join(left) + f" ({took:.1f} s after the end)"
                 if self.store.report_leak(h.id, what, now):
-                    self._reap_for(h, snap)
+                    self._reap_for(h)
+            still.append(h)
+        return still
 
-    def _reap_for(self, hold: Hold, snap: Snapshot) -> None:
+    def _reap_for(self, hold: Hold) -> None:
         """Run the reap logic on what the attempt left: kill its processes that are
-        still there; for memory no process holds, say what would free it."""
+        still there; for memory no process holds, say what would free it. Once per
+        leak, so it takes a full snapshot (holders and process details: the pass's own
+        leaves them out to stay cheap)."""
         from gpuwarden.observe.leaks import find_leaks
         from gpuwarden.observe.reap import plan_reap
+        from gpuwarden.observe.snapshot import take_snapshot
         from gpuwarden.procs.terminate import signal_parent, terminate
 
+        snap = take_snapshot(self._open_backend())
         gpus = {v.facts.index for v in snap.gpus if v.facts.uuid in hold.gpu_uuids}
         mine = [lk for lk in find_leaks([snap])
                 if lk.pid in hold.pids or (lk.pid is None and lk.gpu in gpus)]
@@ -447,16 +456,15 @@ class Scheduler:
                                           reason="supervisor lost", ended_at=self.clock(),
                                           hold=self._hold(job, self.clock()))
 
-        # MPS daemons no running job uses any more are quit.
-        in_use = {mps_key(j.spec.uid, j.gpus) for j in self.store.active() if j.spec.mps}
-        if in_use != self._mps_in_use and self.mps.root.is_dir():  # a job left one
-            self.mps.prune(in_use)
-        self._mps_in_use = in_use
-
         # 2. Observe: one snapshot, job trees, peaks.
         backend = self._open_backend()
         snap = take_snapshot(backend, holders=False, detail=False)
         active = self.store.active()
+        # MPS daemons no running job uses any more are quit.
+        in_use = {mps_key(j.spec.uid, j.gpus) for j in active if j.spec.mps}
+        if in_use != self._mps_in_use and self.mps.root.is_dir():  # a job left one
+            self.mps.prune(in_use)
+        self._mps_in_use = in_use
         managed_pids: set[int] = set()
         used: dict[int, dict[str, int]] = {}  # job id -> GPU uuid -> bytes its tree uses
         for job in active:
@@ -475,11 +483,11 @@ class Scheduler:
                 self.store.set_peak(job.id, max(per_gpu.values()))
         if any(j.spec.mps for j in active):
             managed_pids |= self.mps.server_pids()
-        self._verify_holds(snap)
+        holds = self._verify_holds(snap)
         for view in snap.gpus:
             if view.unaccounted is not None:
                 self._unaccounted[view.facts.uuid] = view.unaccounted
-        self.last_states = self._gpu_states(snap, active, managed_pids, used)
+        self.last_states = self._gpu_states(snap, active, managed_pids, used, holds)
         index = {v.facts.uuid: v.facts.index for v in snap.gpus}
         self.last_running = [
             {"id": j.id, "user": j.user, "qos": j.spec.qos, "limit": j.cap(j.budget),
@@ -491,7 +499,7 @@ class Scheduler:
         self._watch(active, used, room_wanted)
 
     def _gpu_states(self, snap: Snapshot, active: list[Job], managed_pids: set[int],
-                    used: dict[int, dict[str, int]]) -> list[GpuState]:
+                    used: dict[int, dict[str, int]], holds: list[Hold]) -> list[GpuState]:
         from gpuwarden.sched.placement import foreign_usage, gpu_states, reservation
 
         now = self.clock()
@@ -505,7 +513,7 @@ class Scheduler:
                     view, job.budget, started_at=job.started_at or now,
                     used=used.get(job.id, {}).get(uuid),
                     preempting=job.preempting_at is not None))
-        for h in self.store.open_holds():  # ended attempts whose memory is not back yet
+        for h in holds:  # ended attempts whose memory is not back yet
             for uuid in h.gpu_uuids:
                 uses.setdefault(uuid, []).append(ManagedUse(
                     job_id=-h.id, budget=h.budget, qos=GUARANTEED, started_at=h.exited_at))

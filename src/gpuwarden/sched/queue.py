@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuwarden.sched import backfill, limits, preempt
 from gpuwarden.sched.model import (
@@ -163,7 +163,5 @@ def plan(gpus: Sequence[GpuState], queue: Iterable[QueuedJob],
 
 
 def _mark_stopping(gpu: GpuState, victims: set[int]) -> GpuState:
-    from dataclasses import replace
-
     return replace(gpu, managed=tuple(replace(u, preempting=True) if u.job_id in victims
                                       else u for u in gpu.managed))
