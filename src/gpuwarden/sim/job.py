@@ -20,30 +20,12 @@ import psutil
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.gpus.model import GpuFacts
 from gpuwarden.gpus.sim import SimBackend
+from gpuwarden.gpus.visible import visible_gpus
 from gpuwarden.units import GiB, parse_size
 
 
 def _fmt(n: int) -> str:
     return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2**20:.2f} MiB"
-
-
-def visible_gpus(gpus: list[GpuFacts], env: dict[str, str] | os._Environ[str]) -> list[GpuFacts]:
-    """The GPUs CUDA would show this process, in CUDA_VISIBLE_DEVICES order. Like CUDA,
-    parsing stops at the first entry that names no GPU."""
-    spec = env.get("CUDA_VISIBLE_DEVICES")
-    if spec is None:
-        return list(gpus)
-    out: list[GpuFacts] = []
-    for item in (s.strip() for s in spec.split(",")):
-        match = None
-        if item.isdigit():
-            match = next((g for g in gpus if g.index == int(item)), None)
-        elif item.startswith("GPU-"):
-            match = next((g for g in gpus if g.uuid.startswith(item)), None)
-        if match is None or match in out:
-            break
-        out.append(match)
-    return out
 
 
 def mps_limits(env: dict[str, str] | os._Environ[str], visible: int) -> dict[int, int]:
