@@ -102,3 +102,27 @@ def test_importing_guard_does_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "False"
+
+
+def test_the_failed_steps_locals_are_freed_before_the_retry() -> None:
+    """What the failed call held (its tensors) must be gone when the retry starts; the
+    exception's traceback would otherwise keep it alive."""
+    import weakref
+
+    class Tensor:
+        pass
+
+    refs: list[weakref.ref[Tensor]] = []
+    alive_at_sleep: list[bool] = []
+
+    def step() -> str:
+        activations = Tensor()
+        refs.append(weakref.ref(activations))
+        if len(refs) == 1:
+            raise FakeOOM("CUDA out of memory")
+        return "ok"
+
+    retry = OomRetry(2, errors=(FakeOOM,),
+                     sleep=lambda s: alive_at_sleep.append(refs[0]() is not None))
+    assert retry.call(step) == "ok"
+    assert alive_at_sleep == [False]

@@ -20,6 +20,7 @@ import gc
 import logging
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
@@ -98,6 +99,10 @@ class OomRetry:
         or when the batch cannot shrink and there is no retry to spend."""
         self.ooms += 1
         self._streak = 0
+        if exc.__traceback__ is not None:
+            # The failed step's frames hold its tensors: clear their locals (the
+            # traceback keeps its lines) so that the memory can actually come back.
+            traceback.clear_frames(exc.__traceback__)
         free_memory()
         if attempt >= self.retries:
             log.warning("CUDA OOM, out of retries (%d): %s", self.retries, exc)
