@@ -6,6 +6,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/gpuwarden-gpu-check}"; mkdir -p "$out"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# Optional packages carried as wheels in .whl/ (torchao, bitsandbytes for the 8-bit load
+# tests): installed beside the machine's own, never into it.
+if compgen -G ".whl/*.whl" >/dev/null; then
+  extra=/tmp/gpuwarden-extra
+  python3 -m pip install -q --no-deps --target "$extra" .whl/*.whl && PYTHONPATH="$PYTHONPATH:$extra"
+fi
 gw() { python3 -m gpuwarden "$@"; }
 {
   echo "== $(date -u +%FT%TZ) $(uname -r)"; nvidia-smi --query-gpu=index,name,uuid,memory.used,memory.total,compute_mode,persistence_mode --format=csv
