@@ -23,12 +23,15 @@ def test_every_setting(tmp_path: Path) -> None:
     p = tmp_path / "config.toml"
     p.write_text('admin_groups = ["gpuadmin"]\nspike_buffer = 0.2\nreserve = "1G"\n'
                  'interval = "1s"\ngrace = "30s"\naging = "30m"\nbackfill = false\n'
-                 'preemption = false\nretry_backoff = "1m"\n'
+                 'preemption = false\nretry_backoff = "1m"\nhistory_interval = "30s"\n'
+                 'history_retention = "7d"\nweb_listen = ":9403"\n'
                  '[limits]\nmax_gpus = 4\nmax_memory = "160G"\nmax_running = 8\n'
                  '[limits.users.alice]\nmax_gpus = 8\n')
     c = read_config(p)
     assert c.admin_groups == ("gpuadmin",) and c.spike_buffer == 0.2 and c.reserve == GiB
     assert c.interval == 1 and c.grace == 30 and c.retry_backoff == 60
+    assert c.history_interval == 30 and c.history_retention == 7 * 86400
+    assert c.web_listen == ":9403"
     assert c.policy.aging == 1800 and not c.policy.backfill and not c.policy.preemption
     assert c.policy.limits.default == UserLimits(max_gpus=4, max_memory=160 * GiB,
                                                  max_running=8)
@@ -44,6 +47,9 @@ def test_every_setting(tmp_path: Path) -> None:
     ("limits = 3", "limits must be a table"),
     ("aging = \"soon\"", "soon"),
     ("colour = 1", "unknown setting(s) colour"),
+    ("web_listen = 9403", "web_listen must be HOST:PORT"),
+    ("web_listen = \"everywhere\"", "web_listen: invalid listen address"),
+    ("history_interval = \"often\"", "often"),
 ])
 def test_bad_settings_are_one_clear_error(tmp_path: Path, text: str, needle: str) -> None:
     p = tmp_path / "config.toml"

@@ -12,6 +12,10 @@
     release_timeout = "10s" # an ended job's memory not back by then is a leak
     metrics_listen = "127.0.0.1:9402"  # serve Prometheus metrics there (off by default)
     metrics_cache = "1s"    # scrapes this close together share one snapshot
+    history_interval = "10s"   # memory samples for the web page ("0": none kept)
+    history_retention = "48h"  # samples older than this are dropped
+    web_listen = "0.0.0.0:9403"  # the read-only web page for anyone (off by default;
+                                 # `gpuwarden web` serves it to you alone without this)
 
     [limits]                # every user (each key optional)
     max_gpus = 4
@@ -50,7 +54,8 @@ def read_config(path: Path) -> Config:
     unknown = sorted(set(raw) - {"admin_groups", "spike_buffer", "reserve", "interval",
                                  "grace", "aging", "backfill", "preemption", "retry_backoff",
                                  "release_timeout", "limits", "metrics_listen",
-                                 "metrics_cache"})
+                                 "metrics_cache", "history_interval", "history_retention",
+                                 "web_listen"})
     if unknown:
         raise UsageError(f"{path}: unknown setting(s) {', '.join(unknown)}")
     groups = raw.get("admin_groups", [])
@@ -69,7 +74,11 @@ def read_config(path: Path) -> Config:
         policy=policy,
         retry_backoff=parse_duration(raw.get("retry_backoff", 10.0)),
         release_timeout=parse_duration(raw.get("release_timeout", 10.0)),
-        metrics_listen=_listen(path, raw.get("metrics_listen")),
+        metrics_listen=_listen(path, raw.get("metrics_listen"), "metrics_listen"),
+        web_listen=_listen(path, raw.get("web_listen"), "web_listen"),
+        history_interval=parse_duration(raw.get("history_interval", 10.0)),
+        history_retention=max(parse_duration(raw.get("history_retention", 48 * 3600.0)),
+                              60.0),
         metrics_cache=parse_duration(raw.get("metrics_cache", 1.0)),
         admin_groups=tuple(groups),
         spike_buffer=float(spike),
@@ -108,15 +117,15 @@ def _limits(path: Path, raw: Any) -> Limits:
     return Limits(default=default, users=users)
 
 
-def _listen(path: Path, raw: Any) -> str | None:
+def _listen(path: Path, raw: Any, name: str) -> str | None:
     if raw is None:
         return None
     if not isinstance(raw, str):
-        raise UsageError(f"{path}: metrics_listen must be HOST:PORT")
+        raise UsageError(f"{path}: {name} must be HOST:PORT")
     from gpuwarden.metrics.exporter import parse_listen
 
     try:
         parse_listen(raw)
     except UsageError as e:
-        raise UsageError(f"{path}: metrics_listen: {e}") from None
+        raise UsageError(f"{path}: {name}: {e}") from None
     return raw

@@ -97,6 +97,7 @@ class Scheduler:
         self._watched: set[tuple[int, int, str]] = set()  # (job, attempt, action) recorded
         self._seen_pids: dict[int, set[int]] = {}  # job id -> its processes this attempt
         self._unaccounted: dict[str, int] = {}  # GPU uuid -> unaccounted bytes, last pass
+        self._last_sample = float("-inf")  # when memory history was last recorded
         self._mps_in_use: set[str] | None = None  # MPS daemons running jobs used last pass
         self._allowed_cpus: frozenset[int] | None = None  # this daemon's CPU mask
 
@@ -494,9 +495,29 @@ class Scheduler:
              "used": {str(index[u]): b for u, b in used.get(j.id, {}).items() if u in index}}
             for j in active if j.state == model.RUNNING]
 
+        self._record_history(snap, used, managed_pids)
+
         # 3. Decide and act; then hold running jobs to their limits.
         room_wanted = self._schedule(snap)
         self._watch(active, used, room_wanted)
+
+    def _record_history(self, snap: Snapshot, used: dict[int, dict[str, int]],
+                        managed_pids: set[int]) -> None:
+        """Keep a memory sample of every GPU each ``history_interval`` (the web page's
+        charts). A full disk costs the history, never the scheduling pass."""
+        from gpuwarden.daemon.history import sample_gpus
+        from gpuwarden.daemon.store import StoreError
+
+        now = self.clock()
+        interval = self.config.history_interval
+        if interval <= 0 or now - self._last_sample < interval:
+            return
+        self._last_sample = now
+        try:
+            self.store.record_samples(sample_gpus(snap, used, managed_pids, now),
+                                      keep=self.config.history_retention, now=now)
+        except StoreError as e:
+            log.warning("memory history not recorded: %s", e)
 
     def _gpu_states(self, snap: Snapshot, active: list[Job], managed_pids: set[int],
                     used: dict[int, dict[str, int]], holds: list[Hold]) -> list[GpuState]:

@@ -40,6 +40,9 @@ class Config:
     release_timeout: float = 10.0  # seconds an ended job's memory may take to come back
     metrics_listen: str | None = None  # HOST:PORT for /metrics; None: not served
     metrics_cache: float = 1.0  # seconds one snapshot serves scrapes
+    history_interval: float = 10.0  # seconds between memory samples kept for the web page
+    history_retention: float = 48 * 3600.0  # samples older than this are dropped
+    web_listen: str | None = None  # HOST:PORT for the read-only web page; None: not served
 
 
 def _str_list(value: Any, field: str) -> tuple[str, ...]:

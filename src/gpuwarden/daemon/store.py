@@ -49,7 +49,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwarden.daemon.model import (
     ACTIVE,
@@ -68,6 +68,9 @@ from gpuwarden.daemon.model import (
     NewHold,
 )
 from gpuwarden.errors import GpuwardenError, UsageError
+
+if TYPE_CHECKING:
+    from gpuwarden.daemon.history import GpuSample
 
 # --------------------------------------------------------------------------- errors
 
@@ -227,6 +230,20 @@ MIGRATIONS: list[Migration] = [
         )""",
         "CREATE INDEX holds_job ON holds(job_id, id)",
         "CREATE INDEX holds_open ON holds(released_at) WHERE released_at IS NULL",
+    ),
+    # 4: memory samples per GPU for the web page's history (see daemon/history.py).
+    _sql(
+        """CREATE TABLE samples (
+            gpu TEXT NOT NULL,             -- uuid
+            ts INTEGER NOT NULL,           -- unix seconds
+            idx INTEGER NOT NULL,
+            total INTEGER NOT NULL,
+            used INTEGER NOT NULL,
+            leaked INTEGER NOT NULL,       -- memory no listed process accounts for
+            parts TEXT NOT NULL,           -- JSON: {"j": {job id: bytes}, "u": {user: bytes}}
+            PRIMARY KEY (gpu, ts)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX samples_ts ON samples(ts)",
     ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -573,9 +590,11 @@ class Store:
 
     def list(self, states: Iterable[str] | None = None, user: str | None = None,
              group: str | None = None, ids: Iterable[int] | None = None,
-             limit: int | None = None, *, with_events: bool = True) -> list[Job]:
-        """Jobs matching every given filter, ordered by id (the first ``limit``).
-        ``with_events=False`` skips the history (the scheduler does not need it)."""
+             limit: int | None = None, *, with_events: bool = True,
+             newest: bool = False) -> list[Job]:
+        """Jobs matching every given filter, ordered by id (the first ``limit``; the
+        last ``limit``, newest first, with ``newest``). ``with_events=False`` skips the
+        history (the scheduler does not need it)."""
         where: list[str] = []
         args: list[Any] = []
         if states is not None:
@@ -594,7 +613,7 @@ class Store:
         sql = "SELECT * FROM jobs"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY id"
+        sql += " ORDER BY id DESC" if newest else " ORDER BY id"
         if limit is not None:
             sql += " LIMIT ?"
             args.append(max(0, limit))
@@ -665,7 +684,38 @@ class Store:
                 "leaks": leaks, "oldest_wait": None if oldest is None else now - oldest,
                 "waits": waits, "releases": releases}
 
+    def samples(self, since: float, until: float | None = None, *,
+                job_id: int | None = None) -> builtins.list[GpuSample]:
+        """Memory samples from ``since`` (to ``until``), oldest first; only those in
+        which ``job_id`` held memory when it is given."""
+        from gpuwarden.daemon.history import GpuSample
+
+        sql = "SELECT ts, gpu, idx, total, used, leaked, parts FROM samples WHERE ts >= ?"
+        args: builtins.list[Any] = [int(since)]
+        if until is not None:
+            sql += " AND ts <= ?"
+            args.append(int(until))
+        if job_id is not None:
+            sql += " AND json_extract(parts, ?) IS NOT NULL"
+            args.append(f'$.j."{int(job_id)}"')
+        with self._tx(write=False) as conn:
+            rows = conn.execute(sql + " ORDER BY ts, idx", args).fetchall()
+        return [GpuSample.from_row(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]))
+                for r in rows]
+
     # -- writing -------------------------------------------------------------------
+
+    def record_samples(self, samples: Iterable[GpuSample], *, keep: float,
+                       now: float) -> None:
+        """Store one pass's samples and drop those older than ``keep`` seconds."""
+        with self._tx(write=True) as conn:
+            conn.executemany(
+                "INSERT OR REPLACE INTO samples (gpu, ts, idx, total, used, leaked, parts) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(s.uuid, s.ts, s.index, s.total, s.used, s.leaked,
+                  json.dumps(s.parts(), separators=(",", ":"))) for s in samples])
+            conn.execute("DELETE FROM samples WHERE ts < ?", (int(now - keep),))
+
 
     def submit(self, spec: JobSpec, now: float, *, state: str = QUEUED,
                reason: str | None = None) -> tuple[Job, bool]:
