@@ -1,0 +1,520 @@
+"""The textual app behind ``gpuwarden top``: GPU memory bars, a table of processes and
+daemon jobs, and screens for details, doctor findings and confirming a cancel.
+
+Snapshots are taken in a worker thread with the one backend the app was given, so the UI
+never waits on NVML or /proc; the table is rebuilt only when its rows changed."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Footer, Input, Static
+
+from gpuwarden.errors import GpuwardenError
+from gpuwarden.tui import model
+from gpuwarden.tui.model import FOREIGN, FREE, LEAKED, Row
+
+if TYPE_CHECKING:
+    from gpuwarden.daemon.client import Client
+    from gpuwarden.gpus.backend import Backend
+    from gpuwarden.observe.leaks import Leak
+    from gpuwarden.observe.snapshot import Snapshot
+
+DOCTOR_SAMPLES, DOCTOR_INTERVAL = 3, 0.5  # as `gpuwarden doctor` samples by default
+_HISTORY = 3  # snapshots a leak must persist over, as in `status --watch`
+_STYLES = {FOREIGN: "grey62", LEAKED: "bold red", FREE: "grey35", "dim": "dim",
+           "bold": "bold", "mark": "bold yellow", "": ""}
+_JOB_STATE_STYLE = {"running": "green", "queued": "yellow", "held": "yellow",
+                    "reserved": "cyan"}
+
+
+def style_of(key: str) -> str:
+    if key.startswith("job:"):
+        return model.job_color(int(key[4:]))
+    return _STYLES.get(key, "")
+
+
+def legend() -> Text:
+    t = Text()
+    t.append(model.BAR_CHARS[model.JOB], "green")
+    t.append("job ")
+    t.append(model.BAR_CHARS[FOREIGN], style_of(FOREIGN))
+    t.append("other ")
+    t.append(model.BAR_CHARS[LEAKED], style_of(LEAKED))
+    t.append("leak ")
+    t.append(model.BAR_CHARS[FREE], style_of(FREE))
+    t.append("free")
+    return t
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One refresh: the snapshot, the leaks over recent ones, the daemon's jobs (None:
+    no daemon answered, ``daemon`` says why) or an error that stopped the snapshot."""
+
+    snapshot: Snapshot | None
+    leaks: tuple[Leak, ...] = ()
+    jobs: tuple[Mapping[str, Any], ...] | None = None
+    daemon: str | None = None
+    error: str | None = None
+    rows: tuple[Row, ...] = field(default_factory=tuple)
+
+
+def _pairs(pairs: Sequence[tuple[str, str]]) -> Table:
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    for k, v in pairs:
+        grid.add_row(k, Text(v))
+    return grid
+
+
+class TextScreen(ModalScreen[None]):
+    """A scrollable page over the table: details of a row, or doctor findings."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q,enter", "close", "Close"),
+    ]
+    DEFAULT_CSS = """
+    TextScreen { align: center middle; }
+    TextScreen > Vertical { width: 100%; height: 100%; border: round $accent;
+                            background: $surface; }
+    TextScreen #title { height: 1; text-style: bold; }
+    TextScreen #hint { height: 1; color: $text-muted; }
+    """
+
+    def __init__(self, title: str, body: RenderableType) -> None:
+        super().__init__()
+        self._title = title
+        self._body = body
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(Text(self._title), id="title")
+            with VerticalScroll():
+                yield Static(self._body, id="body")
+            yield Static(Text("esc / q: close   ↑↓ PgUp PgDn: scroll"), id="hint")
+
+    def set_body(self, body: RenderableType) -> None:
+        self._body = body
+        self.query_one("#body", Static).update(body)
+
+    @property
+    def body(self) -> RenderableType:
+        return self._body
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """Yes or no, before a request that cannot be taken back."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("y", "answer(True)", "Yes"),
+        Binding("n,escape", "answer(False)", "No"),
+    ]
+    DEFAULT_CSS = """
+    ConfirmScreen { align: center middle; }
+    ConfirmScreen > Static { width: 60; height: auto; border: thick $error;
+                             background: $surface; padding: 1 2; }
+    """
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text(f"{self.question}\n\ny: yes   n / esc: no"))
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+class PromptScreen(ModalScreen["str | None"]):
+    """One line of input; Enter submits (empty clears the filter), Escape keeps it."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Keep")]
+    DEFAULT_CSS = """
+    PromptScreen { align: center middle; }
+    PromptScreen > Vertical { width: 60; height: auto; border: round $accent;
+                              background: $surface; padding: 0 1; }
+    """
+
+    def __init__(self, label: str, value: str = "") -> None:
+        super().__init__()
+        self.label = label
+        self.value = value
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(Text(self.label))
+            yield Input(value=self.value, placeholder="empty: everyone")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip())
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class RowTable(DataTable[Text]):
+    """The process and job table; Enter (or a click) on a row opens its details."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "select_cursor", "Info", show=True),
+    ]
+
+
+class TopApp(App[None]):
+    """Live GPUs, processes and jobs; see the footer for the keys."""
+
+    TITLE = "gpuwarden top"
+    ENABLE_COMMAND_PALETTE = False
+    CSS = """
+    #header { height: 1; background: $panel; }
+    #gpus { height: auto; max-height: 50%; }
+    #rows { height: 1fr; scrollbar-size-vertical: 1; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("s", "cycle_sort", "Sort"),
+        Binding("u", "filter_user", "User"),
+        Binding("g", "cycle_gpu", "GPU"),
+        Binding("i", "details", "Info", show=False),
+        Binding("c", "cancel_job", "Cancel"),
+        Binding("d", "doctor", "Doctor"),
+        Binding("r", "refresh", "Refresh"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(self, backend: Backend, *, interval: float = 2.0,
+                 client: Client | None = None) -> None:
+        super().__init__()
+        self.backend = backend
+        self.interval = interval
+        if client is None:
+            from gpuwarden.daemon.client import Client
+            from gpuwarden.daemon.paths import resolve_paths
+
+            client = Client(str(resolve_paths().socket), timeout=5.0)
+        self.client = client
+        self.sort = model.SORTS[0]
+        self.user_filter: str | None = None
+        self.gpu_filter: int | None = None
+        self.observation: Observation | None = None
+        self.shown: list[Row] = []  # the table's rows, in order
+        self.messages: list[str] = []  # everything said with notify, for tests and logs
+        self.refreshes = 0
+        self._top_history: list[Snapshot] = []
+        self._top_lock = threading.Lock()
+        self._top_layout: list[model.Column] | None = None
+        self._top_ready = False  # widgets composed and mounted
+
+    # -- layout ---------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="header")
+        yield Static(id="gpus")
+        yield RowTable(id="rows", cursor_type="row", cell_padding=0, zebra_stripes=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._top_ready = True
+        self.query_one(DataTable).focus()
+        self._render_header()
+        self.action_refresh()
+        self.set_interval(self.interval, self.action_refresh)
+
+    def on_resize(self) -> None:
+        self._render_all()
+
+    # -- collecting -----------------------------------------------------------------------
+
+    def action_refresh(self) -> None:
+        self._collect()
+
+    @work(thread=True, group="refresh")
+    def _collect(self) -> None:
+        """Snapshot + leaks + the daemon's queue, off the UI thread. A refresh asked while
+        one runs is dropped: the running one is as fresh."""
+        if not self._top_lock.acquire(blocking=False):
+            return
+        try:
+            obs = self._observe()
+        finally:
+            self._top_lock.release()
+        self.call_from_thread(self._apply, obs)
+
+    def _observe(self) -> Observation:
+        from gpuwarden.observe.leaks import find_leaks
+        from gpuwarden.observe.snapshot import take_snapshot
+
+        try:
+            # Hidden holders need a scan of every process's open files: left to doctor.
+            snap = take_snapshot(self.backend, holders=False)
+        except (GpuwardenError, OSError) as e:
+            return Observation(snapshot=None, error=str(e))
+        self._top_history = [*self._top_history[-(_HISTORY - 1):], snap]
+        leaks = tuple(find_leaks(self._top_history))
+        jobs, daemon = self._jobs()
+        rows = tuple(model.build_rows(snap, jobs))
+        return Observation(snapshot=snap, leaks=leaks, jobs=jobs, daemon=daemon, rows=rows)
+
+    def _jobs(self) -> tuple[tuple[Mapping[str, Any], ...] | None, str | None]:
+        from gpuwarden.daemon.client import DaemonUnavailable
+
+        try:
+            answer = self.client.request("GET", "/v1/jobs")
+        except DaemonUnavailable:
+            return None, "no daemon"
+        except GpuwardenError as e:
+            return None, f"daemon: {e}"
+        jobs = answer.get("jobs") if isinstance(answer, dict) else None
+        if not isinstance(jobs, list):
+            return None, "daemon: unexpected answer"
+        return tuple(j for j in jobs if isinstance(j, dict)), None
+
+    def _apply(self, obs: Observation) -> None:
+        self.observation = obs
+        self.refreshes += 1
+        self._render_all()
+
+    # -- rendering ------------------------------------------------------------------------
+
+    def _render_all(self) -> None:
+        if not self._top_ready:
+            return
+        self._render_header()
+        self._render_gpus()
+        self._render_table()
+
+    def _render_header(self) -> None:
+        obs = self.observation
+        left = Text(" gpuwarden", style="bold")
+        if obs is None:
+            left.append(" · starting…")
+        elif obs.error:
+            left.append(f" · {obs.error}", style="bold red")
+        else:
+            snap = obs.snapshot
+            assert snap is not None
+            left.append(f" · {snap.backend} · {len(snap.gpus)} GPUs · ")
+            if obs.jobs is None:
+                left.append(obs.daemon or "no daemon", style="yellow")
+            else:
+                n = len(obs.jobs)
+                left.append(f"{n} job{'' if n == 1 else 's'}")
+        left.append(f" · sort {self.sort}")
+        if self.user_filter:
+            left.append(f" · user {self.user_filter}", style="bold cyan")
+        if self.gpu_filter is not None:
+            left.append(f" · gpu {self.gpu_filter}", style="bold cyan")
+        width = self.size.width
+        lg = legend()
+        if left.cell_len + 2 + lg.cell_len <= width:
+            left.append(" " * (width - left.cell_len - lg.cell_len - 1))
+            left.append_text(lg)
+        left.truncate(width, overflow="ellipsis")
+        self.query_one("#header", Static).update(left)
+
+    def gpu_text(self) -> Text:
+        """The GPU panel as one Text (a line per GPU)."""
+        obs = self.observation
+        if obs is None or obs.snapshot is None:
+            return Text("")
+        lines = model.gpu_lines(obs.snapshot, obs.leaks)
+        out = Text(no_wrap=True, overflow="ellipsis")
+        if not lines:
+            out.append("no GPUs", style="dim")
+        for i, pieces in enumerate(model.render_gpu_lines(lines, self.size.width,
+                                                          self.gpu_filter)):
+            if i:
+                out.append("\n")
+            for text, key in pieces:
+                out.append(text, style_of(key))
+        return out
+
+    def _render_gpus(self) -> None:
+        self.query_one("#gpus", Static).update(self.gpu_text())
+
+    def _render_table(self) -> None:
+        obs = self.observation
+        table: DataTable[Text] = self.query_one(DataTable)
+        all_rows = [] if obs is None else list(obs.rows)
+        rows = model.sort_rows(model.filter_rows(all_rows, user=self.user_filter,
+                                                 gpu=self.gpu_filter), self.sort)
+        layout = model.table_layout(rows, max(self.size.width - 1, 20))
+        if layout != self._top_layout:
+            table.clear(columns=True)
+            for col, title in zip(layout, model.header_cells(layout), strict=True):
+                table.add_column(Text(title, style="bold"), width=col.width, key=col.title)
+            self._top_layout = layout
+            self.shown = []
+        elif rows == self.shown and table.row_count == len(rows):
+            return  # nothing changed: leave the table (and its cursor) alone
+        selected = self.selected()
+        table.clear()
+        for r in rows:
+            table.add_row(*self._styled(r, layout), key=r.key)
+        self.shown = rows
+        if selected is not None:
+            for i, r in enumerate(rows):
+                if r.key == selected.key:
+                    table.move_cursor(row=i, animate=False)
+                    break
+
+    @staticmethod
+    def _styled(r: Row, layout: Sequence[model.Column]) -> list[Text]:
+        cells = [Text(c) for c in model.row_cells(r, layout)]
+        if r.job is not None:
+            cells[3].stylize(f"bold {model.job_color(r.job)}")
+        if r.over_budget:
+            cells[5].stylize("bold red")
+        if r.kind == model.QUEUED_JOB or r.job is not None:
+            cells[6].stylize(_JOB_STATE_STYLE.get(r.state, "red"))
+        elif r.state != "running":
+            cells[6].stylize("red")
+        return cells
+
+    # -- the selected row -----------------------------------------------------------------
+
+    def selected(self) -> Row | None:
+        table: DataTable[Text] = self.query_one(DataTable)
+        i = table.cursor_row
+        if not self.shown or i < 0 or i >= len(self.shown):
+            return None
+        return self.shown[i]
+
+    def say(self, message: str, severity: str = "information") -> None:
+        self.messages.append(message)
+        if severity == "error":
+            self.notify(message, severity="error", timeout=8)
+        elif severity == "warning":
+            self.notify(message, severity="warning")
+        else:
+            self.notify(message)
+
+    # -- keys -----------------------------------------------------------------------------
+
+    def action_cycle_sort(self) -> None:
+        self.sort = model.SORTS[(model.SORTS.index(self.sort) + 1) % len(model.SORTS)]
+        self._render_header()
+        self._render_table()
+
+    def action_cycle_gpu(self) -> None:
+        obs = self.observation
+        indices = [] if obs is None or obs.snapshot is None else \
+            [g.index for g in obs.snapshot.gpus]
+        cycle: list[int | None] = [None, *indices]
+        try:
+            at = cycle.index(self.gpu_filter)
+        except ValueError:
+            at = 0
+        self.gpu_filter = cycle[(at + 1) % len(cycle)]
+        self._render_all()
+
+    def action_filter_user(self) -> None:
+        def done(value: str | None) -> None:
+            if value is None:
+                return
+            self.user_filter = value or None
+            self._render_all()
+
+        self.push_screen(PromptScreen("Only the processes and jobs of user:",
+                                      self.user_filter or ""), done)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.action_details()
+
+    def action_details(self) -> None:
+        row = self.selected()
+        obs = self.observation
+        if row is None or obs is None or obs.snapshot is None:
+            self.say("no row selected", "warning")
+            return
+        parts: list[RenderableType] = []
+        if row.pid is not None:
+            parts.append(_pairs(model.process_details(obs.snapshot, row.gpus[0], row.pid)))
+        if row.job is None:
+            title = f"process {row.pid} on GPU {row.gpus[0]}"
+            self.push_screen(TextScreen(title, Group(*parts)))
+            return
+        title = f"job {row.job}" + ("" if row.pid is None else f" · process {row.pid}")
+        screen = TextScreen(title, Group(*parts, Text("loading the job…", style="dim")))
+        self.push_screen(screen)
+        self._load_job(screen, row.job, parts)
+
+    @work(thread=True, group="details")
+    def _load_job(self, screen: TextScreen, job: int, parts: list[RenderableType]) -> None:
+        try:
+            j = self.client.request("GET", f"/v1/jobs/{job}")
+            body: RenderableType = _pairs(model.job_details(j))
+        except GpuwardenError as e:
+            body = Text(f"job {job}: {e}", style="red")
+        rule = [Text("")] if parts else []
+        self.call_from_thread(screen.set_body, Group(*parts, *rule, body))
+
+    def action_cancel_job(self) -> None:
+        row = self.selected()
+        if row is None or row.job is None:
+            self.say("not a gpuwarden job: select a job's row to cancel it", "warning")
+            return
+        job = row.job
+
+        def done(yes: bool | None) -> None:
+            if yes:
+                self._send_cancel(job)
+
+        what = row.command if len(row.command) <= 40 else row.command[:39] + "…"
+        self.push_screen(ConfirmScreen(f"Cancel job {job} of {row.user or '?'}?\n{what}"),
+                         done)
+
+    @work(thread=True, group="cancel")
+    def _send_cancel(self, job: int) -> None:
+        """Only the request: the daemon decides (owner, root or admin) and says why not."""
+        try:
+            answer = self.client.request("POST", f"/v1/jobs/{job}/cancel")
+            state = answer.get("state") if isinstance(answer, dict) else None
+            self.call_from_thread(self.say, f"job {job}: {state or 'cancel sent'}")
+        except GpuwardenError as e:
+            self.call_from_thread(self.say, f"job {job}: {e}", "error")
+        self.call_from_thread(self.action_refresh)
+
+    def action_doctor(self) -> None:
+        screen = TextScreen("doctor findings (as `gpuwarden doctor`)",
+                            Text(f"sampling {DOCTOR_SAMPLES} snapshots…", style="dim"))
+        self.push_screen(screen)
+        self._diagnose(screen)
+
+    @work(thread=True, group="doctor")
+    def _diagnose(self, screen: TextScreen) -> None:
+        from gpuwarden.cli.doctor import _mps_state, render
+        from gpuwarden.observe.doctor import diagnose
+        from gpuwarden.observe.leaks import find_leaks
+        from gpuwarden.observe.snapshot import take_snapshot
+
+        snaps: list[Snapshot] = []
+        try:
+            for n in range(DOCTOR_SAMPLES):
+                if n:
+                    time.sleep(DOCTOR_INTERVAL)
+                with self._top_lock:
+                    snaps.append(take_snapshot(self.backend))
+            findings = diagnose(snaps[-1], find_leaks(snaps), _mps_state())
+            body = render(findings)
+        except (GpuwardenError, OSError) as e:
+            body = Text(f"doctor failed: {e}", style="red")
+        self.call_from_thread(screen.set_body, body)

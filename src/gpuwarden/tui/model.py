@@ -1,0 +1,439 @@
+"""What ``gpuwarden top`` shows, as plain values: per-GPU memory bars split by who holds
+the memory, and the rows of processes and daemon jobs. Pure functions of a Snapshot, the
+leaks found over recent snapshots and the daemon's job list, so they are tested without
+a terminal; the textual app only styles and places them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuwarden.observe.leaks import Leak
+from gpuwarden.observe.snapshot import RUNNING, GpuView, ProcessView, Snapshot
+from gpuwarden.units import format_bytes, format_bytes_short, format_duration
+
+# Segment kinds of a memory bar, in the order they are drawn.
+JOB, FOREIGN, LEAKED, FREE = "job", "foreign", "leaked", "free"
+BAR_CHARS = {JOB: "█", FOREIGN: "▓", LEAKED: "▒", FREE: "·"}
+# Leak kinds whose memory is charged to nobody who will give it back. ``other_namespace``
+# is left out: a container's process is alive, just invisible here, so it counts as foreign.
+LEAK_KINDS = frozenset({"unaccounted", "dead_pid", "garbage_pid", "zombie", "orphan"})
+# Job colours cycle by job id, so a job keeps its colour across refreshes and GPUs.
+JOB_COLORS = ("green", "cyan", "magenta", "yellow", "bright_blue", "bright_green",
+              "bright_cyan", "bright_magenta")
+
+SORTS = ("memory", "pid", "user", "gpu")
+PROCESS, QUEUED_JOB = "process", "job"
+_QOS_SHORT = {"guaranteed": "guar", "burstable": "burst", "besteffort": "best"}
+# Process states as `gpuwarden status` shows them.
+_STATE_SHORT = {"other_namespace": "other-ns"}
+
+
+def job_color(job: int) -> str:
+    return JOB_COLORS[job % len(JOB_COLORS)]
+
+
+def job_id_of(p: ProcessView) -> int | None:
+    """The daemon job a process belongs to, from its GPUWARDEN_JOB; None if not a job."""
+    raw = p.job
+    if raw is None or not raw.strip().isdigit():
+        return None
+    return int(raw.strip())
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One stretch of a memory bar: ``bytes`` held by a job, foreign processes, leaks,
+    or free; ``job`` names the job of a JOB segment."""
+
+    kind: str
+    bytes: int
+    job: int | None = None
+
+    @property
+    def style(self) -> str:
+        """A style key the app maps to colours: ``job:ID`` or the kind."""
+        return f"job:{self.job}" if self.kind == JOB else self.kind
+
+
+def memory_segments(g: GpuView, leaks: Sequence[Leak] = ()) -> list[Segment]:
+    """Split a GPU's memory into job segments (one per job, by id), foreign, leaked and
+    free. Leaked is what ``find_leaks`` charges to nobody on this GPU; foreign is the rest
+    of the used memory (other processes, the driver's baseline). Never negative: when the
+    driver's figures disagree (processes summing over ``used``) the parts are clamped."""
+    leaked_pids = {lk.pid for lk in leaks
+                   if lk.gpu == g.index and lk.kind in LEAK_KINDS and lk.pid is not None}
+    per_job: dict[int, int] = {}
+    leaked = sum(max(lk.memory or 0, 0) for lk in leaks
+                 if lk.gpu == g.index and lk.kind == "unaccounted")
+    for p in g.processes:
+        mem = max(p.memory or 0, 0)
+        if p.pid in leaked_pids:
+            leaked += mem
+            continue
+        job = job_id_of(p)
+        if job is not None:
+            per_job[job] = per_job.get(job, 0) + mem
+    used = max(g.facts.memory_used, 0)
+    total = max(g.facts.memory_total, 0)
+    jobs = sum(per_job.values())
+    foreign = max(used - jobs - leaked, 0)
+    free = max(total - max(used, jobs + leaked), 0)
+    out = [Segment(JOB, b, job) for job, b in sorted(per_job.items())]
+    out += [Segment(FOREIGN, foreign), Segment(LEAKED, leaked), Segment(FREE, free)]
+    return out
+
+
+def bar_widths(values: Sequence[int], width: int) -> list[int]:
+    """Cells per segment: proportional to ``values`` (largest remainder), summing to
+    exactly ``width``, and at least one cell for every non-zero value while the widest
+    segment can spare it — so a small leak stays visible."""
+    width = max(width, 0)
+    vals = [max(v, 0) for v in values]
+    if not vals:
+        return []
+    total = sum(vals)
+    if total == 0:
+        return [0] * (len(vals) - 1) + [width]
+    exact = [v * width / total for v in vals]
+    cells = [int(x) for x in exact]
+    order = sorted(range(len(vals)), key=lambda i: (-(exact[i] - cells[i]), i))
+    for i in order[: width - sum(cells)]:
+        cells[i] += 1
+    for i, v in enumerate(vals):
+        if v > 0 and cells[i] == 0:
+            donor = max(range(len(cells)), key=lambda j: cells[j])
+            if cells[donor] > 1:
+                cells[donor] -= 1
+                cells[i] = 1
+    return cells
+
+
+@dataclass(frozen=True)
+class GpuLine:
+    """Everything one GPU line shows."""
+
+    index: int
+    name: str
+    used: int
+    total: int
+    utilization: int | None
+    numa_node: int | None
+    leaked: int
+    segments: tuple[Segment, ...]
+
+
+def gpu_lines(snap: Snapshot, leaks: Sequence[Leak] = ()) -> list[GpuLine]:
+    out = []
+    for g in snap.gpus:
+        segs = tuple(memory_segments(g, leaks))
+        out.append(GpuLine(
+            index=g.index, name=g.facts.name.removeprefix("NVIDIA ").strip(),
+            used=g.facts.memory_used, total=g.facts.memory_total,
+            utilization=g.facts.utilization, numa_node=g.facts.numa_node,
+            leaked=sum(s.bytes for s in segs if s.kind == LEAKED), segments=segs))
+    return out
+
+
+Piece = tuple[str, str]  # (text, style key: "" plain, "dim", a segment style, "mark")
+
+
+def render_gpu_lines(lines: Sequence[GpuLine], width: int,
+                     selected: int | None = None) -> list[list[Piece]]:
+    """Each GPU as one line of at most ``width`` cells, columns aligned over GPUs:
+    ``idx name [bar] used/total util% N<numa> leak <bytes>``. The bar takes what the
+    other fields leave; the name goes first when the terminal is narrow, and below about
+    40 columns the line is cut."""
+    if not lines:
+        return []
+    iw = max(len(str(ln.index)) for ln in lines)
+    mem = [f"{format_bytes_short(ln.used)}/{format_bytes_short(ln.total)}" for ln in lines]
+    mw = max(len(m) for m in mem)
+    leak = ["" if ln.leaked <= 0 else f"leak {format_bytes_short(ln.leaked)}" for ln in lines]
+    lw = max(len(x) for x in leak)
+    nw = max(len(str(ln.numa_node)) if ln.numa_node is not None else 1 for ln in lines)
+    name_w = min(max(len(ln.name) for ln in lines), 14)
+    # marker, index + gap, brackets, gap, memory, gap, util, " N", numa, " leak ..."
+    fixed = 1 + iw + 1 + 2 + 1 + mw + 1 + 4 + 2 + nw + (lw + 1 if lw else 0)
+    if width - fixed - name_w - 1 < 16:
+        name_w = 0
+    bar_w = max(width - fixed - (name_w + 1 if name_w else 0), 4)
+    out: list[list[Piece]] = []
+    for ln, m, lk in zip(lines, mem, leak, strict=True):
+        mark = "▶" if selected == ln.index else " "
+        row: list[Piece] = [(mark, "mark"), (f"{ln.index:>{iw}} ", "bold")]
+        if name_w:
+            name = ln.name if len(ln.name) <= name_w else ln.name[: name_w - 1] + "…"
+            row.append((f"{name:<{name_w}} ", "dim"))
+        row.append(("[", "dim"))
+        cells = bar_widths([s.bytes for s in ln.segments], bar_w)
+        for seg, n in zip(ln.segments, cells, strict=True):
+            if n:
+                row.append((BAR_CHARS[seg.kind] * n, seg.style))
+        util = "n/a" if ln.utilization is None else f"{ln.utilization}%"
+        numa = "?" if ln.numa_node is None else str(ln.numa_node)
+        row += [("]", "dim"), (f" {m:>{mw}} {util:>4} N{numa:<{nw}}", "")]
+        if lw:
+            row.append((f" {lk:<{lw}}", LEAKED if lk else ""))
+        out.append(_clip(row, width))
+    return out
+
+
+def _clip(pieces: list[Piece], width: int) -> list[Piece]:
+    """Cut a line at ``width`` cells: on a terminal too narrow for every field the
+    right-hand ones go first."""
+    out: list[Piece] = []
+    left = max(width, 0)
+    for text, key in pieces:
+        if left <= 0:
+            break
+        out.append((text[:left], key))
+        left -= len(out[-1][0])
+    return out
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row of the table: a GPU process (perhaps of a job), or a job with no process
+    on any GPU yet (queued, held, reserved, starting). ``key`` is stable across refreshes
+    so the cursor stays on the same row."""
+
+    key: str
+    kind: str  # PROCESS or QUEUED_JOB
+    gpus: tuple[int, ...]
+    pid: int | None
+    user: str | None
+    job: int | None
+    qos: str | None
+    memory: int | None  # bytes the process holds now
+    budget: int | None  # the job's limit per GPU (None: not a job, or a whole GPU)
+    over_budget: bool
+    state: str
+    command: str
+
+
+def _limit(job: Mapping[str, Any]) -> int | None:
+    """What the job may use per GPU: its enforced limit, else its budget or request."""
+    enf = job.get("enforcement") or {}
+    for v in (enf.get("limit") if isinstance(enf, Mapping) else None, job.get("mem_limit"),
+              job.get("budget"), job.get("request"), job.get("mem")):
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def build_rows(snap: Snapshot, jobs: Sequence[Mapping[str, Any]] | None) -> list[Row]:
+    """Every GPU process (joined to its daemon job through GPUWARDEN_JOB), then every
+    listed job that has no process on a GPU. ``jobs`` is the daemon's ``/v1/jobs`` list,
+    or None when no daemon answers."""
+    by_id: dict[int, Mapping[str, Any]] = {}
+    for j in jobs or ():
+        if isinstance(j.get("id"), int):
+            by_id[j["id"]] = j
+    rows: list[Row] = []
+    seen_jobs: set[int] = set()
+    for g in snap.gpus:
+        per_job: dict[int, int] = {}
+        for p in g.processes:
+            jid = job_id_of(p)
+            if jid is not None:
+                per_job[jid] = per_job.get(jid, 0) + (p.memory or 0)
+        for p in g.processes:
+            jid = job_id_of(p)
+            job = by_id.get(jid) if jid is not None else None
+            limit = _limit(job) if job is not None else None
+            if jid is not None:
+                seen_jobs.add(jid)
+            state = p.state
+            if state == RUNNING and job is not None:
+                state = str(job.get("state") or RUNNING)
+            rows.append(Row(
+                key=f"p:{g.index}:{p.pid}", kind=PROCESS, gpus=(g.index,), pid=p.pid,
+                user=p.user, job=jid, qos=None if job is None else job.get("qos"),
+                memory=p.memory, budget=limit,
+                over_budget=(limit is not None and jid is not None and per_job[jid] > limit),
+                state=state, command=p.command or "?"))
+    for jid, j in by_id.items():
+        if jid in seen_jobs:
+            continue
+        gpus = tuple(x for x in (j.get("gpus") or ()) if isinstance(x, int))
+        command = " ".join(str(c) for c in j.get("command") or ())
+        reason = j.get("reason")
+        rows.append(Row(
+            key=f"j:{jid}", kind=QUEUED_JOB, gpus=gpus, pid=None, user=j.get("user"),
+            job=jid, qos=j.get("qos"), memory=None, budget=_limit(j), over_budget=False,
+            state=str(j.get("state") or "?"),
+            command=f"{reason} · {command}" if reason else command))  # as `ps` does
+    return rows
+
+
+def filter_rows(rows: Sequence[Row], *, user: str | None = None,
+                gpu: int | None = None) -> list[Row]:
+    """Rows of ``user`` (exact name) on ``gpu``. A job not placed yet is on no GPU, so a
+    GPU filter hides it."""
+    return [r for r in rows
+            if (not user or r.user == user) and (gpu is None or gpu in r.gpus)]
+
+
+def sort_rows(rows: Sequence[Row], by: str) -> list[Row]:
+    """``memory``: largest first, jobs without a process last; ``pid``, ``user``,
+    ``gpu``: ascending. Ties keep a stable, readable order (GPU, then pid/job)."""
+    def base(r: Row) -> tuple[int, int, int]:
+        return (r.gpus[0] if r.gpus else 1 << 30, r.pid if r.pid is not None else 1 << 62,
+                r.job or 0)
+
+    if by == "memory":
+        return sorted(rows, key=lambda r: (r.memory is None, -(r.memory or 0), base(r)))
+    if by == "pid":
+        return sorted(rows, key=lambda r: (r.pid is None, r.pid or 0, r.job or 0))
+    if by == "user":
+        return sorted(rows, key=lambda r: (r.user is None, r.user or "", base(r)))
+    if by == "gpu":
+        return sorted(rows, key=base)
+    raise ValueError(f"unknown sort {by!r}")
+
+
+@dataclass(frozen=True)
+class Column:
+    title: str
+    width: int
+    right: bool
+
+
+_COLS = (("GPU", 7, True), ("PID", 10, True), ("USER", 10, False), ("JOB", 6, True),
+         ("QOS", 5, False), ("MEM/BUDGET", 13, True), ("STATE", 9, False))
+_MIN_COMMAND = 8
+
+
+def _cells(r: Row) -> tuple[str, ...]:
+    gpus = ",".join(map(str, r.gpus)) or "-"
+    mem = "-" if r.memory is None else format_bytes_short(r.memory)
+    budget = "" if r.job is None else (
+        "/whole" if r.budget is None else f"/{format_bytes_short(r.budget)}")
+    qos = "" if r.qos is None else _QOS_SHORT.get(r.qos, r.qos)
+    return (gpus, "-" if r.pid is None else str(r.pid), r.user or "?",
+            "" if r.job is None else str(r.job), qos,
+            mem + budget if r.job is not None or r.memory is not None else "-",
+            _STATE_SHORT.get(r.state, r.state))
+
+
+def table_layout(rows: Sequence[Row], width: int) -> list[Column]:
+    """Column widths that fit ``width``: each fixed column as wide as its widest cell (up
+    to a cap), the command taking the rest. Every column but the last includes a
+    one-cell gap on its right."""
+    cells = [_cells(r) for r in rows]
+    cols = []
+    for i, (title, cap, right) in enumerate(_COLS):
+        w = max([len(title), *(len(c[i]) for c in cells)])
+        cols.append(Column(title, min(w, cap) + 1, right))
+    rest = max(width - sum(c.width for c in cols), _MIN_COMMAND)
+    cols.append(Column("COMMAND", rest, False))
+    return cols
+
+
+def _fit(text: str, width: int, right: bool) -> str:
+    if len(text) > width:
+        text = text[: max(width - 1, 0)] + "…" if width > 0 else ""
+    return text.rjust(width) if right else text.ljust(width)
+
+
+def row_cells(r: Row, layout: Sequence[Column]) -> tuple[str, ...]:
+    """The row's cells, each exactly its column's width (a trailing gap included)."""
+    values = (*_cells(r), r.command)
+    out = []
+    for i, (v, c) in enumerate(zip(values, layout, strict=True)):
+        last = i == len(layout) - 1
+        inner = c.width if last else c.width - 1
+        out.append(_fit(v, inner, c.right) + ("" if last else " "))
+    return tuple(out)
+
+
+def header_cells(layout: Sequence[Column]) -> tuple[str, ...]:
+    return tuple(_fit(c.title, c.width if i == len(layout) - 1 else c.width - 1, c.right)
+                 + ("" if i == len(layout) - 1 else " ") for i, c in enumerate(layout))
+
+
+def process_details(snap: Snapshot, gpu: int, pid: int) -> list[tuple[str, str]]:
+    """What we know about one GPU process, as (label, value) lines."""
+    g = snap.gpu(gpu)
+    p = next((x for x in (g.processes if g else ()) if x.pid == pid), None)
+    if g is None or p is None:
+        return [("gone", f"pid {pid} is no longer listed on GPU {gpu}")]
+    i = p.info
+    out = [("pid", str(p.pid)), ("gpu", f"{gpu} ({g.facts.name})"),
+           ("state", p.state), ("user", f"{i.user or '?'}" + ("" if i.uid is None
+                                                            else f" (uid {i.uid})")),
+           ("command", p.command or "?"), ("memory", format_bytes(p.memory)),
+           ("sm", "n/a" if p.gpu.sm_utilization is None else f"{p.gpu.sm_utilization}%"),
+           ("kinds", ", ".join(p.gpu.kinds)), ("running for", format_duration(p.elapsed))]
+    if p.container:
+        out.append(("container", p.container))
+    if p.job:
+        out.append(("gpuwarden job", p.job))
+    if i.ppid is not None:
+        out.append(("parent", f"{i.ppid} (process group {i.pgid})"))
+    if i.cpus_allowed is not None:
+        from gpuwarden.gpus.topology import format_cpulist
+
+        out.append(("cpus allowed", format_cpulist(sorted(i.cpus_allowed))))
+    if i.namespace_hint:
+        out.append(("namespace", i.namespace_hint))
+    for k, v in sorted((i.env or {}).items()):
+        out.append((k, v))
+    return out
+
+
+def job_details(j: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A job as ``gpuwarden show`` prints it: request, placement, memory, QoS, times,
+    limits, release, then every event."""
+    def b(v: Any) -> str:
+        return format_bytes(v) if isinstance(v, int) else "n/a"
+
+    cmd = " ".join(str(c) for c in j.get("command") or ())
+    out = [("job", f"{j.get('id')}  {j.get('state')}  user {j.get('user')}"
+            + (f"  name {j['name']}" if j.get("name") else "")
+            + (f"  group {j['group']}" if j.get("group") else "")),
+           ("command", cmd), ("cwd", str(j.get("cwd")))]
+    gpus = ",".join(map(str, j.get("gpus") or ())) or "-"
+    out.append(("gpus", f"{gpus} (asked {j.get('gpu_count')})"))
+    mem = (f"declared {b(j['mem']) if j.get('mem') else 'whole GPU'}, reserved "
+           f"{b(j.get('budget'))}, peak {b(j.get('peak_memory'))}")
+    if j.get("mem_limit"):
+        mem += f", limit {b(j['mem_limit'])}"
+    out.append(("memory", mem))
+    if j.get("declared_vs_peak"):
+        out.append(("", str(j["declared_vs_peak"])))
+    qos = f"{j.get('qos', 'burstable')}, priority {j.get('priority')}"
+    if j.get("preemptions"):
+        qos += f", preempted {j['preemptions']}x"
+    if j.get("retries"):
+        qos += f", OOM retries {j.get('oom_retries')}/{j['retries']}"
+    out.append(("qos", qos))
+    for label, key in (("submitted", "submitted_at"), ("started", "started_at"),
+                       ("ended", "ended_at")):
+        if j.get(key):
+            out.append((label, str(j[key])))
+    enf = j.get("enforcement") or {}
+    if isinstance(enf, Mapping) and enf.get("limit"):
+        layers = [str(x) for x in (enf.get("cooperative"), enf.get("hard"),
+                                   enf.get("watchdog") and f"watchdog: {enf['watchdog']}")
+                  if x]
+        out.append(("limit", f"{b(enf['limit'])} per GPU: " + "; ".join(layers)))
+    if j.get("exit_code") is not None:
+        out.append(("exit code", str(j["exit_code"])))
+    if j.get("reason"):
+        out.append(("reason", str(j["reason"])))
+    rel = j.get("memory_release")
+    if isinstance(rel, Mapping):
+        if rel.get("released_at") is None:
+            out.append(("release", "still reserved: not verified back since the end"
+                        + (f"; leak: {rel['leak']}" if rel.get("leak") else "")))
+        else:
+            out.append(("release", f"memory back {rel.get('seconds')} s after the end "
+                        f"({rel.get('how')})"))
+    out.append(("events", ""))
+    for e in j.get("events") or ():
+        out.append(("", f"{e.get('at')}  {e.get('kind')}"
+                    + (f"  {e['detail']}" if e.get("detail") else "")))
+    return out
