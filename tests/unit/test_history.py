@@ -18,7 +18,7 @@ from gpuwarden.daemon.history import (
 )
 from gpuwarden.daemon.store import Store
 from gpuwarden.gpus.sim import SimBackend
-from gpuwarden.observe.snapshot import take_snapshot
+from gpuwarden.observe.snapshot import DEAD, GARBAGE, take_snapshot
 from gpuwarden.units import GiB, MiB
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,8 +34,19 @@ def test_a_snapshot_becomes_one_sample_per_gpu_split_by_job_and_user() -> None:
     assert [s.index for s in samples] == [v.facts.index for v in snap.gpus]
     assert {s.ts for s in samples} == {1000}
     by_index = {s.index: s for s in samples}
-    assert by_index[1].leaked == next(v for v in snap.gpus if v.facts.index == 1).unaccounted
-    assert by_index[1].leaked >= 300 * MiB
+    gpu1 = next(v for v in snap.gpus if v.facts.index == 1)
+    garbage = [p for p in gpu1.processes if p.state == GARBAGE]
+    assert garbage and gpu1.unaccounted == 300 * MiB
+    # leaked: memory no process accounts for, and what a garbage pid holds
+    assert by_index[1].leaked == 300 * MiB + sum(p.memory or 0 for p in garbage)
+    assert all(p.user not in by_index[1].users for p in garbage if p.user)
+    gpu0 = next(v for v in snap.gpus if v.facts.index == 0)
+    dead = next(p for p in gpu0.processes if p.state == DEAD)
+    assert by_index[0].leaked == dead.memory and by_index[0].users == {}
+    # the same dead pid left behind by an ended job stays that job's
+    (again,) = [s for s in sample_gpus(snap, {}, {dead.pid}, 1000.0, {dead.pid: 9})
+                if s.index == 0]
+    assert again.jobs == {9: dead.memory} and again.leaked == 0
     s3 = by_index[3]
     assert s3.jobs == {7: gpu3.processes[0].memory}
     others = [p for p in gpu3.processes[1:] if p.memory]

@@ -45,22 +45,36 @@ class GpuSample:
 
 
 def sample_gpus(snap: Snapshot, job_use: Mapping[int, Mapping[str, int]],
-                managed_pids: set[int], now: float) -> list[GpuSample]:
+                managed_pids: set[int], now: float,
+                leftovers: Mapping[int, int] | None = None) -> list[GpuSample]:
     """Samples of every GPU: ``job_use`` is {job id: {GPU uuid: bytes its tree uses}}
-    (what the pass computed); processes outside ``managed_pids`` count for their user."""
+    (what the pass computed). ``leftovers`` maps pids an ended attempt left behind to
+    their job: their memory stays the job's, so a leak shows on the job that made it.
+    Other processes count for their user, except dead, garbage and zombie pids, whose
+    memory nobody will give back: that is leaked, with what no process accounts for."""
+    from gpuwarden.observe.snapshot import DEAD, GARBAGE, OTHER_NAMESPACE, ZOMBIE
+
+    leftovers = leftovers or {}
     out = []
     for view in snap.gpus:
         uuid = view.facts.uuid
         jobs = {jid: per[uuid] for jid, per in job_use.items() if per.get(uuid)}
         users: dict[str, int] = {}
+        leaked = max(0, view.unaccounted or 0)
         for p in view.processes:
-            if p.pid in managed_pids or not p.memory:
+            if not p.memory or (p.pid in managed_pids and p.pid not in leftovers):
                 continue
-            who = p.user or "(unknown)"
-            users[who] = users.get(who, 0) + p.memory
+            if p.pid in leftovers:
+                jid = leftovers[p.pid]
+                jobs[jid] = jobs.get(jid, 0) + p.memory
+            elif p.state in (DEAD, GARBAGE, ZOMBIE):
+                leaked += p.memory
+            else:
+                who = p.user or ("(container)" if p.state == OTHER_NAMESPACE else "(unknown)")
+                users[who] = users.get(who, 0) + p.memory
         out.append(GpuSample(ts=int(now), uuid=uuid, index=view.facts.index,
                              total=view.facts.memory_total, used=view.facts.memory_used,
-                             leaked=max(0, view.unaccounted or 0), jobs=jobs, users=users))
+                             leaked=leaked, jobs=jobs, users=users))
     return out
 
 

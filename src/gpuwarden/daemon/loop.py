@@ -495,14 +495,14 @@ class Scheduler:
              "used": {str(index[u]): b for u, b in used.get(j.id, {}).items() if u in index}}
             for j in active if j.state == model.RUNNING]
 
-        self._record_history(snap, used, managed_pids)
+        self._record_history(snap, used, managed_pids, holds)
 
         # 3. Decide and act; then hold running jobs to their limits.
         room_wanted = self._schedule(snap)
         self._watch(active, used, room_wanted)
 
     def _record_history(self, snap: Snapshot, used: dict[int, dict[str, int]],
-                        managed_pids: set[int]) -> None:
+                        managed_pids: set[int], holds: list[Hold]) -> None:
         """Keep a memory sample of every GPU each ``history_interval`` (the web page's
         charts). A full disk costs the history, never the scheduling pass."""
         from gpuwarden.daemon.history import sample_gpus
@@ -514,7 +514,8 @@ class Scheduler:
             return
         self._last_sample = now
         try:
-            self.store.record_samples(sample_gpus(snap, used, managed_pids, now),
+            leftovers = {pid: h.job_id for h in holds for pid in h.pids}
+            self.store.record_samples(sample_gpus(snap, used, managed_pids, now, leftovers),
                                       keep=self.config.history_retention, now=now)
         except StoreError as e:
             log.warning("memory history not recorded: %s", e)
