@@ -142,6 +142,13 @@ def start_daemon(tmp: Path, scenario: Path, config: str = "",
         shutil.rmtree(short, ignore_errors=True)
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free right now (for metrics_listen, web_listen)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def raw_http(sock_path: Path, request: bytes, timeout: float = 15) -> tuple[int, bytes]:
     """Send ``request`` (raw bytes, which should ask for ``Connection: close``) over the
     daemon's unix socket; (status code, body) of the answer, read until the daemon closes

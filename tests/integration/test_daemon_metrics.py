@@ -4,7 +4,6 @@ its limit, the wait and release-time histograms and the scheduling pass duration
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,15 +12,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import wait_for
-from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, start_daemon
+from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, free_port, start_daemon
 
 GiB = 1 << 30
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

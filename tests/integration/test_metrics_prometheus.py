@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import urllib.parse
@@ -18,16 +17,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import wait_for
-from tests.integration.daemon_fixture import EXAMPLES, make_env
+from tests.integration.daemon_fixture import EXAMPLES, free_port, make_env
 
 GiB = 1 << 30
 LEAKED_GPU3 = 126 << 20  # examples/a100x8-shared.json: GPU 3 holds 126 MiB, no process
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str, timeout: float = 5) -> str:

@@ -36,6 +36,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "rm": ("gpuwarden.cli.jobs", "rm", "Remove ended jobs."),
     "exporter": ("gpuwarden.cli.exporter", "exporter", "Prometheus metrics on HTTP."),
     "clean": ("gpuwarden.cli.jobs", "clean", "Remove ended jobs older than a duration."),
+    "top": ("gpuwarden.cli.top", "top", "Live view of GPUs, processes and jobs."),
+    "web": ("gpuwarden.cli.web", "web", "The daemon's web page, for you, on a local port."),
 }
 
 

@@ -214,4 +214,7 @@ def make_app(service: JobService) -> web.Application:
     app.router.add_get("/v1/jobs/{id}/wait", wait)
     app.router.add_get("/v1/jobs/{id}/logs", logs)
     app.router.add_post("/v1/clean", clean)
+    from gpuwarden.web.routes import add_web_routes
+
+    add_web_routes(app, service.store, anonymous=False)  # for `gpuwarden web`
     return app

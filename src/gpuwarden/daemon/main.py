@@ -128,6 +128,25 @@ def load_config(paths: Paths) -> Config:
     return read_config(paths.config)
 
 
+async def _start_public_web(config: Config, store: Any) -> web.AppRunner | None:
+    """The read-only web page on ``web_listen`` for anyone who can reach it."""
+    if config.web_listen is None:
+        return None
+    from gpuwarden.metrics.exporter import parse_listen
+    from gpuwarden.web.routes import make_public_app
+
+    host, port = parse_listen(config.web_listen)
+    runner = web.AppRunner(make_public_app(store), access_log=None, shutdown_timeout=2.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as e:
+        await runner.cleanup()
+        raise GpuwardenError(f"web_listen {config.web_listen}: {e.strerror or e}") from None
+    log.info("web page on http://%s/ui/ (read-only)", config.web_listen)
+    return runner
+
+
 async def serve(paths: Paths, config: Config) -> None:
     from gpuwarden.daemon.api import make_app
     from gpuwarden.daemon.forkserver import ForkServer
@@ -157,6 +176,13 @@ async def serve(paths: Paths, config: Config) -> None:
     await asyncio.to_thread(sched.recover)
     await asyncio.to_thread(sched.tick)
 
+    try:
+        public = await _start_public_web(config, store)
+    except BaseException:  # a taken port: nothing of this daemon may stay behind
+        launcher.close()
+        if metrics is not None:
+            metrics.stop()
+        raise
     app = make_app(service)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
@@ -197,6 +223,8 @@ async def serve(paths: Paths, config: Config) -> None:
         launcher.close()
         if metrics is not None:
             metrics.stop()
+        if public is not None:
+            await public.cleanup()
         await runner.cleanup()
         with contextlib.suppress(FileNotFoundError):
             sock.unlink()

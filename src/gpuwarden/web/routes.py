@@ -1,0 +1,75 @@
+"""The web page's routes (aiohttp): the page itself, its two static files and its two
+JSON feeds. The same routes serve the daemon's unix socket (local users, who see
+command lines as ``gpuwarden ps`` shows them) and the optional public ``web_listen``
+address (anonymous: read-only, no command lines). Only GET exists here."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from aiohttp import web
+
+from gpuwarden.daemon.store import Store
+from gpuwarden.errors import UsageError
+from gpuwarden.web.views import job_page, overview, parse_hours
+
+STATIC = Path(__file__).resolve().parent / "static"
+FILES = {"index.html": "text/html", "app.js": "application/javascript",
+         "style.css": "text/css"}
+HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:",
+           "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store",
+           "Referrer-Policy": "no-referrer"}
+
+
+def _file(name: str) -> web.Response:
+    return web.Response(body=(STATIC / name).read_bytes(), content_type=FILES[name],
+                        charset="utf-8", headers=HEADERS)
+
+
+def add_web_routes(app: web.Application, store: Store, *, anonymous: bool) -> None:
+    async def index(_: web.Request) -> web.Response:
+        return _file("index.html")
+
+    async def static(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in FILES:
+            raise web.HTTPNotFound()
+        return _file(name)
+
+    async def redirect(_: web.Request) -> web.Response:
+        raise web.HTTPFound("/ui/")
+
+    async def data_overview(request: web.Request) -> web.Response:
+        hours = parse_hours(request.query.get("hours"))
+        by = request.query.get("by", "job")
+        data = await asyncio.to_thread(overview, store, hours=hours, by=by,
+                                       anonymous=anonymous)
+        return web.json_response(data, headers={"Cache-Control": "no-store"})
+
+    async def data_job(request: web.Request) -> web.Response:
+        raw = request.match_info["id"]
+        if not raw.isdigit():
+            raise UsageError(f"invalid job id {raw!r}")
+        data = await asyncio.to_thread(job_page, store, int(raw), anonymous=anonymous)
+        return web.json_response(data, headers={"Cache-Control": "no-store"})
+
+    app.router.add_get("/ui", redirect)
+    app.router.add_get("/ui/", index)
+    app.router.add_get("/ui/static/{name}", static)
+    app.router.add_get("/ui/data/overview", data_overview)
+    app.router.add_get("/ui/data/jobs/{id}", data_job)
+
+
+def make_public_app(store: Store) -> web.Application:
+    """The app behind ``web_listen``: the page and its feeds, anonymous, nothing else."""
+    from gpuwarden.daemon.api import errors
+
+    app = web.Application(middlewares=[errors], client_max_size=1 << 16)
+
+    async def root(_: web.Request) -> web.Response:
+        raise web.HTTPFound("/ui/")
+
+    app.router.add_get("/", root)
+    add_web_routes(app, store, anonymous=True)
+    return app
