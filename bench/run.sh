@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Run the benchmarks and regenerate bench/RESULTS.md (never edit that file by hand).
 #
-#   bench/run.sh                      # everything: 8x200 status, 2x5,000-process scan, daemon
+#   bench/run.sh                      # the CPU part: status, holder scan, daemon, metrics, trace
 #   bench/run.sh daemon               # only the job daemon vs task-spooler (about 6 minutes)
-#   bench/run.sh status holders       # any subset of: status holders daemon
+#   bench/run.sh trace                # only the trace replay against other policies (~20 s)
+#   bench/run.sh status holders       # any subset of: status holders daemon metrics trace
 #   BENCH_STATUS_ARGS="--runs 5 --cli-runs 3" BENCH_HOLDERS_ARGS="--procs 500" bench/run.sh
 #   BENCH_DAEMON_ARGS="--rounds 20 --jobs 50 --queued 2000 --submitters 20" bench/run.sh daemon
 #   PYTHON=python3 bench/run.sh mixed # on a GPU machine with torch only: real jobs, ~4 minutes
+#   scripts/gpu-bench.sh              # on a GPU machine: real peers (writes peers.json; copy it
+#                                     # to bench/results/ and rerun any part to render it)
 #
 # Each benchmark writes its figures to bench/results/<name>.json; RESULTS.md is always
 # rendered from all the files, so a benchmark left out of this run keeps the figures of
@@ -25,14 +28,17 @@ read -r -a holders_args <<< "${BENCH_HOLDERS_ARGS:-}"
 read -r -a daemon_args <<< "${BENCH_DAEMON_ARGS:-}"
 read -r -a mixed_args <<< "${BENCH_MIXED_ARGS:-}"
 read -r -a metrics_args <<< "${BENCH_METRICS_ARGS:-}"
+read -r -a trace_args <<< "${BENCH_TRACE_ARGS:-}"
+read -r -a peers_args <<< "${BENCH_PEERS_ARGS:-}"
 
-all=(status holders daemon mixed metrics)
+all=(status holders daemon mixed metrics trace peers)
 selected=("$@")
-[ ${#selected[@]} -eq 0 ] && selected=(status holders daemon metrics)  # mixed: GPU, name it
+# mixed and peers need a GPU machine: name them there (scripts/gpu-bench.sh runs peers)
+[ ${#selected[@]} -eq 0 ] && selected=(status holders daemon metrics trace)
 for name in "${selected[@]}"; do
     case "$name" in
-        status|holders|daemon|mixed|metrics) ;;
-        *) echo "usage: bench/run.sh [status] [holders] [daemon] [mixed] [metrics]" >&2
+        status|holders|daemon|mixed|metrics|trace|peers) ;;
+        *) echo "usage: bench/run.sh [status] [holders] [daemon] [mixed] [metrics] [trace] [peers]" >&2
            exit 2 ;;
     esac
 done
@@ -51,6 +57,8 @@ for name in "${all[@]}"; do
         daemon) cmd=(bench/bench_daemon.py "${daemon_args[@]}") ;;
         mixed) cmd=(bench/bench_mixed.py "${mixed_args[@]}") ;;
         metrics) cmd=(bench/bench_metrics.py "${metrics_args[@]}") ;;
+        trace) cmd=(bench/bench_trace.py "${trace_args[@]}") ;;
+        peers) cmd=(bench/bench_peers.py "${peers_args[@]}") ;;
     esac
     out="bench/results/$name.json"
     if [[ " ${selected[*]} " == *" $name "* ]]; then
@@ -59,6 +67,8 @@ for name in "${all[@]}"; do
         "$py" "${cmd[@]}" --json "$tmp/$name.json"
         mv "$tmp/$name.json" "$out"
         commands+=(--command "python ${cmd[*]} --json $out")
+    elif [ -f "$out" ] && { [ "$name" = mixed ] || [ "$name" = peers ]; }; then
+        commands+=(--command "# $out from the GPU machine ($(date -u -r "$out" '+%Y-%m-%d %H:%M UTC'); mixed: PYTHON=python3 bench/run.sh mixed, peers: scripts/gpu-bench.sh)")
     elif [ -f "$out" ]; then
         commands+=(--command "# $out kept from an earlier run ($(date -u -r "$out" '+%Y-%m-%d %H:%M UTC'))")
     else
