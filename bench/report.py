@@ -599,7 +599,8 @@ def _trace(tr: dict[str, Any]) -> list[str]:
             "meant for large jobs starving behind a stream of small ones, with timeouts "
             "close to the run times; this trace does not show that case.",
             f"- Decision time: one `plan` over {d['queued']:,} queued jobs on {tr['gpus']} "
-            f"empty GPUs (it places jobs until they are full) takes {d['plan_s'] * 1000:.0f} ms, {d['per_job_us']:.1f} µs per "
+            f"empty GPUs (it places jobs until they are full) takes "
+            f"{d['plan_s'] * 1000:.0f} ms, {d['per_job_us']:.1f} µs per "
             "job (goal < 1 ms per job: "
             f"{_verdict(d['per_job_us'] < 1000)}); during the burst replay each pass took "
             f"{gwp['plan_per_job_us_p50']:.0f} µs per queued job at the median.",
