@@ -119,9 +119,31 @@ def _submit_options(f: Any) -> Any:
     return f
 
 
+def _submit_to_ray(cluster: str, command: tuple[str, ...], opts: dict[str, Any]) -> None:
+    """``submit --cluster``: the job goes to Ray's job API; Ray places it by its memory
+    share, gpuwarden enforces it on the node (gpuwarden.ray)."""
+    from gpuwarden.ray.submit import dashboard_address, submit
+    from gpuwarden.units import parse_size
+
+    if not command:
+        raise UsageError("no command given (put it after --)")
+    if opts["mem"] in (None, "auto"):
+        raise UsageError("--cluster needs --mem SIZE: Ray places the job by its memory share")
+    unsupported = [k for k in ("gpu_ids", "after", "timeout", "mps", "cpus", "key", "qos")
+                   if opts.get(k) not in (None, False, (), 0)]
+    if unsupported:
+        raise UsageError("not supported with --cluster: "
+                         + ", ".join("--" + k.replace("_", "-") for k in unsupported))
+    sid = submit(dashboard_address(cluster), mem=parse_size(opts["mem"]), gpus=opts["gpus"],
+                 command=list(command), retries=opts["retries"], name=opts["name"])
+    click.echo(sid)
+
+
 @click.command(context_settings={"ignore_unknown_options": True,
                                  "allow_interspersed_args": False})
 @_submit_options
+@click.option("--cluster", help="Submit to a Ray cluster instead: ray (RAY_ADDRESS or the "
+                                "local dashboard), ray://HOST:PORT or http://HOST:PORT.")
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
@@ -130,6 +152,10 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
 
     A script may carry its options in lines such as `#gpuwarden --mem=14G` at its top;
     options on the command line win."""
+    cluster = opts.pop("cluster")
+    if cluster is not None:
+        _submit_to_ray(cluster, command, opts)
+        return
     tokens = read_directives(command)
     if tokens:
         dctx = _directive_command.make_context("#gpuwarden", list(tokens))

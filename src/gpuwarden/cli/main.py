@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "clean": ("gpuwarden.cli.jobs", "clean", "Remove ended jobs older than a duration."),
     "top": ("gpuwarden.cli.top", "top", "Live view of GPUs, processes and jobs."),
     "web": ("gpuwarden.cli.web", "web", "The daemon's web page, for you, on a local port."),
+    "cluster": ("gpuwarden.cli.cluster", "cluster", "Budgets on a Ray cluster (gpuwarden[ray])."),
 }
 
 

@@ -1,0 +1,50 @@
+"""``gpuwarden cluster``: gpuwarden's view of a Ray cluster."""
+
+from __future__ import annotations
+
+import click
+
+from gpuwarden.cli.common import emit_json
+
+
+@click.group()
+def cluster() -> None:
+    """A Ray cluster's GPU memory budgets (needs gpuwarden[ray])."""
+
+
+@cluster.command()
+@click.option("--cluster", "address", default="ray", show_default=True,
+              help="ray (RAY_ADDRESS or the local dashboard), ray://HOST:PORT or http://...")
+@click.option("--json", "as_json", is_flag=True)
+def status(address: str, as_json: bool) -> None:
+    """Per node: GPUs, GPU memory, the budgets of running gpuwarden jobs, what is free."""
+    from gpuwarden.ray.submit import cluster_status, dashboard_address
+    from gpuwarden.units import format_bytes
+
+    url = dashboard_address(address)
+    nodes = cluster_status(url)
+    if as_json:
+        emit_json({"cluster": url, "nodes": [
+            {"node_id": n.node_id, "ip": n.ip, "gpus": n.gpus, "gpu_memory": n.gpu_memory,
+             "memory": n.memory, "in_use": n.in_use, "free": n.free, "jobs": n.jobs}
+            for n in nodes]})
+        return
+    click.echo(f"Ray cluster at {url}: {len(nodes)} node(s)")
+    for n in nodes:
+        gpu = format_bytes(n.gpu_memory) if n.gpu_memory else "not advertised"
+        click.echo(f"  {n.ip:15} {n.node_id[:12]}  {n.gpus:g} GPU ({gpu} each)  budgets "
+                   f"{format_bytes(n.in_use)} of {format_bytes(n.memory)}, free "
+                   f"{format_bytes(n.free)}  jobs: {', '.join(n.jobs) or '-'}")
+
+
+@cluster.command()
+def resources() -> None:
+    """Print this node's --resources for `ray start` (its GPUs' memory, from NVML)."""
+    from gpuwarden.gpus.backend import open_backend
+    from gpuwarden.ray.shares import resources_flag
+
+    backend = open_backend()
+    try:
+        click.echo(resources_flag([g.memory_total for g in backend.gpus()]))
+    finally:
+        backend.close()

@@ -1,0 +1,249 @@
+"""gpuwarden on a real local Ray cluster (two nodes on loopback, 2 simulated 24 GiB GPUs
+each, declared to Ray with --num-gpus and gpuwarden's memory resources): jobs placed by
+their memory share, the enforcement environment on the node, OOM retried through Ray
+with a bigger budget, the job's leftovers killed, cluster status, and the task
+decorator."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import EXAMPLES, SRC
+from tests.integration.daemon_fixture import free_port
+
+ray = pytest.importorskip("ray")
+
+from ray.job_submission import JobStatus, JobSubmissionClient  # noqa: E402
+
+from gpuwarden.ray.shares import resources_flag  # noqa: E402
+
+pytestmark = pytest.mark.ray
+GiB = 1 << 30
+PY = sys.executable
+DONE = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED)
+
+
+class Cluster:
+    def __init__(self, gcs: str, dashboard: str, env: dict[str, str]) -> None:
+        self.gcs = gcs
+        self.dashboard = dashboard
+        self.env = env
+        self.client = JobSubmissionClient(dashboard)
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run([PY, "-m", "gpuwarden", *args], env=self.env, capture_output=True,
+                           text=True, timeout=120)
+        if check and r.returncode != 0:
+            raise AssertionError(f"{args}: {r.returncode}\n{r.stdout}\n{r.stderr}")
+        return r
+
+    def submit(self, *args: str) -> str:
+        return self.cli("submit", "--cluster", self.dashboard, *args).stdout.strip()
+
+    def wait(self, sid: str, timeout: float = 90) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.client.get_job_status(sid) in DONE:
+                return self.client.get_job_status(sid)
+            time.sleep(0.3)
+        raise AssertionError(f"{sid} still {self.client.get_job_status(sid)}: "
+                             f"{self.client.get_job_logs(sid)}")
+
+    def logs(self, sid: str) -> str:
+        return str(self.client.get_job_logs(sid))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    tmp = Path(tempfile.mkdtemp(prefix="gwray-"))
+    port, dash = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("GPUWARDEN_", "CUDA_", "RAY_"))}
+    env.update(GPUWARDEN_SIM=str(EXAMPLES / "idle-2gpu.json"),
+               GPUWARDEN_SIM_STATE=str(tmp / "sim"), RAY_USAGE_STATS_ENABLED="0",
+               PYTHONPATH=str(SRC), PATH=f"{Path(PY).parent}{os.pathsep}{env.get('PATH', '')}",
+               GPUWARDEN_HOME=str(tmp / "gw"))
+    res = resources_flag([24 * GiB, 24 * GiB])
+    ray_bin = str(Path(PY).parent / "ray")
+    common = ["--num-gpus=2", "--num-cpus=4", f"--resources={res}", "--disable-usage-stats"]
+    subprocess.run([ray_bin, "start", "--head", "--node-ip-address=127.0.0.1",
+                    f"--port={port}", "--include-dashboard=true",
+                    "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+                    f"--temp-dir={tmp / 'ray'}", *common], env=env, check=True,
+                   capture_output=True, timeout=120)
+    try:
+        # A second node on the same host: its agents need ports of their own.
+        own = [f"--{flag}={free_port()}" for flag in (
+            "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+            "metrics-export-port", "runtime-env-agent-port", "node-manager-port",
+            "object-manager-port")]
+        # ... and GPUs of its own: its simulated driver keeps a separate state.
+        env2 = {**env, "GPUWARDEN_SIM_STATE": str(tmp / "sim2")}
+        subprocess.run([ray_bin, "start", f"--address=127.0.0.1:{port}",
+                        "--node-ip-address=127.0.0.1", *own, *common], env=env2, check=True,
+                       capture_output=True, timeout=120)
+        c = Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the dashboard answers a little later
+            try:
+                c.client = JobSubmissionClient(c.dashboard)
+                break
+            except Exception:
+                time.sleep(0.5)
+        yield c
+    finally:
+        subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def sim(mem: str, seconds: float) -> list[str]:
+    return ["python", "-m", "gpuwarden.sim.job", "--mem", mem, "--seconds", str(seconds)]
+
+
+def test_jobs_are_placed_by_memory_share_and_run_with_the_budget_enforced(
+        cluster: Cluster) -> None:
+    from gpuwarden.ray.submit import submit
+
+    probe = ("import os, json, time; env = {k: os.environ.get(k) for k in "
+             "('CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER', 'GPUWARDEN_MEM_LIMIT', "
+             "'PYTHONPATH')}; env['start'] = time.time(); time.sleep(6); "
+             "env['end'] = time.time(); print('ENV', json.dumps(env))")
+    # 0.5 GPU each: the 4 GPUs of the two nodes hold 8 at once, two a GPU, never three
+    sids = [submit(cluster.dashboard, mem=12 * GiB, gpus=1, command=["python", "-c", probe],
+                   name=f"half-{i}", env={"GPUWARDEN_SIM": cluster.env["GPUWARDEN_SIM"]})
+            for i in range(10)]
+    assert all(cluster.wait(s) == JobStatus.SUCCEEDED for s in sids)
+    jobs = {j.submission_id: j for j in cluster.client.list_jobs()}
+    spans: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for s in sids:
+        log = cluster.logs(s)
+        line = next(x for x in log.splitlines() if x.startswith("ENV "))
+        env = json.loads(line[4:])
+        assert env["GPUWARDEN_MEM_LIMIT"] == str(12 * GiB)
+        assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert env["PYTHONPATH"].split(os.pathsep)[0].endswith("hooks")
+        assert "its GPU memory is back" in log
+        j = jobs[s]
+        assert j.metadata["mem"] == str(12 * GiB)
+        key = (j.driver_node_id or "", env["CUDA_VISIBLE_DEVICES"])
+        spans.setdefault(key, []).append((env["start"], env["end"]))
+    most = max(_most_at_once(v) for v in spans.values())
+    assert most == 2, spans  # shared, and never more than two halves on a GPU
+    assert len({node for node, _ in spans}) == 2  # both nodes were used
+
+
+def _most_at_once(spans: list[tuple[float, float]]) -> int:
+    events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    now = best = 0
+    for _, step in events:
+        now += step
+        best = max(best, now)
+    return best
+
+
+def test_a_job_wider_than_the_share_waits_for_room(cluster: Cluster) -> None:
+    from gpuwarden.ray.submit import submit
+
+    big = [submit(cluster.dashboard, mem=20 * GiB, gpus=1, command=sim("18G", 6))
+           for _ in range(5)]  # 0.8333 GPU each: four GPUs, four at a time
+    deadline = time.monotonic() + 30
+    while sum(cluster.client.get_job_status(s) == JobStatus.RUNNING for s in big) < 4:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    statuses = [cluster.client.get_job_status(s) for s in big]
+    assert statuses.count(JobStatus.RUNNING) == 4 and JobStatus.PENDING in statuses, statuses
+    assert all(cluster.wait(s) == JobStatus.SUCCEEDED for s in big)  # none ran out of memory
+
+
+def test_a_cuda_oom_is_retried_through_ray_with_a_bigger_budget(cluster: Cluster) -> None:
+    sid = cluster.submit("--mem", "6G", "--retries", "1", "--name", "grower", "--",
+                         *sim("7G", 1))
+    assert cluster.wait(sid) == JobStatus.FAILED
+    log = cluster.logs(sid)
+    assert "CUDA out of memory" in log and "retried as Ray job" in log, log
+    retry = log.split("retried as Ray job ")[1].split()[0]
+    assert cluster.wait(retry) == JobStatus.SUCCEEDED, cluster.logs(retry)
+    meta = next(j.metadata for j in cluster.client.list_jobs() if j.submission_id == retry)
+    assert meta["attempt"] == "1" and int(meta["mem"]) == int(6 * GiB * 1.25)
+
+
+def test_what_a_job_leaves_behind_is_killed(cluster: Cluster, tmp_path: Path) -> None:
+    pidfile = tmp_path / "orphan"
+    script = (f"import subprocess, sys; p = subprocess.Popen([sys.executable, '-m', "
+              f"'gpuwarden.sim.job', '--mem', '2G', '--seconds', '300'], "
+              f"start_new_session=True); open('{pidfile}', 'w').write(str(p.pid))")
+    sid = cluster.submit("--mem", "4G", "--", "python", "-c", script)
+    assert cluster.wait(sid) == JobStatus.SUCCEEDED
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.1)
+    assert not _alive(pid), "the job's orphan survived it"
+    assert "its GPU memory is back" in cluster.logs(sid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def test_cluster_status_shows_each_nodes_budgets(cluster: Cluster) -> None:
+    sid = cluster.submit("--mem", "10G", "--", *sim("9G", 6))
+    deadline = time.monotonic() + 30
+    while cluster.client.get_job_status(sid) != JobStatus.RUNNING:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    data = json.loads(cluster.cli("cluster", "status", "--cluster", cluster.dashboard,
+                                  "--json").stdout)
+    nodes = data["nodes"]
+    assert len(nodes) == 2 and all(n["gpus"] == 2 and n["memory"] == 48 * GiB for n in nodes)
+    busy = [n for n in nodes if sid in n["jobs"]]
+    assert len(busy) == 1 and busy[0]["in_use"] == 10 * GiB and busy[0]["free"] == 38 * GiB
+    text = cluster.cli("cluster", "status", "--cluster", cluster.dashboard).stdout
+    assert "2 node(s)" in text and "10.0GiB of 48.0GiB" in text
+    cluster.wait(sid)
+
+
+def test_the_task_decorator_places_and_caps_by_budget(cluster: Cluster) -> None:
+    import gpuwarden.ray
+
+    os.environ.update(GPUWARDEN_SIM=cluster.env["GPUWARDEN_SIM"])
+    ray.init(address=cluster.gcs, ignore_reinit_error=True, log_to_driver=False)
+    try:
+        @gpuwarden.ray.remote(mem="8G")
+        def where() -> dict[str, Any]:
+            return {"gpus": ray.get_gpu_ids(), "budget": os.environ.get("GPUWARDEN_BUDGET"),
+                    "limit": os.environ.get("GPUWARDEN_MEM_LIMIT")}
+
+        got = ray.get([where.remote() for _ in range(6)], timeout=120)
+        assert where.ask.num_gpus == 0.3333
+        assert all(g["budget"] == str(8 * GiB) and g["limit"] == str(8 * GiB) for g in got)
+        assert all(len(g["gpus"]) == 1 for g in got)
+    finally:
+        ray.shutdown()
+
+
+def test_bad_input_is_one_line(cluster: Cluster) -> None:
+    r = cluster.cli("submit", "--cluster", cluster.dashboard, "--", "true", check=False)
+    assert r.returncode == 2 and "--cluster needs --mem" in r.stderr
+    r = cluster.cli("submit", "--cluster", "ray://127.0.0.1:1", "--mem", "1G", "--", "true",
+                    check=False)
+    assert r.returncode == 3 and "no Ray cluster at http://127.0.0.1:1" in r.stderr, r.stderr
+    r = cluster.cli("submit", "--cluster", cluster.dashboard, "--mem", "30G", "--", "true",
+                    check=False)
+    assert r.returncode == 2 and "more than the smallest GPU" in r.stderr
+    assert "Traceback" not in r.stderr
