@@ -33,7 +33,6 @@ def dashboard_address(cluster: str | None) -> str:
 
 def _ray() -> Any:
     try:
-        import ray  # noqa: F401
         from ray.job_submission import JobSubmissionClient
     except ImportError:
         raise BackendUnavailable("this needs Ray: pip install 'gpuwarden[ray]'") from None
