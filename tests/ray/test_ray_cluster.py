@@ -247,3 +247,16 @@ def test_bad_input_is_one_line(cluster: Cluster) -> None:
                     check=False)
     assert r.returncode == 2 and "more than the smallest GPU" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_cluster_status_can_bring_each_nodes_own_snapshot(cluster: Cluster) -> None:
+    data = json.loads(cluster.cli("cluster", "status", "--cluster", cluster.dashboard,
+                                  "--snapshots", "--json").stdout)
+    snaps = [n["snapshot"] for n in data["nodes"]]
+    assert all(s and "error" not in s for s in snaps), snaps
+    assert [g["name"] for g in snaps[0]["gpus"]] == ["NVIDIA L4", "NVIDIA L4"]
+    assert snaps[0]["gpus"][0]["memory_total"] == 24 * GiB
+    assert all(n["in_use"] == 0 for n in data["nodes"])  # the snapshot jobs hold no budget
+    text = cluster.cli("cluster", "status", "--cluster", cluster.dashboard,
+                       "--snapshots").stdout
+    assert "GPU 0 NVIDIA L4: 0B of 24.0GiB used, 0 process(es)" in text, text

@@ -3,8 +3,10 @@ cluster's budgets back (``gpuwarden cluster status``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,4 +133,34 @@ def cluster_status(address: str) -> list[NodeBudgets]:
                                memory=int(r.get(MEM_RESOURCE, 0)) * MiB,
                                in_use=sum(b for _, b in placed),
                                jobs=[sid for sid, _ in placed]))
+    return out
+
+
+def node_snapshots(address: str, ips: list[str], timeout: float = 60.0) -> dict[str, Any]:
+    """Each node's own ``gpuwarden status --json``, run there as a tiny Ray job pinned by
+    Ray's ``node:IP`` resource: {ip: the snapshot, or {"error": why}}."""
+    client = _client(address)
+    out: dict[str, Any] = {}
+    sids: dict[str, str] = {}
+    for ip in dict.fromkeys(ips):
+        try:
+            sids[ip] = client.submit_job(
+                entrypoint="python -m gpuwarden status --json", entrypoint_num_cpus=0,
+                entrypoint_resources={f"node:{ip}": 0.001}, metadata={METADATA: "snapshot"})
+        except Exception as e:
+            out[ip] = {"error": f"not submitted: {str(e).splitlines()[0][:200]}"}
+    deadline = time.monotonic() + timeout
+    for ip, sid in sids.items():
+        status = "timed out"
+        while time.monotonic() < deadline:
+            status = str(client.get_job_status(sid)).rsplit(".", 1)[-1]
+            if status in ("SUCCEEDED", "FAILED", "STOPPED"):
+                break
+            time.sleep(0.2)
+        logs = str(client.get_job_logs(sid))
+        try:
+            out[ip] = json.loads(logs[logs.index("{"):])
+        except ValueError:
+            tail = logs.strip().splitlines()[-1:] or ["no output"]
+            out[ip] = {"error": f"{status}: {tail[0][:200]}"}
     return out
