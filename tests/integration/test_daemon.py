@@ -39,6 +39,16 @@ def test_submit_run_and_wait(daemon: Daemon) -> None:
     assert release["how"] == "verified" and release["budget"] == 2 * GiB
     assert 0 <= release["seconds"] < 5 and release["leak"] is None
     assert daemon.cli("logs", str(jid), check=True).stdout == f"hi from {jid}\n"
+    # The same job for people: one line each, then its events indented under them.
+    text = daemon.cli("show", str(jid), check=True).stdout.splitlines()
+    assert text[0] == f"job {jid}  succeeded  user {job['user']}  name hello"
+    assert text[1].startswith(f"  command   {PY} -c ")
+    assert "  memory    declared 2048MiB, reserved 2048MiB, peak " in "\n".join(text)
+    assert f"  release   memory back {release['seconds']:.2f} s after the end (verified)" \
+        in text
+    events = text[text.index("  events:") + 1:]
+    assert len(events) == len(job["events"]) and events[0].startswith("    ")
+    assert events[0].endswith("  submitted")
 
 
 def test_jobs_pack_by_memory_and_wait_when_full(daemon: Daemon) -> None:

@@ -261,53 +261,23 @@ def ps(all_jobs: bool, user: str | None, group: str | None, as_json: bool) -> No
 @click.option("--json", "as_json", is_flag=True)
 def show(job_id: int, as_json: bool) -> None:
     """One job: its request, placement, declared vs peak memory, and its events."""
-    from gpuwarden.units import format_bytes
+    from gpuwarden.cli.jobtext import job_lines
 
     j = _client().request("GET", f"/v1/jobs/{job_id}")
     if as_json:
         emit_json(j)
         return
-    click.echo(f"job {j['id']}  {j['state']}  user {j['user']}" +
-               (f"  name {j['name']}" if j["name"] else "") +
-               (f"  group {j['group']}" if j.get("group") else ""))
-    click.echo(f"  command   {shlex.join(j['command'])}")
-    click.echo(f"  cwd       {j.get('cwd')}")
-    click.echo(f"  gpus      {','.join(map(str, j['gpus'])) or '-'} (asked {j['gpu_count']})")
-    click.echo(f"  memory    declared {format_bytes(j['mem']) if j['mem'] else 'whole GPU'}, "
-               f"reserved {format_bytes(j['budget'])}, peak {format_bytes(j['peak_memory'])}"
-               + (f", limit {format_bytes(j['mem_limit'])}" if j.get("mem_limit") else "")
-               + (f", retry budget {format_bytes(j['request'])}"
-                  if j.get("request") and j["request"] != j["mem"] else ""))
-    if j.get("declared_vs_peak"):
-        click.echo(f"            {j['declared_vs_peak']}")
-    click.echo(f"  qos       {j.get('qos', 'burstable')}, priority {j['priority']}"
-               + (f", preempted {j['preemptions']}x" if j.get("preemptions") else "")
-               + (f", OOM retries {j['oom_retries']}/{j['retries']}" if j.get("retries")
-                  else ""))
-    for label, key in (("submitted", "submitted_at"), ("started", "started_at"),
-                       ("ended", "ended_at")):
-        if j[key]:
-            click.echo(f"  {label:<9} {j[key]}")
-    enf = j.get("enforcement") or {}
-    if enf.get("limit"):
-        layers = [x for x in (enf.get("cooperative"), enf.get("hard"),
-                              enf.get("watchdog") and f"watchdog: {enf['watchdog']}") if x]
-        click.echo(f"  limit     {format_bytes(enf['limit'])} per GPU: " + "; ".join(layers))
-    if j["exit_code"] is not None:
-        click.echo(f"  exit code {j['exit_code']}")
-    if j["reason"]:
-        click.echo(f"  reason    {j['reason']}")
-    rel = j.get("memory_release")
-    if rel:
-        if rel["released_at"] is None:
-            click.echo("  release   still reserved: not verified back since the end"
-                       + (f"; leak: {rel['leak']}" if rel.get("leak") else ""))
+    events = False
+    for label, text in job_lines(j):
+        if label == "job":
+            click.echo(f"job {text}")
+        elif label == "events":
+            events = True
+            click.echo("  events:")
+        elif events:
+            click.echo(f"    {text}")
         else:
-            click.echo(f"  release   memory back {rel['seconds']:.2f} s after the end "
-                       f"({rel['how']})")
-    click.echo("  events:")
-    for e in j["events"]:
-        click.echo(f"    {e['at']}  {e['kind']}" + (f"  {e['detail']}" if e["detail"] else ""))
+            click.echo(f"  {label:<9} {text}")
 
 
 @click.command()

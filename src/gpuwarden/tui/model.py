@@ -385,55 +385,7 @@ def process_details(snap: Snapshot, gpu: int, pid: int) -> list[tuple[str, str]]
 
 
 def job_details(j: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """A job as ``gpuwarden show`` prints it: request, placement, memory, QoS, times,
-    limits, release, then every event."""
-    def b(v: Any) -> str:
-        return format_bytes(v) if isinstance(v, int) else "n/a"
+    """A job as ``gpuwarden show`` prints it (the same lines)."""
+    from gpuwarden.cli.jobtext import job_lines
 
-    cmd = " ".join(str(c) for c in j.get("command") or ())
-    out = [("job", f"{j.get('id')}  {j.get('state')}  user {j.get('user')}"
-            + (f"  name {j['name']}" if j.get("name") else "")
-            + (f"  group {j['group']}" if j.get("group") else "")),
-           ("command", cmd), ("cwd", str(j.get("cwd")))]
-    gpus = ",".join(map(str, j.get("gpus") or ())) or "-"
-    out.append(("gpus", f"{gpus} (asked {j.get('gpu_count')})"))
-    mem = (f"declared {b(j['mem']) if j.get('mem') else 'whole GPU'}, reserved "
-           f"{b(j.get('budget'))}, peak {b(j.get('peak_memory'))}")
-    if j.get("mem_limit"):
-        mem += f", limit {b(j['mem_limit'])}"
-    out.append(("memory", mem))
-    if j.get("declared_vs_peak"):
-        out.append(("", str(j["declared_vs_peak"])))
-    qos = f"{j.get('qos', 'burstable')}, priority {j.get('priority')}"
-    if j.get("preemptions"):
-        qos += f", preempted {j['preemptions']}x"
-    if j.get("retries"):
-        qos += f", OOM retries {j.get('oom_retries')}/{j['retries']}"
-    out.append(("qos", qos))
-    for label, key in (("submitted", "submitted_at"), ("started", "started_at"),
-                       ("ended", "ended_at")):
-        if j.get(key):
-            out.append((label, str(j[key])))
-    enf = j.get("enforcement") or {}
-    if isinstance(enf, Mapping) and enf.get("limit"):
-        layers = [str(x) for x in (enf.get("cooperative"), enf.get("hard"),
-                                   enf.get("watchdog") and f"watchdog: {enf['watchdog']}")
-                  if x]
-        out.append(("limit", f"{b(enf['limit'])} per GPU: " + "; ".join(layers)))
-    if j.get("exit_code") is not None:
-        out.append(("exit code", str(j["exit_code"])))
-    if j.get("reason"):
-        out.append(("reason", str(j["reason"])))
-    rel = j.get("memory_release")
-    if isinstance(rel, Mapping):
-        if rel.get("released_at") is None:
-            out.append(("release", "still reserved: not verified back since the end"
-                        + (f"; leak: {rel['leak']}" if rel.get("leak") else "")))
-        else:
-            out.append(("release", f"memory back {rel.get('seconds')} s after the end "
-                        f"({rel.get('how')})"))
-    out.append(("events", ""))
-    for e in j.get("events") or ():
-        out.append(("", f"{e.get('at')}  {e.get('kind')}"
-                    + (f"  {e['detail']}" if e.get("detail") else "")))
-    return out
+    return job_lines(j)

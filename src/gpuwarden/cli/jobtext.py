@@ -1,0 +1,70 @@
+"""One job as people read it (``gpuwarden show`` and the details page of ``top``): label
+and text pairs from the daemon's JSON for a job. Missing fields read as absent, so an
+older daemon's answer still renders."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+from gpuwarden.units import format_bytes
+
+
+def _b(v: Any) -> str:
+    return format_bytes(v) if isinstance(v, int) else "n/a"
+
+
+def job_lines(j: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Request, placement, memory, QoS, times, limits, release, then ("events", "") and
+    one ("", text) per event. A ("", text) before "events" continues the line above."""
+    out = [("job", f"{j.get('id')}  {j.get('state')}  user {j.get('user')}"
+            + (f"  name {j['name']}" if j.get("name") else "")
+            + (f"  group {j['group']}" if j.get("group") else "")),
+           ("command", shlex.join(str(c) for c in j.get("command") or ())),
+           ("cwd", str(j.get("cwd")))]
+    gpus = ",".join(map(str, j.get("gpus") or ())) or "-"
+    out.append(("gpus", f"{gpus} (asked {j.get('gpu_count')})"))
+    mem = (f"declared {_b(j['mem']) if j.get('mem') else 'whole GPU'}, reserved "
+           f"{_b(j.get('budget'))}, peak {_b(j.get('peak_memory'))}")
+    if j.get("mem_limit"):
+        mem += f", limit {_b(j['mem_limit'])}"
+    if j.get("request") and j.get("request") != j.get("mem"):
+        mem += f", retry budget {_b(j['request'])}"
+    out.append(("memory", mem))
+    if j.get("declared_vs_peak"):
+        out.append(("", str(j["declared_vs_peak"])))
+    qos = f"{j.get('qos', 'burstable')}, priority {j.get('priority')}"
+    if j.get("preemptions"):
+        qos += f", preempted {j['preemptions']}x"
+    if j.get("retries"):
+        qos += f", OOM retries {j.get('oom_retries')}/{j['retries']}"
+    out.append(("qos", qos))
+    for label, key in (("submitted", "submitted_at"), ("started", "started_at"),
+                       ("ended", "ended_at")):
+        if j.get(key):
+            out.append((label, str(j[key])))
+    enf = j.get("enforcement") or {}
+    if isinstance(enf, Mapping) and enf.get("limit"):
+        layers = [str(x) for x in (enf.get("cooperative"), enf.get("hard"),
+                                   enf.get("watchdog") and f"watchdog: {enf['watchdog']}")
+                  if x]
+        out.append(("limit", f"{_b(enf['limit'])} per GPU: " + "; ".join(layers)))
+    if j.get("exit_code") is not None:
+        out.append(("exit code", str(j["exit_code"])))
+    if j.get("reason"):
+        out.append(("reason", str(j["reason"])))
+    rel = j.get("memory_release")
+    if isinstance(rel, Mapping):
+        if rel.get("released_at") is None:
+            out.append(("release", "still reserved: not verified back since the end"
+                        + (f"; leak: {rel['leak']}" if rel.get("leak") else "")))
+        else:
+            seconds = rel.get("seconds")
+            took = f"{seconds:.2f}" if isinstance(seconds, (int, float)) else str(seconds)
+            out.append(("release", f"memory back {took} s after the end ({rel.get('how')})"))
+    out.append(("events", ""))
+    for e in j.get("events") or ():
+        out.append(("", f"{e.get('at')}  {e.get('kind')}"
+                    + (f"  {e['detail']}" if e.get("detail") else "")))
+    return out
