@@ -166,3 +166,11 @@ def test_reads_the_simulated_driver_through_cuda_visible_devices(tmp_path: Path)
     with pytest.raises(UsageError, match="sees 1"):
         budgets.usage(1)
     assert replace(usage.reading, process=None).own == 0
+
+
+def test_the_allocator_gets_the_budget_less_the_cuda_context() -> None:
+    from gpuwarden.guard.memory import allocator_limit
+
+    assert allocator_limit(8 * GiB, {}) == 8 * GiB - 512 * MiB
+    assert allocator_limit(8 * GiB, {"GPUWARDEN_CONTEXT_BYTES": str(GiB)}) == 7 * GiB
+    assert allocator_limit(600 * MiB, {}) == 300 * MiB  # never below half the budget

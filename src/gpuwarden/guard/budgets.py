@@ -18,6 +18,7 @@ the whole process is the daemon's (or the worker pool's)."""
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import threading
 from collections.abc import Iterator, Mapping
@@ -102,8 +103,6 @@ class MemoryBudgets:
 
     def __init__(self, *, reserve: Size | None = None, probe: MemoryProbe | None = None,
                  env: Mapping[str, str] | None = None) -> None:
-        import os
-
         self.env = os.environ if env is None else env
         self.reserve = (context_allowance(self.env) if reserve is None
                         else parse_size(reserve))

@@ -39,6 +39,13 @@ def context_allowance(env: Mapping[str, str] | None = None) -> int:
         return DEFAULT_CONTEXT
 
 
+def allocator_limit(limit: int, env: Mapping[str, str] | None = None) -> int:
+    """What PyTorch's allocator may hold so the whole process, its CUDA context included,
+    stays within ``limit``; never less than half of it. The rule of the cap hook
+    (hooks/sitecustomize.py, which cannot import gpuwarden)."""
+    return max(limit - context_allowance(env), limit // 2)
+
+
 def job_budget(env: Mapping[str, str] | None = None) -> int | None:
     """The daemon job's budget per GPU in bytes, or None outside the daemon."""
     raw = (os.environ if env is None else env).get(BUDGET_ENV, "").strip()

@@ -26,7 +26,7 @@ from gpuwarden.units import parse_size
 def _cap_here(mem: int) -> float | None:
     """In a Ray worker: the job environment for the budget, and PyTorch's allocator
     capped at it (its CUDA context allowed for). Returns the fraction set, if any."""
-    from gpuwarden.guard.memory import context_allowance
+    from gpuwarden.guard.memory import allocator_limit
 
     os.environ.update(GPUWARDEN_BUDGET=str(mem), GPUWARDEN_MEM_LIMIT=str(mem),
                       CUDA_DEVICE_ORDER="PCI_BUS_ID")
@@ -36,7 +36,7 @@ def _cap_here(mem: int) -> float | None:
 
     if not torch.cuda.is_available():
         return None
-    allowed = max(mem - context_allowance(), mem // 2)
+    allowed = allocator_limit(mem)
     fraction = None
     for dev in range(torch.cuda.device_count()):
         total = torch.cuda.get_device_properties(dev).total_memory
