@@ -505,13 +505,13 @@ class Scheduler:
                         managed_pids: set[int], holds: list[Hold]) -> None:
         """Keep a memory sample of every GPU each ``history_interval`` (the web page's
         charts). A full disk costs the history, never the scheduling pass."""
-        from gpuwarden.daemon.history import sample_gpus
-        from gpuwarden.daemon.store import StoreError
-
         now = self.clock()
         interval = self.config.history_interval
         if interval <= 0 or now - self._last_sample < interval:
             return
+        from gpuwarden.daemon.history import sample_gpus
+        from gpuwarden.daemon.store import StoreError
+
         self._last_sample = now
         try:
             leftovers = {pid: h.job_id for h in holds for pid in h.pids}
