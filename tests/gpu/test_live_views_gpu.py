@@ -7,12 +7,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import os
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -20,8 +16,10 @@ from typing import Any
 
 import pytest
 
+from tests.gpu.gpu_daemon import GpuDaemon
+from tests.integration.daemon_fixture import free_port
+
 GiB = 1 << 30
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 HOLD = ("import torch, time, sys; x = torch.empty(int(sys.argv[1]), dtype=torch.uint8, "
         "device='cuda'); x.fill_(1); torch.cuda.synchronize(); print('ready', flush=True); "
         "time.sleep(float(sys.argv[2]))")
@@ -80,28 +78,13 @@ def _rows(app: Any) -> list[str]:
 
 
 def test_the_web_feed_charts_a_real_job_against_its_budget() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    short = Path(tempfile.mkdtemp(prefix="gw-"))
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("GPUWARDEN_", "CUDA_VISIBLE"))}
-    env.update(GPUWARDEN_HOME=str(short / "home"), PYTHONPATH=SRC)
-    (short / "home").mkdir()
-    (short / "home" / "config.toml").write_text(
-        f'interval = "200ms"\nhistory_interval = "500ms"\nweb_listen = "127.0.0.1:{port}"\n')
-
-    def cli(*args: str) -> str:
-        r = subprocess.run([sys.executable, "-m", "gpuwarden", *args], env=env,
-                           capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, (args, r.stdout, r.stderr)
-        return r.stdout
-
+    port = free_port()
+    d = GpuDaemon(f'history_interval = "500ms"\nweb_listen = "127.0.0.1:{port}"\n')
     try:
-        cli("daemon", "start")
-        job = int(cli("submit", "--mem", "6G", "--name", "holder", "--", sys.executable,
-                      "-c", HOLD, str(4 * GiB), "6"))
-        cli("wait", str(job))
+        d.cli("daemon", "start")
+        job = d.submit("--mem", "6G", "--name", "holder", "--", sys.executable, "-c", HOLD,
+                       str(4 * GiB), "6")
+        d.cli("wait", str(job))
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/ui/data/jobs/{job}",
                                     timeout=10) as r:
             page = json.loads(r.read())
@@ -116,6 +99,4 @@ def test_the_web_feed_charts_a_real_job_against_its_budget() -> None:
         assert max(layers[f"job {job} (root)"]) == peak
         assert overview["gpus"][0]["total"] > 100 * GiB
     finally:
-        subprocess.run([sys.executable, "-m", "gpuwarden", "daemon", "stop"], env=env,
-                       capture_output=True, timeout=60)
-        shutil.rmtree(short, ignore_errors=True)
+        d.stop()
