@@ -90,7 +90,7 @@ def test_every_spec_field_round_trips(tmp_path: Path) -> None:
             gpu_ids=(0, 2, 5), after=(dep1.id, dep2.id), timeout=3600.5, exclusive=True,
             priority=-7, requeue_on_reboot=True, qos="guaranteed", mem_limit=20 * GiB,
             grace=2.5, no_requeue=True, retries=3, checkpoint=True, mps=True, sm_percent=50,
-            mem_auto=True, cpus=4, no_numa=True)
+            mem_auto=True, cpus=4, no_numa=True, attach="ray job raysubmit_ü")
         # Every field differs from its default, so none can silently fall back to it.
         default = JobSpec(command=(), user="", uid=0, gid=0)
         for f in dataclasses.fields(JobSpec):
@@ -576,7 +576,7 @@ def test_older_database_is_upgraded(tmp_path: Path) -> None:
                          "supervisor_start, boot_id, attempts, qos, mem_limit, grace, "
                          "no_requeue, retries, checkpoint, preempting_at, preemptions, "
                          "oom_retries, retry_mem, not_before, kill_reason, mps, sm_percent, "
-                         "mem_auto, cpus, no_numa, cpu_set FROM jobs")
+                         "mem_auto, cpus, no_numa, cpu_set, attach FROM jobs")
 
 
 def test_migrations_run_in_order_inside_one_transaction(tmp_path: Path) -> None:
@@ -847,10 +847,11 @@ def test_memory_holds_live_with_their_job(store: Store) -> None:
     ended = store.transition(job.id, RESERVED, FAILED, now=5.0, kind="failed",
                              hold=NewHold(gpu_uuids=("GPU-a",), budget=4 * GiB,
                                           pids=(42, 7), baseline={"GPU-a": 1024},
-                                          exited_at=4.5))
+                                          exited_at=4.5, starts={42: 1.25}))
     [h] = store.open_holds()
     assert (h.job_id, h.attempt, h.pids, h.baseline, h.budget) == (job.id, 0, (7, 42),
                                                                     {"GPU-a": 1024}, 4 * GiB)
+    assert h.starts == {42: 1.25}  # pid 7's start was not known
     assert ended.release == h and ended.to_json()["memory_release"]["released_at"] is None
     with pytest.raises(Conflict, match="still holds GPU memory"):
         store.delete(job.id)

@@ -175,6 +175,15 @@ async def wait(request: web.Request) -> web.Response:
         await asyncio.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
 
 
+def _report(name: str) -> Handler:
+    """An attached job's launcher reports its start or its end (daemon/attached.py)."""
+    async def handler(request: web.Request) -> web.Response:
+        svc, caller = request.app[SERVICE], caller_of(request)
+        job_id, body = _job_id(request), await _body(request)
+        return web.json_response(await _call(getattr(svc, name), caller, job_id, body))
+    return handler
+
+
 async def logs(request: web.Request) -> web.Response:
     svc, caller = request.app[SERVICE], caller_of(request)
     try:
@@ -211,6 +220,8 @@ def make_app(service: JobService) -> web.Application:
     app.router.add_delete("/v1/jobs/{id}", remove)
     for verb in ("cancel", "hold", "release", "retry", "unreserve"):
         app.router.add_post(f"/v1/jobs/{{id}}/{verb}", _action(verb))
+    for report in ("started", "ended"):
+        app.router.add_post(f"/v1/jobs/{{id}}/{report}", _report(report))
     app.router.add_get("/v1/jobs/{id}/wait", wait)
     app.router.add_get("/v1/jobs/{id}/logs", logs)
     app.router.add_post("/v1/clean", clean)

@@ -59,6 +59,23 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
+def _still_running(hold: Hold) -> list[int]:
+    """The ended attempt's processes that still run: the same processes (pid and start
+    time) the passes saw in its tree, not zombies. A supervisor ends the whole tree, so
+    these are what a lost supervisor or launcher left."""
+    from gpuwarden.daemon.supervisor import _identified
+
+    out = []
+    for pid, start in sorted(hold.starts.items()):
+        p = _identified(pid, start, None)
+        try:
+            if p is not None and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.Error:
+            continue
+    return out
+
+
 def job_env(job: Job, budget: int, jobdir: Path) -> dict[str, str]:
     """The job's environment on top of its snapshot: its id and budget, the preemption
     notice file of checkpoint-friendly jobs, and expandable segments for PyTorch's
@@ -95,7 +112,8 @@ class Scheduler:
         self._peaks: dict[str, list[tuple[float, int]]] = {}  # uuid -> (time, foreign bytes)
         self._backend: Backend | None = None
         self._watched: set[tuple[int, int, str]] = set()  # (job, attempt, action) recorded
-        self._seen_pids: dict[int, set[int]] = {}  # job id -> its processes this attempt
+        # job id -> its processes this attempt, with their start times where known
+        self._seen_pids: dict[int, dict[int, float | None]] = {}
         self._unaccounted: dict[str, int] = {}  # GPU uuid -> unaccounted bytes, last pass
         self._last_sample = float("-inf")  # when memory history was last recorded
         self._mps_in_use: set[str] | None = None  # MPS daemons running jobs used last pass
@@ -129,8 +147,11 @@ class Scheduler:
             state, reason = model.FAILED, job.kill_reason
         if state == model.FAILED and exit_info.started:
             signature = oom_signature(self._output_tail(job))
-            if signature is not None and self._after_oom(job, signature, detail,
-                                                         exit_info.exit_code):
+            if signature is not None and job.spec.attach is not None:
+                self.store.add_event(job.id, "oom", f"{signature}; {detail}; a retry is "
+                                     f"its launcher's ({job.spec.attach})", now)
+            elif signature is not None and self._after_oom(job, signature, detail,
+                                                           exit_info.exit_code):
                 return
         self.store.transition(job.id, model.ACTIVE, state,
                               now=now, kind=state, detail=detail,
@@ -169,13 +190,16 @@ class Scheduler:
         """What the ending attempt leaves reserved until its memory is verified back."""
         if job.budget is None or not job.gpu_uuids:
             return None
-        pids = self._seen_pids.pop(job.id, set())
+        seen = self._seen_pids.pop(job.id, {})
         child = self._status(job).child  # the command itself, even if no pass saw it run
         if child is not None:
-            pids.add(child.pid)
+            seen.setdefault(child.pid, child.start_time)
+        if job.supervisor_pid is not None:  # gpuwarden's shim, or an attached job's
+            seen.pop(job.supervisor_pid, None)  # launcher: not the job's GPU user
         baseline = {u: self._unaccounted[u] for u in job.gpu_uuids if u in self._unaccounted}
-        return NewHold(gpu_uuids=job.gpu_uuids, budget=job.budget, pids=tuple(sorted(pids)),
-                       baseline=baseline, exited_at=exited_at)
+        return NewHold(gpu_uuids=job.gpu_uuids, budget=job.budget, pids=tuple(sorted(seen)),
+                       baseline=baseline, exited_at=exited_at,
+                       starts={p: t for p, t in seen.items() if t is not None})
 
     def _verify_holds(self, snap: Snapshot) -> list[Hold]:
         """Release the memory of ended attempts once it is back: none of their processes
@@ -200,6 +224,7 @@ class Scheduler:
                 if base is not None and unacc is not None and unacc - base > LEAK_TOLERANCE:
                     left.append(f"GPU {view.facts.index}: {format_bytes(unacc - base)} more "
                                 "in use by no process than while it ran")
+            left += [f"pid {pid} still runs" for pid in _still_running(h)]
             took = now - h.exited_at
             if not left:
                 how = "verified" if h.pids or h.baseline else \
@@ -228,6 +253,7 @@ class Scheduler:
         from gpuwarden.procs.terminate import signal_parent, terminate
 
         snap = take_snapshot(self._open_backend())
+        self._end_orphans(hold, snap)
         gpus = {v.facts.index for v in snap.gpus if v.facts.uuid in hold.gpu_uuids}
         mine = [lk for lk in find_leaks([snap])
                 if lk.pid in hold.pids or (lk.pid is None and lk.gpu in gpus)]
@@ -241,6 +267,30 @@ class Scheduler:
             self.store.add_event(hold.job_id, "reaped" if a.pid is not None else "reap_advice",
                                  f"{a.kind} pid {a.pid}: {result}" if a.pid is not None
                                  else result, self.clock())
+
+    def _end_orphans(self, hold: Hold, snap: Snapshot) -> None:
+        """Processes of the job still running on its GPUs after its end: what a
+        supervisor (or an attached job's launcher) killed before it could end the tree
+        leaves. They are the job's (started before its end: a pid reused since is not),
+        so they go the way the tree would have (invariant 5)."""
+        from gpuwarden.daemon.supervisor import START_TOLERANCE
+        from gpuwarden.procs.terminate import terminate
+
+        listed = {p.pid for v in snap.gpus if v.facts.uuid in hold.gpu_uuids
+                  for p in v.processes if p.pid in hold.pids}
+        targets = {pid: hold.starts[pid] for pid in _still_running(hold)}
+        for pid in sorted(listed - set(targets)):  # seen by no pass: known by its start
+            try:
+                started = psutil.Process(pid).create_time()
+            except psutil.Error:
+                continue
+            if started <= hold.exited_at + START_TOLERANCE:
+                targets[pid] = started
+        for pid, started in sorted(targets.items()):
+            result = terminate(pid, started, self.config.grace)
+            self.store.add_event(hold.job_id, "reaped",
+                                 f"pid {pid}, left running by the job: {result}",
+                                 self.clock())
 
     def _requeue_preempted(self, job: Job, detail: str) -> None:
         now = self.clock()
@@ -471,9 +521,16 @@ class Scheduler:
         for job in active:
             if job.supervisor_pid is None:
                 continue
-            tree = {p.pid for p in _tree(job.supervisor_pid)}
+            procs = _tree(job.supervisor_pid)
+            tree = {p.pid for p in procs}
             managed_pids |= tree
-            self._seen_pids.setdefault(job.id, set()).update(tree)
+            seen = self._seen_pids.setdefault(job.id, {})
+            for proc in procs:
+                if proc.pid not in seen:
+                    try:
+                        seen[proc.pid] = proc.create_time()
+                    except psutil.Error:
+                        seen[proc.pid] = None
             per_gpu: dict[str, int] = {}
             for g in snap.gpus:
                 for p in g.processes:
@@ -614,6 +671,8 @@ class Scheduler:
         queued = self.store.list(states=[model.QUEUED])
         ready: list[Job] = []
         for job in queued:
+            if job.spec.attach is not None and not self._launcher_waits(job):
+                continue
             blocked = self._dependency_block(job)
             if blocked is None:
                 ready.append(job)
@@ -689,8 +748,46 @@ class Scheduler:
                 return "waiting"
         return None
 
+    def _launcher_waits(self, job: Job) -> bool:
+        """An attached job whose launcher went away before it was placed is cancelled:
+        nobody would start it."""
+        from gpuwarden.daemon.attached import launcher_alive
+
+        if launcher_alive(self.jobdir(job)):
+            return True
+        with contextlib.suppress(Conflict, JobNotFound):
+            self.store.transition(job.id, (model.QUEUED,), model.CANCELLED, now=self.clock(),
+                                  kind="cancelled", detail="its launcher went away",
+                                  reason=f"its launcher ({job.spec.attach}) went away before "
+                                         "it was placed", ended_at=self.clock())
+        return False
+
+    def _reserve_attached(self, job: Job, place: Place, snap: Snapshot) -> None:
+        """Place an attached job: reserve its budget and name its launcher as its
+        supervisor, in one transition. The launcher, which polls the job, then starts
+        the command on these GPUs with this budget and reports the start."""
+        from gpuwarden.daemon.supervisor import read_status
+
+        if not self._launcher_waits(job):
+            return
+        handle = read_status(self.jobdir(job)).supervisor
+        assert handle is not None  # the launcher was just found alive through it
+        facts = {g.index: g.facts for g in snap.gpus}
+        uuids = tuple(facts[i].uuid for i in place.gpus)
+        self.store.transition(
+            job.id, (model.QUEUED,), model.RESERVED, now=self.clock(), kind="placed",
+            detail=f"GPU {','.join(map(str, place.gpus))}, {format_bytes(place.budget)} "
+                   f"each; started by {job.spec.attach} (pid {handle.pid})",
+            gpus=place.gpus, gpu_uuids=uuids, budget=place.budget, cpu_set=place.cpus,
+            reason=None, supervisor_pid=handle.pid, supervisor_start=handle.start_time,
+            boot_id=self.boot_id)
+
     def _launch(self, job: Job, place: Place, snap: Snapshot) -> None:
         from gpuwarden.daemon.supervisor import spawn_supervisor, spec_from_plan, write_spec
+
+        if job.spec.attach is not None:
+            self._reserve_attached(job, place, snap)
+            return
         from gpuwarden.launch import plan_launch, probe_host
 
         facts = {g.index: g.facts for g in snap.gpus}

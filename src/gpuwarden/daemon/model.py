@@ -55,6 +55,7 @@ class JobSpec:
     mem_auto: bool = False  # mem was learned from earlier runs (--mem auto)
     cpus: int | None = None  # CPU cores near its GPUs held alone (--cpus N)
     no_numa: bool = False  # no CPU affinity, no NUMA memory binding
+    attach: str | None = None  # started by another launcher (e.g. "ray job ID"), not us
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class NewHold:
     pids: tuple[int, ...]
     baseline: dict[str, int]
     exited_at: float
+    starts: dict[int, float] = field(default_factory=dict)  # pid -> its start time
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class Hold:
     released_at: float | None = None
     how: str | None = None  # "verified", "cleared by NAME", "unverified: WHY"
     leak: str | None = None  # what was still there, once reported
+    starts: dict[int, float] = field(default_factory=dict)  # pid -> start time, as seen
 
     @property
     def open(self) -> bool:
@@ -214,6 +217,7 @@ class Job:
             "mem_auto": s.mem_auto,
             "cpus": s.cpus,
             "no_numa": s.no_numa,
+            "attach": s.attach,
             "cpu_set": list(self.cpu_set),
             "declared_vs_peak": declared_vs_actual(s.mem, self.peak_memory),
             "sm_percent": s.sm_percent,

@@ -65,8 +65,22 @@ _SUBMIT = {
         "sm_percent": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": 100}, _NULL]},
         "cpus": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": 4096}, _NULL]},
         "no_numa": {"type": "boolean"},
+        "attach": {"type": ["string", "null"], "minLength": 1, "maxLength": 200,
+                   "description": "the caller starts the command itself once the job is "
+                                  "reserved, and reports its start and end; names the "
+                                  "launcher (e.g. \"ray job ID\")"},
     },
 }
+_STARTED = {"type": "object", "required": ["pid"], "additionalProperties": False,
+            "properties": {"pid": {"type": "integer", "minimum": 1}}}
+_ENDED = {"type": "object", "additionalProperties": False, "properties": {
+    "exit_code": {"type": ["integer", "null"], "minimum": 0, "maximum": 255},
+    "signal": {"type": ["integer", "null"], "minimum": 0, "maximum": 255},
+    "reason": {"type": "string", "minLength": 1, "maxLength": 500},
+    "tree_clean": {"type": "boolean"},
+    "survivors": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+    "output": {"type": "string", "description": "the tail of the output (CUDA OOM "
+                                                "detection; what logs shows)"}}}
 
 
 def _resp(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
@@ -83,6 +97,13 @@ _ID = {"name": "id", "in": "path", "required": True,
 
 def _job_action(summary: str) -> dict[str, Any]:
     return {"post": {"summary": summary, "parameters": [_ID],
+                     "responses": {"200": _resp(_JOB), **_ERRORS}}}
+
+
+def _report(summary: str, body: dict[str, Any]) -> dict[str, Any]:
+    return {"post": {"summary": summary, "parameters": [_ID],
+                     "requestBody": {"required": True, "content": {
+                         "application/json": {"schema": body}}},
                      "responses": {"200": _resp(_JOB), **_ERRORS}}}
 
 
@@ -121,6 +142,11 @@ def document() -> dict[str, Any]:
             "/v1/jobs/{id}/unreserve": _job_action(
                 "admins: clear the memory an ended job holds because it was not verified "
                 "back"),
+            "/v1/jobs/{id}/started": _report(
+                "attached jobs: the launcher started the command (a process of its own)",
+                _STARTED),
+            "/v1/jobs/{id}/ended": _report(
+                "attached jobs: the launcher reports how the command ended", _ENDED),
             "/v1/jobs/{id}/wait": {"get": {
                 "summary": "block until the job ends or the timeout passes",
                 "parameters": [_ID, {"name": "timeout", "in": "query",

@@ -71,10 +71,18 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
     known = {"command", "cwd", "env", "env_keep", "name", "group", "key", "mem", "gpus",
              "gpu_ids", "after", "timeout", "exclusive", "priority", "requeue_on_reboot",
              "qos", "mem_limit", "grace", "no_requeue", "retries", "checkpoint", "mps",
-             "sm_percent", "cpus", "no_numa"}
+             "sm_percent", "cpus", "no_numa", "attach"}
     unknown = sorted(set(body) - known)
     if unknown:
         raise UsageError(f"unknown field(s): {', '.join(unknown)}")
+    attach = body.get("attach")
+    if attach is not None:
+        if not isinstance(attach, str) or not attach or len(attach) > 200:
+            raise UsageError("attach must be a non-empty string of at most 200 characters "
+                             "(what launches the job, e.g. \"ray job ID\")")
+        from gpuwarden.daemon.attached import refuse_clashes
+
+        refuse_clashes(body)
     command = _str_list(body.get("command"), "command")
     if not command or not command[0]:
         raise UsageError("command must not be empty")
@@ -161,10 +169,11 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
         priority=_int(body.get("priority", 0), "priority", -1000, 1000),
         requeue_on_reboot=bool(body.get("requeue_on_reboot", False)),
         qos=qos, mem_limit=mem_limit, grace=grace,
-        no_requeue=bool(body.get("no_requeue", False)), retries=retries,
+        # An attached job's launcher is gone once it is stopped: nothing could requeue it.
+        no_requeue=bool(body.get("no_requeue", False)) or attach is not None, retries=retries,
         checkpoint=bool(body.get("checkpoint", False)),
         mps=body.get("mps") is True, sm_percent=sm_percent, mem_auto=mem_auto,
-        cpus=cpus, no_numa=body.get("no_numa") is True,
+        cpus=cpus, no_numa=body.get("no_numa") is True, attach=attach,
     )
     return spec, dropped
 
@@ -253,6 +262,8 @@ class JobService:
         if created and learned is not None:
             self.store.add_event(job.id, "budget_learned", f"mem auto: {learned}", self.clock())
             job = self.store.get(job.id)
+        if created and spec.attach is not None:
+            self._claim(caller, job)
         if created and gpus:
             reason = infeasible_reason(queued_view(job), gpus)
             if reason:
@@ -262,6 +273,56 @@ class JobService:
         if created:
             self.wake()
         return {**self.view(caller, job), "created": created, "dropped_env": dropped}
+
+    def _claim(self, caller: Caller, job: Job) -> None:
+        """The attaching process stands in for the job's supervisor (daemon/attached.py).
+        Should that fail, the job is cancelled here rather than left without one."""
+        from gpuwarden.daemon.attached import claim
+        from gpuwarden.daemon.loop import job_dir
+
+        try:
+            claim(job_dir(self.jobs_dir, job), job.id, caller.pid)
+        except (OSError, UsageError) as e:
+            now = self.clock()
+            self.store.transition(job.id, (model.QUEUED,), model.CANCELLED, now=now,
+                                  kind="cancelled", detail=f"cannot attach: {e}",
+                                  reason=f"cannot attach: {e}", ended_at=now)
+            raise UsageError(f"cannot attach job {job.id}: {e}") from None
+
+    def _attached(self, caller: Caller, job_id: int) -> tuple[Job, Path]:
+        from gpuwarden.daemon.attached import check_reporter
+        from gpuwarden.daemon.loop import job_dir
+
+        job = self._owned(caller, job_id, "report on")
+        if job.spec.attach is None:
+            raise UsageError(f"job {job_id} is started by the daemon, not attached")
+        d = job_dir(self.jobs_dir, job)
+        check_reporter(d, job.id, caller.pid)
+        return job, d
+
+    def started(self, caller: Caller, job_id: int, body: Any) -> dict[str, Any]:
+        """The launcher of an attached job started its command (after the placement)."""
+        from gpuwarden.daemon.attached import record_start
+
+        job, d = self._attached(caller, job_id)
+        if job.state != model.RESERVED:
+            raise UsageError(f"job {job_id} is {job.state}; a start is reported once, after "
+                             "the daemon placed it")
+        record_start(d, job.id, caller.pid, body)
+        self.wake()
+        return self.view(caller, self.store.get(job.id))
+
+    def ended(self, caller: Caller, job_id: int, body: Any) -> dict[str, Any]:
+        """The launcher of an attached job reports how it ended; the loop settles it."""
+        from gpuwarden.daemon.attached import record_end
+
+        job, d = self._attached(caller, job_id)
+        if job.state not in model.ACTIVE:
+            raise UsageError(f"job {job_id} is {job.state}; only a placed job's end is "
+                             "reported (cancel a waiting one)")
+        record_end(d, job.id, body)
+        self.wake()
+        return self.view(caller, self.store.get(job.id))
 
     def show(self, caller: Caller, job_id: int) -> dict[str, Any]:
         return self.view(caller, self.store.get(job_id))
@@ -331,6 +392,9 @@ class JobService:
         if job.state not in (model.FAILED, model.CANCELLED, model.INFEASIBLE):
             raise UsageError(f"job {job_id} is {job.state}; only a failed, cancelled or "
                              "infeasible job can be retried")
+        if job.spec.attach is not None:
+            raise UsageError(f"job {job_id} was started by its launcher ({job.spec.attach}); "
+                             "retry it there")
         job = self.store.transition(
             job.id, (job.state,), model.QUEUED, now=self.clock(), kind="retried",
             detail=f"by {caller.user}", reason=None, exit_code=None, started_at=None,

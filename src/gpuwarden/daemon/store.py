@@ -245,6 +245,10 @@ MIGRATIONS: list[Migration] = [
         ) WITHOUT ROWID""",
         "CREATE INDEX samples_ts ON samples(ts)",
     ),
+    # 5: jobs another launcher starts and the daemon places and watches (daemon/attach.py).
+    # ... and the start times of an ended attempt's processes, to know them again.
+    _sql("ALTER TABLE jobs ADD COLUMN attach TEXT",
+         "ALTER TABLE holds ADD COLUMN starts TEXT"),  # JSON object: pid -> start time
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -283,7 +287,7 @@ def _check_spec(spec: JobSpec) -> None:
     if not spec.command or not all(isinstance(a, str) for a in spec.command):
         raise UsageError("a job needs a command (a non-empty list of strings)")
     for label, text in (("user", spec.user), ("cwd", spec.cwd), ("name", spec.name),
-                        ("group", spec.group), ("key", spec.key)):
+                        ("group", spec.group), ("key", spec.key), ("attach", spec.attach)):
         if text is None:
             continue
         try:
@@ -311,7 +315,8 @@ def _row_to_hold(row: sqlite3.Row) -> Hold:
                 pids=tuple(json.loads(row["pids"])),
                 baseline={str(k): int(v) for k, v in json.loads(row["baseline"]).items()},
                 exited_at=row["exited_at"], released_at=row["released_at"], how=row["how"],
-                leak=row["leak"])
+                leak=row["leak"],
+                starts={int(k): float(v) for k, v in json.loads(row["starts"] or "{}").items()})
 
 
 def _row_to_job(row: sqlite3.Row, events: Sequence[Event], hold: Hold | None = None) -> Job:
@@ -346,6 +351,7 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event], hold: Hold | None = N
         mem_auto=bool(row["mem_auto"]),
         cpus=row["cpus"],
         no_numa=bool(row["no_numa"]),
+        attach=row["attach"],
     )
     return Job(
         id=row["id"],
@@ -747,8 +753,8 @@ class Store:
                        job_group, job_key, mem, gpu_count, gpu_ids, after_ids, timeout,
                        exclusive, priority, requeue_on_reboot, state, submitted_at, reason,
                        qos, mem_limit, grace, no_requeue, retries, checkpoint, mps,
-                       sm_percent, mem_auto, cpus, no_numa)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                       sm_percent, mem_auto, cpus, no_numa, attach)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
                 (spec.user, spec.uid, spec.gid, _json_ids(spec.groups), spec.cwd,
                  json.dumps(dict(spec.env), sort_keys=True), json.dumps(list(spec.command)),
                  spec.name, spec.group, spec.key, spec.mem, spec.gpus,
@@ -757,7 +763,7 @@ class Store:
                  int(spec.requeue_on_reboot), state, now, reason, spec.qos, spec.mem_limit,
                  spec.grace, int(spec.no_requeue), spec.retries, int(spec.checkpoint),
                  int(spec.mps), spec.sm_percent, int(spec.mem_auto), spec.cpus,
-                 int(spec.no_numa)))
+                 int(spec.no_numa), spec.attach))
             job_id = cur.lastrowid
             assert job_id is not None
             conn.execute(
@@ -816,10 +822,11 @@ class Store:
             if hold is not None and hold.gpu_uuids:
                 conn.execute(
                     "INSERT INTO holds (job_id, attempt, gpu_uuids, budget, pids, baseline, "
-                    "exited_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "exited_at, starts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (job_id, row["attempts"], json.dumps(list(hold.gpu_uuids)), hold.budget,
                      _json_ids(sorted(hold.pids)), json.dumps(dict(hold.baseline)),
-                     hold.exited_at))
+                     hold.exited_at,
+                     json.dumps({str(k): v for k, v in sorted(hold.starts.items())})))
             return self._load(conn, job_id)
 
     # -- memory holds ----------------------------------------------------------------
