@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shlex
 import time
 from dataclasses import dataclass
@@ -76,15 +77,16 @@ def submit(address: str, *, mem: int, gpus: int, command: list[str], retries: in
     client = _client(address)
     largest = smallest_gpu(n["resources"] for n in node_totals(address))
     req = ask(mem, gpus, largest)
+    sid = f"gpuwarden_{secrets.token_hex(8)}"
     entry = ["python", "-m", "gpuwarden.ray.entry", "--mem", str(mem), "--gpus", str(gpus),
-             "--retries", str(retries), "--attempt", str(attempt)]
+             "--retries", str(retries), "--attempt", str(attempt), "--submission-id", sid]
     if name:
         entry += ["--name", name]
     entry += ["--", *command]
     env_vars = {"GPUWARDEN_RAY_DASHBOARD": address, **(env or {})}
     try:
-        sid: str = client.submit_job(
-            entrypoint=shlex.join(entry), entrypoint_num_gpus=req.num_gpus,
+        client.submit_job(
+            submission_id=sid, entrypoint=shlex.join(entry), entrypoint_num_gpus=req.num_gpus,
             entrypoint_resources=req.resources, runtime_env={"env_vars": env_vars},
             metadata={METADATA: "1", "mem": str(mem), "gpus": str(gpus),
                       "attempt": str(attempt), "name": name or ""})
