@@ -26,6 +26,7 @@ ray = pytest.importorskip("ray")
 
 from ray.job_submission import JobStatus, JobSubmissionClient  # noqa: E402
 
+from gpuwarden.errors import UsageError  # noqa: E402
 from gpuwarden.ray.shares import resources_flag  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -35,10 +36,12 @@ DONE = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED)
 
 
 class Cluster:
-    def __init__(self, gcs: str, dashboard: str, env: dict[str, str]) -> None:
+    def __init__(self, gcs: str, dashboard: str, env: dict[str, str],
+                 node2_env: dict[str, str]) -> None:
         self.gcs = gcs
         self.dashboard = dashboard
         self.env = env
+        self.node2_env = node2_env  # the second node's: its own GPUWARDEN_HOME and GPUs
         self.client = JobSubmissionClient(dashboard)
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -88,12 +91,14 @@ def cluster() -> Iterator[Cluster]:
             "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
             "metrics-export-port", "runtime-env-agent-port", "node-manager-port",
             "object-manager-port")]
-        # ... and GPUs of its own: its simulated driver keeps a separate state.
-        env2 = {**env, "GPUWARDEN_SIM_STATE": str(tmp / "sim2")}
+        # ... and GPUs of its own: its simulated driver keeps a separate state (and a
+        # gpuwarden home of its own, where one test runs the node's daemon).
+        env2 = {**env, "GPUWARDEN_SIM_STATE": str(tmp / "sim2"),
+                "GPUWARDEN_HOME": str(tmp / "gw2")}
         subprocess.run([ray_bin, "start", f"--address=127.0.0.1:{port}",
                         "--node-ip-address=127.0.0.1", *own, *common], env=env2, check=True,
                        capture_output=True, timeout=120)
-        c = Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", env)
+        c = Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", env, env2)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # the dashboard answers a little later
             try:
@@ -237,6 +242,68 @@ def test_the_task_decorator_places_and_caps_by_budget(cluster: Cluster) -> None:
         ray.shutdown()
 
 
+def test_a_task_out_of_gpu_memory_is_run_again_with_a_bigger_budget(
+        cluster: Cluster) -> None:
+    import gpuwarden.ray
+
+    os.environ.update(GPUWARDEN_SIM=cluster.env["GPUWARDEN_SIM"])
+    ray.init(address=cluster.gcs, ignore_reinit_error=True, log_to_driver=False)
+    try:
+        @gpuwarden.ray.remote(mem="6G", oom_retries=2)
+        def grow(size: str) -> tuple[str, list[int]]:
+            # A simulated CUDA program under the task's cap: it fails with PyTorch's OOM
+            # message while the cap is under its need.
+            r = subprocess.run([sys.executable, "-m", "gpuwarden.sim.job", "--mem", size,
+                                "--seconds", "0.2"], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError(r.stderr.strip().splitlines()[-1])
+            return os.environ["GPUWARDEN_BUDGET"], ray.get_gpu_ids()
+
+        budget, gpus = ray.get(grow.remote("7G"), timeout=120)
+        assert int(budget) == int(6 * GiB * 1.25) and len(gpus) == 1  # one retry: 7.5 GiB
+        with pytest.raises(ray.exceptions.RayTaskError, match="CUDA out of memory"):
+            ray.get(grow.remote("11G"), timeout=120)  # 6 -> 7.5 -> 9.375 GiB: not enough
+
+        @gpuwarden.ray.remote(mem="6G")
+        def once(size: str) -> str:
+            return grow.fn(size)[0]
+
+        with pytest.raises(ray.exceptions.RayTaskError, match="CUDA out of memory"):
+            ray.get(once.remote("7G"), timeout=120)  # no oom_retries: Ray's error as is
+    finally:
+        ray.shutdown()
+
+
+def test_the_decorator_makes_budgeted_actors(cluster: Cluster) -> None:
+    import gpuwarden.ray
+
+    ray.init(address=cluster.gcs, ignore_reinit_error=True, log_to_driver=False)
+    try:
+        @gpuwarden.ray.remote(mem="16G")
+        class Holder:
+            def __init__(self, tag: str) -> None:
+                self.tag = tag
+                self.budget = os.environ.get("GPUWARDEN_BUDGET")  # set before __init__
+
+            def where(self) -> tuple[str, str | None, list[int]]:
+                return self.tag, self.budget, ray.get_gpu_ids()
+
+        holders = [Holder.remote(f"h{i}") for i in range(4)]  # 0.6667 GPU: one a GPU
+        got = ray.get([h.where.remote() for h in holders], timeout=120)
+        assert [g[0] for g in got] == ["h0", "h1", "h2", "h3"]
+        assert all(g[1] == str(16 * GiB) and len(g[2]) == 1 for g in got)
+        assert Holder.ask is not None and Holder.ask.num_gpus == 0.6666
+        fifth = Holder.remote("h4")  # no GPU has 16 GiB left: it waits for one
+        ready, _ = ray.wait([fifth.where.remote()], timeout=3)
+        assert not ready
+        ray.kill(holders[0])
+        assert ray.get(fifth.where.remote(), timeout=60)[0] == "h4"
+        with pytest.raises(UsageError, match="oom_retries is for tasks"):
+            gpuwarden.ray.remote(mem="1G", oom_retries=1)(Holder.cls)
+    finally:
+        ray.shutdown()
+
+
 def test_bad_input_is_one_line(cluster: Cluster) -> None:
     r = cluster.cli("submit", "--cluster", cluster.dashboard, "--", "true", check=False)
     assert r.returncode == 2 and "--cluster needs --mem" in r.stderr
@@ -260,3 +327,43 @@ def test_cluster_status_can_bring_each_nodes_own_snapshot(cluster: Cluster) -> N
     text = cluster.cli("cluster", "status", "--cluster", cluster.dashboard,
                        "--snapshots").stdout
     assert "GPU 0 NVIDIA L4: 0B of 24.0GiB used, 0 process(es)" in text, text
+
+
+def test_jobs_on_a_node_with_a_daemon_are_registered_with_it(cluster: Cluster) -> None:
+    """The second node runs a gpuwarden daemon: the jobs Ray places there show in its
+    queue as jobs attached by their Ray job, with their budget, peak and memory check;
+    the first node has none, and its jobs run as before."""
+    from gpuwarden.ray.submit import submit
+
+    node2 = cluster.node2_env
+    home = Path(node2["GPUWARDEN_HOME"])
+    home.mkdir(mode=0o700, exist_ok=True)
+    (home / "config.toml").write_text('interval = "100ms"\n')
+
+    def gw(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PY, "-m", "gpuwarden", *args], env=node2, capture_output=True,
+                              text=True, timeout=60, check=True)
+
+    gw("daemon", "start")
+    try:
+        # 0.8333 GPU each: one to a GPU, so four at once are spread over both nodes.
+        sids = [submit(cluster.dashboard, mem=20 * GiB, gpus=1, command=sim("18G", 8),
+                       name=f"reg-{i}") for i in range(4)]
+        assert all(cluster.wait(s) == JobStatus.SUCCEEDED for s in sids)
+        registered = [s for s in sids if "with this node's gpuwarden daemon" in cluster.logs(s)]
+        assert 1 <= len(registered) < len(sids), [cluster.logs(s) for s in sids]
+        deadline = time.monotonic() + 30
+        while True:
+            jobs = json.loads(gw("ps", "--all", "--json").stdout)["jobs"]
+            if all(j["memory_release"] and j["memory_release"]["released_at"]
+                   for j in jobs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert sorted(j["attach"] for j in jobs) == sorted(f"ray job {s}" for s in registered)
+        for j in jobs:
+            assert j["state"] == "succeeded" and j["budget"] == 20 * GiB, j
+            assert j["peak_memory"] == 18 * GiB and j["name"].startswith("reg-"), j
+            assert j["memory_release"]["how"] == "verified", j
+    finally:
+        subprocess.run([PY, "-m", "gpuwarden", "daemon", "stop"], env=node2,
+                       capture_output=True, timeout=60)
