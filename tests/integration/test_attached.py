@@ -84,6 +84,9 @@ def test_an_attached_job_is_placed_watched_and_ended_by_the_node_daemon(node: Da
     status = node.json("status")
     gpu1 = next(g for g in status["gpus"] if g["index"] == 1)
     assert any(pr.get("job") == str(job["id"]) for pr in gpu1["processes"]), gpu1
+    assert "[ray job raysubmit_t1] " in node.cli("ps", check=True).stdout
+    assert "started by ray job raysubmit_t1 (attached" in node.cli(
+        "show", str(job["id"]), check=True).stdout
     code, out = finish(p)
     assert code == 0, out
     assert f"registered as job {job['id']} with this node's gpuwarden daemon" in out

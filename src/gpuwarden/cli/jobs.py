@@ -244,7 +244,8 @@ def ps(all_jobs: bool, user: str | None, group: str | None, as_json: bool) -> No
             when = _span(j["started_at"], j["ended_at"])  # ran for
         else:
             when = _age(j["submitted_at"])  # waiting for, or since submission
-        what = j["reason"] or " ".join(j["command"])
+        what = j["reason"] or ((f"[{j['attach']}] " if j.get("attach") else "")
+                               + " ".join(j["command"]))
         rows.append((str(j["id"]), j["user"], j["name"] or "", j["state"],
                      ",".join(map(str, j["gpus"])) or "-",
                      format_bytes_short(j["mem"]) if j["mem"] else "whole",

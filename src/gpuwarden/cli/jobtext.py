@@ -23,6 +23,9 @@ def job_lines(j: Mapping[str, Any]) -> list[tuple[str, str]]:
             + (f"  group {j['group']}" if j.get("group") else "")),
            ("command", shlex.join(str(c) for c in j.get("command") or ())),
            ("cwd", str(j.get("cwd")))]
+    if j.get("attach"):
+        out.append(("started by", f"{j['attach']} (attached: it starts and ends the "
+                                  "command; the daemon places and watches it)"))
     gpus = ",".join(map(str, j.get("gpus") or ())) or "-"
     out.append(("gpus", f"{gpus} (asked {j.get('gpu_count')})"))
     mem = (f"declared {_b(j['mem']) if j.get('mem') else 'whole GPU'}, reserved "

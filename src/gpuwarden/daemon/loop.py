@@ -297,7 +297,9 @@ class Scheduler:
         if job.spec.no_requeue:
             self.store.transition(job.id, model.ACTIVE, model.CANCELLED, now=now,
                                   kind=model.CANCELLED, detail=f"preempted; {detail}",
-                                  reason="preempted (--no-requeue)", ended_at=now,
+                                  reason="preempted (--no-requeue)" if job.spec.attach is None
+                                  else f"preempted; {job.spec.attach} may start it again",
+                                  ended_at=now,
                                   preempting_at=None, preemptions=job.preemptions + 1,
                                   hold=self._hold(job, now))
             return
