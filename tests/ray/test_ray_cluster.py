@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ pytestmark = pytest.mark.ray
 GiB = 1 << 30
 PY = sys.executable
 DONE = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED)
+NODE2 = "gwtest_node2"  # a Ray resource only the second node has
 
 
 class Cluster:
@@ -93,11 +94,13 @@ def cluster() -> Iterator[Cluster]:
             "object-manager-port")]
         # ... and GPUs of its own: its simulated driver keeps a separate state (and a
         # gpuwarden home of its own, where one test runs the node's daemon).
+        # A resource of its own lets a test send a job there.
         env2 = {**env, "GPUWARDEN_SIM_STATE": str(tmp / "sim2"),
                 "GPUWARDEN_HOME": str(tmp / "gw2")}
+        res2 = json.dumps({**json.loads(res), NODE2: 1})
         subprocess.run([ray_bin, "start", f"--address=127.0.0.1:{port}",
-                        "--node-ip-address=127.0.0.1", *own, *common], env=env2, check=True,
-                       capture_output=True, timeout=120)
+                        "--node-ip-address=127.0.0.1", *own, *common, f"--resources={res2}"],
+                       env=env2, check=True, capture_output=True, timeout=120)
         c = Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", env, env2)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # the dashboard answers a little later
@@ -176,8 +179,8 @@ def test_a_cuda_oom_is_retried_through_ray_with_a_bigger_budget(cluster: Cluster
                          *sim("7G", 1))
     assert cluster.wait(sid) == JobStatus.FAILED
     log = cluster.logs(sid)
-    assert "CUDA out of memory" in log and "retried as Ray job" in log, log
-    retry = log.split("retried as Ray job ")[1].split()[0]
+    assert "CUDA out of memory" in log and "retry 1 of 1; submitted again as Ray job" in log, log
+    retry = log.split("submitted again as Ray job ")[1].split()[0]
     assert cluster.wait(retry) == JobStatus.SUCCEEDED, cluster.logs(retry)
     meta = next(j.metadata for j in cluster.client.list_jobs() if j.submission_id == retry)
     assert meta["attempt"] == "1" and int(meta["mem"]) == int(6 * GiB * 1.25)
@@ -329,41 +332,87 @@ def test_cluster_status_can_bring_each_nodes_own_snapshot(cluster: Cluster) -> N
     assert "GPU 0 NVIDIA L4: 0B of 24.0GiB used, 0 process(es)" in text, text
 
 
-def test_jobs_on_a_node_with_a_daemon_are_registered_with_it(cluster: Cluster) -> None:
+@pytest.fixture(scope="module")
+def node2(cluster: Cluster) -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
+    """A gpuwarden daemon on the second node (the tests that use it come last: from then
+    on, the jobs Ray places there are registered with it). Yields its CLI."""
+    env = cluster.node2_env
+    home = Path(env["GPUWARDEN_HOME"])
+    home.mkdir(mode=0o700, exist_ok=True)
+    (home / "config.toml").write_text('interval = "100ms"\ngrace = "2s"\n')
+
+    def gw(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PY, "-m", "gpuwarden", *args], env=env, capture_output=True,
+                              text=True, timeout=60, check=True)
+
+    gw("daemon", "start")
+    try:
+        yield gw
+    finally:
+        subprocess.run([PY, "-m", "gpuwarden", "daemon", "stop"], env=env,
+                       capture_output=True, timeout=60)
+
+
+def _settled(gw: Callable[..., subprocess.CompletedProcess[str]]) -> list[dict[str, Any]]:
+    """The node daemon's jobs once every ended one has its memory back."""
+    deadline = time.monotonic() + 30
+    while True:
+        jobs: list[dict[str, Any]] = json.loads(gw("ps", "--all", "--json").stdout)["jobs"]
+        if all(j["memory_release"] and j["memory_release"]["released_at"]
+               for j in jobs) or time.monotonic() > deadline:
+            return jobs
+        time.sleep(0.2)
+
+
+def test_jobs_on_a_node_with_a_daemon_are_registered_with_it(
+        cluster: Cluster, node2: Callable[..., subprocess.CompletedProcess[str]]) -> None:
     """The second node runs a gpuwarden daemon: the jobs Ray places there show in its
     queue as jobs attached by their Ray job, with their budget, peak and memory check;
     the first node has none, and its jobs run as before."""
     from gpuwarden.ray.submit import submit
 
-    node2 = cluster.node2_env
-    home = Path(node2["GPUWARDEN_HOME"])
-    home.mkdir(mode=0o700, exist_ok=True)
-    (home / "config.toml").write_text('interval = "100ms"\n')
+    # 0.8333 GPU each: one to a GPU, so four at once are spread over both nodes.
+    sids = [submit(cluster.dashboard, mem=20 * GiB, gpus=1, command=sim("18G", 8),
+                   name=f"reg-{i}") for i in range(4)]
+    assert all(cluster.wait(s) == JobStatus.SUCCEEDED for s in sids)
+    registered = [s for s in sids if "with this node's gpuwarden daemon" in cluster.logs(s)]
+    assert 1 <= len(registered) < len(sids), [cluster.logs(s) for s in sids]
+    jobs = _settled(node2)
+    assert sorted(j["attach"] for j in jobs) == sorted(f"ray job {s}" for s in registered)
+    for j in jobs:
+        assert j["state"] == "succeeded" and j["budget"] == 20 * GiB, j
+        assert j["peak_memory"] == 18 * GiB and j["name"].startswith("reg-"), j
+        assert j["memory_release"]["how"] == "verified", j
 
-    def gw(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([PY, "-m", "gpuwarden", *args], env=node2, capture_output=True,
-                              text=True, timeout=60, check=True)
 
-    gw("daemon", "start")
-    try:
-        # 0.8333 GPU each: one to a GPU, so four at once are spread over both nodes.
-        sids = [submit(cluster.dashboard, mem=20 * GiB, gpus=1, command=sim("18G", 8),
-                       name=f"reg-{i}") for i in range(4)]
-        assert all(cluster.wait(s) == JobStatus.SUCCEEDED for s in sids)
-        registered = [s for s in sids if "with this node's gpuwarden daemon" in cluster.logs(s)]
-        assert 1 <= len(registered) < len(sids), [cluster.logs(s) for s in sids]
-        deadline = time.monotonic() + 30
-        while True:
-            jobs = json.loads(gw("ps", "--all", "--json").stdout)["jobs"]
-            if all(j["memory_release"] and j["memory_release"]["released_at"]
-                   for j in jobs) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        assert sorted(j["attach"] for j in jobs) == sorted(f"ray job {s}" for s in registered)
-        for j in jobs:
-            assert j["state"] == "succeeded" and j["budget"] == 20 * GiB, j
-            assert j["peak_memory"] == 18 * GiB and j["name"].startswith("reg-"), j
-            assert j["memory_release"]["how"] == "verified", j
-    finally:
-        subprocess.run([PY, "-m", "gpuwarden", "daemon", "stop"], env=node2,
-                       capture_output=True, timeout=60)
+def test_a_ray_job_the_node_daemon_preempts_is_submitted_again(
+        cluster: Cluster, node2: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    from gpuwarden.ray.submit import submit
+
+    sid = submit(cluster.dashboard, mem=20 * GiB, gpus=1, command=sim("18G", 20),
+                 name="be", qos="besteffort", resources={NODE2: 0.001})
+    label = f"ray job {sid}"
+    deadline = time.monotonic() + 60
+    while True:
+        mine = [j for j in json.loads(node2("ps", "--json").stdout)["jobs"]
+                if j["attach"] == label and j["state"] == "running"]
+        if mine:
+            break
+        assert time.monotonic() < deadline, cluster.logs(sid)
+        time.sleep(0.2)
+    [job] = mine
+    assert job["qos"] == "besteffort"
+    # Someone on the node needs that GPU's memory, with a higher class.
+    local = int(node2("submit", "--qos", "guaranteed", "--mem", "20G", "--gpu-ids",
+                      str(job["gpus"][0]), "--", *sim("18G", 2)).stdout)
+    assert cluster.wait(sid) == JobStatus.FAILED
+    log = cluster.logs(sid)
+    assert "preempted by this node's gpuwarden daemon; submitted again as Ray job" in log, log
+    again = log.split("submitted again as Ray job ")[1].split()[0]
+    assert cluster.wait(again) == JobStatus.SUCCEEDED, cluster.logs(again)
+    jobs = {j["id"]: j for j in _settled(node2)}
+    assert jobs[local]["state"] == "succeeded"
+    assert jobs[job["id"]]["state"] == "cancelled"
+    assert jobs[job["id"]]["reason"] == f"preempted; {label} may start it again"
+    assert any(j["attach"] == f"ray job {again}" and j["state"] == "succeeded"
+               for j in jobs.values())

@@ -129,13 +129,14 @@ def _submit_to_ray(cluster: str, command: tuple[str, ...], opts: dict[str, Any])
         raise UsageError("no command given (put it after --)")
     if opts["mem"] in (None, "auto"):
         raise UsageError("--cluster needs --mem SIZE: Ray places the job by its memory share")
-    unsupported = [k for k in ("gpu_ids", "after", "timeout", "mps", "cpus", "key", "qos")
+    unsupported = [k for k in ("gpu_ids", "after", "timeout", "mps", "cpus", "key")
                    if opts.get(k) not in (None, False, (), 0)]
     if unsupported:
         raise UsageError("not supported with --cluster: "
                          + ", ".join("--" + k.replace("_", "-") for k in unsupported))
     sid = submit(dashboard_address(cluster), mem=parse_size(opts["mem"]), gpus=opts["gpus"],
-                 command=list(command), retries=opts["retries"], name=opts["name"])
+                 command=list(command), retries=opts["retries"], name=opts["name"],
+                 qos=opts.get("qos"), priority=opts.get("priority") or 0)
     click.echo(sid)
 
 

@@ -51,10 +51,10 @@ class AttachedJob:
     @classmethod
     def register(cls, client: Client, *, command: Sequence[str], label: str, mem: int,
                  gpu_ids: Sequence[int], name: str | None = None,
-                 qos: str = "burstable") -> AttachedJob:
+                 qos: str = "burstable", priority: int = 0) -> AttachedJob:
         body = {"command": list(command), "attach": label, "mem": mem,
                 "gpus": len(gpu_ids), "gpu_ids": sorted(gpu_ids), "qos": qos,
-                "cwd": os.getcwd(), "name": name}
+                "priority": priority, "cwd": os.getcwd(), "name": name}
         return cls(client, client.request("POST", "/v1/jobs", body={
             k: v for k, v in body.items() if v is not None}))
 

@@ -6,13 +6,16 @@ PyTorch cap at the budget, CPU affinity to the GPUs' NUMA node), in its own sess
 under this process as a child subreaper, so that when it ends every process it left is
 killed and the GPU memory is checked to be back. A CUDA OOM with retries left is
 submitted again through Ray's job API with a bigger budget (``sched.oom.after_oom``), so
-Ray places the retry by the new budget."""
+Ray places the retry by the new budget. Where the node runs a gpuwarden daemon, the job
+is registered with it (``daemon/launcher.py``) and starts once the daemon has placed it;
+a job the daemon preempts is submitted again through Ray, as the daemon requeues its own."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -20,6 +23,7 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass, field, replace
 from typing import IO, TYPE_CHECKING
 
 import psutil
@@ -117,8 +121,24 @@ class _Stop:
                 os.killpg(self.child, self.signals[-1])
 
 
-def _register(command: list[str], mem: int, gpus: list[GpuFacts], name: str | None,
-              submission_id: str | None,
+@dataclass(frozen=True)
+class Request:
+    """What the job was submitted with: enough to submit it again (an OOM retry, a
+    preemption)."""
+
+    mem: int  # bytes per GPU
+    gpus: int
+    command: list[str]
+    retries: int = 0
+    attempt: int = 0
+    name: str | None = None
+    qos: str | None = None
+    priority: int = 0
+    resources: dict[str, float] = field(default_factory=dict)
+    submission_id: str | None = None
+
+
+def _register(req: Request, gpus: list[GpuFacts],
               stop: _Stop) -> tuple[AttachedJob | None, int, frozenset[int] | None]:
     """Register the job with this node's gpuwarden daemon, if one runs, and wait until it
     places it: (the attached job, the budget to run with, the cores it holds)."""
@@ -126,10 +146,11 @@ def _register(command: list[str], mem: int, gpus: list[GpuFacts], name: str | No
 
     client = node_daemon()
     if client is None:
-        return None, mem, None
-    label = f"ray job {submission_id}" if submission_id else "ray job"
-    job = AttachedJob.register(client, command=command, label=label, mem=mem,
-                               gpu_ids=[g.index for g in gpus], name=name)
+        return None, req.mem, None
+    label = f"ray job {req.submission_id}" if req.submission_id else "ray job"
+    job = AttachedJob.register(client, command=req.command, label=label, mem=req.mem,
+                               gpu_ids=[g.index for g in gpus], name=req.name,
+                               qos=req.qos or "burstable", priority=req.priority)
     _say(f"registered as job {job.id} with this node's gpuwarden daemon")
     stop.waiting = True
     try:
@@ -142,7 +163,7 @@ def _register(command: list[str], mem: int, gpus: list[GpuFacts], name: str | No
         raise
     finally:
         stop.waiting = False
-    limit = (placed.get("enforcement") or {}).get("limit") or placed.get("budget") or mem
+    limit = (placed.get("enforcement") or {}).get("limit") or placed.get("budget") or req.mem
     cores = frozenset(placed.get("cpu_set") or ()) or None
     waited = [e for e in placed.get("events", []) if e.get("kind") == "placed"]
     _say(f"job {job.id} placed by the daemon: " + (waited[-1].get("detail") or "")
@@ -150,8 +171,7 @@ def _register(command: list[str], mem: int, gpus: list[GpuFacts], name: str | No
     return job, int(limit), cores
 
 
-def run(mem: int, gpus_wanted: int, command: list[str], *, retries: int, attempt: int,
-        name: str | None, submission_id: str | None = None) -> int:
+def run(req: Request) -> int:
     from gpuwarden.gpus.backend import open_backend
     from gpuwarden.gpus.visible import visible_gpus
     from gpuwarden.launch import apply_affinity, plan_launch, probe_host
@@ -161,24 +181,24 @@ def run(mem: int, gpus_wanted: int, command: list[str], *, retries: int, attempt
         gpus = visible_gpus(backend.gpus(), os.environ)
     finally:
         backend.close()
-    if len(gpus) < gpus_wanted:
+    if len(gpus) < req.gpus:
         raise GpuwardenError(f"Ray gave this job {len(gpus)} GPU(s) "
                              f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
-                             f"it asked for {gpus_wanted}")
-    gpus = gpus[:gpus_wanted]
+                             f"it asked for {req.gpus}")
+    gpus = gpus[:req.gpus]
     stop = _Stop()
     stop.install()
     try:
-        attached, limit, cores = _register(command, mem, gpus, name, submission_id, stop)
+        attached, limit, cores = _register(req, gpus, stop)
     except _Stopped as e:
         _say(f"stopped ({e}) while waiting for this node's gpuwarden daemon")
         return 128 + signal.SIGTERM
     env = dict(os.environ)
     if attached is not None:
         env.update(GPUWARDEN_JOB=str(attached.id), GPUWARDEN_BUDGET=str(limit))
-    plan = plan_launch(command, gpus, base_env=env, host=probe_host(env), mem_limit=limit,
+    plan = plan_launch(req.command, gpus, base_env=env, host=probe_host(env), mem_limit=limit,
                        cores=cores)
-    _say(f"attempt {attempt + 1}: {plan.describe()}" + "".join(f"; {n}" for n in plan.notes))
+    _say(f"attempt {req.attempt + 1}: {plan.describe()}" + "".join(f"; {n}" for n in plan.notes))
     _subreaper()
     cpus = plan.cpus
 
@@ -227,34 +247,41 @@ def run(mem: int, gpus_wanted: int, command: list[str], *, retries: int, attempt
     _say(f"exit {code}; " + (f"its GPU memory is back ({back:.2f} s after the end)"
                              if back is not None else
                              "its processes are still listed on a GPU 10 s after the end"))
-    if code != 0 and not stop.signals:
-        _maybe_retry(output, limit, gpus_wanted, command, retries=retries, attempt=attempt,
-                     name=name, largest=min(g.memory_total for g in gpus))
+    if attached is not None and stop.signals and any(
+            e.get("kind") == "preempted" for e in attached.job.get("events", [])):
+        _submit_again(req, "preempted by this node's gpuwarden daemon")
+    elif code != 0 and not stop.signals:
+        _maybe_retry(output, replace(req, mem=limit),
+                     largest=min(g.memory_total for g in gpus))
     return status
 
 
-def _maybe_retry(output: str, mem: int, gpus: int, command: list[str], *, retries: int,
-                 attempt: int, name: str | None, largest: int) -> None:
+def _submit_again(req: Request, why: str) -> None:
+    dashboard = os.environ.get(DASHBOARD_ENV)
+    if not dashboard:
+        _say(f"{why}; not submitted again: {DASHBOARD_ENV} is not set")
+        return
+    from gpuwarden.ray.submit import submit
+
+    sid = submit(dashboard, mem=req.mem, gpus=req.gpus, command=req.command,
+                 retries=req.retries, attempt=req.attempt, name=req.name, qos=req.qos,
+                 priority=req.priority, resources=req.resources)
+    _say(f"{why}; submitted again as Ray job {sid} with {format_bytes(req.mem)} per GPU")
+
+
+def _maybe_retry(output: str, req: Request, *, largest: int) -> None:
     from gpuwarden.sched.oom import GiveUp, after_oom, oom_signature
 
     signature = oom_signature(output)
     if signature is None:
         return
-    decision = after_oom(old_budget=mem, peak=None, largest=largest, used=attempt,
-                         allowed=retries, backoff=0.0)
+    decision = after_oom(old_budget=req.mem, peak=None, largest=largest, used=req.attempt,
+                         allowed=req.retries, backoff=0.0)
     if isinstance(decision, GiveUp):
         _say(f"CUDA OOM ({signature}); not retried: {decision.reason}")
         return
-    dashboard = os.environ.get(DASHBOARD_ENV)
-    if not dashboard:
-        _say(f"CUDA OOM; cannot retry: {DASHBOARD_ENV} is not set")
-        return
-    from gpuwarden.ray.submit import submit
-
-    sid = submit(dashboard, mem=decision.budget, gpus=gpus, command=command, retries=retries,
-                 attempt=attempt + 1, name=name)
-    _say(f"CUDA OOM ({signature}); retried as Ray job {sid} with "
-         f"{format_bytes(decision.budget)} per GPU")
+    _submit_again(replace(req, mem=decision.budget, attempt=req.attempt + 1),
+                  f"CUDA OOM ({signature}); retry {req.attempt + 1} of {req.retries}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,14 +292,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attempt", type=int, default=0)
     ap.add_argument("--name")
     ap.add_argument("--submission-id", help="the Ray job's id (names it on the node)")
+    ap.add_argument("--qos", choices=("guaranteed", "burstable", "besteffort"),
+                    help="its class in a node daemon's queue")
+    ap.add_argument("--priority", type=int, default=0)
+    ap.add_argument("--resources", default="{}", help="other Ray resources it asked for "
+                    "(JSON), asked for again when it is submitted again")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         ap.error("no command")
     try:
-        return run(args.mem, args.gpus, command, retries=args.retries, attempt=args.attempt,
-                   name=args.name, submission_id=args.submission_id)
+        resources = json.loads(args.resources)
+    except ValueError:
+        ap.error("--resources must be a JSON object")
+    try:
+        return run(Request(mem=args.mem, gpus=args.gpus, command=command,
+                           retries=args.retries, attempt=args.attempt, name=args.name,
+                           qos=args.qos, priority=args.priority, resources=resources,
+                           submission_id=args.submission_id))
     except GpuwardenError as e:
         _say(str(e))
         return e.exit_code

@@ -68,10 +68,13 @@ def node_totals(address: str) -> list[dict[str, Any]]:
 
 
 def submit(address: str, *, mem: int, gpus: int, command: list[str], retries: int = 0,
-           attempt: int = 0, name: str | None = None,
-           env: dict[str, str] | None = None) -> str:
+           attempt: int = 0, name: str | None = None, env: dict[str, str] | None = None,
+           qos: str | None = None, priority: int = 0,
+           resources: dict[str, float] | None = None) -> str:
     """Submit ``command`` as a gpuwarden job: Ray places it by the memory share, the
-    entrypoint enforces the budget on the node. Returns Ray's submission id."""
+    entrypoint enforces the budget on the node. ``qos`` and ``priority`` are its place in
+    the queue of a node that runs a gpuwarden daemon; ``resources``, other Ray resources
+    it needs. Returns Ray's submission id."""
     if not command:
         raise UsageError("no command given")
     client = _client(address)
@@ -79,17 +82,23 @@ def submit(address: str, *, mem: int, gpus: int, command: list[str], retries: in
     req = ask(mem, gpus, largest)
     sid = f"gpuwarden_{secrets.token_hex(8)}"
     entry = ["python", "-m", "gpuwarden.ray.entry", "--mem", str(mem), "--gpus", str(gpus),
-             "--retries", str(retries), "--attempt", str(attempt), "--submission-id", sid]
+             "--retries", str(retries), "--attempt", str(attempt), "--submission-id", sid,
+             "--priority", str(priority)]
     if name:
         entry += ["--name", name]
+    if qos:
+        entry += ["--qos", qos]
+    if resources:
+        entry += ["--resources", json.dumps(resources, sort_keys=True)]
     entry += ["--", *command]
     env_vars = {"GPUWARDEN_RAY_DASHBOARD": address, **(env or {})}
     try:
         client.submit_job(
             submission_id=sid, entrypoint=shlex.join(entry), entrypoint_num_gpus=req.num_gpus,
-            entrypoint_resources=req.resources, runtime_env={"env_vars": env_vars},
+            entrypoint_resources={**(resources or {}), **req.resources},
+            runtime_env={"env_vars": env_vars},
             metadata={METADATA: "1", "mem": str(mem), "gpus": str(gpus),
-                      "attempt": str(attempt), "name": name or ""})
+                      "attempt": str(attempt), "name": name or "", "qos": qos or ""})
     except Exception as e:
         raise BackendUnavailable(f"Ray refused the job: {str(e).splitlines()[0]}") from None
     return sid
