@@ -17,6 +17,7 @@ from gpuwarden.units import MiB
 
 DEFAULT_DASHBOARD = "http://127.0.0.1:8265"
 METADATA = "gpuwarden"  # metadata key marking gpuwarden jobs
+AGENT_PATIENCE = 30.0  # seconds a submission waits for the cluster's job agent to be up
 
 
 def dashboard_address(cluster: str | None) -> str:
@@ -92,16 +93,25 @@ def submit(address: str, *, mem: int, gpus: int, command: list[str], retries: in
         entry += ["--resources", json.dumps(resources, sort_keys=True)]
     entry += ["--", *command]
     env_vars = {"GPUWARDEN_RAY_DASHBOARD": address, **(env or {})}
-    try:
-        client.submit_job(
-            submission_id=sid, entrypoint=shlex.join(entry), entrypoint_num_gpus=req.num_gpus,
-            entrypoint_resources={**(resources or {}), **req.resources},
-            runtime_env={"env_vars": env_vars},
-            metadata={METADATA: "1", "mem": str(mem), "gpus": str(gpus),
-                      "attempt": str(attempt), "name": name or "", "qos": qos or ""})
-    except Exception as e:
-        raise BackendUnavailable(f"Ray refused the job: {str(e).splitlines()[0]}") from None
-    return sid
+    deadline = time.monotonic() + AGENT_PATIENCE
+    while True:
+        try:
+            client.submit_job(
+                submission_id=sid, entrypoint=shlex.join(entry),
+                entrypoint_num_gpus=req.num_gpus,
+                entrypoint_resources={**(resources or {}), **req.resources},
+                runtime_env={"env_vars": env_vars},
+                metadata={METADATA: "1", "mem": str(mem), "gpus": str(gpus),
+                          "attempt": str(attempt), "name": name or "", "qos": qos or ""})
+            return sid
+        except Exception as e:
+            # A cluster just started has no job agent up for some seconds; Ray says so
+            # and asks to try again.
+            if "try again later" in str(e) and time.monotonic() < deadline:
+                time.sleep(1.0)
+                continue
+            raise BackendUnavailable(f"Ray refused the job: {str(e).splitlines()[0]}") \
+                from None
 
 
 @dataclass(frozen=True)
