@@ -218,6 +218,18 @@ def test_rows_join_processes_to_jobs_and_list_queued_jobs() -> None:
     assert model.row_cells(r, layout)[5].strip() == "5.0G/4.0G"
 
 
+def test_a_pid_listed_several_times_on_a_gpu_gets_a_row_each() -> None:
+    # NVML lists a garbage pid once per leaked context (seen on real leaky machines; the
+    # benchmark's scenario has them): the table's row keys must stay unique.
+    garbage = 2**31 - 1
+    snap = snapshot([(gpu(0, used=6 * GiB), [proc(garbage, memory=GiB),
+                                             proc(garbage, memory=2 * GiB),
+                                             proc(garbage, memory=3 * GiB), proc(5)])])
+    rows = model.build_rows(snap, None)
+    assert len({r.key for r in rows}) == len(rows) == 4
+    assert sorted(r.memory or 0 for r in rows if r.pid == garbage) == [GiB, 2 * GiB, 3 * GiB]
+
+
 def test_without_a_daemon_a_job_process_still_shows_its_job_id() -> None:
     rows = model.build_rows(_machine(), None)
     assert len(rows) == 3

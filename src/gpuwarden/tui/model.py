@@ -239,7 +239,9 @@ def build_rows(snap: Snapshot, jobs: Sequence[Mapping[str, Any]] | None) -> list
             jid = job_id_of(p)
             if jid is not None:
                 per_job[jid] = per_job.get(jid, 0) + (p.memory or 0)
+        listed: dict[int, int] = {}  # NVML may list one pid (a garbage one) many times
         for p in g.processes:
+            nth = listed[p.pid] = listed.get(p.pid, -1) + 1
             jid = job_id_of(p)
             job = by_id.get(jid) if jid is not None else None
             limit = _limit(job) if job is not None else None
@@ -249,7 +251,8 @@ def build_rows(snap: Snapshot, jobs: Sequence[Mapping[str, Any]] | None) -> list
             if state == RUNNING and job is not None:
                 state = str(job.get("state") or RUNNING)
             rows.append(Row(
-                key=f"p:{g.index}:{p.pid}", kind=PROCESS, gpus=(g.index,), pid=p.pid,
+                key=f"p:{g.index}:{p.pid}" + (f":{nth}" if nth else ""), kind=PROCESS,
+                gpus=(g.index,), pid=p.pid,
                 user=p.user, job=jid, qos=None if job is None else job.get("qos"),
                 memory=p.memory, budget=limit,
                 over_budget=(limit is not None and jid is not None and per_job[jid] > limit),
