@@ -12,7 +12,7 @@ from aiohttp import web
 
 from gpuwarden.daemon.store import Store
 from gpuwarden.errors import UsageError
-from gpuwarden.web.views import job_page, overview, parse_hours
+from gpuwarden.web.views import ChartCache, job_page, overview, parse_hours
 
 STATIC = Path(__file__).resolve().parent / "static"
 FILES = {"index.html": "text/html", "app.js": "application/javascript",
@@ -28,6 +28,8 @@ def _file(name: str) -> web.Response:
 
 
 def add_web_routes(app: web.Application, store: Store, *, anonymous: bool) -> None:
+    cache = ChartCache()
+
     async def index(_: web.Request) -> web.Response:
         return _file("index.html")
 
@@ -44,7 +46,7 @@ def add_web_routes(app: web.Application, store: Store, *, anonymous: bool) -> No
         hours = parse_hours(request.query.get("hours"))
         by = request.query.get("by", "job")
         data = await asyncio.to_thread(overview, store, hours=hours, by=by,
-                                       anonymous=anonymous)
+                                       anonymous=anonymous, cache=cache)
         return web.json_response(data, headers={"Cache-Control": "no-store"})
 
     async def data_job(request: web.Request) -> web.Response:
