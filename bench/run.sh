@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Run the benchmarks and regenerate bench/RESULTS.md (never edit that file by hand).
 #
-#   bench/run.sh                      # the CPU part: status, holder scan, daemon, metrics, trace
+#   bench/run.sh                      # the CPU part: status, holder scan, daemon, metrics,
+#                                     # trace, views
 #   bench/run.sh daemon               # only the job daemon vs task-spooler (about 6 minutes)
 #   bench/run.sh trace                # only the trace replay against other policies (~20 s)
+#   bench/run.sh views                # only top's CPU and the web page's latency (~2 minutes)
 #   bench/run.sh status holders       # any subset of: status holders daemon metrics trace
 #   BENCH_STATUS_ARGS="--runs 5 --cli-runs 3" BENCH_HOLDERS_ARGS="--procs 500" bench/run.sh
 #   BENCH_DAEMON_ARGS="--rounds 20 --jobs 50 --queued 2000 --submitters 20" bench/run.sh daemon
@@ -30,15 +32,16 @@ read -r -a mixed_args <<< "${BENCH_MIXED_ARGS:-}"
 read -r -a metrics_args <<< "${BENCH_METRICS_ARGS:-}"
 read -r -a trace_args <<< "${BENCH_TRACE_ARGS:-}"
 read -r -a peers_args <<< "${BENCH_PEERS_ARGS:-}"
+read -r -a views_args <<< "${BENCH_VIEWS_ARGS:-}"
 
-all=(status holders daemon mixed metrics trace peers)
+all=(status holders daemon mixed metrics trace peers views)
 selected=("$@")
 # mixed and peers need a GPU machine: name them there (scripts/gpu-bench.sh runs peers)
-[ ${#selected[@]} -eq 0 ] && selected=(status holders daemon metrics trace)
+[ ${#selected[@]} -eq 0 ] && selected=(status holders daemon metrics trace views)
 for name in "${selected[@]}"; do
     case "$name" in
-        status|holders|daemon|mixed|metrics|trace|peers) ;;
-        *) echo "usage: bench/run.sh [status] [holders] [daemon] [mixed] [metrics] [trace] [peers]" >&2
+        status|holders|daemon|mixed|metrics|trace|peers|views) ;;
+        *) echo "usage: bench/run.sh [status] [holders] [daemon] [mixed] [metrics] [trace] [peers] [views]" >&2
            exit 2 ;;
     esac
 done
@@ -59,6 +62,7 @@ for name in "${all[@]}"; do
         metrics) cmd=(bench/bench_metrics.py "${metrics_args[@]}") ;;
         trace) cmd=(bench/bench_trace.py "${trace_args[@]}") ;;
         peers) cmd=(bench/bench_peers.py "${peers_args[@]}") ;;
+        views) cmd=(bench/bench_views.py "${views_args[@]}") ;;
     esac
     out="bench/results/$name.json"
     if [[ " ${selected[*]} " == *" $name "* ]]; then
