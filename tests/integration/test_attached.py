@@ -215,3 +215,26 @@ def test_without_a_daemon_the_entrypoint_runs_the_job_itself(tmp_path: Path) -> 
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "registered" not in r.stderr and "its GPU memory is back" in r.stderr
+
+
+def test_a_job_the_node_can_never_hold_fails_at_once_with_the_daemons_reason(
+        node: Daemon) -> None:
+    code, out = finish(entry(node, "30G", *sim("1G", 0.2)))  # 24 GiB GPUs
+    [job] = attached_jobs(node)
+    assert job["state"] == "infeasible"
+    assert code != 0 and f"did not place job {job['id']}: infeasible" in out, out
+    assert "Traceback" not in out
+
+
+def test_registering_can_be_turned_off_on_a_node_with_a_daemon(node: Daemon) -> None:
+    code, out = finish(entry(node, "4G", *sim("1G", 0.2), env={"GPUWARDEN_REGISTER": "0"}))
+    assert code == 0, out
+    assert "registered" not in out and attached_jobs(node) == []
+
+
+@pytest.mark.parametrize("resources", ["[1]", "{\"x\": \"a\"}", "{not json"])
+def test_bad_resources_are_one_line(tmp_path: Path, resources: str) -> None:
+    r = subprocess.run([PY, "-m", "gpuwarden.ray.entry", "--mem", "1", "--resources",
+                        resources, "--", "true"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--resources must be a JSON object" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -25,6 +25,7 @@ from gpuwarden.daemon.supervisor import (
     EXIT,
     STDERR,
     SUPERVISOR,
+    SupervisorHandle,
     _start_ticks,
     _write_json,
     alive,
@@ -59,9 +60,10 @@ def claim(jobdir: Path, job_id: int, pid: int) -> None:
                                       "nonce": "attached"}, exclusive=True)
 
 
-def launcher_alive(jobdir: Path) -> bool:
+def live_launcher(jobdir: Path) -> SupervisorHandle | None:
+    """The launcher named in the job directory, if it still runs."""
     handle = read_status(jobdir).supervisor
-    return handle is not None and alive(handle)
+    return handle if handle is not None and alive(handle) else None
 
 
 def check_reporter(jobdir: Path, job_id: int, pid: int) -> None:

@@ -673,7 +673,7 @@ class Scheduler:
         queued = self.store.list(states=[model.QUEUED])
         ready: list[Job] = []
         for job in queued:
-            if job.spec.attach is not None and not self._launcher_waits(job):
+            if job.spec.attach is not None and self._waiting_launcher(job) is None:
                 continue
             blocked = self._dependency_block(job)
             if blocked is None:
@@ -750,30 +750,28 @@ class Scheduler:
                 return "waiting"
         return None
 
-    def _launcher_waits(self, job: Job) -> bool:
-        """An attached job whose launcher went away before it was placed is cancelled:
-        nobody would start it."""
-        from gpuwarden.daemon.attached import launcher_alive
+    def _waiting_launcher(self, job: Job) -> SupervisorHandle | None:
+        """The launcher of a queued attached job. One that went away before the job was
+        placed has its job cancelled (nobody would start it): None then."""
+        from gpuwarden.daemon.attached import live_launcher
 
-        if launcher_alive(self.jobdir(job)):
-            return True
+        handle = live_launcher(self.jobdir(job))
+        if handle is not None:
+            return handle
         with contextlib.suppress(Conflict, JobNotFound):
             self.store.transition(job.id, (model.QUEUED,), model.CANCELLED, now=self.clock(),
                                   kind="cancelled", detail="its launcher went away",
                                   reason=f"its launcher ({job.spec.attach}) went away before "
                                          "it was placed", ended_at=self.clock())
-        return False
+        return None
 
     def _reserve_attached(self, job: Job, place: Place, snap: Snapshot) -> None:
         """Place an attached job: reserve its budget and name its launcher as its
         supervisor, in one transition. The launcher, which polls the job, then starts
         the command on these GPUs with this budget and reports the start."""
-        from gpuwarden.daemon.supervisor import read_status
-
-        if not self._launcher_waits(job):
+        handle = self._waiting_launcher(job)
+        if handle is None:
             return
-        handle = read_status(self.jobdir(job)).supervisor
-        assert handle is not None  # the launcher was just found alive through it
         facts = {g.index: g.facts for g in snap.gpus}
         uuids = tuple(facts[i].uuid for i in place.gpus)
         self.store.transition(
@@ -785,11 +783,10 @@ class Scheduler:
             boot_id=self.boot_id)
 
     def _launch(self, job: Job, place: Place, snap: Snapshot) -> None:
-        from gpuwarden.daemon.supervisor import spawn_supervisor, spec_from_plan, write_spec
-
         if job.spec.attach is not None:
             self._reserve_attached(job, place, snap)
             return
+        from gpuwarden.daemon.supervisor import spawn_supervisor, spec_from_plan, write_spec
         from gpuwarden.launch import plan_launch, probe_host
 
         facts = {g.index: g.facts for g in snap.gpus}

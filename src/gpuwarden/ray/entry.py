@@ -165,9 +165,8 @@ def _register(req: Request, gpus: list[GpuFacts],
         stop.waiting = False
     limit = (placed.get("enforcement") or {}).get("limit") or placed.get("budget") or req.mem
     cores = frozenset(placed.get("cpu_set") or ()) or None
-    waited = [e for e in placed.get("events", []) if e.get("kind") == "placed"]
-    _say(f"job {job.id} placed by the daemon: " + (waited[-1].get("detail") or "")
-         if waited else f"job {job.id} placed by the daemon")
+    where = [e.get("detail") for e in placed.get("events", []) if e.get("kind") == "placed"]
+    _say(f"job {job.id} placed by the daemon" + (f": {where[-1]}" if where else ""))
     return job, int(limit), cores
 
 
@@ -305,7 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         resources = json.loads(args.resources)
     except ValueError:
-        ap.error("--resources must be a JSON object")
+        resources = None
+    if not isinstance(resources, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+            for k, v in resources.items()):
+        ap.error("--resources must be a JSON object of resource names and amounts")
     try:
         return run(Request(mem=args.mem, gpus=args.gpus, command=command,
                            retries=args.retries, attempt=args.attempt, name=args.name,
