@@ -6,6 +6,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +20,23 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 SRC = ROOT / "src"
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A SIGTERM to the test run unwinds it as Ctrl-C does, so every fixture's
+    teardown runs (daemons stopped, job trees killed) instead of leaving them behind."""
+    signal.signal(signal.SIGTERM, _terminated)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Whatever a test started and an interrupted teardown left: stop it now."""
+    from tests.integration.daemon_fixture import stop_all
+
+    stop_all()
 
 
 @dataclass

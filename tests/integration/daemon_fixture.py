@@ -3,6 +3,7 @@ the real CLI — the fixture the daemon tests share."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,6 +23,8 @@ import pytest
 from tests.conftest import EXAMPLES, SRC
 
 PY = sys.executable
+STARTED: set[Path] = set()
+"""Homes of every daemon a test started: ``stop_all`` ends what is left of them."""
 
 
 @dataclass
@@ -83,6 +86,7 @@ class Daemon:
             return None
 
     def start(self) -> None:
+        STARTED.add(self.home)  # before the start: a daemon half-started is still ours
         self.cli("daemon", "start", check=True)
 
     def stop(self) -> None:
@@ -110,6 +114,29 @@ def _kill_jobs(home: Path) -> None:
             pass
 
 
+def _end(home: Path) -> None:
+    """Kill the daemon of ``home`` (by its lock file) and its jobs' trees."""
+    try:
+        pid = int((home / "daemon.lock").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        pid = None
+    if pid is not None:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            if "gpuwarden" in " ".join(proc.cmdline()):  # not a pid reused since
+                proc.kill()
+    if (home / "jobs").is_dir():
+        _kill_jobs(home)
+
+
+def stop_all() -> None:
+    """End every daemon a test started and did not stop: run when the session ends,
+    also when a test (or the whole run) was interrupted."""
+    for home in sorted(STARTED):
+        _end(home)
+    STARTED.clear()
+
+
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
     """A running daemon over examples/idle-2gpu.json (2 x 24 GiB)."""
@@ -135,10 +162,8 @@ def start_daemon(tmp: Path, scenario: Path, config: str = "",
         yield d
     finally:
         d.stop()
-        pid = d.pid()
-        if pid and psutil.pid_exists(pid):
-            os.kill(pid, 9)
-        _kill_jobs(home)
+        _end(home)
+        STARTED.discard(home)
         shutil.rmtree(short, ignore_errors=True)
 
 

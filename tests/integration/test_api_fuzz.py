@@ -122,8 +122,15 @@ def _assert_healthy(daemon: Daemon) -> None:
 
 def _defuse(case: Any) -> None:
     """Fuzzed jobs are started for real: keep their commands from finding any program,
-    and keep long polls short. Types are left as generated (negative cases stay so)."""
+    and keep long polls short. Types are left as generated (negative cases stay so).
+    No fuzzed job is ever attached: ``attach`` makes the caller (this test process) the
+    job's launcher, and a fuzzed cancel or preemption would then SIGTERM the test run.
+    The document the fuzzer reads has no ``attach`` (``_without_attach``); a body that
+    names it anyway (an unknown property made up by a negative case) gets a value the
+    daemon refuses, so it stays invalid and attaches nothing."""
     body = case.body
+    if isinstance(body, dict) and "attach" in body:
+        body["attach"] = 0
     if case.method == "POST" and case.path == "/v1/jobs" and isinstance(body, dict):
         env = body.get("env")
         if isinstance(env, dict) and all(isinstance(v, str) for v in env.values()):
@@ -151,6 +158,27 @@ def _seed_jobs(daemon: Daemon) -> None:
     daemon.cli("submit", "--mem", "999G", "--", PY, "-c", "pass", check=True)  # infeasible
     daemon.wait_state(running, "running")
     daemon.wait_state(failed, "failed")
+
+
+def _without_attach(doc: dict[str, Any]) -> dict[str, Any]:
+    """The document without the ``attach`` field of a submission (see ``_defuse``);
+    attached jobs have their own tests (test_attached.py)."""
+    doc = copy.deepcopy(doc)
+    found = 0
+    for schema in doc.get("components", {}).get("schemas", {}).values():
+        if "attach" in schema.get("properties", {}):
+            del schema["properties"]["attach"]
+            found += 1
+    for item in doc["paths"].values():
+        for op in item.values():
+            content = op.get("requestBody", {}).get("content", {})
+            for media in content.values():
+                props = media.get("schema", {}).get("properties", {})
+                if "attach" in props:
+                    del props["attach"]
+                    found += 1
+    assert found, "the document names no attach field: update _without_attach"
+    return doc
 
 
 def _with_known_ids(doc: dict[str, Any]) -> dict[str, Any]:
@@ -181,7 +209,7 @@ def _fuzz(operation: Any, mode: Any, checks: list[Any], session: Any) -> None:
 
 def test_schemathesis_fuzz_of_the_openapi_document(fuzz_daemon: Daemon) -> None:
     client = Client(str(fuzz_daemon.socket))
-    doc = client.request("GET", "/openapi.json")
+    doc = _without_attach(client.request("GET", "/openapi.json"))
     _seed_jobs(fuzz_daemon)
     # Positive cases use ids that exist; negative ones the document as served (with the
     # narrowed ids, an existing id past the range would count as "invalid data accepted").
@@ -211,6 +239,8 @@ def test_schemathesis_fuzz_of_the_openapi_document(fuzz_daemon: Daemon) -> None:
                 failures.append(f"{operation.label} ({mode.value}): {e}")
     session.close()
     assert not failures, "\n\n".join(failures)
+    assert not [j["id"] for j in _all_jobs(fuzz_daemon) if j.get("attach")], \
+        "a fuzzed submission made this test process a job's launcher"
     assert time.monotonic() - started < 60
     _assert_healthy(fuzz_daemon)
 
