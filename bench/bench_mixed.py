@@ -107,7 +107,7 @@ def run(jobs: list[dict[str, Any]], packed: bool) -> dict[str, Any]:
         ids = []
         t0 = time.time()
         for j in jobs:
-            opts = ["--mem", str(j["mem"]), "--retries", str(j["retries"])] if packed else []
+            opts = ["--mem", f"{j['mem']}B", "--retries", str(j["retries"])] if packed else []
             out = d.cli("submit", *opts, "--", sys.executable, "-c", JOB, str(j["bytes"]),
                         str(j["seconds"]), "1" if j["heavy"] else "0")
             ids.append(int(out))

@@ -23,11 +23,15 @@ _UNITS = {
     "t": TiB, "tb": TiB, "tib": TiB,
 }
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-zA-Z]*)\s*$")
+_FRACTION_RE = re.compile(r"^\s*(\d*\.\d+)\s*$")
 
 
-def parse_size(text: str | int | float, *, total: int | None = None) -> int:
-    """Parse ``14G``, ``512MiB``, ``4096`` (bytes) or, when ``total`` is given, a
-    fraction such as ``0.5`` of it. Returns bytes; raises UsageError on bad input."""
+def parse_size(text: str | int | float, *, total: int | None = None,
+               bare_bytes: bool = False) -> int:
+    """Parse ``14G``, ``512MiB``, ``4096B`` or, when ``total`` is given, a fraction such as
+    ``0.5`` of it. Returns bytes; raises UsageError on bad input. A number without a unit
+    is an error (``--mem 20`` meant 20G, not 20 bytes) unless ``bare_bytes``: for values
+    a program wrote (environment variables), never for what people type. An int is bytes."""
     if isinstance(text, bool):
         raise UsageError(f"invalid size {text!r}")
     if isinstance(text, int):
@@ -50,10 +54,27 @@ def parse_size(text: str | int | float, *, total: int | None = None) -> int:
         if not 0 < number <= 1:
             raise UsageError(f"invalid size {text!r}: a fraction must be in (0, 1]")
         return int(total * number)
+    if m.group(2) == "" and not bare_bytes:
+        n = m.group(1)
+        whole = " or 1.0 for all of it" if total is not None else ""
+        raise UsageError(f"invalid size {text.strip()!r}: give a unit, e.g. {n}G or {n}MiB "
+                         f"({n}B for bytes{whole})")
     value = number * _UNITS[unit]
     if not math.isfinite(value):
         raise UsageError(f"invalid size {text!r}")
     return int(value)
+
+
+def parse_size_or_fraction(text: str) -> tuple[int | None, float | None]:
+    """A memory request as people give it: (bytes, None) for a size such as ``20G``,
+    (None, fraction) for a share of a GPU such as ``0.5``. Zero is refused."""
+    if _FRACTION_RE.match(text):
+        parse_size(text, total=1 << 40)  # validates the range (0, 1]
+        return None, float(text)
+    n = parse_size(text)
+    if n <= 0:
+        raise UsageError(f"invalid size {text!r}: must be positive")
+    return n, None
 
 
 def format_bytes(n: int | None) -> str:

@@ -223,7 +223,7 @@ def test_packing_and_preemption_across_gpus() -> None:
     try:
         gw("daemon", "start")
         tenth = total // 10
-        packed = [int(gw("submit", "--mem", str(4 * tenth), "--", sys.executable, "-c", hold,
+        packed = [int(gw("submit", "--mem", f"{4 * tenth}B", "--", sys.executable, "-c", hold,
                          str(3 * tenth), "8")) for _ in range(4)]
         wait_running(packed)
         placed = sorted(job(j)["gpus"][0] for j in packed)
@@ -235,7 +235,7 @@ def test_packing_and_preemption_across_gpus() -> None:
                         str(6 * tenth), "--", sys.executable, "-c", hold, str(5 * tenth),
                         "20"))
         wait_running([victim])
-        boss = int(gw("submit", "--qos", "guaranteed", "--mem", str(6 * tenth), "--",
+        boss = int(gw("submit", "--qos", "guaranteed", "--mem", f"{6 * tenth}B", "--",
                       sys.executable, "-c", hold, str(5 * tenth), "3"))
         gw("wait", str(boss))
         gw("wait", str(victim))

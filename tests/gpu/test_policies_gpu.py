@@ -89,14 +89,14 @@ def test_a_preempted_besteffort_job_is_requeued_and_finishes(gd: GpuDaemon,
     os.chmod(tmp_path, 0o777)
     # Both on GPU 0: on a machine with more GPUs the guaranteed job would just take
     # another one (as it did on two H200s) and nothing would need preempting.
-    victim = gd.submit("--qos", "besteffort", "--gpu-ids", "0", "--mem", str(big + 2 * GiB),
+    victim = gd.submit("--qos", "besteffort", "--gpu-ids", "0", "--mem", f"{big + 2 * GiB}B",
                        "--checkpoint",
                        "--", sys.executable, "-c", TORCH_JOB, str(big), "300", str(marker))
     deadline = time.monotonic() + 120
     while "holding" not in gd.cli("logs", str(victim), check=False).stdout:
         assert time.monotonic() < deadline, gd.job(victim)
         time.sleep(0.3)
-    boss = gd.submit("--qos", "guaranteed", "--gpu-ids", "0", "--mem", str(big + 2 * GiB),
+    boss = gd.submit("--qos", "guaranteed", "--gpu-ids", "0", "--mem", f"{big + 2 * GiB}B",
                      "--", sys.executable,
                      "-c", TORCH_JOB, str(big), "3")
     assert gd.cli("wait", str(boss), check=False).returncode == 0, gd.job(boss)

@@ -129,7 +129,7 @@ def test_same_numa_across_nodes_is_a_usage_error(gw: Run) -> None:
 
 @pytest.mark.parametrize(("mem", "words"), [
     ("12X", "unknown unit"), ("-1G", "invalid size"), ("30G", "more than any GPU"),
-    ("0", "positive"), ("1.5", "fraction"),
+    ("0G", "positive"), ("1.5", "fraction"), ("20", "give a unit, e.g. 20G"),
 ])
 def test_bad_or_impossible_mem_is_one_line_exit_2(gw: Run, mem: str, words: str) -> None:
     for verb in (["select"], ["exec"]):

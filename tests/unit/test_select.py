@@ -195,13 +195,13 @@ def test_request_validation() -> None:
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("20G", (20 * GiB, None)), ("512MiB", (512 << 20, None)), ("0.5", (None, 0.5)),
-    ("1.0", (None, 1.0)), ("4096", (4096, None)),
+    ("1.0", (None, 1.0)), ("4096B", (4096, None)),
 ])
 def test_parse_mem(text: str, expected: tuple[int | None, float | None]) -> None:
     assert parse_mem(text) == expected
 
 
-@pytest.mark.parametrize("text", ["12X", "-1G", "0", "0.0", "1.5", "", "G", "nan"])
+@pytest.mark.parametrize("text", ["12X", "-1G", "0", "20", "0.0", "1.5", "", "G", "nan"])
 def test_parse_mem_rejects(text: str) -> None:
     with pytest.raises(UsageError, match="--mem"):
         parse_mem(text)

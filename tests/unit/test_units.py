@@ -6,12 +6,19 @@ from hypothesis import strategies as st
 
 from gpuwarden.errors import UsageError
 from gpuwarden.gpus.topology import format_cpulist, parse_cpulist
-from gpuwarden.units import GiB, MiB, format_bytes, parse_duration, parse_size
+from gpuwarden.units import (
+    GiB,
+    MiB,
+    format_bytes,
+    parse_duration,
+    parse_size,
+    parse_size_or_fraction,
+)
 
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("14G", 14 * GiB), ("14GiB", 14 * GiB), ("14gb", 14 * GiB), ("512MiB", 512 * MiB),
-    ("9752MiB", 9752 * MiB), ("4096", 4096), ("1.5G", int(1.5 * GiB)), (" 2 G ", 2 * GiB),
+    ("9752MiB", 9752 * MiB), ("4096B", 4096), ("1.5G", int(1.5 * GiB)), (" 2 G ", 2 * GiB),
 ])
 def test_parse_size(text: str, expected: int) -> None:
     assert parse_size(text) == expected
@@ -31,9 +38,31 @@ def test_bad_sizes_are_usage_errors(bad: str) -> None:
         parse_size(bad)
 
 
-@given(st.integers(min_value=0, max_value=2**50), st.sampled_from(["", "K", "M", "G", "MiB"]))
+@pytest.mark.parametrize("bare", ["20", "1", "0", " 4096 "])
+def test_a_number_without_a_unit_is_an_error_that_suggests_one(bare: str) -> None:
+    n = bare.strip()
+    with pytest.raises(UsageError, match=rf"invalid size '{n}': give a unit, e.g. {n}G "):
+        parse_size(bare)
+    with pytest.raises(UsageError, match=r"or 1\.0 for all of it"):
+        parse_size(bare, total=GiB)
+    assert parse_size(bare, bare_bytes=True) == int(n)  # what a program wrote: bytes
+    assert parse_size(int(n)) == int(n)  # an int (a JSON number) is bytes
+
+
+def test_size_or_fraction() -> None:
+    assert parse_size_or_fraction("0.5") == (None, 0.5)
+    assert parse_size_or_fraction(".25") == (None, 0.25)
+    assert parse_size_or_fraction("1.0") == (None, 1.0)
+    assert parse_size_or_fraction("20G") == (20 * GiB, None)
+    for bad, message in (("1.5", r"\(0, 1\]"), ("0.0", r"\(0, 1\]"), ("0G", "positive"),
+                         ("20", "give a unit"), ("x", "invalid size")):
+        with pytest.raises(UsageError, match=message):
+            parse_size_or_fraction(bad)
+
+
+@given(st.integers(min_value=0, max_value=2**50), st.sampled_from(["B", "K", "M", "G", "MiB"]))
 def test_size_units_scale(n: int, unit: str) -> None:
-    scale = {"": 1, "K": 1024, "M": MiB, "G": GiB, "MiB": MiB}[unit]
+    scale = {"B": 1, "K": 1024, "M": MiB, "G": GiB, "MiB": MiB}[unit]
     assert parse_size(f"{n}{unit}") == n * scale
 
 

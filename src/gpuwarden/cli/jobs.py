@@ -72,8 +72,9 @@ def read_directives(command: Sequence[str]) -> list[str]:
 
 
 _SUBMIT_OPTIONS = [
-    click.option("--mem", help="GPU memory per GPU (14G, 512MiB), or auto: learned from earlier "
-                               "runs with the same --key/--name. Without: a whole idle GPU."),
+    click.option("--mem", help="GPU memory per GPU: a size (14G, 512MiB), a fraction of a GPU "
+                               "(0.5), or auto: learned from earlier runs with the same "
+                               "--key/--name. Without: a whole idle GPU."),
     click.option("--gpus", type=click.IntRange(1, 64), default=1, show_default=True,
                  help="How many GPUs."),
     click.option("--gpu-ids", help="Only these GPUs (comma-separated indices)."),
@@ -98,8 +99,9 @@ _SUBMIT_OPTIONS = [
                  help="SIGTERM to SIGKILL on cancel or preemption (default: the daemon's)."),
     click.option("--no-requeue", is_flag=True,
                  help="If preempted, end as cancelled instead of queueing again."),
-    click.option("--retries", type=click.IntRange(0, 100), default=0, show_default=True,
-                 help="Retry a CUDA OOM this many times, with a bigger budget each time."),
+    click.option("--retries", type=click.IntRange(0, 100),
+                 help="Retry a CUDA OOM this many times, with the budget it showed it needs "
+                      "(default: the daemon's oom_retries, 1, for jobs with --mem; 0: off)."),
     click.option("--checkpoint", is_flag=True,
                  help="Set GPUWARDEN_PREEMPT_FILE: it appears before a preemption."),
     click.option("--mps", is_flag=True,
@@ -135,13 +137,14 @@ def _submit_to_ray(cluster: str, command: tuple[str, ...], opts: dict[str, Any])
         raise UsageError("not supported with --cluster: "
                          + ", ".join("--" + k.replace("_", "-") for k in unsupported))
     sid = submit(dashboard_address(cluster), mem=parse_size(opts["mem"]), gpus=opts["gpus"],
-                 command=list(command), retries=opts["retries"], name=opts["name"],
+                 command=list(command), retries=opts["retries"] or 0, name=opts["name"],
                  qos=opts.get("qos"), priority=opts.get("priority") or 0)
     click.echo(sid)
 
 
-@click.command(context_settings={"ignore_unknown_options": True,
-                                 "allow_interspersed_args": False})
+# Parsing stops at the command (its options are its own); an unknown option before it
+# is a typo, not the start of the command.
+@click.command(context_settings={"allow_interspersed_args": False})
 @_submit_options
 @click.option("--cluster", help="Submit to a Ray cluster instead: ray (RAY_ADDRESS or the "
                                 "local dashboard), ray://HOST:PORT or http://HOST:PORT.")
@@ -169,11 +172,18 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
         "gpus": opts["gpus"], "priority": opts["priority"],
         "exclusive": opts["exclusive"], "requeue_on_reboot": opts["requeue_on_reboot"],
         "after": parse_ids(opts["after"]),
-        "no_requeue": opts["no_requeue"], "retries": opts["retries"],
+        "no_requeue": opts["no_requeue"],
         "checkpoint": opts["checkpoint"], "mps": opts["mps"], "no_numa": opts["no_numa"],
     }
+    if opts["mem"] not in (None, "auto"):
+        from gpuwarden.units import parse_size_or_fraction
+
+        try:  # here, before a daemon is asked (or started)
+            parse_size_or_fraction(opts["mem"])
+        except UsageError as e:
+            raise UsageError(f"--mem: {e}") from None
     for key in ("mem", "name", "group", "key", "timeout", "qos", "mem_limit", "grace",
-                "sm_percent", "cpus"):
+                "sm_percent", "cpus", "retries"):
         if opts[key] is not None:
             body[key] = opts[key]
     if opts["gpu_ids"]:

@@ -14,7 +14,7 @@ import click
 from gpuwarden.cli.common import DURATION, backend, emit_json, warn
 from gpuwarden.errors import NothingFits, UsageError
 from gpuwarden.leases import DEFAULT_TIMEOUT
-from gpuwarden.units import parse_size
+from gpuwarden.units import parse_size_or_fraction
 
 if TYPE_CHECKING:
     from gpuwarden.gpus.backend import Backend
@@ -29,19 +29,9 @@ _MEM_HELP = ("Memory needed on each GPU: a size (20G, 512MiB) or a fraction of t
 def parse_mem(text: str) -> tuple[int | None, float | None]:
     """``--mem``: (bytes, None) for a size, (None, fraction) for a fraction like 0.5."""
     try:
-        n = parse_size(text)
-    except UsageError as first:
-        try:  # a fraction needs a total to become bytes: any total validates it
-            parse_size(text, total=1 << 40)
-        except UsageError as e:
-            raise UsageError(f"--mem: {e}") from None
-        try:
-            return None, float(text)
-        except ValueError:
-            raise UsageError(f"--mem: {first}") from None
-    if n <= 0:
-        raise UsageError(f"--mem: size must be positive, got {text!r}")
-    return n, None
+        return parse_size_or_fraction(text)
+    except UsageError as e:
+        raise UsageError(f"--mem: {e}") from None
 
 
 def make_request(mem: str, count: int, max_util: int | None, same_numa: bool) -> Request:
@@ -172,8 +162,7 @@ def select(mem: str, count: int, max_util: int | None, same_numa: bool, use_uuid
         click.echo(choice.cuda_visible_devices(uuid=use_uuid))
 
 
-@click.command("exec", context_settings={"ignore_unknown_options": True,
-                                         "allow_interspersed_args": False})
+@click.command("exec", context_settings={"allow_interspersed_args": False})
 @_request_options
 @click.option("--no-cap", is_flag=True, help="Do not cap PyTorch's memory at --mem.")
 @click.option("--no-bind", is_flag=True, help="Do not bind CPUs and memory to the GPUs' NUMA node.")

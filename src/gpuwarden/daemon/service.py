@@ -21,7 +21,7 @@ from gpuwarden.daemon.store import Conflict, Store
 from gpuwarden.errors import PermissionDenied, UsageError
 from gpuwarden.sched.model import BESTEFFORT, GUARANTEED, QOS_CLASSES, GpuState, QueuedJob
 from gpuwarden.sched.queue import Policy
-from gpuwarden.units import parse_duration, parse_size
+from gpuwarden.units import parse_duration, parse_size, parse_size_or_fraction
 
 MAX_LOG_CHUNK = 1 << 20
 
@@ -36,7 +36,8 @@ class Config:
     interval: float = 0.5
     grace: float = 10.0
     policy: Policy = field(default_factory=lambda: Policy(aging=3600.0))
-    retry_backoff: float = 10.0  # seconds before the first OOM retry; doubles each time
+    retry_backoff: float = 10.0  # seconds before a same-budget OOM retry; doubles each time
+    oom_retries: int = 1  # OOM retries of a job with a budget that does not say (--retries)
     release_timeout: float = 10.0  # seconds an ended job's memory may take to come back
     metrics_listen: str | None = None  # HOST:PORT for /metrics; None: not served
     metrics_cache: float = 1.0  # seconds one snapshot serves scrapes
@@ -63,9 +64,13 @@ def _int(value: Any, field: str, lo: int | None = None, hi: int | None = None) -
     return value
 
 
-def spec_from_request(body: Mapping[str, Any], caller: Caller,
-                      gpu_count: int) -> tuple[JobSpec, list[str]]:
-    """Validate a submit request into a JobSpec; returns the env names dropped."""
+def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *,
+                      capacities: Mapping[int, int] | None = None, oom_retries: int = 0
+                      ) -> tuple[JobSpec, list[str]]:
+    """Validate a submit request into a JobSpec; returns the env names dropped.
+    ``capacities`` (GPU index -> what it can give one job) turns a fractional ``mem``
+    (``0.5`` of a GPU) into bytes. ``oom_retries``: the retries of a job with a budget
+    that does not ask for a number (the daemon's ``oom_retries``)."""
     if not isinstance(body, Mapping):
         raise UsageError("the request body must be a JSON object")
     known = {"command", "cwd", "env", "env_keep", "name", "group", "key", "mem", "gpus",
@@ -101,7 +106,7 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
     keep = _str_list(body.get("env_keep", []), "env_keep")
     env, dropped = snapshot_env(raw_env, keep)
     mem_auto = body.get("mem") == "auto"
-    mem = None if mem_auto else _size(body.get("mem"), "mem")
+    mem = None if mem_auto else _mem(body.get("mem"), body.get("gpu_ids"), capacities or {})
     if mem_auto and body.get("key") is None and body.get("name") is None:
         raise UsageError("mem auto learns from earlier runs with the same key or name: "
                          "give one")
@@ -127,7 +132,13 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller,
             raise UsageError("sm_percent needs mps: only MPS can share a GPU's SMs")
     if body.get("mps") is True and mem is None and not mem_auto:
         raise UsageError("mps needs mem: the budget is the limit MPS enforces")
-    retries = _int(body.get("retries", 0), "retries", 0, 100)
+    retries = body.get("retries")
+    if retries is not None:
+        retries = _int(retries, "retries", 0, 100)
+    elif (mem is not None or mem_auto) and attach is None:  # a whole GPU cannot grow
+        retries = oom_retries
+    else:
+        retries = 0
     cpus = body.get("cpus")
     if cpus is not None:
         cpus = _int(cpus, "cpus", 1, 4096)
@@ -183,10 +194,32 @@ def _size(raw: Any, label: str) -> int | None:
         return None
     if isinstance(raw, bool) or not isinstance(raw, (int, str)):
         raise UsageError(f"{label} must be a size like 14G or a number of bytes")
-    size = parse_size(raw)
+    try:
+        size = parse_size(raw)
+    except UsageError as e:
+        raise UsageError(f"{label}: {e}") from None
     if size <= 0:
         raise UsageError(f"{label} must be positive")
     return size
+
+
+def _mem(raw: Any, gpu_ids: Any, capacities: Mapping[int, int]) -> int | None:
+    """``mem`` as bytes: a size, or a fraction of what a GPU can give one job (its total
+    less the reserve) -- of the smallest of the GPUs it may use, so that it fits on each."""
+    if not isinstance(raw, str):
+        return _size(raw, "mem")
+    try:
+        size, fraction = parse_size_or_fraction(raw)
+    except UsageError as e:
+        raise UsageError(f"mem: {e}") from None
+    if fraction is None:
+        return size
+    allowed = gpu_ids if isinstance(gpu_ids, list) and gpu_ids else list(capacities)
+    caps = [capacities[i] for i in allowed if i in capacities]
+    if not caps:
+        raise UsageError(f"mem: a fraction ({raw}) needs the daemon's view of the GPUs, "
+                         "which it does not have yet: give a size such as 20G")
+    return max(int(min(caps) * fraction), 1)
 
 
 def _duration(raw: Any, label: str, *, zero_ok: bool = False) -> float | None:
@@ -241,10 +274,12 @@ class JobService:
 
     # -- submit and read ------------------------------------------------------------
     def submit(self, caller: Caller, body: Mapping[str, Any]) -> dict[str, Any]:
-        from gpuwarden.sched.placement import infeasible_reason
+        from gpuwarden.sched.placement import capacity, infeasible_reason
 
         gpus = list(self.gpus())
-        spec, dropped = spec_from_request(body, caller, len(gpus) or 1 << 16)
+        spec, dropped = spec_from_request(body, caller, len(gpus) or 1 << 16,
+                                          capacities={g.index: capacity(g) for g in gpus},
+                                          oom_retries=self.config.oom_retries)
         if spec.uid == 0 and caller.uid != 0:  # impossible by construction; kept as a guard
             raise PermissionDenied("only root may run jobs as root")
         learned = None

@@ -61,7 +61,8 @@ class Job:
         self.caps: dict[int, int] = {}
         torch_cap = os.environ.get("GPUWARDEN_MEM_LIMIT")
         if torch_cap:
-            self.caps = {i: parse_size(torch_cap) for i in range(len(visible))}
+            cap = parse_size(torch_cap, bare_bytes=True)  # bytes, as the launcher writes it
+            self.caps = {i: cap for i in range(len(visible))}
         for i, limit in mps_limits(os.environ, len(visible)).items():
             self.caps[i] = min(limit, self.caps.get(i, limit))
         self._files: list[IO[bytes]] = []

@@ -1,0 +1,55 @@
+"""What a new user trips over, through the real CLI on simulated machines: typos taken
+as commands, sizes without units, wrong exit codes, tracebacks instead of one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from tests.conftest import SimMachine
+from tests.integration.daemon_fixture import PY, Daemon
+
+GiB = 1 << 30
+
+
+def one_line(r: subprocess.CompletedProcess[str]) -> str:
+    """The one line a user error prints (no traceback)."""
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
+
+
+def test_an_unknown_option_before_the_command_is_an_error(daemon: Daemon,
+                                                           sim: SimMachine) -> None:
+    r = daemon.cli("submit", "--memm", "1G", "--", "true")
+    assert r.returncode == 2 and "No such option '--memm'" in r.stderr, r.stderr
+    assert daemon.json("ps", "--all")["jobs"] == []  # nothing was queued
+    r = sim.cli("exec", "--mem", "1G", "--bogus", "--", "true")
+    assert r.returncode == 2 and "No such option '--bogus'" in r.stderr, r.stderr
+    # Options after the command are still the command's own.
+    jid = daemon.submit("--mem", "1G", cmd=[PY, "-c", "import sys; print(sys.argv[1:])",
+                                            "--memm", "-v"])
+    assert daemon.cli("wait", str(jid)).returncode == 0
+    assert daemon.cli("logs", str(jid), check=True).stdout == "['--memm', '-v']\n"
+
+
+def test_a_size_without_a_unit_is_an_error_that_suggests_one(daemon: Daemon,
+                                                              sim: SimMachine) -> None:
+    r = daemon.cli("submit", "--mem", "20", "--", "true")
+    assert r.returncode == 2 and "give a unit, e.g. 20G" in one_line(r)
+    r = sim.cli("select", "--mem", "1")
+    assert r.returncode == 2 and "give a unit, e.g. 1G" in one_line(r)
+    r = sim.cli("leaks", "--threshold", "100")
+    assert r.returncode == 2 and "give a unit, e.g. 100G" in r.stderr, r.stderr
+    assert daemon.json("ps", "--all")["jobs"] == []
+
+
+def test_submit_mem_takes_a_fraction_of_a_gpu(daemon: Daemon) -> None:
+    jid = daemon.submit("--mem", "0.5", cmd=[PY, "-c", "pass"])
+    job = daemon.job(jid)
+    # Half of what one 24 GiB GPU can give a job: its total less the daemon's reserve.
+    assert job["mem"] == (24 * GiB - 512 * 2**20) // 2, job
+    r = daemon.cli("submit", "--mem", "1.5", "--", "true")
+    assert r.returncode == 2 and "(0, 1]" in one_line(r)
+    r = daemon.cli("submit", "--json", "--mem", "0.25", "--", "true")
+    assert json.loads(r.stdout)["mem"] == (24 * GiB - 512 * 2**20) // 4
