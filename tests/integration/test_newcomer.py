@@ -53,3 +53,16 @@ def test_submit_mem_takes_a_fraction_of_a_gpu(daemon: Daemon) -> None:
     assert r.returncode == 2 and "(0, 1]" in one_line(r)
     r = daemon.cli("submit", "--json", "--mem", "0.25", "--", "true")
     assert json.loads(r.stdout)["mem"] == (24 * GiB - 512 * 2**20) // 4
+
+
+def test_wait_with_timeout_0_on_an_ended_job_exits_with_its_code(daemon: Daemon) -> None:
+    ok = daemon.submit("--mem", "1G", cmd=[PY, "-c", "pass"])
+    bad = daemon.submit("--mem", "1G", cmd=[PY, "-c", "raise SystemExit(3)"])
+    daemon.wait_state(ok, "succeeded")
+    daemon.wait_state(bad, "failed")
+    assert daemon.cli("wait", str(ok), "--timeout", "0").returncode == 0
+    assert daemon.cli("wait", str(bad), "--timeout", "0").returncode == 3
+    slow = daemon.submit("--mem", "1G", cmd=[PY, "-c", "import time; time.sleep(30)"])
+    r = daemon.cli("wait", str(slow), "--timeout", "0")
+    assert r.returncode == 124, r.stderr
+    daemon.cli("cancel", str(slow), check=True)

@@ -377,17 +377,17 @@ def wait(ids: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
     deadline = None if timeout is None else time.monotonic() + timeout
     done: list[dict[str, Any]] = []
     for job_id in parse_ids(ids):
-        while True:
-            left = 30.0 if deadline is None else min(30.0, deadline - time.monotonic())
-            if left <= 0:
-                if as_json:
-                    emit_json({"jobs": done, "timed_out": True})
-                raise SystemExit(124)
+        while True:  # asks at least once: a job that has ended is not a timeout
+            left = 30.0 if deadline is None else max(min(30.0, deadline - time.monotonic()), 0)
             job = client.request("GET", f"/v1/jobs/{job_id}/wait", query={"timeout": left},
                                  timeout=left + 30)
             if job["state"] in TERMINAL:
                 done.append(job)
                 break
+            if deadline is not None and time.monotonic() >= deadline:
+                if as_json:
+                    emit_json({"jobs": done, "timed_out": True})
+                raise SystemExit(124)
     if as_json:
         emit_json({"jobs": done})
     else:
