@@ -66,3 +66,24 @@ def test_wait_with_timeout_0_on_an_ended_job_exits_with_its_code(daemon: Daemon)
     r = daemon.cli("wait", str(slow), "--timeout", "0")
     assert r.returncode == 124, r.stderr
     daemon.cli("cancel", str(slow), check=True)
+
+
+def test_rm_refuses_a_job_that_has_not_ended_in_one_line(daemon: Daemon) -> None:
+    first = daemon.submit("--mem", "1G", cmd=[PY, "-c", "import time; time.sleep(30)"])
+    queued = daemon.submit("--after", str(first), cmd=[PY, "-c", "pass"])
+    for jid, state in ((first, "running"), (queued, "queued")):
+        daemon.wait_state(jid, state)
+        r = daemon.cli("rm", str(jid))
+        assert r.returncode == 2
+        assert one_line(r) == (f"gpuwarden: error: job {jid} is {state}; cancel it "
+                               "before removing it")
+        assert daemon.job(jid)["state"] == state
+    held = daemon.submit("--after", str(first), cmd=[PY, "-c", "pass"])
+    daemon.cli("hold", str(held), check=True)
+    r = daemon.cli("rm", str(held))
+    assert r.returncode == 2 and f"job {held} is held; cancel it" in one_line(r)
+    # The help says so.
+    assert "is refused: cancel it first" in " ".join(
+        daemon.cli("rm", "--help", check=True).stdout.split())
+    assert "cancel waiting ones first" in daemon.cli("--help", check=True).stdout
+    daemon.cli("cancel", str(first), str(queued), str(held), check=True)

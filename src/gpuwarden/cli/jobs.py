@@ -406,7 +406,8 @@ def wait(ids: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
 @click.command()
 @click.argument("ids", nargs=-1, required=True)
 def rm(ids: tuple[str, ...]) -> None:
-    """Remove ended jobs and their logs."""
+    """Remove ended jobs and their logs. A job that is waiting or running is refused:
+    cancel it first."""
     client = _client()
     for job_id in parse_ids(ids):
         client.request("DELETE", f"/v1/jobs/{job_id}")
