@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from typing import Any
 
 from tests.conftest import SimMachine
 from tests.integration.daemon_fixture import PY, Daemon
@@ -87,3 +88,41 @@ def test_rm_refuses_a_job_that_has_not_ended_in_one_line(daemon: Daemon) -> None
         daemon.cli("rm", "--help", check=True).stdout.split())
     assert "cancel waiting ones first" in daemon.cli("--help", check=True).stdout
     daemon.cli("cancel", str(first), str(queued), str(held), check=True)
+
+
+def _scrape(sim: SimMachine, *args: str) -> str:
+    """One scrape of ``gpuwarden exporter ARGS`` on a free port."""
+    import urllib.request
+
+    from tests.conftest import wait_for
+    from tests.integration.daemon_fixture import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([PY, "-m", "gpuwarden", "exporter", "--listen",
+                             f"127.0.0.1:{port}", *args], env=sim.env,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def get() -> str | None:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return str(r.read().decode())
+        except OSError:
+            return None
+    try:
+        text = wait_for(get, 20)
+        assert text, "the exporter did not come up"
+        return str(text)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_exporter_without_the_holder_scan_leaves_the_hidden_holder_series_out(
+        make_sim: Any) -> None:
+    sim = make_sim("leaky-4gpu.json")  # bob's notebook holds /dev/nvidia2, NVML lists it not
+    assert 'gpuwarden_gpu_hidden_holders{gpu="2"} 1.0' in _scrape(sim)
+    text = _scrape(sim, "--no-holders")
+    assert "gpuwarden_gpu_memory_total_bytes" in text
+    assert "gpuwarden_gpu_hidden_holders" not in text  # not 0: nothing was scanned
+    assert 'kind="hidden_holder"' not in text

@@ -15,7 +15,7 @@ from gpuwarden.cli.common import DURATION
 @click.option("--no-pid-labels", is_flag=True,
               help="Sum processes per GPU, user, container and job (fewer series).")
 @click.option("--no-holders", is_flag=True,
-              help="Skip the /proc device-file scan (no hidden-holder metrics; cheaper).")
+              help="Skip the /proc device-file scan (cheaper; no hidden-holder series).")
 def exporter(listen: str, cache_seconds: float, no_pid_labels: bool,
              no_holders: bool) -> None:
     """Serve GPU, process, user and leak metrics at http://LISTEN/metrics."""

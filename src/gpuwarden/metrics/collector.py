@@ -31,11 +31,14 @@ class SnapshotCollector(Collector):
     """Collects GPU, process, user and leak metrics from snapshots taken by ``take``."""
 
     def __init__(self, take: Callable[[], Snapshot], *, cache_seconds: float = 1.0,
-                 pid_labels: bool = True,
+                 pid_labels: bool = True, holders: bool = True,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.take = take
         self.cache_seconds = cache_seconds
         self.pid_labels = pid_labels
+        # False: ``take`` does not scan /proc for holders, so the hidden-holder series is
+        # left out: a 0 there would silently disarm the alert on it.
+        self.holders = holders
         self.clock = clock
         self._lock = threading.Lock()
         self._cached: tuple[float, Snapshot, float] | None = None  # (when, snap, seconds)
@@ -150,4 +153,4 @@ class SnapshotCollector(Collector):
             umem.add_metric([user], b)
         age.add_metric([], took)
         yield from (info, total, used, free, util, temp, power, ecc, mode, mps, unacc, leaked,
-                    hidden, users_on, pmem, psm, umem, age)
+                    *([hidden] if self.holders else []), users_on, pmem, psm, umem, age)

@@ -35,7 +35,8 @@ def registry_for(backend: Backend, *, cache_seconds: float, pid_labels: bool,
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(lambda: take_snapshot(backend, holders=holders),
-                                        cache_seconds=cache_seconds, pid_labels=pid_labels))
+                                        cache_seconds=cache_seconds, pid_labels=pid_labels,
+                                        holders=holders))
     return registry
 
 
