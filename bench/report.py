@@ -608,78 +608,159 @@ def _trace(tr: dict[str, Any]) -> list[str]:
     return out
 
 
+PEER_GOALS = {"a": 1.0, "b": 1.0, "c": 0.85}  # gpuwarden's makespan ÷ the best peer's
+
+
+def _peer_ratio(runs: dict[str, Any]) -> tuple[float | None, float | None, str | None]:
+    """gpuwarden's makespan, the best peer's, and that peer's name (None where missing)."""
+    gw = runs.get("gpuwarden", {}).get("makespan_s")
+    peers = [(r["makespan_s"], n) for n, r in runs.items()
+             if n != "gpuwarden" and r.get("makespan_s") is not None]
+    best = min(peers) if peers else (None, None)
+    return gw, best[0], best[1]
+
+
 def _peers_summary(pr: dict[str, Any]) -> list[str]:
-    t = pr["tools"]
-    gw, gs, gq = (t[n].get("makespan_s") for n in ("gpuwarden", "gpusched", "gq-local"))
-    if None in (gw, gs, gq):
-        return ["- Real peers on the GPU machine: a tool did not run (see section 7)."]
-    ooms = sum(t[n]["neighbour_ooms"] for n in t)
-    return [f"- {len(pr['jobs'])} real torch jobs on one {pr['gpu']}: makespan gpuwarden "
-            f"{gw:.1f} s, gpusched {gs:.1f} s, gq-local {gq:.1f} s (gpuwarden ÷ gpusched "
-            f"**{gw / gs:.2f}×**, goal ≤ 0.8×: {_verdict(gw / gs <= 0.8)}; ÷ gq-local "
-            f"**{gw / gq:.2f}×**, goal ≤ 0.5×: {_verdict(gw / gq <= 0.5)}); neighbour OOMs "
-            f"{ooms} in all."]
+    if "runs" not in pr:
+        return ["- Real peers on the GPU machine: bench/results/peers.json is of an older "
+                "format; rerun scripts/gpu-bench.sh (section 7)."]
+    smoke = "" if pr.get("time_scale", 1) == 1 else \
+        f" (a smoke run, durations ×{pr['time_scale']}: not the benchmark's figures)"
+    parts = []
+    for s, runs in pr["runs"].items():
+        gw, best, name = _peer_ratio(runs)
+        if gw is None or best is None:
+            parts.append(f"set {s}: gpuwarden {'did not finish' if gw is None else 'ran'}, "
+                         f"{'no peer finished' if best is None else f'{name} {best:.1f} s'}")
+            continue
+        goal = PEER_GOALS.get(s, 1.0)
+        parts.append(f"set {s}: gpuwarden {gw:.1f} s vs {name} {best:.1f} s "
+                     f"(**{gw / best:.2f}×**, goal ≤ {goal}×: {_verdict(gw / best <= goal)})")
+    return [f"- gpuwarden, gpusched and gflow on real torch jobs on one {pr['gpu']}{smoke}: "
+            + "; ".join(parts) + "."]
+
+
+def _peer_row(name: str, r: dict[str, Any], bound: float, best: float | None) -> str:
+    if "error" in r:
+        return f"| {name} | did not run: {r['error'][:160]} | | | | | | | |"
+    ms_, o = r["makespan_s"], r["ooms"]
+    note = []
+    if r.get("cut"):
+        note.append("cut at its deadline")
+    if ms_ is None and r.get("last_end_s") is not None:
+        note.append(f"last success at {r['last_end_s']:.1f} s")
+    if r.get("killed"):
+        note.append(f"{r['killed']} attempts killed")
+    if r.get("errors"):
+        note.append(f"{r['errors']} other errors")
+    mean = r["mean_completion_s"]
+    cells = ["—" if ms_ is None else f"**{ms_:.1f} s**",
+             "—" if ms_ is None else f"{ms_ / bound:.2f}×",
+             "—" if ms_ is None or not best else f"{ms_ / best:.2f}×",
+             "—" if mean is None else f"{mean:.1f} s",
+             f"{r['ok']} / {r['failed'] + r['unfinished']}",
+             f"{o['self']} / {o['cap']} / {o['neighbour']}", str(r["retries"]),
+             "; ".join(note)]
+    return f"| {name} | " + " | ".join(cells) + " |"
+
+
+def _peer_jobs(pset: dict[str, Any], runs: dict[str, Any]) -> list[str]:
+    tools = [n for n in runs if "jobs" in runs[n]]
+    out = ["| job | declared | takes | duration | "
+           + " | ".join(f"{n}: peak (attempts)" for n in tools) + " |",
+           "|---|---:|---:|---:|" + "---:|" * len(tools)]
+    for i, j in enumerate(pset["jobs"]):
+        cells = []
+        for n in tools:
+            pj = runs[n]["jobs"][i]
+            mark = "" if pj["ok"] else " ✗"
+            cells.append(f"{pj['peak_reserved_mib'] / 1024:.1f} GiB ({pj['attempts']}){mark}")
+        liar = "" if j["honest"] else " ⚠"
+        out.append(f"| {j['name']}{liar} | {j['declared_mib'] / 1024:.1f} GiB | "
+                   f"{j['final_mib'] / 1024:.1f} GiB | {j['seconds']:g} s | "
+                   + " | ".join(cells) + " |")
+    return out
 
 
 def _peers(pr: dict[str, Any]) -> list[str]:
-    t = pr["tools"]
-    st = pr.get("status", {})
-    rows = []
-    for name, r in t.items():
-        if "error" in r:
-            rows.append(f"| {name} | did not run: {r['error']} | | | | |")
-            continue
-        rows.append(f"| {name} | **{r['makespan_s']:.1f} s** | {r['mean_start_s']:.1f} s | "
-                    f"{r['failed']} | {r['ooms']} | {r['neighbour_ooms']} |")
-    mis = sum(1 for j in pr["jobs"] if j["misdeclared"])
-    extra = sorted(round((j["gib"] / j["declared"] - 1) * 100) for j in pr["jobs"]
-                   if j["misdeclared"])
-    over = f"{extra[0]}-{extra[-1]}%" if extra else "more"
-    out = ["## 7. Real peers on the GPU machine: gpuwarden, gpusched, gq-local",
-           "",
-           f"**What this measures.** The same {len(pr['jobs'])} torch jobs (seed "
-           f"{pr['seed']}: each allocates 2-24 GiB, then computes 3-9 s, one in five "
-           f"back-to-back matmuls) on one {pr['gpu']} ({_gib(pr['gpu_memory'])}, torch "
-           f"{pr['torch']}), submitted at once to each tool in turn: gpuwarden (a private "
-           "daemon, `--mem` = what the job allocates + 1.5 GiB, `--retries 2`), gpusched "
-           "0.4.0 (a jobs file with the same `vram=` and `retries=2`, `--poll 0.5`) and "
-           "gq-local 0.3.0 (`gq -g 1`: a whole GPU each). "
-           f"{mis} jobs are mis-declared: they allocate {over} more than they declare. Each job "
-           "writes its own start, end and outcome; those files, not the tools' reports, "
-           "are measured. A neighbour OOM is an OOM of a job that declared enough. "
-           "scripts/gpu-bench.sh (bench/bench_peers.py) on the GPU machine, the peers "
-           "carried as wheels.",
-           "",
-           "| tool | makespan | mean start | failed | OOMs | neighbour OOMs |",
-           "|---|---:|---:|---:|---:|---:|",
-           *rows,
-           ""]
-    gw, gs, gq = (t[n].get("makespan_s") for n in ("gpuwarden", "gpusched", "gq-local"))
-    if None not in (gw, gs, gq):
-        out += [f"- gpuwarden ÷ gq-local: **{gw / gq:.2f}×** (goal ≤ 0.5×: "
-                f"{_verdict(gw / gq <= 0.5)}); gpuwarden ÷ gpusched: **{gw / gs:.2f}×** (goal "
-                f"≤ 0.8×: {_verdict(gw / gs <= 0.8)}).",
-                "- Against gpusched the goal is missed, and the difference is enforcement. "
-                "Both pack by memory on one GPU, and this set fits a 141 GB GPU almost at "
-                "once. gpuwarden holds each job to its declaration, so the two mis-declared "
-                "jobs run out of memory alone and are retried with a bigger budget after a "
-                "backoff (the OOMs above, which cost the difference). gpusched only "
-                f"advises: those jobs used {over} more than they declared (the CUDA "
-                "context aside), which was harmless here because the GPU had room and, on a "
-                "fuller GPU, is how neighbours are OOMed. No tool OOMed a neighbour in this "
-                "run."]
+    if "runs" not in pr:
+        return ["## 7. Real peers on the GPU machine: gpuwarden, gpusched, gflow", "",
+                "bench/results/peers.json is of an older format: rerun scripts/gpu-bench.sh."]
+    st, v, cfg = pr.get("status", {}), pr.get("versions", {}), pr.get("settings", {})
+    out = ["## 7. Real peers on the GPU machine: gpuwarden, gpusched, gflow", ""]
+    if pr.get("time_scale", 1) != 1:
+        out += [f"**A smoke run** (every duration ×{pr['time_scale']}): it shows that the "
+                "harness works, not how the tools compare; the benchmark runs at ×1.", ""]
+    out += [
+        f"**What this measures.** Three sets of real torch jobs on one {pr['gpu']} "
+        f"({_gib(pr['gpu_memory'])}, driver {pr.get('driver')}, torch {v.get('torch')}), "
+        "all of a set submitted at once to each tool in turn, on a fresh state: gpuwarden "
+        f"{v.get('gpuwarden') or ''} (a private daemon with no config file, `gpuwarden submit "
+        f"--mem DECLARED {cfg.get('gw_args', '')}`), gpusched {v.get('gpusched')} (a jobs "
+        f"file of `[vram=DECLARED retries={cfg.get('peer_retries')}]` lines, `--poll "
+        f"{cfg.get('gs_poll')}`) and gflow (runqd {v.get('runqd')}: `gbatch --gpus 1 "
+        f"--shared --gpu-memory DECLARED --max-retries {cfg.get('peer_retries')}`). Each job "
+        "runs one matmul, takes its memory in 256 MiB tensors (at once, or rising from 40% "
+        "over its first seconds), computes until its duration has passed since its process "
+        "started, and writes every attempt's start, end, status, torch's "
+        "`max_memory_reserved` and NVML's figure to its own file: those files, not the "
+        "tools' reports, are measured. *takes* is what the job's allocator holds at its "
+        "peak (its declaration, for an honest job); the CUDA context comes on top. An OOM "
+        "is *self* when the job held or asked for more than it declared, *cap* when it was "
+        "within its declaration and the GPU had room (the tool's cap sat below the "
+        "declaration), *neighbour* when it was within its declaration on a full GPU. The "
+        "lower bound is max(longest job, Σ takes × duration ÷ the GPU's memory). Makespan "
+        "and completion times count from the first submission; a makespan needs every job "
+        "to succeed. scripts/gpu-bench.sh (bench/bench_peers.py, bench/peers_job.py), the "
+        "peers carried as wheels and tmux as Debian packages.",
+        ""]
+    for s, runs in pr["runs"].items():
+        pset = pr["sets"][s]
+        lb = pset["lower_bound"]
+        gw, best, name = _peer_ratio(runs)
+        out += [f"### Set {s}: {pset['title']}", "",
+                f"Lower bound **{lb['bound_s']:.1f} s** (memory × time ÷ the GPU: "
+                f"{lb['area_s']:.1f} s; the longest job: {lb['longest_s']:g} s).", "",
+                "| tool | makespan | ÷ bound | ÷ best peer | mean completion | ok / failed | "
+                "OOMs self / cap / neighbour | retries | note |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+                *[_peer_row(n, r, lb["bound_s"], best) for n, r in runs.items()],
+                ""]
+        if gw is not None and best is not None:
+            goal = PEER_GOALS.get(s, 1.0)
+            out += [f"- gpuwarden ÷ the best peer ({name}): **{gw / best:.2f}×** (goal ≤ "
+                    f"{goal}×: {_verdict(gw / best <= goal)}).", ""]
+        g = runs.get("gpuwarden", {})
+        if "jobs" in g:
+            honest_ooms = sum(1 for j in g["jobs"] if j["honest"]
+                              for t in j["trace"] if t["status"] == "oom")
+            liars = [j for j in g["jobs"] if not j["honest"]]
+            one = all(j["ok"] and j["attempts"] == 2 for j in liars)
+            line = (f"- gpuwarden: OOMs of honest jobs {honest_ooms} (goal 0: "
+                    f"{_verdict(honest_ooms == 0)}), neighbour OOMs {g['ooms']['neighbour']} "
+                    f"(goal 0: {_verdict(g['ooms']['neighbour'] == 0)})")
+            if liars:
+                line += (f"; under-declared jobs succeed after exactly one retry: "
+                         f"{_verdict(one)} ({', '.join(str(j['attempts']) for j in liars)} "
+                         "attempts)")
+            ctx = [j["context_mib"] for r in runs.values() for j in r.get("jobs", [])
+                   if j.get("context_mib")]
+            if ctx:
+                line += (f". NVML's figure less the allocator's, per process: "
+                         f"{min(ctx)}-{max(ctx)} MiB (the CUDA context)")
+            out += [line + ".", ""]
+        out += ["Declared vs peak (`max_memory_reserved`, over all attempts; ⚠ declares less "
+                "than it takes, ✗ did not succeed):", "", *_peer_jobs(pset, runs), ""]
     if st:
-        out += ["", "| one-shot view (wall time, Python start-up included) | median | min |",
+        out += ["| one-shot view (wall time, Python start-up included) | median | min |",
                 "|---|---:|---:|",
-                *[f"| `{n}` | {v['median_s'] * 1000:.0f} ms | {v['min_s'] * 1000:.0f} ms |"
-                  for n, v in st.items()],
+                *[f"| `{n}` | {x['median_s'] * 1000:.0f} ms | {x['min_s'] * 1000:.0f} ms |"
+                  for n, x in st.items()],
                 "",
                 "- `gpuwarden status` does more than `nvidia-smi` (processes joined with /proc: "
-                "users, containers, leak classes) and costs about as much as `nvitop -1`. "
-                "gpustat was not run: it is published as a source package only, which needs "
-                "building on the GPU machine. The leak scan next to `fuser` is section 2."]
+                "users, containers, leak classes); `nvitop -1` is the other one-shot view "
+                "people use. The leak scan next to `fuser` is section 2."]
     return out
-
 
 
 def _views_summary(vw: dict[str, Any]) -> list[str]:

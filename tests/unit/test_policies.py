@@ -26,7 +26,13 @@ from gpuwarden.sched.model import (
     Wait,
 )
 from gpuwarden.sched.placement import apply, claims, fits, release
-from gpuwarden.sched.queue import Policy, aged_order, effective_priority, plan
+from gpuwarden.sched.queue import (
+    DEFAULT_STARVE_AFTER,
+    Policy,
+    aged_order,
+    effective_priority,
+    plan,
+)
 
 GiB = 1 << 30
 NOW = 10_000.0
@@ -35,9 +41,11 @@ ALL = Policy()  # backfill and preemption on, no aging, no limits
 
 def use(job_id: int, gib: float, *, qos: str = BURSTABLE, priority: int = 0,
         started: float = NOW - 100, ends: float | None = None, used: float | None = None,
-        user: str = "bob", exclusive: bool = False, preempting: bool = False) -> ManagedUse:
+        user: str = "bob", exclusive: bool = False, preempting: bool = False,
+        expected: float | None = None) -> ManagedUse:
     return ManagedUse(job_id, int(gib * GiB), exclusive=exclusive, user=user, qos=qos,
                       priority=priority, started_at=started, ends_at=ends,
+                      expected_end=expected,
                       used=None if used is None else int(used * GiB), preempting=preempting)
 
 
@@ -47,10 +55,11 @@ def g(index: int, *uses: ManagedUse, total: float = 80) -> GpuState:
 
 def job(id: int, gib: float | None = 10, *, qos: str = BURSTABLE, priority: int = 0,
         at: float = NOW - 10, runtime: float | None = None, user: str = "alice",
-        count: int = 1, not_before: float = 0.0) -> QueuedJob:
+        count: int = 1, not_before: float = 0.0, estimate: float | None = None,
+        ) -> QueuedJob:
     return QueuedJob(id=id, user=user, mem=None if gib is None else int(gib * GiB),
                      count=count, priority=priority, submitted_at=at, qos=qos,
-                     runtime=runtime, not_before=not_before)
+                     runtime=runtime, not_before=not_before, estimate=estimate)
 
 
 def by_id(decisions: Iterable[Decision]) -> dict[int, Decision]:
@@ -94,9 +103,10 @@ def test_backfill_refuses_a_job_that_would_delay_the_head() -> None:
     assert isinstance(d[2], Wait) and "would delay job 1" in d[2].reason
 
 
-def test_without_a_runtime_estimate_backfill_is_conservative() -> None:
-    # The running job has no timeout: the head job may start any moment, so only jobs
-    # that leave its room alone may start — whatever their own timeout.
+def test_a_starving_head_with_an_unknown_start_holds_its_room() -> None:
+    # The running job has no timeout and no estimate, and the head job has waited past
+    # starve_after: it may start any moment, so only jobs that leave its room alone may
+    # start — whatever their own timeout.
     gpus = [g(0, use(100, 60)), g(1, total=80)]
     head = job(1, 75, at=1)
     d = by_id(plan(gpus, [head, job(2, 30, at=2, runtime=1)], 0, now=NOW, policy=ALL))
@@ -104,8 +114,9 @@ def test_without_a_runtime_estimate_backfill_is_conservative() -> None:
     assert d[1] == Place(1, (1,), 75 * GiB)
     gpus = [g(0, use(100, 60))]
     d = by_id(plan(gpus, [head, job(2, 10, at=2, runtime=1)], 0, now=NOW, policy=ALL))
-    assert isinstance(d[1], Wait)
+    assert isinstance(d[1], Wait) and "its room is held" in d[1].reason
     assert isinstance(d[2], Wait) and "would delay job 1" in d[2].reason
+    assert "its room is held: it has waited over 15m00s" in d[2].reason
 
 
 def test_backfill_may_use_room_the_head_job_does_not_need() -> None:
@@ -230,12 +241,15 @@ def scenes(draw: st.DrawFn) -> tuple[list[GpuState], list[QueuedJob]]:
                             started=NOW - draw(st.integers(0, 5000)),
                             ends=draw(st.one_of(st.none(),
                                                 st.integers(1, 7200).map(lambda s: NOW + s))),
+                            expected=draw(st.one_of(st.none(), st.integers(-600, 7200).map(
+                                lambda s: NOW + s))),
                             used=draw(st.one_of(st.none(), st.integers(0, 60)))))
         gpus.append(g(i, *uses))
     queue = [job(i, draw(st.one_of(st.none(), st.integers(1, 79))),
                  qos=draw(st.sampled_from(QOS_CLASSES)), priority=draw(st.integers(-2, 2)),
-                 at=NOW - draw(st.integers(0, 100)),
+                 at=NOW - draw(st.sampled_from((0, 100, 899, 900, 2000))),
                  runtime=draw(st.one_of(st.none(), st.integers(1, 7200).map(float))),
+                 estimate=draw(st.one_of(st.none(), st.integers(1, 7200).map(float))),
                  count=draw(st.integers(1, 2)))
              for i in range(1, draw(st.integers(1, 6)))]
     return gpus, queue
@@ -261,9 +275,11 @@ def test_backfill_never_delays_the_head_job(scene: tuple[list[GpuState], list[Qu
     for p in placed_before:
         state = apply(state, jobs[p.job_id], p, 0, started_at=NOW)
     before = backfill.reserve(head, state, NOW, 0, fits)
-    if before is None:
-        return
-    # Every job placed after the head was considered runs as a claim with its own end.
+    if before is None or (before.shadow is None and not backfill.starving(
+            head, NOW, DEFAULT_STARVE_AFTER)):
+        return  # an unknown start that holds no room yet: the next property
+    # Every job placed after the head was considered runs as a claim with its own end
+    # (as expected: the guarantee is that the plan never delays the head job).
     after = state
     for d in decisions[decisions.index(heads[0]):]:
         if isinstance(d, Place):
@@ -271,7 +287,9 @@ def test_backfill_never_delays_the_head_job(scene: tuple[list[GpuState], list[Qu
             after = [gpu if gpu.index not in d.gpus else
                      GpuState(gpu.index, gpu.uuid, gpu.total, managed=(*gpu.managed, use(
                          j.id, d.budget / GiB, ends=None if j.runtime is None
-                         else NOW + j.runtime, exclusive=j.mem is None)))
+                         else NOW + j.runtime, exclusive=j.mem is None,
+                         expected=None if j.expected_runtime is None
+                         else NOW + j.expected_runtime)))
                      for gpu in after]
     note(f"gpus={gpus}")
     note(f"decisions={decisions}")

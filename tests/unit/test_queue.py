@@ -21,7 +21,7 @@ from gpuwarden.sched.model import (
     Wait,
 )
 from gpuwarden.sched.placement import fits, headroom, infeasible_reason
-from gpuwarden.sched.queue import order, plan
+from gpuwarden.sched.queue import Policy, order, plan
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -176,6 +176,8 @@ def queued(id: int, gpus: int = 8) -> st.SearchStrategy[QueuedJob]:
                           st.lists(st.integers(0, 9), max_size=4).map(tuple)),
         exclusive=st.sampled_from([False, False, False, True]), priority=st.integers(0, 3),
         submitted_at=st.integers(0, 50).map(float),
+        runtime=st.one_of(st.none(), st.integers(1, 3600).map(float)),
+        estimate=st.one_of(st.none(), st.integers(1, 3600).map(float)),
     )
 
 
@@ -200,14 +202,21 @@ def empty(gpus: Sequence[GpuState]) -> list[GpuState]:
 
 
 PROPERTY = settings(max_examples=200, deadline=None)
+# Passes without backfill (the default), with backfill and best fit behind a waiting job
+# (its room free while its start is unknown, or held at once), with preemption too.
+POLICIES = st.sampled_from([None, Policy(preemption=False), Policy(preemption=False,
+                            starve_after=0), Policy()])
+BACKFILL = st.sampled_from([None, Policy(preemption=False),
+                            Policy(preemption=False, starve_after=0)])
 
 
 @PROPERTY
-@given(machine=machines(), spike=st.sampled_from(SPIKES))
+@given(machine=machines(), spike=st.sampled_from(SPIKES), policy=POLICIES)
 def test_a_pass_never_books_more_than_headroom(
-        machine: tuple[list[GpuState], list[QueuedJob]], spike: float) -> None:
+        machine: tuple[list[GpuState], list[QueuedJob]], spike: float,
+        policy: Policy | None) -> None:
     gpus, queue = machine
-    decisions = plan(gpus, queue, spike)
+    decisions = plan(gpus, queue, spike, now=100.0, policy=policy)
     new: dict[int, int] = {x.index: 0 for x in gpus}
     for d in decisions:
         if isinstance(d, Place):
@@ -223,11 +232,12 @@ def test_a_pass_never_books_more_than_headroom(
 
 
 @PROPERTY
-@given(machine=machines(), spike=st.sampled_from(SPIKES))
+@given(machine=machines(), spike=st.sampled_from(SPIKES), policy=POLICIES)
 def test_every_job_gets_one_decision_and_places_are_well_formed(
-        machine: tuple[list[GpuState], list[QueuedJob]], spike: float) -> None:
+        machine: tuple[list[GpuState], list[QueuedJob]], spike: float,
+        policy: Policy | None) -> None:
     gpus, queue = machine
-    decisions = plan(gpus, queue, spike)
+    decisions = plan(gpus, queue, spike, now=100.0, policy=policy)
     assert sorted(d.job_id for d in decisions) == sorted(j.id for j in queue)
     jobs = {j.id: j for j in queue}
     states = {x.index: x for x in gpus}
@@ -274,14 +284,14 @@ def test_infeasible_means_it_cannot_fit_even_on_empty_gpus(
 @given(gpus=gpu_states(), template=queued(1, 2), n=st.integers(0, 30),
        keys=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 20)), min_size=30,
                      max_size=30),
-       spike=st.sampled_from(SPIKES))
+       spike=st.sampled_from(SPIKES), policy=BACKFILL)
 def test_identical_jobs_are_placed_in_priority_order(
         gpus: list[GpuState], template: QueuedJob, n: int, keys: list[tuple[int, int]],
-        spike: float) -> None:
+        spike: float, policy: Policy | None) -> None:
     queue = [QueuedJob(id=i + 1, user=template.user, mem=template.mem, count=template.count,
                        gpu_ids=template.gpu_ids, exclusive=template.exclusive, priority=p,
                        submitted_at=float(t)) for i, (p, t) in enumerate(keys[:n])]
-    decisions = by_id(plan(gpus, queue, spike))
+    decisions = by_id(plan(gpus, queue, spike, now=100.0, policy=policy))
     kinds = [type(decisions[j.id]) for j in order(queue)]
     placed = [k is Place for k in kinds]
     # The placed jobs are a prefix of the order: nobody of lower rank jumped ahead.

@@ -1,15 +1,21 @@
-"""Backfill that never delays the head job (EASY backfill, after Slurm's and Maui's).
+"""Backfill that never lets the queue wait behind a job it cannot place (EASY backfill,
+after Slurm's and Maui's, on expected run times, with a starvation guard).
 
 When the first job in queue order cannot start, it gets a reservation: the earliest time
-it could start if running jobs end when their ``--timeout`` says they must at the latest
-(its *shadow time*), and the GPU states at that time. A later job may still start now
-("backfill") only if it cannot delay that start: it ends before the shadow time (its own
-``--timeout`` says so), or the head job still fits at the shadow time with it running.
+it could start if running jobs end when expected (its *shadow time*), and the GPU states
+at that time. A job is expected to end at its start plus its expected run time: the
+shorter of its estimate (learned from earlier runs of the same key or name) and its
+``--timeout`` (a bound: it is stopped then). An estimate may be wrong: a job past its
+estimate and without a timeout may end any moment, or never; its end is unknown, as is
+the end of a job with neither.
 
-A job without a timeout runs, as far as planning knows, forever; when the head job's
-start depends on such a job, the shadow time is unknown and taken to be *now* (it might
-end any moment): then only jobs that leave the head job's room alone may backfill. That
-is the conservative choice the queue makes without estimates."""
+A later job may still start now ("backfill") if it cannot delay that start: it is
+expected to end before the shadow time, or the head job still fits at the shadow time
+with it running. When the head job's start depends on a job whose end is unknown, the
+shadow time is unknown too, and holding room for it would block the queue for as long as
+that job runs: then jobs that fit start now, until the head job has waited
+``starve_after``. From then on the shadow time is taken to be *now* (the blocking job
+might end any moment) and only jobs that leave the head job's room alone may start."""
 
 from __future__ import annotations
 
@@ -31,19 +37,27 @@ class Reservation:
     at_shadow: tuple[GpuState, ...]
 
 
-def _end(use: ManagedUse, now: float) -> float:
+def expected_end(use: ManagedUse, now: float) -> float:
+    """When a running job is expected to end (inf: unknown)."""
     if use.preempting:
         return now  # being stopped now
+    if use.expected_end is not None and use.expected_end > now:
+        return use.expected_end
     if use.ends_at is None:
-        return float("inf")
+        return float("inf")  # no estimate, or past it with no bound
     return max(use.ends_at, now)  # past its limit: being stopped now
+
+
+def starving(job: QueuedJob, now: float, starve_after: float) -> bool:
+    """Has the head job waited so long that its room is held even without a known start?"""
+    return now - job.submitted_at >= starve_after
 
 
 def reserve(job: QueuedJob, gpus: Sequence[GpuState], now: float, spike_buffer: float,
             fit: Fit) -> Reservation | None:
     """The head job's reservation, or None when it would not fit even with every managed
     job gone (then what blocks it is outside the queue: nothing to protect)."""
-    ends = sorted((_end(uses[0], now), jid) for jid, uses in claims(gpus).items())
+    ends = sorted((expected_end(uses[0], now), jid) for jid, uses in claims(gpus).items())
     state = list(gpus)
     if fit(job, state, spike_buffer) is not None:
         return Reservation(job, now, tuple(state))
@@ -59,11 +73,15 @@ def reserve(job: QueuedJob, gpus: Sequence[GpuState], now: float, spike_buffer: 
 
 
 def admits(res: Reservation, job: QueuedJob, place: Place, now: float,
-           spike_buffer: float, fit: Fit) -> tuple[bool, Reservation]:
+           spike_buffer: float, fit: Fit, starve_after: float,
+           ) -> tuple[bool, Reservation]:
     """May ``job`` start now at ``place`` without delaying the reserved job? Returns the
-    answer and the reservation with the job booked in, when it is still running then."""
-    end = now + job.runtime if job.runtime is not None else None
-    if res.shadow is not None and end is not None and end <= res.shadow:
+    answer and the reservation with the job booked in, when it is still running then. An
+    unknown shadow time holds nothing until the head job has waited ``starve_after``."""
+    if res.shadow is None and not starving(res.job, now, starve_after):
+        return True, res
+    runtime = job.expected_runtime
+    if res.shadow is not None and runtime is not None and now + runtime <= res.shadow:
         return True, res  # gone before the head job's start
     try:
         later = apply(res.at_shadow, job, place, spike_buffer)

@@ -14,8 +14,8 @@ QOS_RANK = {BESTEFFORT: 0, BURSTABLE: 1, GUARANTEED: 2}
 class ManagedUse:
     """A reserved or running managed job's claim on one GPU. The fields past ``exclusive``
     feed the policies: who holds it (user limits), its class and priority (preemption),
-    when it started and is expected to end (backfill), what it uses now (over its
-    request?) and whether it is already being preempted."""
+    when it started, must end and is expected to end (backfill), what it uses now (over
+    its request?) and whether it is already being preempted."""
 
     job_id: int
     budget: int  # bytes
@@ -25,6 +25,7 @@ class ManagedUse:
     priority: int = 0
     started_at: float | None = None
     ends_at: float | None = None  # start + timeout; None: unknown (runs until it ends)
+    expected_end: float | None = None  # start + estimate: expected, not a bound
     used: int | None = None  # bytes the job's processes use on this GPU now
     preempting: bool = False
 
@@ -61,8 +62,16 @@ class QueuedJob:
     submitted_at: float = 0.0
     qos: str = BURSTABLE
     runtime: float | None = None  # the job's --timeout: the longest it may run
+    estimate: float | None = None  # how long it is expected to run (learned): may be wrong
     not_before: float = 0.0  # epoch seconds; a retry waits out its backoff
     cpus: int | None = None  # CPU cores near its GPUs to hold alone (--cpus N)
+
+    @property
+    def expected_runtime(self) -> float | None:
+        """What backfill plans with: the estimate, or the timeout when that is shorter (the
+        job is stopped by then); None: unknown."""
+        known = [t for t in (self.estimate, self.runtime) if t is not None]
+        return min(known) if known else None
 
 
 @dataclass(frozen=True)

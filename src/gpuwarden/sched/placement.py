@@ -271,13 +271,16 @@ def fits(job: QueuedJob, gpus: Sequence[GpuState],
 def reservation(job: QueuedJob, budget: int, *, started_at: float | None = None,
                 used: int | None = None, preempting: bool = False) -> ManagedUse:
     """The claim a placed job holds on each of its GPUs (whole-GPU jobs hold theirs alone).
-    The daemon builds the ``managed`` input of ``gpu_states`` with this too: a job's
-    expected end is its start plus its ``--timeout``."""
+    The daemon builds the ``managed`` input of ``gpu_states`` with this too: a job must
+    end by its start plus its ``--timeout`` and is expected to by its start plus its
+    expected run time."""
     ends = started_at + job.runtime if started_at is not None and job.runtime is not None \
         else None
+    expected = job.expected_runtime
     return ManagedUse(job_id=job.id, budget=budget, exclusive=_alone(job), user=job.user,
                       qos=job.qos, priority=job.priority, started_at=started_at, ends_at=ends,
-                      used=used, preempting=preempting)
+                      expected_end=None if started_at is None or expected is None
+                      else started_at + expected, used=used, preempting=preempting)
 
 
 def apply(gpus: Sequence[GpuState], job: QueuedJob, place: Place,

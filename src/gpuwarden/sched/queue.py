@@ -7,13 +7,16 @@ Around that core the policies of ``Policy`` apply, each in its own module:
 
 - per-user limits (``limits.py``): a job that would take its user past a limit waits;
 - backfill (``backfill.py``): the first job that waits for room gets a reservation, and
-  later jobs start only if they cannot delay it;
+  later jobs start only if they cannot delay it (or, while its start is unknown, until it
+  has waited ``starve_after``); among the later jobs that fit, those that fill the GPUs
+  best start first (``BEST_FIT_WINDOW``);
 - preemption (``preempt.py``): a job that does not fit may stop cheaper jobs of a lower
   class or priority; it then waits for them to go, and no other job takes their room.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -24,6 +27,7 @@ from gpuwarden.sched.model import (
     Decision,
     GpuState,
     Infeasible,
+    Place,
     Preempt,
     QueuedJob,
     Wait,
@@ -32,25 +36,36 @@ from gpuwarden.sched.placement import (
     DEFAULT_SPIKE_BUFFER,
     apply,
     fits,
+    headroom,
     infeasible_reason,
     release,
     wait_reason,
 )
 from gpuwarden.sched.queue_types import Fit, Ordering
+from gpuwarden.units import format_duration
 
-__all__ = ["Fit", "Ordering", "Policy", "aged_order", "effective_priority", "order",
-           "order_key", "plan"]
+__all__ = ["BEST_FIT_WINDOW", "DEFAULT_STARVE_AFTER", "Fit", "Ordering", "Policy",
+           "aged_order", "effective_priority", "order", "order_key", "plan"]
+
+DEFAULT_STARVE_AFTER = 900.0
+"""Seconds the first waiting job waits, when its start is unknown, before room is held."""
+BEST_FIT_WINDOW = 16
+"""Behind a waiting job, the next this-many jobs that fit are weighed against each other:
+the one that leaves the least room unused on its GPUs starts first. Bounded, so a pass
+stays linear in the queue and no job is passed over by more than this many."""
 
 
 @dataclass(frozen=True)
 class Policy:
     """What a pass may do beyond placing jobs that fit. ``aging``: seconds of waiting
-    that raise a job's priority by one (0: no aging)."""
+    that raise a job's priority by one (0: no aging). ``starve_after``: seconds the first
+    waiting job, when its start is unknown, lets jobs that fit go first (0: never)."""
 
     aging: float = 0.0
     backfill: bool = True
     preemption: bool = True
     limits: limits.Limits = field(default_factory=limits.Limits)
+    starve_after: float = DEFAULT_STARVE_AFTER
 
 
 def effective_priority(job: QueuedJob, now: float, aging: float) -> int:
@@ -91,75 +106,151 @@ def plan(gpus: Sequence[GpuState], queue: Iterable[QueuedJob],
          spike_buffer: float = DEFAULT_SPIKE_BUFFER, *, now: float = 0.0,
          policy: Policy | None = None, ordering: Ordering | None = None,
          fit: Fit = fits) -> list[Decision]:
-    """One scheduling pass: a decision per queued job, in the order considered."""
-    pol = policy or Policy(backfill=False, preemption=False)
-    state = list(gpus)
-    held = limits.usage(state)
-    head: backfill.Reservation | None = None
-    stopping = preempt.in_flight(state)
-    decisions: list[Decision] = []
+    """One scheduling pass: a decision per queued job, in the order decided. Jobs are
+    considered in queue order; once one waits for room (and backfill is on), the jobs
+    after it that may start are weighed in a window (``BEST_FIT_WINDOW``) and the best
+    fitting goes first."""
+    p = _Pass(list(gpus), spike_buffer, now, policy or Policy(backfill=False,
+                                                              preemption=False), fit)
+    window: list[QueuedJob] = []
     seen: set[int] = set()
-    placed: set[int] = set()  # placed in this pass: not yet running, never victims
-    for job in (ordering or aged_order(now, pol.aging))(queue):
+    for job in (ordering or aged_order(now, p.pol.aging))(queue):
         if job.id in seen:  # one decision per job, even if the queue lists it twice
             continue
         seen.add(job.id)
-        reason = infeasible_reason(job, state)
+        got = p.consider(job)
+        if got is None:
+            continue
+        if p.head is None or not p.pol.backfill:
+            p.book(job, *got)  # in queue order until a job waits
+            continue
+        window.append(job)
+        if len(window) == BEST_FIT_WINDOW:
+            window = p.best_first(window, keep=BEST_FIT_WINDOW - 1)
+    p.best_first(window, keep=0)
+    return p.decisions
+
+
+class _Pass:
+    """The state of one pass: the GPUs as booked so far, the users' holdings, the head
+    job's reservation, the jobs being preempted, and the decisions made."""
+
+    def __init__(self, state: list[GpuState], spike_buffer: float, now: float,
+                 pol: Policy, fit: Fit) -> None:
+        self.state = state
+        self.spike = spike_buffer
+        self.now = now
+        self.pol = pol
+        self.fit = fit
+        self.held = limits.usage(state)
+        self.head: backfill.Reservation | None = None
+        self.stopping = preempt.in_flight(state)
+        self.placed: set[int] = set()  # placed in this pass: not yet running, never victims
+        self.decisions: list[Decision] = []
+
+    def consider(self, job: QueuedJob,
+                 ) -> tuple[Place, backfill.Reservation | None] | None:
+        """Where the job may start now (and the head's reservation once it does), or None
+        when it may not: then its decision is made."""
+        reason = infeasible_reason(job, self.state)
         if reason is not None:
-            decisions.append(Infeasible(job.id, reason))
-            continue
-        if job.not_before > now:
-            decisions.append(Wait(job.id, f"retry backs off until {_when(job.not_before)}",
-                                  "backoff"))
-            continue
-        over = limits.over_limit(job, job.mem, held, pol.limits)
-        if over is not None:
-            decisions.append(Wait(job.id, f"waiting: {over}", "limit"))
-            continue
-        place = fit(job, state, spike_buffer)
+            self.decisions.append(Infeasible(job.id, reason))
+            return None
+        if job.not_before > self.now:
+            self.decisions.append(Wait(job.id, f"retry backs off until "
+                                                f"{_when(job.not_before)}", "backoff"))
+            return None
+        over = limits.over_limit(job, job.mem, self.held, self.pol.limits)
+        place = None if over is not None else self.fit(job, self.state, self.spike)
+        if over is None and place is None:
+            self._no_fit(job)
+            return None
         if place is not None:
-            over = limits.over_limit(job, place.budget, held, pol.limits)
-            if over is not None:
-                decisions.append(Wait(job.id, f"waiting: {over}", "limit"))
-                continue
-            if head is not None and pol.backfill:
-                ok, head_after = backfill.admits(head, job, place, now, spike_buffer, fit)
-                if not ok:
-                    decisions.append(Wait(job.id, f"waiting: starting now would delay job "
-                                                  f"{head.job.id}, first in the queue",
-                                          "backfill"))
-                    continue
-                head = head_after
-            state = apply(state, job, place, spike_buffer, started_at=now)
-            placed.add(job.id)
-            held = limits.book(held, job, place)
-            decisions.append(place)
-            continue
-        # It does not fit now.
-        if stopping and fit(job, release(state, stopping), spike_buffer) is not None:
-            decisions.append(Wait(job.id, f"waiting for preempted job(s) {_ids(stopping)} "
-                                          "to stop", "preemption"))
-            if head is None:
-                head = backfill.reserve(job, state, now, spike_buffer, fit)
-            continue
-        if pol.preemption:
-            victims = preempt.victims(job, state, now, spike_buffer, fit, spare=placed)
+            over = limits.over_limit(job, place.budget, self.held, self.pol.limits)
+        if over is not None or place is None:
+            self.decisions.append(Wait(job.id, f"waiting: {over}", "limit"))
+            return None
+        head = self.head
+        if head is not None and self.pol.backfill:
+            ok, head = backfill.admits(head, job, place, self.now, self.spike, self.fit,
+                                       self.pol.starve_after)
+            if not ok:
+                self.decisions.append(Wait(job.id, self._delays(head), "backfill"))
+                return None
+        return place, head
+
+    def book(self, job: QueuedJob, place: Place, head: backfill.Reservation | None) -> None:
+        self.state = apply(self.state, job, place, self.spike, started_at=self.now)
+        self.placed.add(job.id)
+        self.held = limits.book(self.held, job, place)
+        self.head = head
+        self.decisions.append(place)
+
+    def best_first(self, window: list[QueuedJob], keep: int) -> list[QueuedJob]:
+        """Start the best fitting of ``window`` (least headroom left on its GPUs, then
+        queue order), weigh the rest again, until ``keep`` remain; returns them."""
+        while len(window) > keep:
+            options = []
+            for i, job in enumerate(window):
+                got = self.consider(job)
+                if got is not None:
+                    options.append((self._slack(got[0]), i, job, got))
+            if not options:
+                return []
+            _, i, job, got = min(options, key=lambda o: o[:2])
+            self.book(job, *got)
+            window = [o[2] for o in options if o[2] is not job]
+        return window
+
+    def _slack(self, place: Place) -> int:
+        """Headroom the placement leaves unused on its GPUs."""
+        return sum(headroom(g, self.spike) - place.budget for g in self.state
+                   if g.index in place.gpus)
+
+    def _delays(self, head: backfill.Reservation) -> str:
+        why = f"waiting: starting now would delay job {head.job.id}, first in the queue"
+        if head.shadow is None:
+            why += (f" (its room is held: it has waited over "
+                    f"{format_duration(self.pol.starve_after)})")
+        return why
+
+    def _no_fit(self, job: QueuedJob) -> None:
+        state, spike, fit = self.state, self.spike, self.fit
+        if self.stopping and fit(job, release(state, self.stopping), spike) is not None:
+            self.decisions.append(Wait(job.id, f"waiting for preempted job(s) "
+                                                f"{_ids(self.stopping)} to stop", "preemption"))
+            if self.head is None:
+                self.head = backfill.reserve(job, state, self.now, spike, fit)
+            return
+        if self.pol.preemption:
+            victims = preempt.victims(job, state, self.now, spike, fit, spare=self.placed)
             if victims:
-                why = (f"job {job.id} ({job.qos}, priority {job.priority}) needs the room")
-                decisions.append(Preempt(job.id, victims, why))
-                stopping = stopping | set(victims)
-                state = [g if not any(u.job_id in victims for u in g.managed) else
-                         _mark_stopping(g, set(victims)) for g in state]
-                if head is None:
-                    head = backfill.reserve(job, state, now, spike_buffer, fit)
-                continue
-        why = wait_reason(job, state, spike_buffer)
-        if head is None and pol.backfill:
-            head = backfill.reserve(job, state, now, spike_buffer, fit)
-            if head is not None and head.shadow is not None and head.shadow > now:
-                why += f"; first in line, expected to start by {_when(head.shadow)}"
-        decisions.append(Wait(job.id, why))
-    return decisions
+                why = f"job {job.id} ({job.qos}, priority {job.priority}) needs the room"
+                self.decisions.append(Preempt(job.id, victims, why))
+                self.stopping = self.stopping | set(victims)
+                self.state = [g if not any(u.job_id in victims for u in g.managed) else
+                              _mark_stopping(g, set(victims)) for g in state]
+                if self.head is None:
+                    self.head = backfill.reserve(job, self.state, self.now, spike, fit)
+                return
+        why = wait_reason(job, state, spike)
+        if self.head is None and self.pol.backfill:
+            self.head = backfill.reserve(job, state, self.now, spike, fit)
+            if self.head is not None:
+                why += self._first_in_line(self.head)
+        self.decisions.append(Wait(job.id, why))
+
+    def _first_in_line(self, head: backfill.Reservation) -> str:
+        if head.shadow is not None:
+            return (f"; first in line, expected to start by {_when(head.shadow)}"
+                    if head.shadow > self.now else "")
+        if backfill.starving(head.job, self.now, self.pol.starve_after):
+            return "; first in line, its room is held"
+        left = head.job.submitted_at + self.pol.starve_after - self.now
+        if not math.isfinite(left):
+            return "; first in line: jobs that fit start before it while its start is unknown"
+        return (f"; first in line: jobs that fit start before it for {format_duration(left)}"
+                f" more, then its room is held")
 
 
 def _mark_stopping(gpu: GpuState, victims: set[int]) -> GpuState:

@@ -1,0 +1,171 @@
+"""Backfill without known run times: the starvation guard, run-time estimates and best
+fit behind the first waiting job — rules by example, then as properties."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, note, settings
+
+from gpuwarden.sched import backfill
+from gpuwarden.sched.model import GpuState, Place, QueuedJob, Wait
+from gpuwarden.sched.placement import apply, fits, reservation
+from gpuwarden.sched.queue import BEST_FIT_WINDOW, Policy, plan
+from tests.unit.test_policies import NOW, by_id, g, job, scenes, use
+
+GiB = 1 << 30
+FREE = Policy(preemption=False)  # the default guard: 15 minutes
+
+
+# --- the starvation guard -----------------------------------------------------------------
+
+def test_a_job_that_fits_starts_while_the_heads_start_is_unknown() -> None:
+    # One 80 GiB GPU, 40G running with no timeout, 60G waiting: a 30G that fits starts.
+    gpus = [g(0, use(100, 40))]
+    d = by_id(plan(gpus, [job(1, 60, at=NOW - 60), job(2, 30, at=NOW - 1)], 0, now=NOW,
+                   policy=FREE))
+    assert d[2] == Place(2, (0,), 30 * GiB)
+    assert isinstance(d[1], Wait)
+    assert "jobs that fit start before it for 14m00s more, then its room is held" \
+        in d[1].reason
+
+
+def test_past_starve_after_the_heads_room_is_held() -> None:
+    gpus = [g(0, use(100, 40))]
+    d = by_id(plan(gpus, [job(1, 60, at=NOW - 901), job(2, 30, at=NOW - 1)], 0, now=NOW,
+                   policy=FREE))
+    assert isinstance(d[2], Wait) and d[2].cause == "backfill"
+    assert "would delay job 1" in d[2].reason and "15m00s" in d[2].reason
+    # A job that leaves the head job's room alone still starts.
+    d = by_id(plan(gpus, [job(1, 60, at=NOW - 901), job(2, 20, at=NOW - 1)], 0, now=NOW,
+                   policy=FREE))
+    assert isinstance(d[2], Place)
+
+
+def test_starve_after_zero_holds_the_room_at_once_and_aging_still_orders() -> None:
+    gpus = [g(0, use(100, 40))]
+    queue = [job(1, 60, at=NOW - 1), job(2, 30, at=NOW - 1)]
+    d = by_id(plan(gpus, queue, 0, now=NOW, policy=Policy(preemption=False, starve_after=0)))
+    assert isinstance(d[2], Wait) and d[2].cause == "backfill"
+    # Aging raises the older job above a newer one of higher priority: it is the head.
+    old, new = job(1, 60, at=NOW - 7200), job(2, 60, priority=1, at=NOW - 1)
+    first = plan(gpus, [new, old], 0, now=NOW, policy=Policy(aging=3600, preemption=False))[0]
+    assert first.job_id == 1
+
+
+def test_starving_is_waiting_at_least_starve_after() -> None:
+    assert not backfill.starving(job(1, at=NOW - 899), NOW, 900)
+    assert backfill.starving(job(1, at=NOW - 900), NOW, 900)
+    assert backfill.starving(job(1, at=NOW), NOW, 0)
+
+
+# --- run-time estimates -------------------------------------------------------------------
+
+def test_the_expected_run_time_is_the_shorter_of_estimate_and_timeout() -> None:
+    assert job(1).expected_runtime is None
+    assert job(1, runtime=600).expected_runtime == 600
+    assert job(1, estimate=300).expected_runtime == 300
+    assert job(1, runtime=600, estimate=900).expected_runtime == 600
+    u = reservation(job(1, runtime=600, estimate=300), GiB, started_at=NOW)
+    assert (u.ends_at, u.expected_end) == (NOW + 600, NOW + 300)
+    assert reservation(job(1), GiB, started_at=NOW).expected_end is None
+
+
+def test_an_estimate_gives_the_head_a_start_that_backfill_respects() -> None:
+    # 40G expected to end in 10 minutes: the 60G head job starts then. A 30G expected to
+    # take an hour would delay it, even before the guard; one of 5 minutes would not.
+    gpus = [g(0, use(100, 40, expected=NOW + 600))]
+    head = job(1, 60, at=NOW - 60)
+    d = by_id(plan(gpus, [head, job(2, 30, estimate=3600)], 0, now=NOW, policy=FREE))
+    assert isinstance(d[1], Wait) and "expected to start by" in d[1].reason
+    assert isinstance(d[2], Wait) and d[2].cause == "backfill"
+    d = by_id(plan(gpus, [head, job(2, 30, estimate=300)], 0, now=NOW, policy=FREE))
+    assert isinstance(d[2], Place)
+
+
+def test_a_job_past_its_estimate_has_an_unknown_end_but_a_timeout_still_bounds_it() -> None:
+    late = use(100, 40, expected=NOW - 10)
+    assert backfill.expected_end(late, NOW) == math.inf
+    gpus = [g(0, late)]
+    d = by_id(plan(gpus, [job(1, 60, at=NOW - 60), job(2, 30, estimate=3600)], 0, now=NOW,
+                   policy=FREE))
+    assert isinstance(d[2], Place)  # the head's start is unknown again: the guard decides
+    bounded = use(100, 40, expected=NOW - 10, ends=NOW + 600)
+    assert backfill.expected_end(bounded, NOW) == NOW + 600
+    d = by_id(plan([g(0, bounded)], [job(1, 60, at=NOW - 60), job(2, 30, estimate=3600)], 0,
+                   now=NOW, policy=FREE))
+    assert isinstance(d[2], Wait) and d[2].cause == "backfill"
+
+
+# --- best fit behind the head -------------------------------------------------------------
+
+def test_behind_a_waiting_job_the_job_that_fills_the_hole_goes_first() -> None:
+    # 40 GiB free, the 60G head waits: in queue order the 10G would start and leave the
+    # 38G waiting; best fit starts the 38G, the GPU is full, the 10G waits.
+    gpus = [g(0, use(100, 40))]
+    queue = [job(1, 60, at=NOW - 60), job(2, 10, at=NOW - 5), job(3, 38, at=NOW - 4)]
+    decisions = plan(gpus, queue, 0, now=NOW, policy=FREE)
+    d = by_id(decisions)
+    assert d[3] == Place(3, (0,), 38 * GiB)
+    assert isinstance(d[2], Wait) and d[2].cause == "room"
+    # Before any job waits, jobs start in queue order.
+    d = by_id(plan([g(0)], [job(2, 10, at=1), job(3, 38, at=2)], 0, now=NOW, policy=FREE))
+    assert isinstance(d[2], Place) and isinstance(d[3], Place)
+
+
+def test_best_fit_picks_the_tightest_gpu_and_never_delays_a_starving_head() -> None:
+    # GPU 0 has 12 GiB free, GPU 1 30: the 12G fills GPU 0 first; the head (starving,
+    # 75G, may start when either GPU empties) keeps the room it needs.
+    gpus = [g(0, use(100, 68)), g(1, use(101, 50))]
+    queue = [job(1, 75, at=NOW - 2000), job(2, 5, at=NOW - 5), job(3, 12, at=NOW - 4)]
+    d = by_id(plan(gpus, queue, 0, now=NOW, policy=FREE))
+    assert d[3] == Place(3, (0,), 12 * GiB)
+    assert d[2] == Place(2, (1,), 5 * GiB)  # 75 + 5 on GPU 1 once its job has gone
+
+
+def test_no_job_is_passed_over_by_more_than_the_window() -> None:
+    # Many small jobs then one that fills the hole exactly: beyond the window, the
+    # small ones go first in queue order, and the big one no longer fits.
+    gpus = [g(0, use(100, 40))]
+    n = BEST_FIT_WINDOW + 4
+    queue = [job(1, 60, at=NOW - 60), *(job(10 + i, 1, at=NOW - 50 + i) for i in range(n)),
+             job(99, 40 - BEST_FIT_WINDOW + 1, at=NOW - 1)]
+    d = by_id(plan(gpus, queue, 0, now=NOW, policy=FREE))
+    small = [d[10 + i] for i in range(n)]
+    assert all(isinstance(x, Place) for x in small[:n - BEST_FIT_WINDOW + 1])
+    assert isinstance(d[99], Place)  # within the window of the last small ones
+    placed = sum(x.budget for x in d.values() if isinstance(x, Place))
+    assert placed <= 40 * GiB
+
+
+# --- properties -----------------------------------------------------------------------------
+
+def _booked(gpus: list[GpuState], jobs: dict[int, QueuedJob],
+            decisions: list[object]) -> list[GpuState]:
+    state = list(gpus)
+    for d in decisions:
+        if isinstance(d, Place):
+            state = apply(state, jobs[d.job_id], d, 0, started_at=NOW)  # invariant 1
+    return state
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenes())
+def test_while_no_start_is_known_and_none_starves_no_job_that_fits_waits(
+        scene: tuple[list[GpuState], list[QueuedJob]]) -> None:
+    gpus, queue = scene
+    pol = Policy(preemption=False, starve_after=math.inf)
+    decisions = plan(gpus, queue, 0, now=NOW, policy=pol)
+    jobs = {j.id: j for j in queue}
+    note(f"decisions={decisions}")
+    final = _booked(gpus, jobs, list(decisions))
+    head: backfill.Reservation | None = None
+    for i, d in enumerate(decisions):
+        if isinstance(d, Wait) and d.cause == "room":
+            assert fits(jobs[d.job_id], final, 0) is None  # work-conserving
+            if head is None:  # the first one that gets a reservation is the head
+                before = _booked(gpus, jobs, list(decisions[:i]))
+                head = backfill.reserve(jobs[d.job_id], before, NOW, 0, fits)
+        if isinstance(d, Wait) and d.cause == "backfill":
+            # Only a head job with a known (expected) start holds room.
+            assert head is not None and head.shadow is not None
