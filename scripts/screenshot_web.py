@@ -50,7 +50,8 @@ def main() -> int:
     gw("daemon", "start")
     try:
         train = gw("submit", "--name", "train-llm", "--gpus", "2", "--mem", "30G",
-                   *sim("20G", 55, "--grow-to", "28G", "--steps", "6"))
+                   *sim("20G", 55, "--grow-to", "28G", "--steps", "6",
+                       "--grow-seconds", "27"))
         for i in range(4):
             gw("submit", "--name", f"eval-{i}", "--mem", "8G", "--qos", "besteffort",
                *sim("6G", 12 + 8 * i))

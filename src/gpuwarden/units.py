@@ -102,6 +102,9 @@ def format_bytes_short(n: int | None) -> str:
 
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?", re.IGNORECASE)
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+# Longer than any wait makes sense; past it, sleeps and deadlines overflow the platform's
+# time_t instead of failing in one line.
+MAX_DURATION = 100 * 365 * 86400.0
 
 
 def parse_duration(text: str | float | int) -> float:
@@ -109,7 +112,7 @@ def parse_duration(text: str | float | int) -> float:
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         if text < 0:
             raise UsageError(f"invalid duration {text}: must not be negative")
-        return float(text)
+        return _bounded(float(text), text)
     s = str(text).strip()
     pos, total, matched = 0, 0.0, False
     while pos < len(s):
@@ -120,7 +123,13 @@ def parse_duration(text: str | float | int) -> float:
         pos, matched = m.end(), True
     if not matched:
         raise UsageError(f"invalid duration {text!r}: use e.g. 30s, 10m, 2h30m")
-    return total
+    return _bounded(total, text)
+
+
+def _bounded(seconds: float, text: object) -> float:
+    if not math.isfinite(seconds) or seconds > MAX_DURATION:
+        raise UsageError(f"invalid duration {text!r}: longer than 100 years")
+    return seconds
 
 
 def format_duration(seconds: float | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 from typing import Any
 
 from tests.conftest import SimMachine
@@ -126,3 +127,21 @@ def test_exporter_without_the_holder_scan_leaves_the_hidden_holder_series_out(
     assert "gpuwarden_gpu_memory_total_bytes" in text
     assert "gpuwarden_gpu_hidden_holders" not in text  # not 0: nothing was scanned
     assert 'kind="hidden_holder"' not in text
+
+
+def test_what_used_to_be_a_traceback_is_one_line(make_sim: Any, tmp_path: Path) -> None:
+    sim = make_sim("idle-2gpu.json")
+    r = sim.cli("leaks", "--interval", "99999999999d", "--samples", "2")
+    assert r.returncode == 2 and "invalid duration" in one_line(r)
+    env = {**sim.env, "GPUWARDEN_HOME": "/etc/passwd"}
+    for args in (("daemon", "start"), ("ps",)):
+        r = sim.cli(*args, env=env)
+        assert r.returncode != 0 and "/etc/passwd" in one_line(r), args
+    hot = make_sim({"gpus": [{"index": 0, "memory_total": "24G", "temperature": "hot"}]})
+    for args in (("status",), ("exporter", "--listen", "127.0.0.1:0")):
+        r = hot.cli(*args, timeout=20)
+        assert r.returncode == 3 and "gpus[0].temperature" in one_line(r), args
+    raw = tmp_path / "raw.json"
+    raw.write_bytes(b'{"gpus": [{"memory_total": "24G", "name": "\xff"}]}')
+    r = sim.cli("status", env={**sim.env, "GPUWARDEN_SIM": str(raw)})
+    assert r.returncode == 3 and "not UTF-8" in one_line(r)

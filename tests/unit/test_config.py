@@ -50,6 +50,9 @@ def test_every_setting(tmp_path: Path) -> None:
     ("web_listen = 9403", "web_listen must be HOST:PORT"),
     ("web_listen = \"everywhere\"", "web_listen: invalid listen address"),
     ("history_interval = \"often\"", "often"),
+    ("oom_retries = -1", "oom_retries must be a whole number from 0 to 100"),
+    ("oom_retries = true", "oom_retries must be a whole number"),
+    ("oom_retries = \"1\"", "oom_retries must be a whole number"),
 ])
 def test_bad_settings_are_one_clear_error(tmp_path: Path, text: str, needle: str) -> None:
     p = tmp_path / "config.toml"
@@ -57,3 +60,10 @@ def test_bad_settings_are_one_clear_error(tmp_path: Path, text: str, needle: str
     with pytest.raises(UsageError, match=None) as err:
         read_config(p)
     assert needle in str(err.value)
+
+
+def test_oom_retries_default_to_one_and_may_be_turned_off(tmp_path: Path) -> None:
+    assert read_config(tmp_path / "none.toml").oom_retries == 1
+    p = tmp_path / "config.toml"
+    p.write_text("oom_retries = 0\n")
+    assert read_config(p).oom_retries == 0

@@ -342,24 +342,7 @@ def test_oom_signatures_are_found_in_the_output_tail() -> None:
     assert len(oom_signature("x" * 1000 + " CUDA out of memory") or "") == 300
 
 
-def test_retry_budget_grows_by_a_quarter_of_the_larger_of_peak_and_budget() -> None:
-    from gpuwarden.sched.oom import GiveUp, Retry, after_oom
-
-    r = after_oom(old_budget=8 * GiB, peak=10 * GiB, largest=80 * GiB, used=0, allowed=2,
-                  backoff=10)
-    assert r == Retry(budget=int(12.5 * GiB), delay=10)
-    r = after_oom(old_budget=8 * GiB, peak=None, largest=80 * GiB, used=1, allowed=2,
-                  backoff=10)
-    assert r == Retry(budget=10 * GiB, delay=20)  # backoff doubles
-    assert after_oom(old_budget=70 * GiB, peak=None, largest=80 * GiB, used=0, allowed=1,
-                     backoff=1) == Retry(budget=80 * GiB, delay=1)  # capped
-    for kw, why in ((dict(old_budget=80 * GiB), "largest"), (dict(old_budget=None), "whole GPU"),
-                    (dict(old_budget=GiB, used=2), "out of retries"),
-                    (dict(old_budget=GiB, allowed=0), "no retries asked for")):
-        args = dict(old_budget=GiB, peak=None, largest=80 * GiB, used=0, allowed=2, backoff=1)
-        args.update(kw)
-        d = after_oom(**args)  # type: ignore[arg-type]
-        assert isinstance(d, GiveUp) and why in d.reason, (kw, d)
+# The retry budget and its timing: tests/unit/test_sched_oom.py.
 
 
 # --- watchdog -----------------------------------------------------------------------------

@@ -26,13 +26,30 @@ def _pid(paths: Paths) -> int | None:
         return None
 
 
+def _make_home(paths: Paths) -> None:
+    """The state directory, created if missing; one line when it cannot be."""
+    try:
+        paths.home.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise GpuwardenError(f"the state directory {paths.home} is not a directory "
+                             "(GPUWARDEN_HOME names a directory)") from None
+    except OSError as e:
+        raise GpuwardenError(f"cannot create the state directory {paths.home}: "
+                             f"{e.strerror or e}") from None
+
+
 def start_detached(paths: Paths, wait: float = 15.0) -> Client:
     """Start a daemon in its own session, logging to the state directory, and wait until
     it answers."""
     from gpuwarden.daemon.client import Client
 
-    paths.home.mkdir(parents=True, exist_ok=True)
-    with open(paths.home / "daemon.log", "ab") as log:
+    _make_home(paths)
+    try:
+        log = open(paths.home / "daemon.log", "ab")
+    except OSError as e:
+        raise GpuwardenError(f"cannot write {paths.home / 'daemon.log'}: "
+                             f"{e.strerror or e}") from None
+    with log:
         subprocess.Popen([sys.executable, "-m", "gpuwarden.daemon.main"], stdin=subprocess.DEVNULL,
                          stdout=log, stderr=log, start_new_session=True, close_fds=True,
                          cwd="/")
@@ -80,6 +97,7 @@ def start(foreground: bool) -> None:
     if foreground:
         from gpuwarden.daemon.main import run
 
+        _make_home(paths)
         raise SystemExit(run(paths))
     start_detached(paths)
     click.echo(f"gpuwarden daemon started (pid {_pid(paths)}) on {paths.socket}")

@@ -43,6 +43,12 @@ def job_lines(j: Mapping[str, Any]) -> list[tuple[str, str]]:
     if j.get("retries"):
         qos += f", OOM retries {j.get('oom_retries')}/{j['retries']}"
     out.append(("qos", qos))
+    oom = j.get("oom")
+    if isinstance(oom, Mapping):
+        asked = ([f"its message asked for {_b(oom['tried'])}"] if oom.get("tried") else []) \
+            + ([f"it needs {_b(oom['need'])}"] if oom.get("need") else [])
+        out.append(("last OOM", ", ".join(asked or ["its message said no size"])
+                    + f"; the retry got {_b(oom.get('retry_budget'))}"))
     for label, key in (("submitted", "submitted_at"), ("started", "started_at"),
                        ("ended", "ended_at")):
         if j.get(key):

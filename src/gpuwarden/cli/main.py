@@ -82,8 +82,15 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except click.exceptions.Abort:
         click.echo("gpuwarden: aborted", err=True)
         sys.exit(130)
+    except click.exceptions.NoArgsIsHelpError as e:
+        e.show()  # a group named alone: its help
+        sys.exit(e.exit_code)
+    except click.UsageError as e:  # one line, as every other error: exit 2
+        see = f" (see {e.ctx.command_path} --help)" if e.ctx is not None else ""
+        click.echo(f"gpuwarden: error: {e.format_message()}{see}", err=True)
+        sys.exit(e.exit_code)
     except click.ClickException as e:
-        e.show()
+        click.echo(f"gpuwarden: error: {e.format_message()}", err=True)
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)

@@ -8,7 +8,8 @@
     aging = "1h"            # waiting this long raises a job's priority by one ("0": off)
     backfill = true         # later jobs may start if they cannot delay the first waiting one
     preemption = true       # higher class/priority jobs may stop cheaper running ones
-    retry_backoff = "10s"   # before the first OOM retry; doubles with each retry
+    oom_retries = 1         # CUDA-OOM retries of a job with --mem that gives no --retries
+    retry_backoff = "10s"   # before an OOM retry at the same budget; doubles each time
     release_timeout = "10s" # an ended job's memory not back by then is a leak
     metrics_listen = "127.0.0.1:9402"  # serve Prometheus metrics there (off by default)
     metrics_cache = "1s"    # scrapes this close together share one snapshot
@@ -53,7 +54,7 @@ def read_config(path: Path) -> Config:
         raise UsageError(f"cannot read the config file {path}: {e}") from None
     unknown = sorted(set(raw) - {"admin_groups", "spike_buffer", "reserve", "interval",
                                  "grace", "aging", "backfill", "preemption", "retry_backoff",
-                                 "release_timeout", "limits", "metrics_listen",
+                                 "oom_retries", "release_timeout", "limits", "metrics_listen",
                                  "metrics_cache", "history_interval", "history_retention",
                                  "web_listen"})
     if unknown:
@@ -67,12 +68,17 @@ def read_config(path: Path) -> Config:
     for flag in ("backfill", "preemption"):
         if not isinstance(raw.get(flag, True), bool):
             raise UsageError(f"{path}: {flag} must be true or false")
+    oom_retries = raw.get("oom_retries", 1)
+    if isinstance(oom_retries, bool) or not isinstance(oom_retries, int) \
+            or not 0 <= oom_retries <= 100:
+        raise UsageError(f"{path}: oom_retries must be a whole number from 0 to 100")
     policy = Policy(aging=parse_duration(raw.get("aging", 3600.0)),
                     backfill=raw.get("backfill", True), preemption=raw.get("preemption", True),
                     limits=_limits(path, raw.get("limits", {})))
     return Config(
         policy=policy,
         retry_backoff=parse_duration(raw.get("retry_backoff", 10.0)),
+        oom_retries=oom_retries,
         release_timeout=parse_duration(raw.get("release_timeout", 10.0)),
         metrics_listen=_listen(path, raw.get("metrics_listen"), "metrics_listen"),
         web_listen=_listen(path, raw.get("web_listen"), "web_listen"),

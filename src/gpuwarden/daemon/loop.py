@@ -24,7 +24,14 @@ from gpuwarden.daemon.mps_jobs import key as mps_key
 from gpuwarden.daemon.service import Config, queued_view
 from gpuwarden.daemon.store import Conflict, JobNotFound
 from gpuwarden.sched.model import GUARANTEED, GpuState, Infeasible, ManagedUse, Place, Preempt, Wait
-from gpuwarden.sched.oom import GiveUp, after_oom, oom_signature
+from gpuwarden.sched.oom import (
+    GiveUp,
+    OomAsk,
+    after_oom,
+    describe_ask,
+    oom_signature,
+    parse_oom,
+)
 from gpuwarden.sched.placement import capacity
 from gpuwarden.units import format_bytes
 
@@ -146,12 +153,13 @@ class Scheduler:
         if state == model.CANCELLED and job.kill_reason is not None:
             state, reason = model.FAILED, job.kill_reason
         if state == model.FAILED and exit_info.started:
-            signature = oom_signature(self._output_tail(job))
+            tail = self._output_tail(job)
+            signature = oom_signature(tail)
             if signature is not None and job.spec.attach is not None:
                 self.store.add_event(job.id, "oom", f"{signature}; {detail}; a retry is "
                                      f"its launcher's ({job.spec.attach})", now)
-            elif signature is not None and self._after_oom(job, signature, detail,
-                                                           exit_info.exit_code):
+            elif signature is not None and self._after_oom(job, signature, parse_oom(tail),
+                                                           detail):
                 return
         self.store.transition(job.id, model.ACTIVE, state,
                               now=now, kind=state, detail=detail,
@@ -309,28 +317,46 @@ class Scheduler:
                               attempts=job.attempts + 1, preemptions=job.preemptions + 1,
                               hold=self._hold(job, now))
 
-    def _after_oom(self, job: Job, signature: str, detail: str,
-                   exit_code: int | None) -> bool:
-        """Record the OOM; queue the job again with a bigger budget when it may. True
-        when it was queued again (the caller records nothing more)."""
+    def _context_allowance(self, job: Job) -> int:
+        """The CUDA context allowance an OOM retry takes out of NVML's figures (the
+        message's "in use", the sampled peak). The one place to switch to the per-GPU
+        allowance (of ``job.gpu_uuids``) once that is measured."""
+        from gpuwarden.sched.context import DEFAULT_CONTEXT
+
+        return DEFAULT_CONTEXT
+
+    def _after_oom(self, job: Job, signature: str, ask: OomAsk | None, detail: str) -> bool:
+        """Record the OOM; queue the job again with a bigger budget when it may: at once
+        (a bigger budget waits only for room), in its place in the queue (its submission
+        time is kept). True when it was queued again (the caller records nothing more)."""
         now = self.clock()
-        self.store.add_event(job.id, "oom", f"{signature}; {detail}", now)
+        context = self._context_allowance(job)
+        asked = "" if ask is None else f"; {describe_ask(ask, context)}"
+        self.store.add_event(job.id, "oom", f"{signature}; {detail}{asked}", now)
         largest = max((capacity(g) for g in self.last_states), default=0)
         decision = after_oom(old_budget=job.budget if job.request is not None else None,
                              peak=job.peak_memory, largest=largest, used=job.oom_retries,
-                             allowed=job.spec.retries, backoff=self.config.retry_backoff)
+                             allowed=job.spec.retries, backoff=self.config.retry_backoff,
+                             ask=ask, context=context)
         if isinstance(decision, GiveUp):
             self.store.add_event(job.id, "not_retried", decision.reason, now)
             return False
-        until = now + decision.delay
+        shown = ("" if decision.need is None else
+                 f"shown to need {format_bytes(decision.need)}"
+                 + (" (the OOM message)" if ask is not None and decision.need ==
+                    ask.need(context) else " (its peak)") + "; ")
         self.store.transition(
             job.id, model.ACTIVE, model.QUEUED, now=now, kind="retried",
-            detail=(f"CUDA OOM retry {job.oom_retries + 1} of {job.spec.retries}: budget "
-                    f"{format_bytes(job.budget or 0)} -> {format_bytes(decision.budget)}, "
-                    f"in {decision.delay:g}s"),
+            detail=(f"CUDA OOM retry {job.oom_retries + 1} of {job.spec.retries}: {shown}"
+                    f"budget {format_bytes(job.budget or 0)} -> "
+                    f"{format_bytes(decision.budget)}, "
+                    + (f"in {decision.delay:g}s (the same budget: backing off)"
+                       if decision.delay > 0 else "as soon as it fits")),
             reason="retrying after a CUDA OOM", **FRESH_ATTEMPT,
             attempts=job.attempts + 1, oom_retries=job.oom_retries + 1,
-            retry_mem=decision.budget, not_before=until, hold=self._hold(job, now))
+            retry_mem=decision.budget, not_before=now + decision.delay,
+            oom_tried=None if ask is None else ask.tried, oom_need=decision.need,
+            hold=self._hold(job, now))
         return True
 
     def _output_tail(self, job: Job, limit: int = 64 << 10) -> str:

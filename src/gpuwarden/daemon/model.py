@@ -135,6 +135,8 @@ class Job:
     preemptions: int = 0
     oom_retries: int = 0  # OOM retries used
     retry_mem: int | None = None  # the bumped per-GPU request after an OOM
+    oom_tried: int | None = None  # the allocation its latest OOM message says failed
+    oom_need: int | None = None  # what that OOM showed it needs per GPU (message or peak)
     not_before: float | None = None  # a retry's backoff: not placed before this
     kill_reason: str | None = None  # why gpuwarden killed it (the watchdog), if it did
     release: Hold | None = None  # the memory of its latest ended attempt
@@ -231,6 +233,8 @@ class Job:
             "attempts": self.attempts,
             "preemptions": self.preemptions,
             "oom_retries": self.oom_retries,
+            "oom": None if self.oom_tried is None and self.oom_need is None else
+            {"tried": self.oom_tried, "need": self.oom_need, "retry_budget": self.retry_mem},
             "preempting": self.preempting_at is not None,
             "enforcement": self.enforcement(),
             "memory_release": None if self.release is None else self.release.to_json(),

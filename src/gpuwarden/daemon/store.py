@@ -249,6 +249,9 @@ MIGRATIONS: list[Migration] = [
     # ... and the start times of an ended attempt's processes, to know them again.
     _sql("ALTER TABLE jobs ADD COLUMN attach TEXT",
          "ALTER TABLE holds ADD COLUMN starts TEXT"),  # JSON object: pid -> start time
+    # 6: what the latest CUDA OOM showed: the allocation that failed, what the job needed.
+    _sql("ALTER TABLE jobs ADD COLUMN oom_tried INTEGER",
+         "ALTER TABLE jobs ADD COLUMN oom_need INTEGER"),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -258,7 +261,7 @@ TRANSITION_FIELDS = frozenset({
     "started_at", "ended_at", "gpus", "gpu_uuids", "budget", "exit_code", "reason",
     "supervisor_pid", "supervisor_start", "boot_id", "attempts", "peak_memory",
     "preempting_at", "preemptions", "oom_retries", "retry_mem", "not_before", "kill_reason",
-    "cpu_set",
+    "cpu_set", "oom_tried", "oom_need",
 })
 _WAITING = (QUEUED, HELD)
 _TERMINAL_SQL = ", ".join(f"'{s}'" for s in sorted(TERMINAL))
@@ -374,6 +377,8 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event], hold: Hold | None = N
         preemptions=row["preemptions"],
         oom_retries=row["oom_retries"],
         retry_mem=row["retry_mem"],
+        oom_tried=row["oom_tried"],
+        oom_need=row["oom_need"],
         not_before=row["not_before"],
         kill_reason=row["kill_reason"],
         release=hold,

@@ -25,7 +25,31 @@ from gpuwarden.units import GiB, parse_size
 
 
 def _fmt(n: int) -> str:
-    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2**20:.2f} MiB"
+    """A size as PyTorch's allocator prints it (format_size in CUDACachingAllocator.cpp)."""
+    if n <= 1024:
+        return f"{n} bytes"
+    if n <= 2**20:
+        return f"{n / 1024:.2f} KiB"
+    if n <= GiB:
+        return f"{n / 2**20:.2f} MiB"
+    return f"{n / GiB:.2f} GiB"
+
+
+def torch_oom(*, tried: int, ordinal: int, total: int, free: int, in_use: int,
+              allocated: int, cached: int = 0, allowed: int | None = None) -> str:
+    """PyTorch's CUDA-OOM message, word for word (torch 2.x's caching allocator), so the
+    daemon parses here what it parses from real jobs. ``allowed``: the memory fraction's
+    cap, which PyTorch names only when one is set."""
+    return (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {_fmt(tried)}. "
+            f"GPU {ordinal} has a total capacity of {_fmt(total)} of which {_fmt(free)} is "
+            f"free. Including non-PyTorch memory, this process has {_fmt(in_use)} memory in "
+            "use. " + ("" if allowed is None else f"{_fmt(allowed)} allowed; ")
+            + f"Of the allocated memory {_fmt(allocated)} is allocated by PyTorch, and "
+            f"{_fmt(cached)} is reserved by PyTorch but unallocated. If reserved but "
+            "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF="
+            "expandable_segments:True to avoid fragmentation.  See documentation for Memory "
+            "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-"
+            "variables)")
 
 
 def mps_limits(env: dict[str, str] | os._Environ[str], visible: int) -> dict[int, int]:
@@ -84,24 +108,21 @@ class Job:
                     continue
                 cap = self.caps.get(ordinal)
                 free = facts[g.uuid].memory_free
-                if cap is not None and per_gpu > cap:
-                    raise SimOOM(
-                        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
-                        f"{_fmt(want)}. GPU {ordinal} has a total capacity of "
-                        f"{_fmt(g.memory_total)} of which {_fmt(free)} is free. This process "
-                        f"has {_fmt(have)} memory in use and its memory cap is {_fmt(cap)}."
-                    )
-                if want > free:
-                    raise SimOOM(
-                        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
-                        f"{_fmt(want)}. GPU {ordinal} has a total capacity of "
-                        f"{_fmt(g.memory_total)} of which {_fmt(free)} is free. Including "
-                        f"non-PyTorch memory, this process has {_fmt(have)} memory in use."
-                    )
+                if (cap is not None and per_gpu > cap) or want > free:
+                    raise SimOOM(torch_oom(
+                        tried=want, ordinal=ordinal, total=g.memory_total, free=free,
+                        in_use=self.in_use(g.uuid), allocated=have,
+                        allowed=cap if cap is not None and per_gpu > cap else None))
             for g in self.visible:
                 self.held[g.uuid] = max(per_gpu, self.held.get(g.uuid, 0))
             registry.write(self.pid, self.start_time, self.held, leak=self.leak,
                            command=self.command)
+
+    def in_use(self, uuid: str) -> int:
+        """What the driver lists for this process on that GPU (PyTorch's "this process
+        has ... memory in use"): its allocations, and its CUDA context where one is
+        charged."""
+        return self.held.get(uuid, 0)
 
     def release(self) -> None:
         if not self.leak:
@@ -111,8 +132,14 @@ class Job:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gpuwarden.sim.job", description=__doc__)
     ap.add_argument("--mem", default="1G", help="memory to hold on each visible GPU")
-    ap.add_argument("--grow-to", help="then grow to this much per GPU, in --steps steps")
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--grow-to", help="then grow to this much per GPU over --grow-seconds, "
+                    "like a training job whose memory rises")
+    ap.add_argument("--grow-seconds", type=float,
+                    help="how long the growth takes (default: 1 s, at most half of --seconds)")
+    ap.add_argument("--steps", type=int, default=1,
+                    help="allocations the growth comes in (default 1: a first training "
+                    "step allocates its activations and optimizer state at once; an OOM "
+                    "message shows only the allocation that failed)")
     ap.add_argument("--seconds", type=float, default=1.0, help="how long to run")
     ap.add_argument("--exit-code", type=int, default=0)
     ap.add_argument("--leak", action="store_true",
@@ -152,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
             job.grow_to(mem)
         print(f"ready pid={job.pid} gpus={','.join(str(g.index) for g in visible)}", flush=True)
         if grow is not None and not args.hold_only:
-            step_wait = args.seconds / (2 * max(args.steps, 1))
+            span = (args.grow_seconds if args.grow_seconds is not None
+                    else min(1.0, args.seconds / 2))
+            step_wait = max(span, 0.0) / max(args.steps, 1)
             for i in range(1, args.steps + 1):
                 time.sleep(step_wait)
                 job.grow_to(mem + (grow - mem) * i // args.steps)

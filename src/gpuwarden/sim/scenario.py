@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import uuid as uuidlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpuwarden.errors import BackendUnavailable
 from gpuwarden.gpus.model import COMPUTE_MODES
@@ -15,6 +17,9 @@ from gpuwarden.gpus.topology import parse_cpulist
 from gpuwarden.units import parse_size
 
 PROCESS_STATES = ("running", "dead", "other_namespace", "garbage", "zombie", "orphan")
+PROCESS_KINDS = ("compute", "graphics", "mps")
+MAX_PID = 2**32 - 1  # NVML's pid field is 32 bits
+T = TypeVar("T")
 _MODE_ALIASES = {m.lower(): m for m in COMPUTE_MODES} | {
     "exclusive": "Exclusive_Process",
     "exclusive_process": "Exclusive_Process",
@@ -108,18 +113,51 @@ def _bool(value: Any, where: str) -> bool:
     return value
 
 
-def _int(value: Any, where: str) -> int:
+def _int(value: Any, where: str, lo: int | None = None, hi: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ScenarioError(f"{where}: expected an integer, got {value!r}")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        span = f"at least {lo}" if hi is None else f"{lo}-{hi}"
+        raise ScenarioError(f"{where}: must be {span}, got {value}")
     return value
+
+
+def _number(value: Any, where: str, *, lo: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value):
+        raise ScenarioError(f"{where}: expected a number, got {value!r}")
+    if value < lo:
+        raise ScenarioError(f"{where}: must be at least {lo:g}, got {value}")
+    return float(value)
+
+
+def _str(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise ScenarioError(f"{where}: expected a string, got {value!r}")
+    return value
+
+
+def _opt(value: Any, parse: Callable[[Any, str], T], where: str) -> T | None:
+    """An optional field: null (or absent with a null default) is None."""
+    return None if value is None else parse(value, where)
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ScenarioError(f"{where} must be a list, got {value!r}")
+    return value
+
+
+def _count(value: Any, where: str) -> int:
+    return _int(value, where, 0)
 
 
 def _parse_gpu(raw: Any, pos: int) -> SimGpu:
     where = f"gpus[{pos}]"
     if not isinstance(raw, dict):
         raise ScenarioError(f"{where}: expected an object")
-    index = _int(raw.get("index", pos), f"{where}.index")
-    mode_raw = str(raw.get("compute_mode", "Default"))
+    index = _int(raw.get("index", pos), f"{where}.index", 0)
+    mode_raw = _str(raw.get("compute_mode", "Default"), f"{where}.compute_mode")
     mode = _MODE_ALIASES.get(mode_raw.lower())
     if mode is None:
         raise ScenarioError(
@@ -136,30 +174,37 @@ def _parse_gpu(raw: Any, pos: int) -> SimGpu:
     if not 0 <= util <= 100:
         raise ScenarioError(f"{where}.utilization: must be 0-100, got {util}")
     total = _size(_req(raw, "memory_total", where), f"{where}.memory_total")
-    uuid = str(raw.get("uuid") or f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_OID, f'sim-{index}')}")
-    numa = raw.get("numa_node", 0)
+    if total <= 0:
+        raise ScenarioError(f"{where}.memory_total: must be positive")
+    uuid = _str(raw.get("uuid") or f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_OID, f'sim-{index}')}",
+                f"{where}.uuid")
+    peers = [_int(x, f"{where}.nvlink_peers", 0)
+             for x in _list(raw.get("nvlink_peers", []), f"{where}.nvlink_peers")]
     return SimGpu(
         index=index,
         uuid=uuid,
-        name=str(raw.get("name", "Simulated GPU")),
+        name=_str(raw.get("name", "Simulated GPU"), f"{where}.name"),
         memory_total=total,
-        numa_node=None if numa is None else _int(numa, f"{where}.numa_node"),
+        numa_node=_opt(raw.get("numa_node", 0), _count, f"{where}.numa_node"),
         cpus=None if cpus is None else str(cpus),
         compute_mode=mode,
         persistence_mode=_bool(raw.get("persistence_mode", True), f"{where}.persistence_mode"),
         mps=_bool(raw.get("mps", False), f"{where}.mps"),
         unaccounted_memory=_size(raw.get("unaccounted_memory", 0), f"{where}.unaccounted_memory"),
         utilization=util,
-        temperature=raw.get("temperature", 35),
-        power_watts=raw.get("power_watts", 60.0),
-        power_limit_watts=raw.get("power_limit_watts", 400.0),
+        temperature=_opt(raw.get("temperature", 35), _int, f"{where}.temperature"),
+        power_watts=_opt(raw.get("power_watts", 60.0), _number, f"{where}.power_watts"),
+        power_limit_watts=_opt(raw.get("power_limit_watts", 400.0), _number,
+                               f"{where}.power_limit_watts"),
         mig_mode=_bool(raw.get("mig_mode", False), f"{where}.mig_mode"),
         driver_baseline=_size(raw.get("driver_baseline", 0), f"{where}.driver_baseline"),
-        pci_bus_id=str(raw.get("pci_bus_id", f"00000000:{0x10 + index:02X}:00.0")),
-        ecc_uncorrected=raw.get("ecc_uncorrected", 0),
-        retired_pages=raw.get("retired_pages", 0),
-        retired_pages_pending=raw.get("retired_pages_pending", False),
-        nvlink_peers=tuple(int(x) for x in raw.get("nvlink_peers", ())),
+        pci_bus_id=_str(raw.get("pci_bus_id", f"00000000:{0x10 + index:02X}:00.0"),
+                        f"{where}.pci_bus_id"),
+        ecc_uncorrected=_opt(raw.get("ecc_uncorrected", 0), _count, f"{where}.ecc_uncorrected"),
+        retired_pages=_opt(raw.get("retired_pages", 0), _count, f"{where}.retired_pages"),
+        retired_pages_pending=_opt(raw.get("retired_pages_pending", False), _bool,
+                                   f"{where}.retired_pages_pending"),
+        nvlink_peers=tuple(peers),
     )
 
 
@@ -167,32 +212,50 @@ def _parse_process(raw: Any, pos: int, gpu_indices: set[int]) -> SimProcess:
     where = f"processes[{pos}]"
     if not isinstance(raw, dict):
         raise ScenarioError(f"{where}: expected an object")
-    pid = _int(_req(raw, "pid", where), f"{where}.pid")
+    state = _str(raw.get("state", "running"), f"{where}.state")
+    if state not in PROCESS_STATES:
+        raise ScenarioError(f"{where}.state: {state!r} is not one of {', '.join(PROCESS_STATES)}")
+    # A garbage pid is what a driver/library mismatch reports (0, 2**32 - 1); a real
+    # process has a positive one.
+    pid = _int(_req(raw, "pid", where), f"{where}.pid", 0 if state == "garbage" else 1,
+               MAX_PID)
     gpu = _int(_req(raw, "gpu", where), f"{where}.gpu")
     if gpu not in gpu_indices:
         raise ScenarioError(f"{where}.gpu: no GPU with index {gpu}")
-    state = str(raw.get("state", "running"))
-    if state not in PROCESS_STATES:
-        raise ScenarioError(f"{where}.state: {state!r} is not one of {', '.join(PROCESS_STATES)}")
     env = raw.get("env")
     if env is not None and not isinstance(env, dict):
         raise ScenarioError(f"{where}.env: expected an object")
+    cpus_allowed = _opt(raw.get("cpus_allowed"), _str, f"{where}.cpus_allowed")
+    if cpus_allowed is not None:
+        try:
+            parse_cpulist(cpus_allowed)
+        except Exception as e:
+            raise ScenarioError(f"{where}.cpus_allowed: {e}") from None
+    kinds = [_str(k, f"{where}.kinds") for k in _list(raw.get("kinds", ["compute"]),
+                                                       f"{where}.kinds")]
+    bad_kinds = sorted(set(kinds) - set(PROCESS_KINDS))
+    if bad_kinds:
+        raise ScenarioError(f"{where}.kinds: {bad_kinds[0]!r} is not one of "
+                            f"{', '.join(PROCESS_KINDS)}")
+    sm = _opt(raw.get("sm_utilization"), _int, f"{where}.sm_utilization")
+    if sm is not None and not 0 <= sm <= 100:
+        raise ScenarioError(f"{where}.sm_utilization: must be 0-100, got {sm}")
     return SimProcess(
         pid=pid,
         gpu=gpu,
-        user=str(raw.get("user", "root")),
-        command=str(raw.get("command", f"process-{pid}")),
+        user=_str(raw.get("user", "root"), f"{where}.user"),
+        command=_str(raw.get("command", f"process-{pid}"), f"{where}.command"),
         memory=_size(_req(raw, "memory", where), f"{where}.memory"),
         state=state,
-        container=raw.get("container"),
-        ppid=raw.get("ppid"),
-        uid=raw.get("uid"),
-        started_ago=float(raw.get("started_ago", 3600.0)),
-        cpus_allowed=raw.get("cpus_allowed"),
+        container=_opt(raw.get("container"), _str, f"{where}.container"),
+        ppid=_opt(raw.get("ppid"), _count, f"{where}.ppid"),
+        uid=_opt(raw.get("uid"), _count, f"{where}.uid"),
+        started_ago=_number(raw.get("started_ago", 3600.0), f"{where}.started_ago"),
+        cpus_allowed=cpus_allowed,
         env={str(k): str(v) for k, v in env.items()} if env else None,
-        torch=raw.get("torch"),
-        sm_utilization=raw.get("sm_utilization"),
-        kinds=tuple(raw.get("kinds", ("compute",))),
+        torch=_opt(raw.get("torch"), _bool, f"{where}.torch"),
+        sm_utilization=sm,
+        kinds=tuple(kinds),
     )
 
 
@@ -201,13 +264,14 @@ def _parse_holder(raw: Any, pos: int) -> SimHolder:
     if not isinstance(raw, dict):
         raise ScenarioError(f"{where}: expected an object")
     devices = _req(raw, "devices", where)
-    if not isinstance(devices, list) or not devices:
+    if not isinstance(devices, list) or not devices \
+            or not all(isinstance(d, str) for d in devices):
         raise ScenarioError(f"{where}.devices: expected a non-empty list of device paths")
     return SimHolder(
-        pid=_int(_req(raw, "pid", where), f"{where}.pid"),
-        user=str(raw.get("user", "root")),
-        command=str(raw.get("command", "?")),
-        devices=tuple(sorted(str(d) for d in devices)),
+        pid=_int(_req(raw, "pid", where), f"{where}.pid", 1, MAX_PID),
+        user=_str(raw.get("user", "root"), f"{where}.user"),
+        command=_str(raw.get("command", "?"), f"{where}.command"),
+        devices=tuple(sorted(devices)),
     )
 
 
@@ -224,17 +288,17 @@ def parse_scenario(data: Any, path: Path) -> Scenario:
     uuids = [g.uuid for g in gpus]
     if len(set(uuids)) != len(uuids):
         raise ScenarioError(f"{path}: GPU uuids must be unique")
-    procs = tuple(
-        _parse_process(p, i, set(indices)) for i, p in enumerate(data.get("processes", []))
-    )
-    holders = tuple(_parse_holder(h, i) for i, h in enumerate(data.get("holders", [])))
+    procs = tuple(_parse_process(p, i, set(indices))
+                  for i, p in enumerate(_list(data.get("processes", []), f"{path}: 'processes'")))
+    holders = tuple(_parse_holder(h, i)
+                    for i, h in enumerate(_list(data.get("holders", []), f"{path}: 'holders'")))
     return Scenario(
         path=path,
         gpus=tuple(sorted(gpus, key=lambda g: g.index)),
         processes=procs,
         holders=holders,
-        driver_version=str(data.get("driver_version", "sim-550.00")),
         extra={k: v for k, v in data.items() if k not in ("gpus", "processes", "holders")},
+        driver_version=_str(data.get("driver_version", "sim-550.00"), f"{path}: driver_version"),
     )
 
 
@@ -245,6 +309,8 @@ def load_scenario(path: str | os.PathLike[str]) -> Scenario:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ScenarioError(f"cannot read scenario {p}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"scenario {p} is not UTF-8 text (byte {e.start})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
