@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import click
 
@@ -38,18 +38,21 @@ def _make_home(paths: Paths) -> None:
                              f"{e.strerror or e}") from None
 
 
+def _open_log(paths: Paths) -> BinaryIO:
+    try:
+        return open(paths.home / "daemon.log", "ab")
+    except OSError as e:
+        raise GpuwardenError(f"cannot write {paths.home / 'daemon.log'}: "
+                             f"{e.strerror or e}") from None
+
+
 def start_detached(paths: Paths, wait: float = 15.0) -> Client:
     """Start a daemon in its own session, logging to the state directory, and wait until
     it answers."""
     from gpuwarden.daemon.client import Client
 
     _make_home(paths)
-    try:
-        log = open(paths.home / "daemon.log", "ab")
-    except OSError as e:
-        raise GpuwardenError(f"cannot write {paths.home / 'daemon.log'}: "
-                             f"{e.strerror or e}") from None
-    with log:
+    with _open_log(paths) as log:
         subprocess.Popen([sys.executable, "-m", "gpuwarden.daemon.main"], stdin=subprocess.DEVNULL,
                          stdout=log, stderr=log, start_new_session=True, close_fds=True,
                          cwd="/")
