@@ -254,20 +254,34 @@ class Scheduler:
         """Run the reap logic on what the attempt left: kill its processes that are
         still there; for memory no process holds, say what would free it. Once per
         leak, so it takes a full snapshot (holders and process details: the pass's own
-        leaves them out to stay cheap)."""
-        from gpuwarden.observe.leaks import find_leaks
+        leaves them out to stay cheap). A process counts as the attempt's only by the
+        (pid, start time) a pass recorded for it: a pid reused since is someone else's."""
+        from gpuwarden.observe.leaks import Leak, find_leaks
         from gpuwarden.observe.reap import plan_reap
         from gpuwarden.observe.snapshot import take_snapshot
-        from gpuwarden.procs.terminate import signal_parent, terminate
+        from gpuwarden.procs.terminate import same_start, signal_parent, terminate
 
         snap = take_snapshot(self._open_backend())
-        self._end_orphans(hold, snap)
+        self._end_orphans(hold)
         gpus = {v.facts.index for v in snap.gpus if v.facts.uuid in hold.gpu_uuids}
-        mine = [lk for lk in find_leaks([snap])
-                if lk.pid in hold.pids or (lk.pid is None and lk.gpu in gpus)]
+        mine: list[Leak] = []
+        reused: set[int] = set()
+        for lk in find_leaks([snap]):
+            if lk.pid is None:
+                if lk.gpu in gpus:
+                    mine.append(lk)
+            elif lk.pid in hold.starts and (lk.start_time is None  # gone: advice only
+                                            or same_start(lk.start_time, hold.starts[lk.pid])):
+                mine.append(lk)
+            elif lk.pid in hold.pids and lk.start_time is not None:
+                reused.add(lk.pid)
+        for pid in sorted(reused):
+            self.store.add_event(hold.job_id, "reap_advice",
+                                 f"pid {pid} is now another process than the job's: left "
+                                 "alone", self.clock())
         for a in plan_reap(mine, snap, caller_uid=os.geteuid()):
             if a.action == "terminate" and a.pid is not None:
-                result = terminate(a.pid, a.start_time, self.config.grace)
+                result = terminate(a.pid, hold.starts[a.pid], self.config.grace)
             elif a.action == "signal_parent" and a.target is not None and a.pid is not None:
                 result = signal_parent(a.target, a.pid)
             else:
@@ -276,24 +290,16 @@ class Scheduler:
                                  f"{a.kind} pid {a.pid}: {result}" if a.pid is not None
                                  else result, self.clock())
 
-    def _end_orphans(self, hold: Hold, snap: Snapshot) -> None:
-        """Processes of the job still running on its GPUs after its end: what a
-        supervisor (or an attached job's launcher) killed before it could end the tree
-        leaves. They are the job's (started before its end: a pid reused since is not),
-        so they go the way the tree would have (invariant 5)."""
-        from gpuwarden.daemon.supervisor import START_TOLERANCE
+    def _end_orphans(self, hold: Hold) -> None:
+        """Processes of the job still running after its end: what a supervisor (or an
+        attached job's launcher) killed before it could end the tree leaves. They go
+        the way the tree would have (invariant 5) — only those whose pid and start
+        time a pass recorded for this attempt (``terminate`` checks the start again as
+        it signals): a pid the passes did not see with its start, or one reused since,
+        may be anyone's process."""
         from gpuwarden.procs.terminate import terminate
 
-        listed = {p.pid for v in snap.gpus if v.facts.uuid in hold.gpu_uuids
-                  for p in v.processes if p.pid in hold.pids}
         targets = {pid: hold.starts[pid] for pid in _still_running(hold)}
-        for pid in sorted(listed - set(targets)):  # seen by no pass: known by its start
-            try:
-                started = psutil.Process(pid).create_time()
-            except psutil.Error:
-                continue
-            if started <= hold.exited_at + START_TOLERANCE:
-                targets[pid] = started
         for pid, started in sorted(targets.items()):
             result = terminate(pid, started, self.config.grace)
             self.store.add_event(hold.job_id, "reaped",
