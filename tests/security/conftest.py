@@ -19,6 +19,7 @@ from tests.conftest import SRC
 from tests.integration.daemon_fixture import PY
 from tests.security.pidns import User
 
+
 def _tools_missing() -> str | None:
     missing = [t for t in ("useradd", "userdel", "setpriv", "unshare") if not shutil.which(t)]
     return f"needs {', '.join(missing)}" if missing else None
