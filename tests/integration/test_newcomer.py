@@ -145,3 +145,38 @@ def test_what_used_to_be_a_traceback_is_one_line(make_sim: Any, tmp_path: Path) 
     raw.write_bytes(b'{"gpus": [{"memory_total": "24G", "name": "\xff"}]}')
     r = sim.cli("status", env={**sim.env, "GPUWARDEN_SIM": str(raw)})
     assert r.returncode == 3 and "not UTF-8" in one_line(r)
+
+
+def test_durations_take_units_everywhere(sim: SimMachine, tmp_path: Path) -> None:
+    # status --watch 2s refreshes (it runs until stopped: a timeout ends it)
+    p = subprocess.Popen([PY, "-m", "gpuwarden", "status", "--json", "--watch", "200ms"],
+                         env=sim.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        docs = [json.loads(p.stdout.readline()) for _ in range(3)]  # one JSON per refresh
+        assert all(len(d["gpus"]) == 2 for d in docs)
+    finally:
+        p.kill()
+        p.wait()
+    for bad in ("-1", "0", "2x"):
+        r = sim.cli("status", "--watch", bad)
+        line = one_line(r)
+        assert r.returncode == 2 and line.startswith("gpuwarden: error: "), line
+        assert "--watch" in line or "negative" in line, line
+    home = {**sim.env, "GPUWARDEN_HOME": str(tmp_path / "home")}
+    r = sim.cli("daemon", "stop", "--timeout", "5s", env=home)
+    assert r.returncode == 0 and "not running" in r.stdout, r.stderr
+    r = sim.cli("daemon", "stop", "--timeout", "5x", env=home)
+    assert r.returncode == 2 and "invalid duration" in one_line(r)
+
+
+def test_a_busy_port_is_one_line(sim: SimMachine) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = f"127.0.0.1:{s.getsockname()[1]}"
+        r = sim.cli("exporter", "--listen", busy, timeout=20)
+    assert r.returncode == 2
+    assert one_line(r) == f"gpuwarden: error: cannot listen on {busy}: Address already in use"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import click
 
-from gpuwarden.cli.common import emit_json
+from gpuwarden.cli.common import DURATION, emit_json
 from gpuwarden.errors import GpuwardenError
 
 if TYPE_CHECKING:
@@ -107,7 +107,8 @@ def start(foreground: bool) -> None:
 
 
 @daemon.command()
-@click.option("--timeout", type=float, default=15.0, show_default=True)
+@click.option("--timeout", type=DURATION, default=15.0, show_default=True,
+              help="How long to wait for it to stop (e.g. 30s).")
 def stop(timeout: float) -> None:
     """Stop the daemon. Running jobs keep running under their supervisors."""
     from gpuwarden.daemon.client import Client

@@ -71,6 +71,16 @@ def cli(sim: str | None) -> None:
         os.environ["GPUWARDEN_SIM"] = sim
 
 
+def _negative(e: click.UsageError, argv: list[str] | None) -> str | None:
+    """``--watch -1``: click reads ``-1`` as an unknown option; say what it is."""
+    if not isinstance(e, click.NoSuchOption) or not e.option_name[1:2].isdigit():
+        return None
+    args = sys.argv[1:] if argv is None else argv
+    i = args.index(e.option_name) if e.option_name in args else 0
+    before = args[i - 1] if i > 0 and args[i - 1].startswith("--") else "a value"
+    return f"{before}: must not be negative, got {e.option_name}"
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     from gpuwarden.errors import GpuwardenError
 
@@ -87,7 +97,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
         sys.exit(e.exit_code)
     except click.UsageError as e:  # one line, as every other error: exit 2
         see = f" (see {e.ctx.command_path} --help)" if e.ctx is not None else ""
-        click.echo(f"gpuwarden: error: {e.format_message()}{see}", err=True)
+        click.echo(f"gpuwarden: error: {_negative(e, argv) or e.format_message()}{see}",
+                   err=True)
         sys.exit(e.exit_code)
     except click.ClickException as e:
         click.echo(f"gpuwarden: error: {e.format_message()}", err=True)

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from gpuwarden.cli.common import backend, check_gpu_indices, emit_json
+from gpuwarden.cli.common import DURATION, backend, check_gpu_indices, emit_json
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
     from rich.text import Text
 
+    from gpuwarden.gpus.backend import Backend
     from gpuwarden.observe.leaks import Leak
     from gpuwarden.observe.snapshot import Snapshot
 
@@ -143,10 +144,32 @@ def render(snap: Snapshot, leaks: list[Leak], gpus: tuple[int, ...], user: str |
     return Group(*parts)
 
 
+def _watch_json(b: Backend, snap: Snapshot, interval: float, gpus: tuple[int, ...],
+                user: str | None, pid: int | None) -> NoReturn:
+    """``--json --watch``: one compact document a line per refresh (JSON Lines), for
+    scripts that read the stream; it runs until interrupted."""
+    import json
+    import sys
+
+    from gpuwarden.observe.jsonview import snapshot_json
+    from gpuwarden.observe.leaks import find_leaks
+    from gpuwarden.observe.snapshot import take_snapshot
+
+    history = [snap]
+    while True:
+        doc = snapshot_json(snap, find_leaks(history), gpus=gpus, user=user, pid=pid)
+        sys.stdout.write(json.dumps(doc, separators=(",", ":"), default=str) + "\n")
+        sys.stdout.flush()
+        time.sleep(interval)
+        snap = take_snapshot(b)
+        history = [*history[-2:], snap]  # leaks must persist over 3 samples
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable schema).")
-@click.option("--watch", "watch", type=float, is_flag=False, flag_value=2.0, default=None,
-              metavar="[SECONDS]", help="Refresh in place every SECONDS (default 2).")
+@click.option("--watch", "watch", type=DURATION, is_flag=False, flag_value=2.0, default=None,
+              metavar="[INTERVAL]", help="Refresh every INTERVAL (default 2s; e.g. 1, "
+                                         "500ms); with --json, one JSON document a line.")
 @click.option("--gpu", "gpus", type=int, multiple=True, help="Only this GPU (repeatable).")
 @click.option("--user", help="Only processes of this user.")
 @click.option("--pid", type=int, help="Only this process.")
@@ -158,10 +181,12 @@ def status(as_json: bool, watch: float | None, gpus: tuple[int, ...], user: str 
     from gpuwarden.observe.snapshot import take_snapshot
 
     if watch is not None and watch <= 0:
-        raise click.BadParameter("must be positive", param_hint="--watch")
+        raise click.BadParameter("must be positive", param_hint="'--watch'")
     with backend() as b:
         snap = take_snapshot(b)
         check_gpu_indices(gpus, [g.index for g in snap.gpus])
+        if as_json and watch is not None:
+            _watch_json(b, snap, watch, gpus, user, pid)
         if as_json:
             emit_json(snapshot_json(snap, find_leaks([snap]), gpus=gpus, user=user, pid=pid))
             return
