@@ -180,3 +180,19 @@ def test_a_busy_port_is_one_line(sim: SimMachine) -> None:
         r = sim.cli("exporter", "--listen", busy, timeout=20)
     assert r.returncode == 2
     assert one_line(r) == f"gpuwarden: error: cannot listen on {busy}: Address already in use"
+
+
+def test_the_readme_says_what_the_code_and_the_makefile_do() -> None:
+    import re
+
+    from gpuwarden.cli.doctor import EXIT_CRITICAL
+    from tests.conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    said = re.search(r"gpuwarden doctor .*exit (\d+) if critical", readme)
+    assert said and int(said.group(1)) == EXIT_CRITICAL, said
+    extra = re.search(r"pip install -q -e '(\.\[[a-z,]+\])'", (ROOT / "Makefile").read_text())
+    assert extra and f"pip install -e '{extra.group(1)}'" in " ".join(readme.split())
+    # The tests that skip without these say where to get them; so does the README.
+    for needle in ("promtool", "prometheus", "chromium-driver", ".ci/run"):
+        assert needle in readme.split("## Everyday use")[0], needle
