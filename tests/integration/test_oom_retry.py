@@ -32,11 +32,11 @@ def test_a_job_that_grows_past_its_budget_heals_in_one_retry(daemon: Daemon) -> 
     assert "shown to need 10.0GiB (the OOM message)" in retried["detail"], retried
     assert "as soon as it fits" in retried["detail"]
     oom = next(e for e in events if e["kind"] == "oom")
-    assert "it tried to allocate 6.00GiB holding 4.00GiB: needs 10.0GiB" in oom["detail"]
+    assert "it tried to allocate 6144MiB holding 4096MiB: needs 10.0GiB" in oom["detail"]
     assert job["oom"] == {"tried": 6 * GiB, "need": 10 * GiB, "retry_budget": job["request"]}
     assert _t(job["submitted_at"]) < _t(placed[0]["at"])  # its place in the queue is kept
     text = daemon.cli("show", str(jid), check=True).stdout
-    assert "its message asked for 6.00GiB, it needs 10.0GiB; the retry got" in text, text
+    assert "its message asked for 6144MiB, it needs 10.0GiB; the retry got" in text, text
     first = (daemon.home / "jobs" / str(jid) / "attempt-0" / "stderr").read_text()
     assert "this process has 4.00 GiB memory in use. 4.00 GiB allowed; Of the allocated " \
            "memory 4.00 GiB is allocated by PyTorch" in first, first

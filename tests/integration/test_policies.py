@@ -128,8 +128,9 @@ def test_other_failures_do_not_consume_retries(fast_daemon: Daemon) -> None:
 
 
 def test_an_oom_without_retries_fails_and_says_so(fast_daemon: Daemon) -> None:
-    d = fast_daemon
-    jid = d.submit("--mem", "2G", cmd=sim_job("1G", 0, "--grow-to", "3G", "--steps", "1"))
+    d = fast_daemon  # --retries 0: the one retry a job with --mem gets by default is off
+    jid = d.submit("--mem", "2G", "--retries", "0",
+                   cmd=sim_job("1G", 0, "--grow-to", "3G", "--steps", "1"))
     assert d.cli("wait", str(jid), timeout=60).returncode != 0
     job = d.job(jid)
     assert job["state"] == "failed"

@@ -326,10 +326,10 @@ class Scheduler:
     def _context_allowance(self, job: Job) -> int:
         """The CUDA context allowance an OOM retry takes out of NVML's figures (the
         message's "in use", the sampled peak). The one place to switch to the per-GPU
-        allowance (of ``job.gpu_uuids``) once that is measured."""
-        from gpuwarden.sched.context import DEFAULT_CONTEXT
+        allowance (of ``job.gpu_uuids``) once that is measured; until then, the default."""
+        from gpuwarden.guard.memory import context_allowance
 
-        return DEFAULT_CONTEXT
+        return context_allowance({})
 
     def _after_oom(self, job: Job, signature: str, ask: OomAsk | None, detail: str) -> bool:
         """Record the OOM; queue the job again with a bigger budget when it may: at once
