@@ -4,10 +4,16 @@ fit behind the first waiting job — rules by example, then as properties."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import Any
 
 from hypothesis import given, note, settings
 
+from gpuwarden.daemon.model import QUEUED, RESERVED, RUNNING, SUCCEEDED, JobSpec
+from gpuwarden.daemon.service import estimate_view, learned_runtime, queued_view
+from gpuwarden.daemon.store import Store
 from gpuwarden.sched import backfill
+from gpuwarden.sched.history import learned_runtime as learn
 from gpuwarden.sched.model import GpuState, Place, QueuedJob, Wait
 from gpuwarden.sched.placement import apply, fits, reservation
 from gpuwarden.sched.queue import BEST_FIT_WINDOW, Policy, plan
@@ -95,6 +101,52 @@ def test_a_job_past_its_estimate_has_an_unknown_end_but_a_timeout_still_bounds_i
     d = by_id(plan([g(0, bounded)], [job(1, 60, at=NOW - 60), job(2, 30, estimate=3600)], 0,
                    now=NOW, policy=FREE))
     assert isinstance(d[2], Wait) and d[2].cause == "backfill"
+
+
+def test_a_learned_run_time_is_the_longest_of_the_last_five() -> None:
+    assert learn([]) == (None, None)
+    assert learn([0.0, -1.0]) == (None, None)
+    seconds, how = learn([600.0, 900.0, 300.0, 60.0, 120.0, 7200.0])  # newest first
+    assert seconds == 900.0  # the sixth (7200 s) is too old to count
+    assert how == "15m00s, the longest of 5 earlier successful run(s)"
+
+
+def _run(store: Store, spec: JobSpec, start: float, end: float, state: str = SUCCEEDED,
+         ) -> int:
+    job, _ = store.submit(spec, start - 1)
+    store.transition(job.id, QUEUED, RESERVED, now=start, kind="placed")
+    store.transition(job.id, RESERVED, RUNNING, now=start, kind="started", started_at=start)
+    store.transition(job.id, RUNNING, state, now=end, kind="ended", ended_at=end)
+    return job.id
+
+
+def test_run_times_are_learned_per_user_and_key_else_name(tmp_path: Path) -> None:
+    base: dict[str, Any] = dict(command=("python", "eval.py"), user="alice", uid=1000,
+                                gid=1000)
+    with Store(tmp_path / "state.db") as store:
+        _run(store, JobSpec(**base, name="eval"), 100, 400)
+        _run(store, JobSpec(**base, name="eval"), 500, 1100)
+        _run(store, JobSpec(**base, name="eval"), 2000, 9000, "failed")
+        _run(store, JobSpec(**{**base, "uid": 1001}, name="eval"), 0, 9000)
+        _run(store, JobSpec(**base, key="k1"), 0, 50)
+        assert store.runtimes(1000, name="eval") == [600.0, 300.0]  # newest first
+        assert store.runtimes(1000, key="k1", name="eval") == [50.0]  # the key wins
+        assert store.runtimes(1000) == []
+        waiting, _ = store.submit(JobSpec(**base, name="eval", timeout=3600), 10_000)
+        learned, how = learned_runtime(store, waiting)
+        assert learned == 600.0
+        assert queued_view(waiting, learned).estimate == 600.0
+        assert queued_view(waiting, learned).runtime == 3600.0
+        view = estimate_view(waiting, learned, how)
+        assert view["seconds"] == 600.0
+        assert view["how"] == ("learned: 10m00s, the longest of 2 earlier successful run(s) "
+                               "(--timeout 1h00m bounds it)")
+        fresh, _ = store.submit(JobSpec(**base, name="new"), 10_000)
+        assert estimate_view(fresh, *learned_runtime(store, fresh))["how"].startswith(
+            "unknown: no --timeout")
+        short, _ = store.submit(JobSpec(**base, name="eval", timeout=60), 10_000)
+        assert estimate_view(short, *learned_runtime(store, short)) == {
+            "seconds": 60.0, "learned": 600.0, "how": "its --timeout, 1m00s"}
 
 
 # --- best fit behind the head -------------------------------------------------------------

@@ -49,6 +49,9 @@ def job_lines(j: Mapping[str, Any]) -> list[tuple[str, str]]:
             + ([f"it needs {_b(oom['need'])}"] if oom.get("need") else [])
         out.append(("last OOM", ", ".join(asked or ["its message said no size"])
                     + f"; the retry got {_b(oom.get('retry_budget'))}"))
+    est = j.get("estimate")
+    if isinstance(est, Mapping) and est.get("how"):
+        out.append(("expected run", str(est["how"])))  # what backfill plans with
     for label, key in (("submitted", "submitted_at"), ("started", "started_at"),
                        ("ended", "ended_at")):
         if j.get(key):

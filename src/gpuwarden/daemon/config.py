@@ -7,6 +7,8 @@
     grace = "10s"           # SIGTERM -> SIGKILL when a job is cancelled or preempted
     aging = "1h"            # waiting this long raises a job's priority by one ("0": off)
     backfill = true         # later jobs may start if they cannot delay the first waiting one
+    starve_after = "15m"    # until the first waiting job has waited this long, jobs that
+                            # fit start before it when its start is unknown ("0": never)
     preemption = true       # higher class/priority jobs may stop cheaper running ones
     oom_retries = 1         # CUDA-OOM retries of a job with --mem that gives no --retries
     retry_backoff = "10s"   # before an OOM retry at the same budget; doubles each time
@@ -29,6 +31,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -56,7 +59,7 @@ def read_config(path: Path) -> Config:
                                  "grace", "aging", "backfill", "preemption", "retry_backoff",
                                  "oom_retries", "release_timeout", "limits", "metrics_listen",
                                  "metrics_cache", "history_interval", "history_retention",
-                                 "web_listen"})
+                                 "web_listen", "starve_after"})
     if unknown:
         raise UsageError(f"{path}: unknown setting(s) {', '.join(unknown)}")
     groups = raw.get("admin_groups", [])
@@ -74,7 +77,8 @@ def read_config(path: Path) -> Config:
         raise UsageError(f"{path}: oom_retries must be a whole number from 0 to 100")
     policy = Policy(aging=parse_duration(raw.get("aging", 3600.0)),
                     backfill=raw.get("backfill", True), preemption=raw.get("preemption", True),
-                    limits=_limits(path, raw.get("limits", {})))
+                    limits=_limits(path, raw.get("limits", {})),
+                    starve_after=_starve_after(path, raw.get("starve_after", "15m")))
     return Config(
         policy=policy,
         retry_backoff=parse_duration(raw.get("retry_backoff", 10.0)),
@@ -92,6 +96,18 @@ def read_config(path: Path) -> Config:
         interval=max(parse_duration(raw.get("interval", 0.5)), 0.05),
         grace=parse_duration(raw.get("grace", 10.0)),
     )
+
+
+def _starve_after(path: Path, raw: Any) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise UsageError(f"{path}: starve_after must be a duration like 15m")
+    try:
+        value = parse_duration(raw)
+    except UsageError as e:
+        raise UsageError(f"{path}: starve_after: {e}") from None
+    if not math.isfinite(value):
+        raise UsageError(f"{path}: starve_after must be a finite duration like 15m")
+    return value
 
 
 def _user_limits(path: Path, where: str, raw: Any) -> UserLimits:

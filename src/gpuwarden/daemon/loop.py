@@ -21,7 +21,7 @@ from gpuwarden.daemon import model
 from gpuwarden.daemon.model import Hold, Job, NewHold
 from gpuwarden.daemon.mps_jobs import MpsPool, client_env
 from gpuwarden.daemon.mps_jobs import key as mps_key
-from gpuwarden.daemon.service import Config, queued_view
+from gpuwarden.daemon.service import Config, learned_runtime, queued_view
 from gpuwarden.daemon.store import Conflict, JobNotFound
 from gpuwarden.sched.model import GUARANTEED, GpuState, Infeasible, ManagedUse, Place, Preempt, Wait
 from gpuwarden.sched.oom import (
@@ -119,6 +119,7 @@ class Scheduler:
         self._peaks: dict[str, list[tuple[float, int]]] = {}  # uuid -> (time, foreign bytes)
         self._backend: Backend | None = None
         self._watched: set[tuple[int, int, str]] = set()  # (job, attempt, action) recorded
+        self._estimates: dict[int, float | None] = {}  # job id -> learned run time
         # job id -> its processes this attempt, with their start times where known
         self._seen_pids: dict[int, dict[int, float | None]] = {}
         self._unaccounted: dict[str, int] = {}  # GPU uuid -> unaccounted bytes, last pass
@@ -620,7 +621,7 @@ class Scheduler:
         for job in active:
             if job.budget is None:
                 continue
-            view = queued_view(job)
+            view = queued_view(job, self._estimate(job))
             for uuid in job.gpu_uuids:
                 uses.setdefault(uuid, []).append(reservation(
                     view, job.budget, started_at=job.started_at or now,
@@ -714,7 +715,7 @@ class Scheduler:
             return False
         room_wanted = False
         by_id = {j.id: j for j in ready}
-        for d in plan(self.last_states, [queued_view(j) for j in ready],
+        for d in plan(self.last_states, [queued_view(j, self._estimate(j)) for j in ready],
                       self.config.spike_buffer, now=self.clock(), policy=self.config.policy):
             job = by_id[d.job_id]
             if isinstance(d, Preempt):
@@ -730,6 +731,15 @@ class Scheduler:
                                       now=self.clock(), kind="infeasible", detail=d.reason,
                                       reason=d.reason, ended_at=self.clock())
         return room_wanted
+
+    def _estimate(self, job: Job) -> float | None:
+        """The job's learned run time (backfill's estimate), read from the store once per
+        job: its history changes little while it waits and runs."""
+        if job.id not in self._estimates:
+            if len(self._estimates) > 4096:
+                self._estimates.clear()  # ended jobs' entries: read again when needed
+            self._estimates[job.id] = learned_runtime(self.store, job)[0]
+        return self._estimates[job.id]
 
     def _preempt(self, job: Job, d: Preempt) -> None:
         """Stop the victims so ``job`` can start: record the preemption on each (written

@@ -233,12 +233,41 @@ def _duration(raw: Any, label: str, *, zero_ok: bool = False) -> float | None:
     return value
 
 
-def queued_view(job: Job) -> QueuedJob:
+def queued_view(job: Job, estimate: float | None = None) -> QueuedJob:
+    """The job as the queue policy sees it; ``estimate`` is its learned run time
+    (``learned_runtime``), its ``--timeout`` the bound."""
     s = job.spec
     return QueuedJob(id=job.id, user=s.user, mem=job.request, count=s.gpus,
                      gpu_ids=s.gpu_ids, exclusive=s.exclusive, priority=s.priority,
                      submitted_at=job.submitted_at, qos=s.qos, runtime=s.timeout,
-                     not_before=job.not_before or 0.0, cpus=s.cpus)
+                     estimate=estimate, not_before=job.not_before or 0.0, cpus=s.cpus)
+
+
+def learned_runtime(store: Store, job: Job) -> tuple[float | None, str | None]:
+    """The run time of the job's key (else name) learned from its user's earlier
+    successful runs, and how it was found (None: nothing to learn from)."""
+    from gpuwarden.sched.history import learned_runtime as learn
+
+    s = job.spec
+    return learn(store.runtimes(s.uid, key=s.key, name=s.name))
+
+
+def estimate_view(job: Job, learned: float | None, how: str | None) -> dict[str, Any]:
+    """What backfill expects of the job's run time, for ``show``: the seconds it plans
+    with and where they come from."""
+    from gpuwarden.units import format_duration
+
+    seconds = queued_view(job, learned).expected_runtime
+    timeout = job.spec.timeout
+    if seconds is None:
+        why = ("unknown: no --timeout and no earlier successful run of its key or name; "
+               "backfill counts it as running until it ends")
+    elif learned is not None and (timeout is None or learned <= timeout):
+        why = f"learned: {how}" + ("" if timeout is None else
+                                   f" (--timeout {format_duration(timeout)} bounds it)")
+    else:
+        why = f"its --timeout, {format_duration(seconds)}"
+    return {"seconds": seconds, "learned": learned, "how": why}
 
 
 class JobService:
@@ -316,7 +345,7 @@ class JobService:
         from gpuwarden.daemon.loop import job_dir
 
         try:
-            claim(job_dir(self.jobs_dir, job), job.id, caller.pid)
+            claim(job_dir(self.jobs_dir, job), job.id, caller)
         except (OSError, UsageError) as e:
             now = self.clock()
             self.store.transition(job.id, (model.QUEUED,), model.CANCELLED, now=now,
@@ -332,7 +361,7 @@ class JobService:
         if job.spec.attach is None:
             raise UsageError(f"job {job_id} is started by the daemon, not attached")
         d = job_dir(self.jobs_dir, job)
-        check_reporter(d, job.id, caller.pid)
+        check_reporter(d, job.id, caller)
         return job, d
 
     def started(self, caller: Caller, job_id: int, body: Any) -> dict[str, Any]:
@@ -360,7 +389,11 @@ class JobService:
         return self.view(caller, self.store.get(job.id))
 
     def show(self, caller: Caller, job_id: int) -> dict[str, Any]:
-        return self.view(caller, self.store.get(job_id))
+        job = self.store.get(job_id)
+        out = self.view(caller, job)
+        if not job.terminal:
+            out["estimate"] = estimate_view(job, *learned_runtime(self.store, job))
+        return out
 
     def list(self, caller: Caller, *, all_jobs: bool, user: str | None,
              group: str | None) -> list[dict[str, Any]]:

@@ -652,6 +652,23 @@ class Store:
                 (uid, arg, SUCCEEDED, limit))
             return [r[0] for r in rows]
 
+    def runtimes(self, uid: int, *, key: str | None = None, name: str | None = None,
+                 limit: int = 5) -> builtins.list[float]:
+        """Run times (start of the last attempt to its end) of this user's latest succeeded
+        jobs with this key (else name), newest first: what backfill's estimates learn from."""
+        if key is not None:
+            where, arg = "job_key = ?", key
+        elif name is not None:
+            where, arg = "name = ?", name
+        else:
+            return []
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                f"SELECT ended_at - started_at FROM jobs WHERE uid = ? AND {where} AND "
+                "state = ? AND started_at IS NOT NULL AND ended_at IS NOT NULL "
+                "ORDER BY ended_at DESC, id DESC LIMIT ?", (uid, arg, SUCCEEDED, limit))
+            return [float(r[0]) for r in rows]
+
     def recent_ends(self, uid: int, group: str, limit: int = 3) -> builtins.list[Job]:
         """This user's latest ended jobs of ``group``, newest first (with events)."""
         with self._tx(write=False) as conn:

@@ -1,12 +1,13 @@
-"""Decisions from a job's history: learned budgets (``--mem auto``) and the failure streak
-that holds a group instead of burning through it. Pure: the daemon reads the history from
-its store and carries out what these return."""
+"""Decisions from a job's history: learned budgets (``--mem auto``), learned run times
+(backfill's estimates) and the failure streak that holds a group instead of burning
+through it. Pure: the daemon reads the history from its store and carries out what these
+return."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpuwarden.units import MiB, format_bytes
+from gpuwarden.units import MiB, format_bytes, format_duration
 
 MARGIN = 1.2  # a learned budget is the highest earlier peak plus this much
 ROUND = 256 * MiB
@@ -24,6 +25,19 @@ def learned_budget(peaks: Sequence[int]) -> tuple[int | None, str]:
     budget = -(-int(top * MARGIN) // ROUND) * ROUND
     return budget, (f"{format_bytes(budget)} = {MARGIN:g} × the highest peak "
                     f"{format_bytes(top)} of {len(seen)} earlier run(s)")
+
+
+def learned_runtime(durations: Sequence[float]) -> tuple[float | None, str | None]:
+    """How long a job is expected to run, from the run times of earlier successful runs
+    of its key or name (newest first), and how it was found. The longest of the recent
+    runs: an estimate that is too short lets backfill delay the first waiting job, one
+    too long only starts fewer jobs early. None: no history."""
+    seen = [d for d in durations[:RUNS] if d is not None and d > 0]
+    if not seen:
+        return None, None
+    top = max(seen)
+    return top, (f"{format_duration(top)}, the longest of {len(seen)} earlier successful "
+                 f"run(s)")
 
 
 def failure_signature(state: str, exit_code: int | None, reason: str | None,
