@@ -158,9 +158,13 @@ def collect(results: Path, jobs: list[dict[str, Any]], t0: float) -> dict[str, A
             "name": job["name"], "declared_mib": job["declared_mib"],
             "final_mib": job["final_mib"], "honest": job["honest"],
             "ok": ok, "attempts": len(recs),
-            "peak_reserved_mib": max((r.get("peak_reserved") or 0 for r in recs),
-                                     default=0) // MiB,
-            "nvml_peak_mib": max((r.get("nvml_peak") or 0 for r in recs), default=0) // MiB,
+            # the successful attempt's figures; else the largest any attempt reached
+            "peak_reserved_mib": int((last.get("peak_reserved") or 0) if ok and last else
+                                     max((r.get("peak_reserved") or 0 for r in recs),
+                                         default=0)) // MiB,
+            "nvml_peak_mib": int((last.get("nvml_peak") or 0) if ok and last else
+                                 max((r.get("nvml_peak") or 0 for r in recs),
+                                     default=0)) // MiB,
             "context_mib": next((r["context"] // MiB for r in reversed(recs)
                                  if r.get("context")), None),
             "end_s": (last["end"] - t0) if ok and last else None,

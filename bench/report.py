@@ -749,8 +749,9 @@ def _peers(pr: dict[str, Any]) -> list[str]:
                 line += (f". NVML's figure less the allocator's, per process: "
                          f"{min(ctx)}-{max(ctx)} MiB (the CUDA context)")
             out += [line + ".", ""]
-        out += ["Declared vs peak (`max_memory_reserved`, over all attempts; ⚠ declares less "
-                "than it takes, ✗ did not succeed):", "", *_peer_jobs(pset, runs), ""]
+        out += ["Declared vs peak (`max_memory_reserved` of the successful attempt, else the "
+                "largest of any attempt; attempts in brackets; ⚠ declares less than it takes, "
+                "✗ did not succeed):", "", *_peer_jobs(pset, runs), ""]
     if st:
         out += ["| one-shot view (wall time, Python start-up included) | median | min |",
                 "|---|---:|---:|",

@@ -23,6 +23,8 @@
 #   scripts/gpu-bench.sh --sets a --tools gpuwarden,gflow      # a part, to split runs
 #   scripts/gpu-bench.sh --time-scale 0.3 --status-runs 0      # a quick smoke run
 #   scripts/gpu-bench.sh --gw-args "--retries 1"               # options for gpuwarden submit
+#   GPUWARDEN_SRC=.gwsrc/src GPUWARDEN_REV=abc1234 scripts/gpu-bench.sh   # a given commit
+#       (here: git archive abc1234 src | tar -x -C .gwsrc; carry .gwsrc, git-ignored)
 #
 # Writes to ${OUT:-/tmp/gpuwarden-gpu-bench}: peers.json (figures), peers.log (progress and
 # the summary table) and peers-work.tar.gz (every job's result files and logs, the tools'
@@ -44,8 +46,11 @@ done
 [ -d "$site/bin" ] && chmod +x "$site"/bin/*
 export PATH="$site/bin:$tools/usr/bin:$PATH"
 export LD_LIBRARY_PATH="$tools/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-python3 -m compileall -q src
-export PYTHONPATH="$PWD/src:$site" PYTHONUNBUFFERED=1
+# gpuwarden from this tree's src/, or from GPUWARDEN_SRC (e.g. a `git archive` of one
+# commit, carried; GPUWARDEN_REV names it in peers.json)
+gw_src="$(cd "${GPUWARDEN_SRC:-src}" && pwd)"
+python3 -m compileall -q "$gw_src"
+export PYTHONPATH="$gw_src:$site" PYTHONUNBUFFERED=1
 echo "tmux: $(tmux -V 2>&1); gflowd: $(gflowd --version 2>&1 | head -1); $(nvidia-smi \
   --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1)" | tee "$out/peers.log"
 rc=0
