@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import math
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from gpuwarden import __version__
-from gpuwarden.daemon.auth import Caller, peer_caller
+from gpuwarden.daemon.auth import Caller, Peer, identify
 from gpuwarden.daemon.openapi import document
 from gpuwarden.daemon.service import JobService
 from gpuwarden.daemon.store import Conflict, JobNotFound, StoreError
@@ -27,6 +28,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SERVICE = web.AppKey("service", JobService)
 STARTED = web.AppKey("started", float)
 MAX_BODY = 4 << 20
+IDLE_TIMEOUT = 30.0  # seconds a connection may wait for its next request
+PEERS = web.AppKey("peers", dict[Any, Peer])  # transport -> Peer, from accept to close
 
 
 def _status_for(e: Exception) -> int:
@@ -55,11 +58,41 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
                                  status=500)
 
 
+def identify_peers(app: web.Application, server: web.Server) -> None:
+    """Identify each connection's peer when it is accepted (``auth.identify``), not when
+    a request arrives: by then the process that connected may have handed the socket to
+    a child and exited, and its pid be another user's process."""
+    peers: dict[Any, Peer] = app[PEERS]
+    made, lost = server.connection_made, server.connection_lost
+
+    def connection_made(handler: Any, transport: Any) -> None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family == socket.AF_UNIX:
+            try:
+                peers[transport] = identify(sock)
+            except OSError:
+                log.warning("cannot identify the peer of a new connection")
+        made(handler, transport)
+
+    def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
+        peer = peers.pop(handler.transport, None) if handler.transport else None
+        if peer is not None:
+            peer.close()
+        lost(handler, exc)
+
+    server.connection_made = connection_made  # type: ignore[method-assign]
+    server.connection_lost = connection_lost  # type: ignore[method-assign]
+
+
 def caller_of(request: web.Request) -> Caller:
-    sock = request.transport.get_extra_info("socket") if request.transport else None
-    if sock is None:
+    """The caller as identified at the accept, if it is still the same process."""
+    peer = request.app[PEERS].get(request.transport) if request.transport else None
+    if peer is None:
         raise PermissionDenied("the caller's identity cannot be established")
-    return peer_caller(sock)
+    if not peer.same_process():
+        raise PermissionDenied("the process that opened this connection has exited; "
+                               "connect again")
+    return peer.caller
 
 
 def _job_id(request: web.Request) -> int:
@@ -212,6 +245,7 @@ def make_app(service: JobService) -> web.Application:
     app = web.Application(middlewares=[errors], client_max_size=MAX_BODY)
     app[SERVICE] = service
     app[STARTED] = time.time()
+    app[PEERS] = {}
     app.router.add_get("/v1/health", health)
     app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/v1/jobs", list_jobs)

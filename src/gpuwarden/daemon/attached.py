@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -34,6 +34,9 @@ from gpuwarden.daemon.supervisor import (
 )
 from gpuwarden.errors import PermissionDenied, UsageError
 
+if TYPE_CHECKING:
+    from gpuwarden.daemon.auth import Caller
+
 MAX_OUTPUT = 64 << 10  # the tail of the output a launcher may hand over (OOM detection)
 # What cannot apply to a job the daemon does not start or stop itself.
 NOT_FOR_ATTACHED = ("mps", "checkpoint", "requeue_on_reboot", "timeout", "after", "key",
@@ -48,16 +51,19 @@ def refuse_clashes(body: Mapping[str, Any]) -> None:
                          f"{', '.join(clash)} cannot apply to it")
 
 
-def claim(jobdir: Path, job_id: int, pid: int) -> None:
-    """Name process ``pid`` (the caller that attached the job) as the job's supervisor."""
-    try:
-        start = psutil.Process(pid).create_time()
-    except psutil.Error:
-        raise UsageError(f"the attaching process {pid} is gone") from None
+def claim(jobdir: Path, job_id: int, caller: Caller) -> None:
+    """Name the caller's process (the one that attached the job) as the job's supervisor,
+    by the identity read when its connection was accepted (``auth.identify``): read now,
+    the pid could be another process's."""
+    if caller.pid <= 0 or caller.start_time is None:
+        raise UsageError(f"the attaching process {caller.pid} is gone (or not visible "
+                         "from the daemon)")
     jobdir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    _write_json(jobdir / SUPERVISOR, {"job": job_id, "pid": pid, "start_time": start,
-                                      "start_ticks": _start_ticks(pid), "boot_id": boot_id(),
-                                      "nonce": "attached"}, exclusive=True)
+    _write_json(jobdir / SUPERVISOR, {"job": job_id, "pid": caller.pid,
+                                      "start_time": caller.start_time,
+                                      "start_ticks": caller.start_ticks,
+                                      "boot_id": boot_id(), "nonce": "attached"},
+                exclusive=True)
 
 
 def live_launcher(jobdir: Path) -> SupervisorHandle | None:
@@ -66,10 +72,13 @@ def live_launcher(jobdir: Path) -> SupervisorHandle | None:
     return handle if handle is not None and alive(handle) else None
 
 
-def check_reporter(jobdir: Path, job_id: int, pid: int) -> None:
-    """Only the process that attached the job reports on it."""
+def check_reporter(jobdir: Path, job_id: int, caller: Caller) -> None:
+    """Only the process that attached the job reports on it (the same pid and start)."""
     handle = read_status(jobdir).supervisor
-    if handle is None or handle.pid != pid or not alive(handle):
+    same = handle is not None and handle.pid == caller.pid and (
+        None in (handle.start_ticks, caller.start_ticks)
+        or handle.start_ticks == caller.start_ticks)
+    if handle is None or not same or not alive(handle):
         raise PermissionDenied(f"only the process that attached job {job_id} may report "
                                "its start and end")
 

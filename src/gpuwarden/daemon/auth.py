@@ -3,9 +3,12 @@ request — and what they may do."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import grp
+import os
 import pwd
+import select
 import socket
 import struct
 from dataclasses import dataclass
@@ -18,6 +21,10 @@ class Caller:
     gid: int
     user: str
     groups: tuple[int, ...]
+    # The connecting process's start, read when the connection was accepted: with
+    # ``pid``, its identity (None where it could not be read: it had gone already).
+    start_time: float | None = None
+    start_ticks: int | None = None
 
     @property
     def root(self) -> bool:
@@ -84,6 +91,74 @@ def peer_caller(sock: socket.socket) -> Caller:
     if groups is None:
         groups = _groups_of(pid, uid, gid)
     return Caller(pid=pid, uid=uid, gid=gid, user=_name(uid), groups=groups)
+
+
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux >= 6.5
+
+
+@dataclass
+class Peer:
+    """The process at the other end of one connection, identified when the daemon
+    accepted it: its credentials and start time, and a pidfd that keeps naming that
+    process (not its pid's next owner) until the connection ends."""
+
+    caller: Caller
+    pidfd: int | None
+
+    def same_process(self) -> bool:
+        """Is the process that connected still there (not exited, pid not reused)?"""
+        c = self.caller
+        if c.pid <= 0:  # outside this daemon's PID namespace: no pid to go by
+            return True
+        if self.pidfd is not None:
+            return not _exited(self.pidfd)
+        from gpuwarden.daemon.supervisor import _start_ticks
+
+        return c.start_ticks is not None and _start_ticks(c.pid) == c.start_ticks
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.pidfd)
+            self.pidfd = None
+
+
+def _exited(pidfd: int) -> bool:
+    """A pidfd polls readable once its process has exited (a zombie included)."""
+    return bool(select.select([pidfd], [], [], 0)[0])
+
+
+def _pidfd(sock: socket.socket, pid: int) -> int | None:
+    """The kernel's pidfd of the process that connected (SO_PEERPIDFD); on older
+    kernels one opened on its pid now, as close to the connect as the daemon gets."""
+    with contextlib.suppress(OSError):
+        return int(sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD))
+    with contextlib.suppress(OSError, AttributeError):
+        return os.pidfd_open(pid)
+    return None
+
+
+def identify(sock: socket.socket) -> Peer:
+    """Identify the peer of a connection just accepted (call it then, not per request):
+    its start time is read while its pidfd shows it alive, so it is that process's."""
+    import dataclasses
+
+    import psutil
+
+    from gpuwarden.daemon.supervisor import _start_ticks
+
+    caller = peer_caller(sock)
+    if caller.pid <= 0:
+        return Peer(caller, None)
+    fd = _pidfd(sock, caller.pid)
+    ticks = _start_ticks(caller.pid)
+    try:
+        start: float | None = psutil.Process(caller.pid).create_time()
+    except psutil.Error:
+        start = None
+    if fd is not None and _exited(fd):  # gone before it was identified
+        ticks = start = None
+    return Peer(dataclasses.replace(caller, start_time=start, start_ticks=ticks), fd)
 
 
 def admin_gids(group_names: tuple[str, ...]) -> frozenset[int]:

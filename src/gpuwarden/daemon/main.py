@@ -148,7 +148,7 @@ async def _start_public_web(config: Config, store: Any) -> web.AppRunner | None:
 
 
 async def serve(paths: Paths, config: Config) -> None:
-    from gpuwarden.daemon.api import make_app
+    from gpuwarden.daemon.api import IDLE_TIMEOUT, identify_peers, make_app
     from gpuwarden.daemon.forkserver import ForkServer
     from gpuwarden.daemon.loop import Scheduler
     from gpuwarden.daemon.store import Store
@@ -184,8 +184,11 @@ async def serve(paths: Paths, config: Config) -> None:
             metrics.stop()
         raise
     app = make_app(service)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
+                           keepalive_timeout=IDLE_TIMEOUT)
     await runner.setup()
+    assert runner.server is not None
+    identify_peers(app, runner.server)
     sock = paths.socket
     sock.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
