@@ -270,21 +270,28 @@ def run_gpuwarden(jobs: list[dict[str, Any]], work: Path, results: Path, deadlin
         tool["cut"] = w.returncode == 124
         if tool["cut"]:
             _run([*gw, "cancel", *ids], env)
-        ps = _run([*gw, "ps", "--all", "--json"], env)
-        try:
-            tool["ps"] = json.loads(ps.stdout)
-        except ValueError:
-            tool["ps"] = ps.stdout[-2000:]
         tool["show"] = {}
         for jid in ids:
             s = _run([*gw, "show", "--json", jid], env)
             try:
-                tool["show"][jid] = json.loads(s.stdout)
+                tool["show"][jid] = _gw_brief(json.loads(s.stdout))
             except ValueError:
                 tool["show"][jid] = s.stdout[-1000:]
         return {"t0": t0, "tool": tool}
     finally:
         _run([*gw, "daemon", "stop"], env)
+
+
+GW_KEEP = ("id", "name", "state", "mem", "budget", "peak_memory", "attempts", "oom_retries",
+           "oom", "preemptions", "declared_vs_peak", "reason", "enforcement")
+
+
+def _gw_brief(show: dict[str, Any]) -> dict[str, Any]:
+    """What `gpuwarden show --json` says of a job, less what the result files already hold."""
+    brief = {k: show.get(k) for k in GW_KEEP if k in show}
+    brief["events"] = [f"{e.get('at', '')[11:23]} {e.get('kind')}: {(e.get('detail') or '')[:300]}"
+                       for e in show.get("events", [])]
+    return brief
 
 
 def run_gpusched(jobs: list[dict[str, Any]], work: Path, results: Path, deadline: float,
@@ -560,12 +567,14 @@ def _copy_regular(src: str, dst: str) -> None:
 
 
 def _git_rev() -> str | None:
+    if os.environ.get("GPUWARDEN_REV"):  # gpuwarden runs from a tree other than this one
+        return os.environ["GPUWARDEN_REV"]
     try:
         r = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"],
                            capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
-        return os.environ.get("GPUWARDEN_REV")
-    return r.stdout.strip() or os.environ.get("GPUWARDEN_REV")
+        return None
+    return r.stdout.strip() or None
 
 
 if __name__ == "__main__":

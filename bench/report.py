@@ -627,7 +627,7 @@ def _peers_summary(pr: dict[str, Any]) -> list[str]:
     smoke = "" if pr.get("time_scale", 1) == 1 else \
         f" (a smoke run, durations ×{pr['time_scale']}: not the benchmark's figures)"
     parts = []
-    for s, runs in pr["runs"].items():
+    for s, runs in sorted(pr["runs"].items()):
         gw, best, name = _peer_ratio(runs)
         if gw is None or best is None:
             parts.append(f"set {s}: gpuwarden {'did not finish' if gw is None else 'ran'}, "
@@ -696,7 +696,8 @@ def _peers(pr: dict[str, Any]) -> list[str]:
         f"({_gib(pr['gpu_memory'])}, driver {pr.get('driver')}, torch {v.get('torch')}), "
         "all of a set submitted at once to each tool in turn, on a fresh state: gpuwarden "
         f"{v.get('gpuwarden') or ''} (a private daemon with no config file, `gpuwarden submit "
-        f"--mem DECLARED {cfg.get('gw_args', '')}`), gpusched {v.get('gpusched')} (a jobs "
+        f"--mem DECLARED{(' ' + cfg['gw_args']) if cfg.get('gw_args') else ''}`), "
+        f"gpusched {v.get('gpusched')} (a jobs "
         f"file of `[vram=DECLARED retries={cfg.get('peer_retries')}]` lines, `--poll "
         f"{cfg.get('gs_poll')}`) and gflow (runqd {v.get('runqd')}: `gbatch --gpus 1 "
         f"--shared --gpu-memory DECLARED --max-retries {cfg.get('peer_retries')}`). Each job "
@@ -714,7 +715,7 @@ def _peers(pr: dict[str, Any]) -> list[str]:
         "to succeed. scripts/gpu-bench.sh (bench/bench_peers.py, bench/peers_job.py), the "
         "peers carried as wheels and tmux as Debian packages.",
         ""]
-    for s, runs in pr["runs"].items():
+    for s, runs in sorted(pr["runs"].items()):
         pset = pr["sets"][s]
         lb = pset["lower_bound"]
         gw, best, name = _peer_ratio(runs)
@@ -741,8 +742,9 @@ def _peers(pr: dict[str, Any]) -> list[str]:
                     f"(goal 0: {_verdict(g['ooms']['neighbour'] == 0)})")
             if liars:
                 line += (f"; under-declared jobs succeed after exactly one retry: "
-                         f"{_verdict(one)} ({', '.join(str(j['attempts']) for j in liars)} "
-                         "attempts)")
+                         f"{_verdict(one)} (attempts: "
+                         + ", ".join(f"{j['attempts']}{'' if j['ok'] else ' ✗'}" for j in liars)
+                         + ")")
             ctx = [j["context_mib"] for r in runs.values() for j in r.get("jobs", [])
                    if j.get("context_mib")]
             if ctx:
