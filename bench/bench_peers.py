@@ -530,13 +530,13 @@ def main(argv: list[str] | None = None) -> int:
             result["sets"][s] = {"title": all_sets[s]["title"], "jobs": jobs, "lower_bound": lb}
             result["runs"][s] = {}
             for tool in args.tools.split(","):
+                waited = drain(baseline)
                 left = args.budget - (time.monotonic() - started)
                 allowed = min(max(args.deadline_factor * lb["bound_s"], lb["bound_s"] + 60),
                               left)
                 if allowed < lb["bound_s"]:
                     result["runs"][s][tool] = {"error": "skipped: the budget is spent"}
                     continue
-                waited = drain(baseline)
                 print(f"== set {s}, {tool}: {len(jobs)} jobs, bound {lb['bound_s']:.1f} s, "
                       f"deadline {allowed:.0f} s (drained {waited:.1f} s)", file=sys.stderr,
                       flush=True)

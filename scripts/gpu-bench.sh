@@ -17,14 +17,20 @@
 # (gpusched and nvitop are pure Python; runqd is gflow's Rust binaries as a wheel; gflow
 # needs tmux, which needs libevent. torch, nvidia-ml-py, psutil, click, rich are there.)
 #
-# Run (the whole of it: about 9 minutes; a device command may run 10):
+# Run. Each set's lower bound is 38-48 s and a tool takes 1.5-2.5x that, so the whole of it
+# (3 sets x 3 tools, run set by set, tool after tool) takes 9-11 minutes: --budget (540 s
+# by default) cuts or skips the runs that would pass it, so that one 10-minute command ends
+# in time. For every figure, split it in two calls and join them:
 #
 #   scripts/gpu-bench.sh                         # sets a,b,c x gpuwarden,gpusched,gflow
-#   scripts/gpu-bench.sh --sets a --tools gpuwarden,gflow      # a part, to split runs
+#   scripts/gpu-bench.sh --sets a,b              # about 6 minutes ...
+#   scripts/gpu-bench.sh --sets c                # ... and about 4 (keep each peers.json)
+#   scripts/gpu-bench.sh --sets a --tools gpuwarden,gflow      # any part
 #   scripts/gpu-bench.sh --time-scale 0.3 --status-runs 0      # a quick smoke run
 #   scripts/gpu-bench.sh --gw-args "--retries 1"               # options for gpuwarden submit
 #   GPUWARDEN_SRC=.gwsrc/src GPUWARDEN_REV=abc1234 scripts/gpu-bench.sh   # a given commit
-#       (here: git archive abc1234 src | tar -x -C .gwsrc; carry .gwsrc, git-ignored)
+#       (here: mkdir .gwsrc; git archive abc1234 src | tar -x -C .gwsrc; echo /.gwsrc/ \
+#       >> .git/info/exclude; name .gwsrc in the device call's carry beside .whl)
 #
 # Writes to ${OUT:-/tmp/gpuwarden-gpu-bench}: peers.json (figures), peers.log (progress and
 # the summary table) and peers-work.tar.gz (every job's result files and logs, the tools'
