@@ -94,13 +94,21 @@ def test_gpuwarden_web_serves_the_users_view_through_the_socket(
     try:
         assert proxy.stderr is not None
         line = proxy.stderr.readline()
-        assert f"http://127.0.0.1:{port}/ui/" in line, line
-        data = get(f"http://127.0.0.1:{port}/ui/data/overview?hours=1&by=user")
+        assert f"http://127.0.0.1:{port}/ui/?token=" in line, line
+        token = line.split("?token=", 1)[1].split()[0]
+        # The printed URL's token becomes a cookie; the browser (here a cookie jar) keeps it.
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+        url = f"http://127.0.0.1:{port}/ui/data/overview?hours=1&by=user&token={token}"
+        with browser.open(url, timeout=10) as r:
+            data = json.load(r)
         assert data["by"] == "user" and "SECRET-TOKEN" in " ".join(data["queue"][1]["command"])
         assert any("user root" in g["layers"] for g in data["gpus"])
         with pytest.raises(urllib.error.HTTPError) as err:
-            get(f"http://127.0.0.1:{port}/v1/jobs")  # only the page is passed on
+            browser.open(f"http://127.0.0.1:{port}/v1/jobs", timeout=10)  # only the page
         assert err.value.code == 404
+        with pytest.raises(urllib.error.HTTPError) as err:  # without the token: nothing
+            get(f"http://127.0.0.1:{port}/ui/data/overview")
+        assert err.value.code == 403
     finally:
         proxy.terminate()
         proxy.wait(timeout=10)
