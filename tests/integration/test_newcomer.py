@@ -196,3 +196,26 @@ def test_the_readme_says_what_the_code_and_the_makefile_do() -> None:
     # The tests that skip without these say where to get them; so does the README.
     for needle in ("promtool", "prometheus", "chromium-driver", ".ci/run"):
         assert needle in readme.split("## Everyday use")[0], needle
+
+
+def test_messages_name_a_job_once(daemon: Daemon) -> None:
+    running = daemon.submit("--mem", "1G", "--group", "g",
+                            cmd=[PY, "-c", "import time; time.sleep(30)"])
+    daemon.wait_state(running, "running")
+    queued = daemon.submit("--after", str(running), cmd=[PY, "-c", "pass"])
+    r = daemon.cli("hold", str(running))
+    assert r.returncode == 2
+    assert one_line(r) == (f"gpuwarden: error: job {running} is running; only a queued job "
+                           "can be held")
+    assert daemon.cli("cancel", str(queued), check=True).stdout == f"job {queued} cancelled\n"
+    r = daemon.cli("cancel", str(running))
+    assert r.returncode == 0
+    assert r.stdout == f"job {running}: stopping (SIGTERM, then SIGKILL after its grace " \
+                       "period)\n"
+    r = daemon.cli("wait", str(running))
+    assert one_line(r) == f"job {running} cancelled", r.stderr  # not "cancelled: cancelled"
+    r = daemon.cli("cancel", "--group", "nosuch")
+    assert r.returncode == 2
+    assert one_line(r) == "gpuwarden: error: no waiting or running job of yours in group " \
+                          "'nosuch'"
+    assert daemon.cli("rm", str(queued), check=True).stdout == f"job {queued} removed\n"

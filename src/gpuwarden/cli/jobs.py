@@ -314,17 +314,51 @@ def logs(job_id: int, follow: bool, use_stderr: bool) -> None:
             time.sleep(0.25)
 
 
+def about(job_id: int, message: str) -> str:
+    """``message`` about job ``job_id``, naming it once: the daemon's messages often
+    start with "job N" already."""
+    return message if message.startswith(f"job {job_id} ") else f"job {job_id}: {message}"
+
+
+def ended_line(job: dict[str, Any]) -> str:
+    """How a job ended, in one line: "job 3 failed: exit code 2", "job 4 cancelled by
+    alice" (its reason, when that already says the state, is not repeated)."""
+    head, reason = f"job {job['id']} {job['state']}", job.get("reason")
+    if not reason or reason == job["state"]:
+        return head
+    if reason.startswith(job["state"]):
+        return f"job {job['id']} {reason}"
+    return f"{head}: {reason}"
+
+
+def _done(verb: str, job: dict[str, Any]) -> str:
+    """What ``verb`` did, said once: "job 5 cancelled", "job 6: stopping (...)"."""
+    jid, state = job["id"], job["state"]
+    if verb == "cancel" and state not in TERMINAL:
+        return f"job {jid}: stopping (SIGTERM, then SIGKILL after its grace period)"
+    if verb == "unreserve":
+        return f"job {jid}: its memory reservation is cleared"
+    if verb in ("release", "retry"):
+        return f"job {jid} {'released' if verb == 'release' else 'queued again'}"
+    return f"job {jid} {state}"
+
+
 def _each(verb: str, ids: Sequence[int], as_json: bool) -> None:
+    from gpuwarden.daemon.client import DaemonUnavailable
+    from gpuwarden.errors import GpuwardenError
+
     client = _client()
     results, failed = [], False
     for job_id in ids:
         try:
             results.append(client.request("POST", f"/v1/jobs/{job_id}/{verb}"))
             if not as_json:
-                click.echo(f"{job_id}: {results[-1]['state']}")
-        except UsageError as e:
+                click.echo(_done(verb, results[-1]))
+        except DaemonUnavailable:
+            raise
+        except GpuwardenError as e:  # this job: not found, not allowed, not in that state
             failed = True
-            click.echo(f"gpuwarden: error: job {job_id}: {e}", err=True)
+            click.echo(f"gpuwarden: error: {about(job_id, str(e))}", err=True)
     if as_json:
         emit_json({"jobs": results})
     if failed:
@@ -345,6 +379,8 @@ def cancel(ids: tuple[str, ...], group: str | None, as_json: bool) -> None:
         me = pwd.getpwuid(os.getuid()).pw_name
         jobs = _client().request("GET", "/v1/jobs", query={"group": group, "user": me})["jobs"]
         targets += [j["id"] for j in jobs]
+        if not jobs and not ids:
+            raise UsageError(f"no waiting or running job of yours in group {group!r}")
     if not targets:
         raise UsageError("name job ids, ranges or --group")
     _each("cancel", sorted(set(targets)), as_json)
@@ -399,7 +435,7 @@ def wait(ids: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
         if job["state"] != "succeeded":
             code = job["exit_code"] if job["exit_code"] not in (None, 0) else 1
             if not as_json:
-                click.echo(f"job {job['id']} {job['state']}: {job['reason']}", err=True)
+                click.echo(ended_line(job), err=True)
             raise SystemExit(code)
 
 
@@ -411,7 +447,7 @@ def rm(ids: tuple[str, ...]) -> None:
     client = _client()
     for job_id in parse_ids(ids):
         client.request("DELETE", f"/v1/jobs/{job_id}")
-        click.echo(f"{job_id}: removed")
+        click.echo(f"job {job_id} removed")
 
 
 @click.command()
