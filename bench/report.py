@@ -630,8 +630,11 @@ def _peers_summary(pr: dict[str, Any]) -> list[str]:
     for s, runs in sorted(pr["runs"].items()):
         gw, best, name = _peer_ratio(runs)
         if gw is None or best is None:
-            parts.append(f"set {s}: gpuwarden {'did not finish' if gw is None else 'ran'}, "
-                         f"{'no peer finished' if best is None else f'{name} {best:.1f} s'}")
+            g = runs.get("gpuwarden", {})
+            who = (f"gpuwarden {g['ok']} of {len(g['jobs'])} jobs succeeded" if "jobs" in g
+                   else "gpuwarden did not run") if gw is None else f"gpuwarden {gw:.1f} s"
+            peer = "no peer finished every job" if best is None else f"{name} {best:.1f} s"
+            parts.append(f"set {s}: {who}, {peer}")
             continue
         goal = PEER_GOALS.get(s, 1.0)
         parts.append(f"set {s}: gpuwarden {gw:.1f} s vs {name} {best:.1f} s "
