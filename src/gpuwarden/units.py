@@ -127,7 +127,9 @@ def parse_duration(text: str | float | int) -> float:
 
 
 def _bounded(seconds: float, text: object) -> float:
-    if not math.isfinite(seconds) or seconds > MAX_DURATION:
+    if not math.isfinite(seconds):
+        raise UsageError(f"invalid duration {text!r}: it must be finite")
+    if seconds > MAX_DURATION:
         raise UsageError(f"invalid duration {text!r}: longer than 100 years")
     return seconds
 

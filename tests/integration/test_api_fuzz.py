@@ -155,7 +155,9 @@ def _seed_jobs(daemon: Daemon) -> None:
     daemon.submit("--after", str(running), cmd=[*sim, "0"])  # queued behind it
     held = daemon.submit("--after", str(running), cmd=[*sim, "0"])
     daemon.cli("hold", str(held), check=True)
-    daemon.cli("submit", "--mem", "999G", "--", PY, "-c", "pass", check=True)  # infeasible
+    # A job that could never run is refused at submit now; a cancelled one stands in.
+    daemon.cli("cancel", str(daemon.submit("--after", str(running), cmd=[*sim, "0"])),
+               check=True)
     daemon.wait_state(running, "running")
     daemon.wait_state(failed, "failed")
 

@@ -219,3 +219,27 @@ def test_messages_name_a_job_once(daemon: Daemon) -> None:
     assert one_line(r) == "gpuwarden: error: no waiting or running job of yours in group " \
                           "'nosuch'"
     assert daemon.cli("rm", str(queued), check=True).stdout == f"job {queued} removed\n"
+
+
+def test_a_job_that_can_never_run_here_is_refused_at_submit(tmp_path: Path) -> None:
+    from tests.conftest import EXAMPLES
+    from tests.integration.daemon_fixture import start_daemon
+
+    run = start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json",  # 2 x 24 GiB
+                       config='[limits]\nmax_memory = "10G"\nmax_gpus = 1\n')
+    d = next(run)
+    try:
+        for args, words in ((["--mem", "40G"], "more than this machine can give"),
+                            (["--gpus", "3", "--mem", "1G"], "needs 3 GPUs"),
+                            (["--mem", "12G"], "may reserve 10.0GiB; this job needs 12.0GiB"),
+                            (["--gpus", "2", "--mem", "1G"], "may hold 1 GPU(s)")):
+            r = d.cli("submit", *args, "--", "true")
+            assert r.returncode == 2, (args, r.stdout, r.stderr)
+            line = one_line(r)
+            assert line.startswith("gpuwarden: error: this job can never run here: "), line
+            assert words in line, (args, line)
+        assert d.json("ps", "--all")["jobs"] == []  # nothing queued to wait for ever
+        assert d.cli("wait", str(d.submit("--mem", "8G", cmd=[PY, "-c", "pass"]))
+                     ).returncode == 0
+    finally:
+        run.close()

@@ -38,6 +38,7 @@ class Config:
     policy: Policy = field(default_factory=lambda: Policy(aging=3600.0))
     retry_backoff: float = 10.0  # seconds before a same-budget OOM retry; doubles each time
     oom_retries: int = 1  # OOM retries of a job with a budget that does not say (--retries)
+    context_memory: int | None = None  # CUDA context per job and GPU; None: measured
     release_timeout: float = 10.0  # seconds an ended job's memory may take to come back
     metrics_listen: str | None = None  # HOST:PORT for /metrics; None: not served
     metrics_cache: float = 1.0  # seconds one snapshot serves scrapes
@@ -303,7 +304,7 @@ class JobService:
 
     # -- submit and read ------------------------------------------------------------
     def submit(self, caller: Caller, body: Mapping[str, Any]) -> dict[str, Any]:
-        from gpuwarden.sched.placement import capacity, infeasible_reason
+        from gpuwarden.sched.placement import capacity
 
         gpus = list(self.gpus())
         spec, dropped = spec_from_request(body, caller, len(gpus) or 1 << 16,
@@ -322,21 +323,33 @@ class JobService:
                                  "from: give --mem SIZE this time")
             spec = dataclasses.replace(spec, mem=mem, mem_limit=None if mem is None else
                                        spec.mem_limit and max(spec.mem_limit, mem))
+        never = self._never(spec, gpus)
+        if never is not None:  # as select does: exit 2, and nothing queued to wait for ever
+            raise UsageError(f"this job can never run here: {never}")
         job, created = self.store.submit(spec, self.clock())
         if created and learned is not None:
             self.store.add_event(job.id, "budget_learned", f"mem auto: {learned}", self.clock())
             job = self.store.get(job.id)
         if created and spec.attach is not None:
             self._claim(caller, job)
-        if created and gpus:
-            reason = infeasible_reason(queued_view(job), gpus)
-            if reason:
-                job = self.store.transition(job.id, (model.QUEUED,), model.INFEASIBLE,
-                                            now=self.clock(), kind="infeasible", detail=reason,
-                                            reason=reason, ended_at=self.clock())
         if created:
             self.wake()
         return {**self.view(caller, job), "created": created, "dropped_env": dropped}
+
+    def _never(self, spec: JobSpec, gpus: Sequence[GpuState]) -> str | None:
+        """Why a job could never run on these GPUs (over every GPU's capacity, more GPUs
+        than there are, ...) or for its user (alone over a [limits] value); None when it
+        could. Without GPU states yet, the scheduling pass decides (``infeasible``)."""
+        from gpuwarden.sched.limits import never_within
+        from gpuwarden.sched.placement import infeasible_reason
+
+        if not gpus:
+            return None
+        job = QueuedJob(id=0, user=spec.user, mem=spec.mem, count=spec.gpus,
+                        gpu_ids=spec.gpu_ids, exclusive=spec.exclusive,
+                        priority=spec.priority, qos=spec.qos, runtime=spec.timeout,
+                        cpus=spec.cpus)
+        return infeasible_reason(job, gpus) or never_within(job, self.config.policy.limits)
 
     def _claim(self, caller: Caller, job: Job) -> None:
         """The attaching process stands in for the job's supervisor (daemon/attached.py).

@@ -73,6 +73,22 @@ def over_limit(job: QueuedJob, budget: int | None, held: Mapping[str, Usage],
     return None
 
 
+def never_within(job: QueuedJob, limits: Limits) -> str | None:
+    """Why ``job`` alone is past one of its user's limits, so that it could never start
+    however little the user holds (refused at submit); None when it is not."""
+    lim = limits.of(job.user)
+    who = f"user {job.user}"
+    if lim.max_running == 0:
+        return f"{who} may run no jobs (max_running = 0)"
+    if lim.max_gpus is not None and job.count > lim.max_gpus:
+        return f"{who} may hold {lim.max_gpus} GPU(s); this job needs {job.count}"
+    if lim.max_memory is not None and job.mem is not None \
+            and job.mem * job.count > lim.max_memory:
+        return (f"{who} may reserve {format_bytes(lim.max_memory)}; this job needs "
+                f"{format_bytes(job.mem * job.count)}")
+    return None
+
+
 def book(held: Mapping[str, Usage], job: QueuedJob, place: Place) -> dict[str, Usage]:
     out = dict(held)
     out[job.user] = out.get(job.user, Usage()).plus(len(place.gpus),
