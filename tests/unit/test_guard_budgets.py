@@ -73,12 +73,12 @@ def test_this_process_own_memory_is_not_counted_against_it() -> None:
 def test_under_the_daemon_the_job_budget_is_the_limit() -> None:
     env = {"GPUWARDEN_BUDGET": str(16 * GiB)}
     budgets = MemoryBudgets(probe=FixedProbe(free=GiB), env=env)  # the GPU's free: ignored
-    assert budgets.reserve == 512 * MiB  # the CUDA context allowance by default
+    assert budgets.reserve == 0  # the daemon booked the CUDA context beside the budget
     b = budgets.register("half", 0.5)  # a fraction of the job budget
     assert b.size == 8 * GiB
     with pytest.raises(BudgetExceeded, match="job budget"):
-        budgets.register("rest", "7.6G")
-    budgets.register("rest", 8 * GiB - 512 * MiB)
+        budgets.register("rest", 8 * GiB + 1)
+    budgets.register("rest", 8 * GiB)
     assert budgets.usage().available == 0
     assert "job budget" in str(budgets.usage())
 
@@ -168,9 +168,12 @@ def test_reads_the_simulated_driver_through_cuda_visible_devices(tmp_path: Path)
     assert replace(usage.reading, process=None).own == 0
 
 
-def test_the_allocator_gets_the_budget_less_the_cuda_context() -> None:
-    from gpuwarden.guard.memory import allocator_limit
+def test_a_job_process_may_take_its_budget_plus_the_booked_context() -> None:
+    from gpuwarden.guard.memory import job_budget, job_limit
+    from gpuwarden.sched.context import DEFAULT_CONTEXT
 
-    assert allocator_limit(8 * GiB, {}) == 8 * GiB - 512 * MiB
-    assert allocator_limit(8 * GiB, {"GPUWARDEN_CONTEXT_BYTES": str(GiB)}) == 7 * GiB
-    assert allocator_limit(600 * MiB, {}) == 300 * MiB  # never below half the budget
+    assert job_limit({}) is None  # outside the daemon
+    assert job_budget({"GPUWARDEN_BUDGET": str(8 * GiB)}) == 8 * GiB  # the allocator's cap
+    assert job_limit({"GPUWARDEN_BUDGET": str(8 * GiB)}) == 8 * GiB + DEFAULT_CONTEXT
+    assert job_limit({"GPUWARDEN_BUDGET": str(8 * GiB),
+                      "GPUWARDEN_CONTEXT_BYTES": str(GiB)}) == 9 * GiB

@@ -13,6 +13,7 @@ from gpuwarden.sched.placement import (
     apply,
     fits,
     foreign_charge,
+    foreign_parts,
     foreign_usage,
     gpu_states,
     headroom,
@@ -94,10 +95,17 @@ def test_gpu_states_splits_managed_and_foreign_and_counts_leaks() -> None:
     assert s1.compute_mode == "Prohibited" and s1.managed == ()
 
 
-def test_gpu_states_current_foreign_beats_a_lower_remembered_peak() -> None:
-    snap = snapshot([(facts(0, used=8 * GiB), [proc(20, 0, memory=8 * GiB)])])
-    (s,) = gpu_states(snap, {}, set(), {"GPU-0": 2 * GiB}, reserve=GiB)
-    assert s.foreign_peak == 8 * GiB and s.reserve == GiB
+def test_gpu_states_takes_the_daemons_foreign_figure_as_given() -> None:
+    """The daemon's figure already holds the current reading of foreign processes (in
+    its peaks) and leaves out memory no process accounts for that has not persisted
+    (a job's memory the driver is still freeing): the snapshot does not override it."""
+    snap = snapshot([(facts(0, used=8 * GiB), [proc(20, 0, memory=2 * GiB)])])
+    (s,) = gpu_states(snap, {}, set(), {"GPU-0": 2 * GiB}, reserve=GiB,
+                      contexts={"GPU-0": 300 * MiB})
+    assert s.foreign_peak == 2 * GiB and s.reserve == GiB and s.context == 300 * MiB
+    (s,) = gpu_states(snap, {}, set())  # no figure: this snapshot's, leaked memory too
+    assert s.foreign_peak == 8 * GiB and s.context == 0
+    assert foreign_parts(snap.gpus[0], set()) == (2 * GiB, 6 * GiB)
 
 
 def test_gpu_states_withheld_process_memory_counts_all_but_managed() -> None:

@@ -152,11 +152,15 @@ def gpu_states(draw: st.DrawFn) -> list[GpuState]:
         states.append(GpuState(
             index=index, uuid=f"GPU-{index}", total=total,
             reserve=draw(st.sampled_from([0, 512 * MiB, GiB, 3 * GiB + 7])),
+            context=draw(st.sampled_from([0, 0, 512 * MiB, 700 * MiB + 3])),
             numa_node=draw(st.sampled_from([0, 1, None])),
             nvlink_peers=tuple(sorted(draw(st.sets(st.integers(0, n - 1))) - {index})),
             compute_mode=draw(st.sampled_from(MODES)),
-            managed=tuple(ManagedUse(1000 + 10 * index + i, b, x)
-                          for i, (b, x) in enumerate(zip(budgets, alone, strict=True))),
+            managed=tuple(ManagedUse(1000 + 10 * index + i, b, x, context=c)
+                          for i, (b, x, c) in enumerate(zip(
+                              budgets, alone, draw(st.lists(
+                                  st.sampled_from([0, 512 * MiB]), min_size=len(budgets),
+                                  max_size=len(budgets))), strict=True))),
             foreign_peak=draw(st.one_of(st.just(0), st.integers(0, total))),
             foreign_processes=draw(st.integers(0, 2)),
         ))
@@ -190,8 +194,9 @@ def machines(draw: st.DrawFn) -> tuple[list[GpuState], list[QueuedJob]]:
 
 
 def available(gpu: GpuState, spike: float) -> Fraction:
-    """What invariant 1 allows new reservations to take, exactly (spike as the decimal)."""
-    booked = sum(u.budget for u in gpu.managed)
+    """What invariant 1 allows new reservations to take, exactly (spike as the decimal):
+    each claim books its budget and its CUDA context allowance."""
+    booked = sum(u.budget + u.context for u in gpu.managed)
     return gpu.total - gpu.reserve - booked - gpu.foreign_peak * (1 + Fraction(str(spike)))
 
 
@@ -218,16 +223,17 @@ def test_a_pass_never_books_more_than_headroom(
     gpus, queue = machine
     decisions = plan(gpus, queue, spike, now=100.0, policy=policy)
     new: dict[int, int] = {x.index: 0 for x in gpus}
+    context = {x.index: x.context for x in gpus}
     for d in decisions:
         if isinstance(d, Place):
             for i in d.gpus:
-                new[i] += d.budget
+                new[i] += d.budget + context[i]  # a placed job books its context too
     for x in gpus:
         room = available(x, spike)
         assert new[x.index] <= max(room, Fraction(0)), (x, new[x.index])
         assert new[x.index] <= headroom(x, spike)
         if room >= 0:  # not overbooked before the pass: not after it either
-            after = sum(u.budget for u in x.managed) + new[x.index]
+            after = sum(u.budget + u.context for u in x.managed) + new[x.index]
             assert after <= x.total - x.reserve - x.foreign_peak * (1 + Fraction(str(spike)))
 
 

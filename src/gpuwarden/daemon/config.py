@@ -2,7 +2,9 @@
 
     admin_groups = ["gpuadmin"]
     spike_buffer = 0.1      # foreign processes count at their peak x (1 + this)
-    reserve = "512MiB"      # per GPU, never given to jobs
+    reserve = "512MiB"      # per GPU, never given to jobs (the driver's own memory)
+    context_memory = "auto" # CUDA context booked beside each job's budget on a GPU:
+                            # "auto" measures it per GPU model, or a size such as "600MiB"
     interval = "500ms"      # scheduling pass period (passes also run on every change)
     grace = "10s"           # SIGTERM -> SIGKILL when a job is cancelled or preempted
     aging = "1h"            # waiting this long raises a job's priority by one ("0": off)
@@ -59,7 +61,7 @@ def read_config(path: Path) -> Config:
                                  "grace", "aging", "backfill", "preemption", "retry_backoff",
                                  "oom_retries", "release_timeout", "limits", "metrics_listen",
                                  "metrics_cache", "history_interval", "history_retention",
-                                 "web_listen", "starve_after"})
+                                 "web_listen", "starve_after", "context_memory"})
     if unknown:
         raise UsageError(f"{path}: unknown setting(s) {', '.join(unknown)}")
     groups = raw.get("admin_groups", [])
@@ -93,9 +95,25 @@ def read_config(path: Path) -> Config:
         admin_groups=tuple(groups),
         spike_buffer=float(spike),
         reserve=parse_size(raw.get("reserve", 512 << 20)),
+        context_memory=_context_memory(path, raw.get("context_memory", "auto")),
         interval=max(parse_duration(raw.get("interval", 0.5)), 0.05),
         grace=parse_duration(raw.get("grace", 10.0)),
     )
+
+
+def _context_memory(path: Path, raw: Any) -> int | None:
+    """None for "auto" (measured per GPU model, sched/context.py), else bytes."""
+    if raw == "auto":
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+        raise UsageError(f"{path}: context_memory must be \"auto\" or a size like 600MiB")
+    try:
+        value = parse_size(raw)
+    except UsageError as e:
+        raise UsageError(f"{path}: context_memory: {e}") from None
+    if not 0 <= value <= 16 << 30:
+        raise UsageError(f"{path}: context_memory must be at most 16GiB")
+    return value
 
 
 def _starve_after(path: Path, raw: Any) -> float:

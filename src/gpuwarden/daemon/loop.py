@@ -10,7 +10,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -43,11 +43,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpuwarden.loop")
 PEAK_WINDOW = 300.0  # seconds a foreign process's peak keeps counting against headroom
+# Memory no process accounts for counts against headroom only once it has persisted
+# this long (as a leak finding must persist): the driver frees an ended process's memory
+# a moment after it leaves the process list, and that memory is its job's (a hold).
+UNACCOUNTED_PERSIST = 3.0
+ALLOCATOR_REPORT = "allocator.json"  # in the attempt directory; the cap hook writes it
 # Fields that describe one attempt: cleared when a job is queued again.
 FRESH_ATTEMPT: Mapping[str, Any] = MappingProxyType(dict(
     gpus=(), gpu_uuids=(), budget=None, supervisor_pid=None, supervisor_start=None,
     boot_id=None, started_at=None, exit_code=None, preempting_at=None, kill_reason=None,
-    cpu_set=()))
+    cpu_set=(), context=None))
 PREEMPT_NOTICE = "preempt"  # in the attempt directory; GPUWARDEN_PREEMPT_FILE names it
 LEAK_TOLERANCE = 64 << 20  # unaccounted memory may drift this much without blame
 
@@ -81,6 +86,18 @@ def _still_running(hold: Hold) -> list[int]:
         except psutil.Error:
             continue
     return out
+
+
+def _report_file(path: Path, uid: int, gid: int) -> None:
+    """An empty file the job's cap hook may write its allocator report to: the job
+    writes that file alone, never a name of its choosing in the attempt directory."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    try:
+        if os.geteuid() == 0:
+            os.fchown(fd, uid, gid)
+    finally:
+        os.close(fd)
 
 
 def job_env(job: Job, budget: int, jobdir: Path) -> dict[str, str]:
@@ -117,6 +134,9 @@ class Scheduler:
         self.clock = clock
         self.last_states: list[GpuState] = []
         self._peaks: dict[str, list[tuple[float, int]]] = {}  # uuid -> (time, foreign bytes)
+        self._unaccounted_seen: dict[str, list[tuple[float, int]]] = {}  # uuid -> samples
+        self._models: dict[str, tuple[str, str]] = {}  # GPU uuid -> (model, driver)
+        self._context_samples: dict[tuple[str, str], list[int]] | None = None  # cached
         self._backend: Backend | None = None
         self._watched: set[tuple[int, int, str]] = set()  # (job, attempt, action) recorded
         self._estimates: dict[int, float | None] = {}  # job id -> learned run time
@@ -148,6 +168,8 @@ class Scheduler:
             child = self._status(job).child
             started = child.started_at if child is not None else None
         now = self.clock()
+        if exit_info.started:
+            self._measure_context(job)
         if state == model.CANCELLED and job.preempting_at is not None:
             self._requeue_preempted(job, detail)
             return
@@ -326,11 +348,20 @@ class Scheduler:
 
     def _context_allowance(self, job: Job) -> int:
         """The CUDA context allowance an OOM retry takes out of NVML's figures (the
-        message's "in use", the sampled peak). The one place to switch to the per-GPU
-        allowance (of ``job.gpu_uuids``) once that is measured; until then, the default."""
-        from gpuwarden.guard.memory import context_allowance
+        message's "in use", the sampled peak): the one booked for the job, else its
+        GPUs' allowance as last measured (sched/context.py)."""
+        if job.context is not None:
+            return job.context
+        return self._booked_context(job.gpus)
 
-        return context_allowance({})
+    def _booked_context(self, gpus: Iterable[int]) -> int:
+        """The context allowance to book per GPU for a job on ``gpus``: the largest of
+        theirs (one figure per job, as its budget is)."""
+        from gpuwarden.sched.context import DEFAULT_CONTEXT
+
+        wanted = set(gpus)
+        found = [g.context for g in self.last_states if g.index in wanted]
+        return max(found) if found else DEFAULT_CONTEXT
 
     def _after_oom(self, job: Job, signature: str, ask: OomAsk | None, detail: str) -> bool:
         """Record the OOM; queue the job again with a bigger budget when it may: at once
@@ -612,13 +643,56 @@ class Scheduler:
         except StoreError as e:
             log.warning("memory history not recorded: %s", e)
 
+    def contexts(self, snap: Snapshot) -> dict[str, int]:
+        """The CUDA context allowance of each GPU (by uuid): config ``context_memory``,
+        else what jobs on that GPU model and driver measured (sched/context.py)."""
+        from gpuwarden.sched.context import allowance
+
+        if self._context_samples is None:
+            self._context_samples = self.store.context_samples()
+        driver = snap.driver_version or "unknown"
+        out = {}
+        for v in snap.gpus:
+            key = (v.facts.name, driver)
+            self._models[v.facts.uuid] = key
+            out[v.facts.uuid] = allowance(self._context_samples.get(key, []),
+                                          self.config.context_memory)
+        return out
+
+    def _measure_context(self, job: Job) -> None:
+        """A single-GPU job that ended: its driver peak less its allocator's peak (the
+        cap hook's report) is one measurement of the context on that GPU model."""
+        from gpuwarden.sched.context import sample
+
+        if len(job.gpu_uuids) != 1 or job.peak_memory is None or job.attempts:
+            return  # (a later attempt's peak may be an earlier one's, at a lower cap)
+        key = self._models.get(job.gpu_uuids[0])
+        try:
+            with open(self.jobdir(job) / ALLOCATOR_REPORT, "rb") as f:
+                report = json.loads(f.read(4096) or b"null")
+            peaks = report["max_reserved"] if isinstance(report, dict) else None
+            peak = peaks[0] if isinstance(peaks, list) and len(peaks) == 1 else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if key is None or isinstance(peak, bool) or not isinstance(peak, int):
+            return
+        value = sample(job.peak_memory, peak)
+        if value is None:
+            return
+        self.store.add_context_sample(key[0], key[1], value, self.clock())
+        self._context_samples = None  # read again next pass
+
     def _gpu_states(self, snap: Snapshot, active: list[Job], managed_pids: set[int],
                     used: dict[int, dict[str, int]], holds: list[Hold]) -> list[GpuState]:
-        from gpuwarden.sched.placement import foreign_usage, gpu_states, reservation
+        from gpuwarden.sched.placement import foreign_parts, gpu_states, reservation
 
         now = self.clock()
+        contexts = self.contexts(snap)
         uses: dict[str, list[ManagedUse]] = {}
         for job in active:
+            # Every process seen in this attempt is the job's, also in the moments
+            # before its tree is read or after it left: never foreign.
+            managed_pids |= set(self._seen_pids.get(job.id, ()))
             if job.budget is None:
                 continue
             view = queued_view(job, self._estimate(job))
@@ -626,19 +700,31 @@ class Scheduler:
                 uses.setdefault(uuid, []).append(reservation(
                     view, job.budget, started_at=job.started_at or now,
                     used=used.get(job.id, {}).get(uuid),
-                    preempting=job.preempting_at is not None))
+                    preempting=job.preempting_at is not None,
+                    context=job.context if job.context is not None else
+                    contexts.get(uuid, 0)))
         for h in holds:  # ended attempts whose memory is not back yet
             for uuid in h.gpu_uuids:
                 uses.setdefault(uuid, []).append(ManagedUse(
-                    job_id=-h.id, budget=h.budget, qos=GUARANTEED, started_at=h.exited_at))
+                    job_id=-h.id, budget=h.budget, qos=GUARANTEED, started_at=h.exited_at,
+                    context=contexts.get(uuid, 0)))
             managed_pids |= set(h.pids)  # what they leave is theirs, not foreign
-        peaks: dict[str, int] = {}
-        for uuid, current in foreign_usage(snap, managed_pids).items():
+        foreign: dict[str, int] = {}
+        for gpu in snap.gpus:
+            uuid = gpu.facts.uuid
+            procs, unaccounted = foreign_parts(gpu, managed_pids)
             hist = [(t, b) for t, b in self._peaks.get(uuid, []) if now - t < PEAK_WINDOW]
-            hist.append((now, current))
+            hist.append((now, procs))
             self._peaks[uuid] = hist[-600:]
-            peaks[uuid] = max(b for _, b in hist)
-        states = gpu_states(snap, uses, managed_pids, peaks, self.config.reserve)
+            foreign[uuid] = max(b for _, b in hist)
+            if unaccounted is not None:
+                seen = [(t, b) for t, b in self._unaccounted_seen.get(uuid, [])
+                        if now - t < UNACCOUNTED_PERSIST]
+                seen.append((now, unaccounted))
+                self._unaccounted_seen[uuid] = seen[-600:]
+                foreign[uuid] += min(b for _, b in seen)  # what has persisted
+        states = gpu_states(snap, uses, managed_pids, foreign, self.config.reserve,
+                            contexts=contexts)
         return self._with_cpus(states, snap, active)
 
     def _with_cpus(self, states: list[GpuState], snap: Snapshot,
@@ -675,11 +761,14 @@ class Scheduler:
             if job.state != model.RUNNING or job.budget is None or job.preempting_at \
                     or job.kill_reason:
                 continue
-            request = job.budget if job.request is not None else None
+            # The driver's figures hold the job's CUDA context: so do its limits here.
+            context = self._context_allowance(job)
+            request = job.budget + context if job.request is not None else None
+            limit = job.cap(job.budget)
             by_index = {str(index[uuid]): b for uuid, b in used.get(job.id, {}).items()
                         if uuid in index}
-            d = check(job.id, job.spec.qos, request, job.cap(job.budget), by_index,
-                      room_wanted)
+            d = check(job.id, job.spec.qos, request,
+                      None if limit is None else limit + context, by_index, room_wanted)
             if d is None:
                 continue
             key = (job.id, job.attempts, d.action)
@@ -822,7 +911,7 @@ class Scheduler:
                    f"each; started by {job.spec.attach} (pid {handle.pid})",
             gpus=place.gpus, gpu_uuids=uuids, budget=place.budget, cpu_set=place.cpus,
             reason=None, supervisor_pid=handle.pid, supervisor_start=handle.start_time,
-            boot_id=self.boot_id)
+            boot_id=self.boot_id, context=self._booked_context(place.gpus))
 
     def _launch(self, job: Job, place: Place, snap: Snapshot) -> None:
         if job.spec.attach is not None:
@@ -834,21 +923,25 @@ class Scheduler:
         facts = {g.index: g.facts for g in snap.gpus}
         chosen = [facts[i] for i in place.gpus]
         budget_text = format_bytes(place.budget)
+        context = self._booked_context(place.gpus)
         job = self.store.transition(
             job.id, (model.QUEUED,), model.RESERVED, now=self.clock(), kind="placed",
-            detail=f"GPU {','.join(map(str, place.gpus))}, {budget_text} each",
+            detail=f"GPU {','.join(map(str, place.gpus))}, {budget_text} each "
+                   f"(+ {format_bytes(context)} CUDA context)",
             gpus=place.gpus, gpu_uuids=tuple(f.uuid for f in chosen), budget=place.budget,
-            cpu_set=place.cpus, reason=None)
+            cpu_set=place.cpus, reason=None, context=context)
         try:
             d = self.jobdir(job)
-            env = job_env(job, place.budget, d)
+            env = {**job_env(job, place.budget, d), "GPUWARDEN_CONTEXT_BYTES": str(context),
+                   "GPUWARDEN_ALLOCATOR_REPORT": str(d / ALLOCATOR_REPORT)}
             launch = plan_launch(job.spec.command, chosen, base_env=env,
                                  host=probe_host(env), mem_limit=job.cap(place.budget),
                                  bind=not job.spec.no_numa,
                                  cores=frozenset(place.cpus) if place.cpus else None)
             if job.spec.mps:
+                # MPS limits the whole client, its CUDA context inside the limit.
                 control = self.mps.ensure(job.spec.uid, job.spec.gid, place.gpus)
-                limit = job.cap(place.budget) or place.budget
+                limit = (job.cap(place.budget) or place.budget) + context
                 launch = dataclasses.replace(launch, env={
                     **launch.env, **client_env(control, place.gpus, limit,
                                                job.spec.sm_percent)})
@@ -857,8 +950,9 @@ class Scheduler:
                                          uid=job.spec.uid, gid=job.spec.gid,
                                          groups=job.spec.groups, timeout=job.spec.timeout,
                                          grace=grace))
-            if job.spec.checkpoint:
-                d.chmod(0o711)  # the job may look up its notice file, not list the rest
+            _report_file(d / ALLOCATOR_REPORT, job.spec.uid, job.spec.gid)
+            # The job may reach its report file (and notice file), not list the rest.
+            d.chmod(0o711)
             handle = (self.spawn or spawn_supervisor)(d)
         except Exception as e:
             log.exception("launching job %s failed", job.id)

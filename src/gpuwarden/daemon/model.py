@@ -137,6 +137,7 @@ class Job:
     retry_mem: int | None = None  # the bumped per-GPU request after an OOM
     oom_tried: int | None = None  # the allocation its latest OOM message says failed
     oom_need: int | None = None  # what that OOM showed it needs per GPU (message or peak)
+    context: int | None = None  # CUDA context allowance booked beside its budget per GPU
     not_before: float | None = None  # a retry's backoff: not placed before this
     kill_reason: str | None = None  # why gpuwarden killed it (the watchdog), if it did
     release: Hold | None = None  # the memory of its latest ended attempt
@@ -205,6 +206,7 @@ class Job:
             "gpu_ids": None if s.gpu_ids is None else list(s.gpu_ids),
             "mem": s.mem,
             "budget": self.budget,
+            "context": self.context,
             "peak_memory": self.peak_memory,
             "exclusive": s.exclusive,
             "priority": s.priority,

@@ -252,6 +252,16 @@ MIGRATIONS: list[Migration] = [
     # 6: what the latest CUDA OOM showed: the allocation that failed, what the job needed.
     _sql("ALTER TABLE jobs ADD COLUMN oom_tried INTEGER",
          "ALTER TABLE jobs ADD COLUMN oom_need INTEGER"),
+    # 7: the CUDA context allowance booked beside a job's budget, and the measurements
+    # it comes from, per GPU model and driver (sched/context.py).
+    _sql("ALTER TABLE jobs ADD COLUMN context INTEGER",
+         """CREATE TABLE contexts (
+            model TEXT NOT NULL,
+            driver TEXT NOT NULL,
+            at REAL NOT NULL,
+            bytes INTEGER NOT NULL
+        )""",
+         "CREATE INDEX contexts_model ON contexts(model, driver, at)"),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -261,7 +271,7 @@ TRANSITION_FIELDS = frozenset({
     "started_at", "ended_at", "gpus", "gpu_uuids", "budget", "exit_code", "reason",
     "supervisor_pid", "supervisor_start", "boot_id", "attempts", "peak_memory",
     "preempting_at", "preemptions", "oom_retries", "retry_mem", "not_before", "kill_reason",
-    "cpu_set", "oom_tried", "oom_need",
+    "cpu_set", "oom_tried", "oom_need", "context",
 })
 _WAITING = (QUEUED, HELD)
 _TERMINAL_SQL = ", ".join(f"'{s}'" for s in sorted(TERMINAL))
@@ -379,6 +389,7 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event], hold: Hold | None = N
         retry_mem=row["retry_mem"],
         oom_tried=row["oom_tried"],
         oom_need=row["oom_need"],
+        context=row["context"],
         not_before=row["not_before"],
         kill_reason=row["kill_reason"],
         release=hold,
@@ -744,6 +755,28 @@ class Store:
                   json.dumps(s.parts(), separators=(",", ":"))) for s in samples])
             conn.execute("DELETE FROM samples WHERE ts < ?", (int(now - keep),))
 
+
+    def add_context_sample(self, model: str, driver: str, nbytes: int, now: float) -> None:
+        """Keep one measurement of the CUDA context on a GPU model and driver (the
+        latest ``SAMPLES_KEPT`` of each are kept)."""
+        from gpuwarden.sched.context import SAMPLES_KEPT
+
+        with self._tx(write=True) as conn:
+            conn.execute("INSERT INTO contexts (model, driver, at, bytes) VALUES (?, ?, ?, ?)",
+                         (model, driver, now, int(nbytes)))
+            conn.execute("DELETE FROM contexts WHERE model = ? AND driver = ? AND rowid NOT IN "
+                         "(SELECT rowid FROM contexts WHERE model = ? AND driver = ? "
+                         "ORDER BY at DESC LIMIT ?)", (model, driver, model, driver,
+                                                      SAMPLES_KEPT))
+
+    def context_samples(self) -> dict[tuple[str, str], builtins.list[int]]:
+        """Every kept CUDA context measurement, oldest first, by (GPU model, driver)."""
+        with self._tx(write=False) as conn:
+            rows = conn.execute("SELECT model, driver, bytes FROM contexts ORDER BY at")
+            out: dict[tuple[str, str], builtins.list[int]] = {}
+            for model, driver, nbytes in rows:
+                out.setdefault((str(model), str(driver)), []).append(int(nbytes))
+            return out
 
     def submit(self, spec: JobSpec, now: float, *, state: str = QUEUED,
                reason: str | None = None) -> tuple[Job, bool]:

@@ -110,7 +110,7 @@ class SimBackend:
 
     def __init__(self, scenario: Scenario, state_dir: Path) -> None:
         self.scenario = scenario
-        self.registry = Registry(state_dir)
+        self.registry = Registry(state_dir, scenario.free_lag)
         try:
             self.registry.ensure(len(scenario.gpus))
         except OSError as e:
@@ -179,6 +179,8 @@ class SimBackend:
         ]
         by_uuid = {g.uuid: g.index for g in self.scenario.gpus}
         for alloc in self.registry.allocations():
+            if alloc.freeing:  # gone from the driver's list, not yet from its memory
+                continue
             for uuid, nbytes in sorted(alloc.gpus.items()):
                 if uuid in by_uuid:
                     out.append(GpuProcessFacts(pid=alloc.pid, gpu_index=by_uuid[uuid],

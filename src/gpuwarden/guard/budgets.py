@@ -97,15 +97,19 @@ class BudgetUsage:
 
 class MemoryBudgets:
     """A thread-safe registry of named budgets per device. ``reserve``: bytes kept out
-    of every budget on each GPU (default: the CUDA context allowance). ``probe`` and
-    ``env`` are injectable for tests; by default the driver is read through gpuwarden's
-    backend and the environment is this process's."""
+    of every budget on each GPU (default: the CUDA context allowance; none under the
+    daemon, whose job budget is what allocations may hold, the context booked beside
+    it). ``probe`` and ``env`` are injectable for tests; by default the driver is read
+    through gpuwarden's backend and the environment is this process's."""
 
     def __init__(self, *, reserve: Size | None = None, probe: MemoryProbe | None = None,
                  env: Mapping[str, str] | None = None) -> None:
         self.env = os.environ if env is None else env
-        self.reserve = (context_allowance(self.env) if reserve is None
-                        else parse_size(reserve))
+        if reserve is not None:
+            self.reserve = parse_size(reserve)
+        else:  # under the daemon the context is booked beside the job's budget
+            self.reserve = 0 if job_budget(self.env) is not None else \
+                context_allowance(self.env)
         self.probe = probe if probe is not None else DriverProbe(self.env)
         self._budgets: dict[str, Budget] = {}
         self._lock = threading.Lock()

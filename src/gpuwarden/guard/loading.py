@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.errors import GpuwardenError, UsageError
-from gpuwarden.guard.memory import DriverProbe, MemoryProbe, context_allowance, job_budget
+from gpuwarden.guard.memory import DriverProbe, MemoryProbe, context_allowance, job_limit
 from gpuwarden.units import format_bytes, parse_size
 
 if TYPE_CHECKING:
@@ -353,7 +353,7 @@ def load_within_budget(factory: Callable[[], Any] | None = None, *,
     if isinstance(budget, Budget):
         limit, text = budget.size, f"budget {budget.name!r} ({format_bytes(budget.size)})"
     elif budget is None:
-        daemon = job_budget()
+        daemon = job_limit()
         if daemon is None:
             raise UsageError("no budget: give one (bytes or a size such as 6G), or run "
                              "under the gpuwarden daemon, whose job budget is used")

@@ -24,14 +24,14 @@ if TYPE_CHECKING:
     from gpuwarden.gpus.backend import Backend
 
 BUDGET_ENV = "GPUWARDEN_BUDGET"  # bytes per GPU, set by the job daemon
-CONTEXT_ENV = "GPUWARDEN_CONTEXT_BYTES"
-# A CUDA context outside PyTorch's allocator: 518 MiB measured on an H200 with torch 2.x.
-# The same allowance as the daemon's PyTorch cap hook (hooks/sitecustomize.py).
-DEFAULT_CONTEXT = 512 << 20
+CONTEXT_ENV = "GPUWARDEN_CONTEXT_BYTES"  # the context allowance the daemon booked
 
 
 def context_allowance(env: Mapping[str, str] | None = None) -> int:
-    """Bytes to allow for the CUDA context: GPUWARDEN_CONTEXT_BYTES or 512 MiB."""
+    """Bytes to allow for the CUDA context: what the daemon booked for this job
+    (GPUWARDEN_CONTEXT_BYTES), else the default allowance (sched/context.py)."""
+    from gpuwarden.sched.context import DEFAULT_CONTEXT
+
     raw = (os.environ if env is None else env).get(CONTEXT_ENV, "").strip()
     try:
         return max(int(raw), 0) if raw else DEFAULT_CONTEXT
@@ -39,21 +39,22 @@ def context_allowance(env: Mapping[str, str] | None = None) -> int:
         return DEFAULT_CONTEXT
 
 
-def allocator_limit(limit: int, env: Mapping[str, str] | None = None) -> int:
-    """What PyTorch's allocator may hold so the whole process, its CUDA context included,
-    stays within ``limit``; never less than half of it. The rule of the cap hook
-    (hooks/sitecustomize.py, which cannot import gpuwarden)."""
-    return max(limit - context_allowance(env), limit // 2)
-
-
 def job_budget(env: Mapping[str, str] | None = None) -> int | None:
-    """The daemon job's budget per GPU in bytes, or None outside the daemon."""
+    """The daemon job's budget per GPU in bytes (what its allocations may hold: the
+    PyTorch cap), or None outside the daemon."""
     raw = (os.environ if env is None else env).get(BUDGET_ENV, "").strip()
     if not raw:
         return None
     if not raw.isdigit() or int(raw) == 0:
         raise UsageError(f"{BUDGET_ENV}={raw!r} is not a byte count")
     return int(raw)
+
+
+def job_limit(env: Mapping[str, str] | None = None) -> int | None:
+    """What the daemon job's process may take on each GPU as the driver counts it: its
+    budget plus the CUDA context allowance booked beside it. None outside the daemon."""
+    budget = job_budget(env)
+    return None if budget is None else budget + context_allowance(env)
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,10 @@ from typing import Any
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _LIMIT_ENV = "GPUWARDEN_MEM_LIMIT"
 _TOTALS_ENV = "GPUWARDEN_MEM_TOTALS"
-_CONTEXT_ENV = "GPUWARDEN_CONTEXT_BYTES"
-# What a CUDA context itself takes on a GPU, outside PyTorch's allocator (518 MiB
-# measured on an H200 with torch 2.x; less on older GPUs). The budget is what the driver
-# shows for the process, so the allocator gets the budget less this.
-DEFAULT_CONTEXT = 512 << 20
+_REPORT_ENV = "GPUWARDEN_ALLOCATOR_REPORT"
+# GPUWARDEN_MEM_LIMIT is what the allocator may hold on each device: the job's budget,
+# which is what people declare with --mem. The CUDA context is outside it; the daemon
+# books it beside the budget (sched/context.py), so the cap is the limit itself.
 
 
 def _warn(message: str) -> None:
@@ -53,28 +52,11 @@ def _totals() -> list[int]:
     return out
 
 
-def _context() -> int:
-    raw = os.environ.get(_CONTEXT_ENV, "").strip()
-    try:
-        return max(int(raw), 0) if raw else DEFAULT_CONTEXT
-    except ValueError:
-        return DEFAULT_CONTEXT
-
-
-def allocator_limit(limit: int, context: int) -> int:
-    """Bytes PyTorch's allocator may hold so that the whole process (its CUDA context
-    included) stays within ``limit``; never less than half the limit, so a small budget
-    still leaves the job something to allocate."""
-    return max(limit - context, limit // 2)
-
-
-def cap_devices(cuda: Any, limit: int, totals: list[int], context: int = 0) -> list[float]:
-    """Cap each visible device so the process stays within ``limit`` bytes, its CUDA
-    context (``context`` bytes) included; runs inside torch's CUDA lazy init. The total
-    is torch's own (what the allocator multiplies the fraction by), else the one
-    gpuwarden read from NVML. Returns the fractions set."""
+def cap_devices(cuda: Any, limit: int, totals: list[int]) -> list[float]:
+    """Cap PyTorch's allocator at ``limit`` bytes on each visible device; runs inside
+    torch's CUDA lazy init. The total is torch's own (what the allocator multiplies the
+    fraction by), else the one gpuwarden read from NVML. Returns the fractions set."""
     fractions = []
-    limit = allocator_limit(limit, context)
     for device in range(int(cuda.device_count())):
         try:
             total = int(cuda.get_device_properties(device).total_memory)
@@ -87,6 +69,20 @@ def cap_devices(cuda: Any, limit: int, totals: list[int], context: int = 0) -> l
         cuda.set_per_process_memory_fraction(fraction, device)
         fractions.append(fraction)
     return fractions
+
+
+def report_allocator(cuda: Any, path: str) -> None:
+    """At exit: the allocator's peak per visible device, written to the file the daemon
+    made for it, so the daemon can measure the CUDA context (the driver's figure for the
+    process less what the allocator held)."""
+    try:
+        if not cuda.is_initialized():
+            return
+        peaks = [int(cuda.max_memory_reserved(d)) for d in range(int(cuda.device_count()))]
+        with open(path, "w") as f:
+            f.write('{"max_reserved": [' + ", ".join(str(p) for p in peaks) + "]}\n")
+    except Exception:
+        pass  # a missing report costs one measurement, never the job
 
 
 def _install(torch: Any) -> None:
@@ -105,11 +101,16 @@ def _install(torch: Any) -> None:
         # An exception here would surface as the program's first CUDA call failing;
         # a missing cap is the smaller harm, so say so and carry on.
         try:
-            cap_devices(cuda, limit, totals, _context())
+            cap_devices(cuda, limit, totals)
         except Exception as e:
             _warn(f"memory cap not applied: {type(e).__name__}: {e}")
 
     lazy_call(cap)
+    report = os.environ.get(_REPORT_ENV, "").strip()
+    if report:
+        import atexit
+
+        atexit.register(report_allocator, cuda, report)
 
 
 class TorchWatcher:

@@ -33,9 +33,8 @@ from gpuwarden.units import format_bytes, parse_size
 
 def _cap_here(mem: int) -> float | None:
     """In a Ray worker: the job environment for the budget, and PyTorch's allocator
-    capped at it (its CUDA context allowed for). Returns the fraction set, if any."""
-    from gpuwarden.guard.memory import allocator_limit
-
+    capped at it (the CUDA context is outside the budget). Returns the fraction set, if
+    any."""
     os.environ.update(GPUWARDEN_BUDGET=str(mem), GPUWARDEN_MEM_LIMIT=str(mem),
                       CUDA_DEVICE_ORDER="PCI_BUS_ID")
     if "torch" not in sys.modules and importlib.util.find_spec("torch") is None:
@@ -44,7 +43,7 @@ def _cap_here(mem: int) -> float | None:
 
     if not torch.cuda.is_available():
         return None
-    allowed = allocator_limit(mem)
+    allowed = mem
     fraction = None
     for dev in range(torch.cuda.device_count()):
         total = torch.cuda.get_device_properties(dev).total_memory

@@ -18,7 +18,7 @@ class ManagedUse:
     its request?) and whether it is already being preempted."""
 
     job_id: int
-    budget: int  # bytes
+    budget: int  # bytes its allocations may hold (the --mem semantics)
     exclusive: bool = False
     user: str = ""
     qos: str = BURSTABLE
@@ -28,6 +28,13 @@ class ManagedUse:
     expected_end: float | None = None  # start + estimate: expected, not a bound
     used: int | None = None  # bytes the job's processes use on this GPU now
     preempting: bool = False
+    context: int = 0  # the CUDA context allowance booked beside the budget
+
+    @property
+    def booked(self) -> int:
+        """What the claim takes from the GPU: budget plus context, or what the job's
+        processes use (the driver's figure, context included) when that is more."""
+        return max(self.budget + self.context, self.used or 0)
 
 
 @dataclass(frozen=True)
@@ -37,7 +44,8 @@ class GpuState:
     index: int
     uuid: str
     total: int
-    reserve: int = 0  # driver/context reserve never given to jobs
+    reserve: int = 0  # driver reserve never given to jobs
+    context: int = 0  # a CUDA context's allowance here, booked beside each job's budget
     numa_node: int | None = None
     nvlink_peers: tuple[int, ...] = ()
     compute_mode: str = "Default"

@@ -1,7 +1,10 @@
 """Placement: which GPUs one queued job gets, as a pure function of GPU states.
 
-A GPU's headroom is what it can still promise: total − reserve − Σ managed budgets (or
-what a job uses, when that is more) − foreign peak × (1 + spike buffer). A Place never
+A GPU's headroom is what it can still promise: total − reserve − Σ managed (budget +
+CUDA context allowance, or what a job uses when that is more) − foreign peak × (1 +
+spike buffer). A job's budget is what its allocations may hold (what ``--mem`` means);
+the context its process creates on the GPU is booked beside it (``GpuState.context``),
+so a job that allocates exactly its budget fits where it was placed. A Place never
 asks more than the headroom of any of its GPUs, which is invariant 1 of DESIGN.md;
 ``apply`` re-checks it for every Place it books. The fit check lives here and the queue
 order in queue.py, apart, so QoS and preemption can replace either one without touching
@@ -22,7 +25,7 @@ from gpuwarden.sched.model import GpuState, ManagedUse, Place, QueuedJob
 from gpuwarden.units import MiB, format_bytes
 
 DEFAULT_RESERVE = 512 * MiB
-"""Per-GPU bytes never given to jobs: the CUDA context and driver allocations."""
+"""Per-GPU bytes never given to jobs: the driver's own allocations."""
 DEFAULT_SPIKE_BUFFER = 0.1
 """Foreign processes are charged at their peak plus this fraction: they may grow again."""
 
@@ -53,16 +56,24 @@ def foreign_charge(foreign_peak: int, spike_buffer: float) -> int:
 
 
 def capacity(gpu: GpuState) -> int:
-    """What this GPU could give one job when empty: total − reserve."""
-    return max(gpu.total - gpu.reserve, 0)
+    """The largest budget this GPU could give one job when empty: total − reserve − the
+    job's CUDA context."""
+    return max(gpu.total - gpu.reserve - gpu.context, 0)
 
 
 def headroom(gpu: GpuState, spike_buffer: float = DEFAULT_SPIKE_BUFFER) -> int:
-    """Bytes placement may still promise on this GPU (never negative). A job using more
-    than it reserved (a burstable job bursting) counts at what it uses."""
-    booked = sum(max(u.budget, u.used or 0) for u in gpu.managed)
+    """Bytes placement may still promise on this GPU, contexts included (never
+    negative). A job using more than it booked (a burstable job bursting) counts at what
+    it uses."""
+    booked = sum(u.booked for u in gpu.managed)
     return max(gpu.total - gpu.reserve - booked - foreign_charge(gpu.foreign_peak, spike_buffer),
                0)
+
+
+def room_for_budget(gpu: GpuState, room: int) -> int:
+    """The largest budget a job could get from ``room`` of headroom on this GPU: what its
+    context leaves."""
+    return max(room - gpu.context, 0)
 
 
 # --- from a Snapshot ---------------------------------------------------------------------
@@ -79,6 +90,16 @@ def foreign_memory(view: GpuView, managed_pids: Set[int]) -> int:
     return foreign + max(unaccounted, 0)
 
 
+def foreign_parts(view: GpuView, managed_pids: Set[int]) -> tuple[int, int | None]:
+    """``foreign_memory`` in its two parts: foreign processes' bytes, and memory no
+    process accounts for (None when the driver withholds figures: then the first part
+    is all that is not shown as managed)."""
+    unaccounted = view.unaccounted
+    if unaccounted is None:
+        return foreign_memory(view, managed_pids), None
+    return foreign_memory(view, managed_pids) - max(unaccounted, 0), max(unaccounted, 0)
+
+
 def foreign_usage(snapshot: Snapshot, managed_pids: Set[int]) -> dict[str, int]:
     """Foreign bytes now, per GPU uuid: the daemon folds these into the peaks it keeps."""
     return {v.facts.uuid: foreign_memory(v, managed_pids) for v in snapshot.gpus}
@@ -86,11 +107,15 @@ def foreign_usage(snapshot: Snapshot, managed_pids: Set[int]) -> dict[str, int]:
 
 def gpu_states(snapshot: Snapshot, managed: Mapping[str, Sequence[ManagedUse]],
                managed_pids: Set[int], foreign_peaks: Mapping[str, int] | None = None,
-               reserve: int = DEFAULT_RESERVE) -> list[GpuState]:
+               reserve: int = DEFAULT_RESERVE, *,
+               contexts: Mapping[str, int] | None = None) -> list[GpuState]:
     """GPU states for placement. ``managed`` maps a GPU uuid to the reservations of
     reserved/running jobs; ``managed_pids`` are the pids of their process trees, so the
-    rest is foreign; ``foreign_peaks`` are the per-uuid peaks the daemon remembers."""
+    rest is foreign; ``foreign_peaks`` are the per-uuid foreign figures the daemon
+    keeps (its peaks and what persisted), used instead of this snapshot's where given;
+    ``contexts`` the CUDA context allowance per uuid."""
     peaks = foreign_peaks or {}
+    ctx = contexts or {}
     states = []
     for view in snapshot.gpus:
         f = view.facts
@@ -99,7 +124,9 @@ def gpu_states(snapshot: Snapshot, managed: Mapping[str, Sequence[ManagedUse]],
             numa_node=f.numa_node, nvlink_peers=f.nvlink_peers,
             compute_mode=f.compute_mode or "Default",
             managed=tuple(managed.get(f.uuid, ())),
-            foreign_peak=max(foreign_memory(view, managed_pids), peaks.get(f.uuid, 0)),
+            context=ctx.get(f.uuid, 0),
+            foreign_peak=peaks[f.uuid] if f.uuid in peaks else
+            foreign_memory(view, managed_pids),
             foreign_processes=sum(1 for p in view.processes if p.pid not in managed_pids),
         ))
     return states
@@ -173,12 +200,13 @@ def _blocked(job: QueuedJob, gpu: GpuState, room: int) -> tuple[bool, str] | Non
         return False, "in use by " + " and ".join(bits)
     if job.cpus and gpu.free_cpus is not None and len(gpu.free_cpus) < _cores_each(job):
         return False, f"{len(gpu.free_cpus)} free CPU core(s) near it"
+    budget_room = room_for_budget(gpu, room)
     if job.mem is None:
-        if room <= 0:
+        if budget_room <= 0:
             return True, f"no headroom ({format_bytes(gpu.foreign_peak)} foreign/leaked)"
         return None
-    if room < job.mem:
-        return True, f"{format_bytes(room)} free"
+    if room < job.mem + gpu.context:  # the job's context is booked beside its budget
+        return True, f"{format_bytes(budget_room)} free"
     return None
 
 
@@ -257,7 +285,7 @@ def fits(job: QueuedJob, gpus: Sequence[GpuState],
     for gpu in cands:
         room = headroom(gpu, spike_buffer)
         if _blocked(job, gpu, room) is None:
-            ok.append((gpu, room))
+            ok.append((gpu, room_for_budget(gpu, room)))
     if len(ok) < job.count:
         return None
     chosen = _best_set(job, ok)
@@ -269,7 +297,8 @@ def fits(job: QueuedJob, gpus: Sequence[GpuState],
 
 
 def reservation(job: QueuedJob, budget: int, *, started_at: float | None = None,
-                used: int | None = None, preempting: bool = False) -> ManagedUse:
+                used: int | None = None, preempting: bool = False,
+                context: int = 0) -> ManagedUse:
     """The claim a placed job holds on each of its GPUs (whole-GPU jobs hold theirs alone).
     The daemon builds the ``managed`` input of ``gpu_states`` with this too: a job must
     end by its start plus its ``--timeout`` and is expected to by its start plus its
@@ -280,7 +309,8 @@ def reservation(job: QueuedJob, budget: int, *, started_at: float | None = None,
     return ManagedUse(job_id=job.id, budget=budget, exclusive=_alone(job), user=job.user,
                       qos=job.qos, priority=job.priority, started_at=started_at, ends_at=ends,
                       expected_end=None if started_at is None or expected is None
-                      else started_at + expected, used=used, preempting=preempting)
+                      else started_at + expected, used=used, preempting=preempting,
+                      context=context)
 
 
 def apply(gpus: Sequence[GpuState], job: QueuedJob, place: Place,
@@ -293,11 +323,12 @@ def apply(gpus: Sequence[GpuState], job: QueuedJob, place: Place,
     for gpu in gpus:
         if gpu.index in targets:
             room = headroom(gpu, spike_buffer)
-            if place.budget > room or place.budget < 0:
-                raise ValueError(f"job {job.id}: {format_bytes(place.budget)} on GPU "
-                                 f"{gpu.index} exceeds its headroom {format_bytes(room)}")
-            gpu = replace(gpu, managed=(*gpu.managed, reservation(job, place.budget,
-                                                                   started_at=started_at)))
+            if place.budget + gpu.context > room or place.budget < 0:
+                raise ValueError(f"job {job.id}: {format_bytes(place.budget)} (+ "
+                                 f"{format_bytes(gpu.context)} context) on GPU {gpu.index} "
+                                 f"exceeds its headroom {format_bytes(room)}")
+            gpu = replace(gpu, managed=(*gpu.managed, reservation(
+                job, place.budget, started_at=started_at, context=gpu.context)))
             targets.discard(gpu.index)
         if place.cpus and gpu.free_cpus is not None and gpu.free_cpus & set(place.cpus):
             gpu = replace(gpu, free_cpus=gpu.free_cpus - set(place.cpus))
@@ -367,7 +398,9 @@ def infeasible_reason(job: QueuedJob, gpus: Sequence[GpuState]) -> str | None:
     if not big:
         return (f"{format_bytes(need)} per GPU is more than {where} can give (largest: "
                 f"{format_bytes(capacity(largest))} = {format_bytes(largest.total)} total − "
-                f"{format_bytes(largest.reserve)} reserve)")
+                f"{format_bytes(largest.reserve)} reserve"
+                + (f" − {format_bytes(largest.context)} CUDA context)" if largest.context
+                   else ")"))
     what = "any memory" if job.mem is None else format_bytes(job.mem)
     return (f"only {_plural(len(big), 'GPU')} on {where} can give {what} "
             f"(GPU {_ids(g.index for g in big)}); {job.count} can never fit")
@@ -393,7 +426,7 @@ def wait_reason(job: QueuedJob, gpus: Sequence[GpuState],
         if why is None:
             ok.append(gpu.index)
         elif why[0] and job.mem is not None:
-            short.append((room, gpu.index))
+            short.append((room_for_budget(gpu, room), gpu.index))
         else:
             others.setdefault(why[1], []).append(gpu.index)
     parts = []

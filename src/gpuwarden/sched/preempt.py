@@ -27,7 +27,7 @@ def may_preempt(job: QueuedJob, victim: ManagedUse) -> bool:
 
 def over_request(uses: Sequence[ManagedUse]) -> bool:
     """The job uses more than its reservation on some GPU (burst)."""
-    return any(u.used is not None and u.used > u.budget for u in uses)
+    return any(u.used is not None and u.used > u.budget + u.context for u in uses)
 
 
 def cost(uses: Sequence[ManagedUse], now: float) -> tuple[int, int, int, float, int]:

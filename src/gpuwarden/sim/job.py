@@ -9,6 +9,7 @@ an allocation exceeds a cap or the GPU's free memory."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -82,13 +83,17 @@ class Job:
         self.held: dict[str, int] = {}
         self.command = " ".join([os.path.basename(sys.executable), "-m", "gpuwarden.sim.job",
                                  *sys.argv[1:]])
-        self.caps: dict[int, int] = {}
+        self.caps: dict[int, int] = {}  # the PyTorch cap: what allocations may hold
         torch_cap = os.environ.get("GPUWARDEN_MEM_LIMIT")
         if torch_cap:
             cap = parse_size(torch_cap, bare_bytes=True)  # bytes, as the launcher writes it
             self.caps = {i: cap for i in range(len(visible))}
-        for i, limit in mps_limits(os.environ, len(visible)).items():
-            self.caps[i] = min(limit, self.caps.get(i, limit))
+        # MPS limits the whole client, its CUDA context included.
+        self.mps_caps = mps_limits(os.environ, len(visible))
+        # The CUDA context each GPU charges a process beside its allocations, once it
+        # first allocates there (the real driver's context, per the scenario).
+        contexts = {g.uuid: g.context_memory for g in backend.scenario.gpus}
+        self.context = {g.uuid: contexts.get(g.uuid, 0) for g in visible}
         self._files: list[IO[bytes]] = []
 
     def open_devices(self) -> None:
@@ -107,25 +112,48 @@ class Job:
                 if want <= 0:
                     continue
                 cap = self.caps.get(ordinal)
+                if ordinal in self.mps_caps:  # what MPS leaves allocations beside the context
+                    left = max(self.mps_caps[ordinal] - self.context[g.uuid], 0)
+                    cap = left if cap is None else min(cap, left)
                 free = facts[g.uuid].memory_free
-                if (cap is not None and per_gpu > cap) or want > free:
+                new_context = 0 if g.uuid in self.held else self.context[g.uuid]
+                if (cap is not None and per_gpu > cap) or want + new_context > free:
                     raise SimOOM(torch_oom(
                         tried=want, ordinal=ordinal, total=g.memory_total, free=free,
                         in_use=self.in_use(g.uuid), allocated=have,
                         allowed=cap if cap is not None and per_gpu > cap else None))
             for g in self.visible:
                 self.held[g.uuid] = max(per_gpu, self.held.get(g.uuid, 0))
-            registry.write(self.pid, self.start_time, self.held, leak=self.leak,
+            registry.write(self.pid, self.start_time,
+                           {u: self.in_use(u) for u in self.held}, leak=self.leak,
                            command=self.command)
 
     def in_use(self, uuid: str) -> int:
         """What the driver lists for this process on that GPU (PyTorch's "this process
         has ... memory in use"): its allocations, and its CUDA context where one is
         charged."""
-        return self.held.get(uuid, 0)
+        if uuid not in self.held:
+            return 0
+        return self.held[uuid] + self.context.get(uuid, 0)
+
+    def report_allocator(self) -> None:
+        """As the cap hook does at exit: the allocator's peak per visible device, into
+        the file the daemon named (GPUWARDEN_ALLOCATOR_REPORT)."""
+        path = os.environ.get("GPUWARDEN_ALLOCATOR_REPORT")
+        if not path or not self.held:
+            return
+        peaks = [self.held.get(g.uuid, 0) for g in self.visible]
+        try:
+            with open(path, "w") as f:
+                f.write(json.dumps({"max_reserved": peaks}) + "\n")
+        except OSError:
+            pass
 
     def release(self) -> None:
-        if not self.leak:
+        """At exit. The driver frees the memory once the process is gone, after its lag
+        (sim/registry.py); with no lag the registration is dropped now."""
+        self.report_allocator()
+        if not self.leak and self.backend.registry.free_lag <= 0:
             self.backend.registry.forget(self.pid)
 
 

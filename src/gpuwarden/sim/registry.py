@@ -1,18 +1,22 @@
 """The simulated driver's memory: which live process holds how much on which GPU.
 
-Each simulated job writes one JSON file under ``<state>/alloc/``; a file whose process
-is gone is dropped on the next read (the driver freeing a dead context), unless it was
-written with ``leak`` set, which models a context the driver failed to free. A lock file
-serialises allocations so two jobs cannot both take the last free bytes."""
+Each simulated job writes one JSON file under ``<state>/alloc/``. When its process is
+gone the driver frees the memory after a short lag, as the real one does: for
+``free_lag`` seconds after a read first finds the process dead, the memory still counts
+as used but no process is listed for it (memory no process accounts for), then the file
+is dropped. A file written with ``leak`` set models a context the driver failed to free.
+A lock file serialises allocations so two jobs cannot both take the last free bytes."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +41,7 @@ class Allocation:
     gpus: dict[str, int]  # uuid -> bytes
     leak: bool
     command: str
+    freeing: bool = False  # its process is gone; the driver has not freed it yet
 
 
 def _start_time(pid: int) -> float | None:
@@ -47,8 +52,9 @@ def _start_time(pid: int) -> float | None:
 
 
 class Registry:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, free_lag: float = 0.0) -> None:
         self.root = root
+        self.free_lag = free_lag
         self.alloc_dir = root / "alloc"
         self.dev_dir = root / "dev"
         self.settings_file = root / "settings.json"
@@ -73,7 +79,8 @@ class Registry:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
     def allocations(self) -> list[Allocation]:
-        """Live registrations; the files of processes that died cleanly are removed."""
+        """Live registrations, and those of dead processes whose memory the driver has
+        not freed yet (``freeing``); files past the lag are removed."""
         out: list[Allocation] = []
         try:
             names = os.listdir(self.alloc_dir)
@@ -98,21 +105,33 @@ class Registry:
             alive = started is not None and abs(started - alloc.start_time) < 1.0
             if alive or alloc.leak:
                 out.append(alloc)
+                continue
+            now = time.time()
+            died = data.get("died_at")
+            if died is None and self.free_lag > 0:
+                died = now
+                with contextlib.suppress(OSError):
+                    self._store(path, {**data, "died_at": now})
+            if isinstance(died, (int, float)) and now - died < self.free_lag:
+                out.append(dataclasses.replace(alloc, freeing=True))
             else:
                 with contextlib.suppress(OSError):
                     path.unlink()
         return out
 
+    @staticmethod
+    def _store(path: Path, payload: dict[str, Any]) -> None:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(payload))
+        os.replace(tmp, path)
+
     def write(self, pid: int, start_time: float, gpus: dict[str, int], *, leak: bool,
               command: str) -> None:
         """Record (atomically) what ``pid`` holds now."""
         self.alloc_dir.mkdir(parents=True, exist_ok=True)
-        path = self.alloc_dir / f"{pid}.json"
-        tmp = path.with_suffix(".tmp")
-        payload = {"pid": pid, "start_time": start_time, "gpus": gpus, "leak": leak,
-                   "command": command}
-        tmp.write_text(json.dumps(payload))
-        os.replace(tmp, path)
+        self._store(self.alloc_dir / f"{pid}.json",
+                    {"pid": pid, "start_time": start_time, "gpus": gpus, "leak": leak,
+                     "command": command})
 
     def forget(self, pid: int) -> None:
         with contextlib.suppress(OSError):

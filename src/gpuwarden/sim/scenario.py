@@ -50,6 +50,7 @@ class SimGpu:
     retired_pages: int | None
     retired_pages_pending: bool | None
     nvlink_peers: tuple[int, ...]
+    context_memory: int = 512 << 20  # what each process's CUDA context takes here
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class Scenario:
     processes: tuple[SimProcess, ...]
     holders: tuple[SimHolder, ...]
     driver_version: str = "sim"
+    free_lag: float = 0.2  # seconds the driver takes to free a dead process's memory
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -205,6 +207,7 @@ def _parse_gpu(raw: Any, pos: int) -> SimGpu:
         retired_pages_pending=_opt(raw.get("retired_pages_pending", False), _bool,
                                    f"{where}.retired_pages_pending"),
         nvlink_peers=tuple(peers),
+        context_memory=_size(raw.get("context_memory", 512 << 20), f"{where}.context_memory"),
     )
 
 
@@ -297,9 +300,17 @@ def parse_scenario(data: Any, path: Path) -> Scenario:
         gpus=tuple(sorted(gpus, key=lambda g: g.index)),
         processes=procs,
         holders=holders,
-        extra={k: v for k, v in data.items() if k not in ("gpus", "processes", "holders")},
         driver_version=_str(data.get("driver_version", "sim-550.00"), f"{path}: driver_version"),
+        free_lag=_lag(data.get("free_lag", 0.2)),
+        extra={k: v for k, v in data.items()
+               if k not in ("gpus", "processes", "holders", "free_lag")},
     )
+
+
+def _lag(raw: Any) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw <= 60:
+        raise ScenarioError("free_lag: expected seconds from 0 to 60")
+    return float(raw)
 
 
 def load_scenario(path: str | os.PathLike[str]) -> Scenario:
