@@ -6,17 +6,23 @@ the policies people use instead, on one generated trace of a shared research box
 The trace: many small evaluations, some large trainings, a few multi-GPU jobs (sizes and
 lengths below, drawn from a seeded generator). Two workloads: *burst* (every job queued
 at time 0: makespan against the lower bound) and *stream* (Poisson arrivals over a day:
-waits and starvation). Jobs use what they declare (no OOM in this model).
+waits and starvation), each as users declare it: every job with a ``--timeout`` 1.2-2×
+its run time; *no timeout* (the common case: no job says how long it runs); *learned*
+(no timeout, but the daemon learned a run time for 80% of the jobs from earlier runs of
+their key, off by up to ±30%). Jobs use what they declare (no OOM in this model).
 
 Policies, each an event-driven replay (an event is an arrival or an end):
 - ``gpuwarden``: ``sched.queue.plan`` exactly as the daemon calls it (aged priority order,
-  EASY backfill on the jobs' ``--timeout``, 512 MiB reserve per GPU), with its decisions
-  applied by ``sched.placement.apply``; each call is timed.
+  EASY backfill on the jobs' ``--timeout`` or learned estimate, the 15-minute starvation
+  guard, best fit behind the first waiting job, 512 MiB reserve per GPU), with its
+  decisions applied by ``sched.placement.apply``; each call is timed.
 - ``whole-fifo``: each job takes whole idle GPUs, strictly first come first served
   (task-spooler, gq-style queues).
 - ``first-fit``: jobs in submit order, each placed on the first GPUs whose free memory
   less a safety margin (1 GiB) holds it, later jobs may pass one that does not fit, no
   reservation (free-memory schedulers such as gpusched).
+- ``best-fit``: the same, but each job goes to the GPUs with the least free memory that
+  holds it.
 - lower bound: max(Σ memory × time ÷ (GPUs × memory), the longest job).
 """
 
@@ -29,7 +35,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +63,8 @@ class TraceJob:
     count: int  # GPUs
     duration: float  # seconds
     submit: float
-    timeout: float  # what the user declares (--timeout): longer than it runs
+    timeout: float | None  # what the user declares (--timeout): longer than it runs
+    estimate: float | None = None  # a run time learned from earlier runs (may be off)
 
     @property
     def large(self) -> bool:
@@ -91,6 +98,18 @@ def generate(n: int, gib: int, seed: int, *, stream_hours: float = 0.0) -> list[
         timeout = duration * rng.uniform(1.2, 2.0)
         jobs.append(TraceJob(i + 1, kind, mem, count, duration, t, timeout))
     return jobs
+
+
+def without_timeouts(jobs: list[TraceJob], seed: int, learned: float = 0.0,
+                     ) -> list[TraceJob]:
+    """The same jobs with no ``--timeout``; with ``learned`` > 0, that share of them has a
+    run time learned from earlier runs, 0.7-1.3× the true one."""
+    rng = random.Random(seed + 17)
+    out = []
+    for j in jobs:
+        est = j.duration * rng.uniform(0.7, 1.3) if rng.random() < learned else None
+        out.append(replace(j, timeout=None, estimate=est))
+    return out
 
 
 def lower_bound(jobs: list[TraceJob], gpus: int, gib: int) -> float:
@@ -161,7 +180,7 @@ def replay_gpuwarden(jobs: list[TraceJob], gpus: int, gib: int, *,
             return []
         queue = [views.setdefault(j.id, QueuedJob(
             id=j.id, user=f"u{j.id % 7}", mem=j.mem, count=j.count, submitted_at=j.submit,
-            runtime=j.timeout)) for j in queued]
+            runtime=j.timeout, estimate=j.estimate)) for j in queued]
         t0 = time.perf_counter()
         decisions = plan(state, queue, 0.0, now=now, policy=policy)
         out.plan_seconds.append(time.perf_counter() - t0)
@@ -199,7 +218,8 @@ def replay_whole_fifo(jobs: list[TraceJob], gpus: int, gib: int) -> Outcome:
     return _run(jobs, decide)
 
 
-def replay_first_fit(jobs: list[TraceJob], gpus: int, gib: int) -> Outcome:
+def replay_first_fit(jobs: list[TraceJob], gpus: int, gib: int, *,
+                     best: bool = False) -> Outcome:
     used = [0] * gpus
     held: dict[int, tuple[list[int], int]] = {}
 
@@ -211,7 +231,10 @@ def replay_first_fit(jobs: list[TraceJob], gpus: int, gib: int) -> Outcome:
                 used[g] -= mem
         started = []
         for j in queued:  # submit order; a job that does not fit is passed over
-            ok = [g for g in range(gpus) if gib * GiB - used[g] - MARGIN >= j.mem][:j.count]
+            ok = [g for g in range(gpus) if gib * GiB - used[g] - MARGIN >= j.mem]
+            if best:  # the fullest GPUs that still hold it
+                ok.sort(key=lambda g: -used[g])
+            ok = ok[:j.count]
             if len(ok) < j.count:
                 continue
             for g in ok:
@@ -255,8 +278,18 @@ def replay_gpuwarden_no_backfill(jobs: list[TraceJob], gpus: int, gib: int) -> O
     return replay_gpuwarden(jobs, gpus, gib, backfill=False)
 
 
+def replay_best_fit(jobs: list[TraceJob], gpus: int, gib: int) -> Outcome:
+    return replay_first_fit(jobs, gpus, gib, best=True)
+
+
 POLICIES = {"gpuwarden": replay_gpuwarden, "gpuwarden, backfill off": replay_gpuwarden_no_backfill,
-            "whole-fifo": replay_whole_fifo, "first-fit": replay_first_fit}
+            "whole-fifo": replay_whole_fifo, "first-fit": replay_first_fit,
+            "best-fit": replay_best_fit}
+WORKLOADS = (  # name, arrivals (stream or burst), timeouts ("timeout", "none", "learned")
+    ("burst", False, "timeout"), ("stream", True, "timeout"),
+    ("burst, no timeout", False, "none"), ("stream, no timeout", True, "none"),
+    ("burst, learned run times", False, "learned"),
+    ("stream, learned run times", True, "learned"))
 
 
 def longest_first(jobs: list[TraceJob]) -> list[TraceJob]:
@@ -264,8 +297,29 @@ def longest_first(jobs: list[TraceJob]) -> list[TraceJob]:
     which no shared queue can (it ignores who came first). It shows how far the lower
     bound itself is from reachable."""
     ranked = sorted(jobs, key=lambda j: -(j.mem * j.count * j.duration))
-    return [TraceJob(i + 1, j.kind, j.mem, j.count, j.duration, j.submit, j.timeout)
-            for i, j in enumerate(ranked)]
+    return [replace(j, id=i + 1) for i, j in enumerate(ranked)]
+
+
+def window_sweep(n: int, gpus: int, gib: int, seed: int, hours: float,
+                 ) -> dict[str, dict[str, dict[str, float]]]:
+    """gpuwarden on the traces without timeouts with other best-fit windows (1: none,
+    jobs behind the first waiting one start in queue order): the trade it makes."""
+    from gpuwarden.sched import queue
+
+    default = queue.BEST_FIT_WINDOW
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    try:
+        for w in sorted({1, 2, default, 8, 16, 64}):
+            queue.BEST_FIT_WINDOW = w
+            row = {}
+            for name, h in (("burst, no timeout", 0.0), ("stream, no timeout", hours)):
+                jobs = without_timeouts(generate(n, gib, seed, stream_hours=h), seed)
+                m = measure(jobs, replay_gpuwarden(jobs, gpus, gib), gpus, gib)
+                row[name] = {"makespan_s": m["makespan_s"], "mean_wait_s": m["mean_wait_s"]}
+            out[str(w)] = row
+    finally:
+        queue.BEST_FIT_WINDOW = default
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,13 +332,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queued", type=int, default=10_000)
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args(argv)
+    from gpuwarden.sched.queue import BEST_FIT_WINDOW, DEFAULT_STARVE_AFTER
+
     result: dict[str, Any] = {"machine": machine(), "gpus": args.gpus, "gib": args.gib,
                               "jobs": args.jobs, "seed": args.seed, "margin": MARGIN,
-                              "reserve": RESERVE, "workloads": {}}
-    for name, hours in (("burst", 0.0), ("stream", args.stream_hours)):
+                              "reserve": RESERVE, "best_fit_window": BEST_FIT_WINDOW,
+                              "starve_after": DEFAULT_STARVE_AFTER, "workloads": {}}
+    for name, streamed, timeouts in WORKLOADS:
+        hours = args.stream_hours if streamed else 0.0
         jobs = generate(args.jobs, args.gib, args.seed, stream_hours=hours)
+        if timeouts != "timeout":
+            jobs = without_timeouts(jobs, args.seed, 0.8 if timeouts == "learned" else 0.0)
         kinds = {k: sum(1 for j in jobs if j.kind == k) for k in ("eval", "train", "multi")}
-        w: dict[str, Any] = {"hours": hours, "kinds": kinds,
+        w: dict[str, Any] = {"hours": hours, "kinds": kinds, "timeouts": timeouts,
                              "lower_bound_s": lower_bound(jobs, args.gpus, args.gib),
                              "policies": {}}
         for pname, fn in POLICIES.items():
@@ -298,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
                 m["plan_per_job_us_p50"] = percentile(per_job, 50) * 1e6
                 m["plan_per_job_us_max"] = max(per_job) * 1e6
             w["policies"][pname] = m
-            print(f"{name:6} {pname:24} makespan {m['makespan_s'] / 3600:6.2f} h  mean wait "
+            print(f"{name:26} {pname:24} makespan {m['makespan_s'] / 3600:6.2f} h  mean wait "
                   f"{m['mean_wait_s'] / 3600:6.2f} h  util {m['mem_utilization']:.2f}",
                   file=sys.stderr)
         if name == "burst":
@@ -307,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
                                              args.gpus, args.gib)
                                   for p in ("gpuwarden", "first-fit")}
         result["workloads"][name] = w
+    result["window"] = window_sweep(args.jobs, args.gpus, args.gib, args.seed,
+                                    args.stream_hours)
     result["decision"] = decision_time(args.gpus, args.gib, args.queued, args.seed)
     args.json.write_text(json.dumps(result, indent=1))
     return 0

@@ -176,18 +176,19 @@ def test_best_fit_picks_the_tightest_gpu_and_never_delays_a_starving_head() -> N
 
 
 def test_no_job_is_passed_over_by_more_than_the_window() -> None:
-    # Many small jobs then one that fills the hole exactly: beyond the window, the
-    # small ones go first in queue order, and the big one no longer fits.
+    # Many small jobs, then a big one: the small ones further back than the window
+    # start in queue order before it; it goes before the last ones, which fill the rest.
     gpus = [g(0, use(100, 40))]
     n = BEST_FIT_WINDOW + 4
+    early = n - BEST_FIT_WINDOW + 1  # started before the big job is weighed
+    big = 40 - early - (BEST_FIT_WINDOW - 1)
     queue = [job(1, 60, at=NOW - 60), *(job(10 + i, 1, at=NOW - 50 + i) for i in range(n)),
-             job(99, 40 - BEST_FIT_WINDOW + 1, at=NOW - 1)]
-    d = by_id(plan(gpus, queue, 0, now=NOW, policy=FREE))
-    small = [d[10 + i] for i in range(n)]
-    assert all(isinstance(x, Place) for x in small[:n - BEST_FIT_WINDOW + 1])
-    assert isinstance(d[99], Place)  # within the window of the last small ones
-    placed = sum(x.budget for x in d.values() if isinstance(x, Place))
-    assert placed <= 40 * GiB
+             job(99, big, at=NOW - 1)]
+    decisions = plan(gpus, queue, 0, now=NOW, policy=FREE)
+    order = [d.job_id for d in decisions if isinstance(d, Place)]
+    assert order[:early] == [10 + i for i in range(early)]
+    assert order[early] == 99 and sorted(order[early + 1:]) == list(range(10 + early, 10 + n))
+    assert sum(d.budget for d in decisions if isinstance(d, Place)) == 40 * GiB
 
 
 # --- properties -----------------------------------------------------------------------------

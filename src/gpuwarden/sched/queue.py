@@ -49,10 +49,11 @@ __all__ = ["BEST_FIT_WINDOW", "DEFAULT_STARVE_AFTER", "Fit", "Ordering", "Policy
 
 DEFAULT_STARVE_AFTER = 900.0
 """Seconds the first waiting job waits, when its start is unknown, before room is held."""
-BEST_FIT_WINDOW = 16
+BEST_FIT_WINDOW = 4
 """Behind a waiting job, the next this-many jobs that fit are weighed against each other:
 the one that leaves the least room unused on its GPUs starts first. Bounded, so a pass
-stays linear in the queue and no job is passed over by more than this many."""
+stays linear in the queue and no job is passed over by more than this many. Wider
+windows pack tighter and make small jobs wait longer (bench/RESULTS.md, section 6)."""
 
 
 @dataclass(frozen=True)
