@@ -24,6 +24,7 @@ from tests.integration.daemon_fixture import Daemon, http_request, raw_http, sta
 
 PY = sys.executable
 GiB = 1 << 30
+MiB = 1 << 20
 
 
 @pytest.fixture
@@ -80,7 +81,7 @@ def test_an_attached_job_is_placed_watched_and_ended_by_the_node_daemon(node: Da
     deadline = time.monotonic() + 10  # the daemon sees the command's memory as the job's
     while node.job(job["id"])["peak_memory"] is None and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert node.job(job["id"])["peak_memory"] == 3 * GiB
+    assert node.job(job["id"])["peak_memory"] == 3 * GiB + 512 * MiB  # its CUDA context too
     status = node.json("status")
     gpu1 = next(g for g in status["gpus"] if g["index"] == 1)
     assert any(pr.get("job") == str(job["id"]) for pr in gpu1["processes"]), gpu1

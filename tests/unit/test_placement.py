@@ -3,6 +3,7 @@ and the reasons a job waits or can never run."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from fractions import Fraction
 
 import pytest
@@ -11,6 +12,7 @@ from gpuwarden.sched.model import GpuState, ManagedUse, Place, QueuedJob
 from gpuwarden.sched.placement import (
     DEFAULT_RESERVE,
     apply,
+    capacity,
     fits,
     foreign_charge,
     foreign_parts,
@@ -328,3 +330,36 @@ def test_wait_reason_for_sets_whole_gpus_and_blocked_gpus() -> None:
     held = [g(0, used=(1,), exclusive_use=True)]
     assert wait_reason(job(1), held, 0.0) == (
         "waiting for 1024MiB free on one GPU; GPU 0: held alone by job 100")
+
+
+# --- the CUDA context allowance ---------------------------------------------------------
+
+def test_a_job_books_its_budget_and_its_context_and_is_capped_at_the_budget() -> None:
+    gpu = replace(g(0, 24), context=512 * MiB)
+    place = fits(job(10), [gpu], 0.0)
+    assert place is not None and place.budget == 10 * GiB  # the allocator's cap: --mem
+    (after,) = apply([gpu], job(10), place, 0.0)
+    assert after.managed[0].context == 512 * MiB and after.managed[0].booked == 10.5 * GiB
+    assert headroom(after, 0.0) == 13.5 * GiB
+    # A second 13.5 GiB fits its budget in the room but not its context beside it.
+    assert fits(job(13.5, id=2), [after], 0.0) is None
+    assert fits(job(13, id=2), [after], 0.0) is not None
+    assert "best has 13.0GiB (GPU 0)" in wait_reason(job(13.5, id=2), [after], 0.0)
+    with pytest.raises(ValueError, match="context"):
+        apply([after], job(13.5, id=2), Place(2, (0,), int(13.5 * GiB)), 0.0)
+
+
+def test_whole_gpu_jobs_and_capacity_leave_room_for_the_context() -> None:
+    gpu = replace(g(0, 80, reserve=0.5), context=GiB)
+    place = fits(job(None), [gpu], 0.0)
+    assert place is not None and place.budget == 78.5 * GiB
+    assert capacity(gpu) == 78.5 * GiB
+    assert infeasible_reason(job(79), [gpu]) == (
+        "79.0GiB per GPU is more than this machine can give (largest: 78.5GiB = 80.0GiB "
+        "total − 512MiB reserve − 1024MiB CUDA context)")
+
+
+def test_a_job_using_more_than_its_budget_and_context_counts_at_its_use() -> None:
+    use = ManagedUse(1, 10 * GiB, context=512 * MiB, used=12 * GiB)
+    assert use.booked == 12 * GiB
+    assert ManagedUse(1, 10 * GiB, context=512 * MiB, used=10 * GiB).booked == 10.5 * GiB
