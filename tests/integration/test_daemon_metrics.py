@@ -53,20 +53,23 @@ def test_daemon_metrics_cover_gpus_and_the_queue(metered: tuple[Daemon, str]) ->
 
     def ready() -> bool:
         m = scrape(url)
-        return find(m, "gpuwarden_job_memory_bytes", job_id=str(running)) == 3 * GiB
+        return find(m, "gpuwarden_job_memory_bytes", job_id=str(running)) == 3.5 * GiB
     assert wait_for(ready, 20)
     m = scrape(url)
     assert find(m, "gpuwarden_jobs", state="succeeded", qos="burstable") == 1
     assert find(m, "gpuwarden_jobs", state="running", qos="guaranteed") == 1
     assert find(m, "gpuwarden_jobs", state="queued", qos="burstable") == 1
-    assert find(m, "gpuwarden_job_limit_bytes", job_id=str(running)) == 4 * GiB
+    # Memory and limit as the driver counts: the job's CUDA context (512 MiB on these
+    # simulated GPUs) beside its allocations, the booked allowance beside its budget.
+    assert find(m, "gpuwarden_job_limit_bytes", job_id=str(running)) == \
+        4 * GiB + d.job(running)["context"]
     assert (find(m, "gpuwarden_queue_oldest_wait_seconds") or 0) > 0
     assert find(m, "gpuwarden_queue_wait_seconds_count") == 2
     assert find(m, "gpuwarden_memory_release_seconds_count") == 1
     assert (find(m, "gpuwarden_placement_pass_seconds_count") or 0) > 5
     assert find(m, "gpuwarden_job_preemptions_total") == 0
     # The exporter's series are there too, with the job's id on its process.
-    assert find(m, "gpuwarden_process_memory_bytes", job_id=str(running)) == 3 * GiB
+    assert find(m, "gpuwarden_process_memory_bytes", job_id=str(running)) == 3.5 * GiB
     assert find(m, "gpuwarden_gpu_memory_total_bytes", gpu="0") == 24 * GiB
     assert d.cli("cancel", str(running)).returncode == 0
     assert d.wait_state(held, "cancelled")["reason"] == f"dependency {running} cancelled"

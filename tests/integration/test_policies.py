@@ -14,6 +14,7 @@ import pytest
 from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, start_daemon
 
 GiB = 1 << 30
+MiB = 1 << 20
 
 # Runs until SIGTERM (then says whether the preemption notice was there) on its first
 # attempt; the attempt after a requeue finds its marker and succeeds at once.
@@ -180,7 +181,10 @@ def test_watchdog_kills_a_besteffort_job_over_its_limit(fast_daemon: Daemon) -> 
     jid = d.submit("--qos", "besteffort", "--mem", "2G",
                    cmd=uncapped(sim_job("1G", 30, "--grow-to", "4G", "--steps", "1")))
     job = d.wait_state(jid, "failed", timeout=30)
-    assert job["reason"].startswith("killed: uses 4096MiB on GPU 0, over its limit 2048MiB")
+    # As the driver counts: its allocations and CUDA context (512 MiB simulated) against
+    # its budget and the context allowance booked beside it.
+    limit = (2 * GiB + job["context"]) >> 20
+    assert job["reason"].startswith(f"killed: uses 4608MiB on GPU 0, over its limit {limit}MiB")
     assert "killed_over_limit" in kinds(job)
     assert job["enforcement"]["watchdog"] == "kill over the limit"
 
@@ -202,7 +206,8 @@ def test_a_burstable_job_may_grow_to_its_limit(fast_daemon: Daemon) -> None:
                    cmd=sim_job("1G", 2, "--grow-to", "5G", "--steps", "1"))
     assert d.cli("wait", str(jid), timeout=60).returncode == 0  # capped at 6G, not 2G
     job = d.job(jid)
-    assert job["enforcement"]["limit"] == 6 * GiB and job["peak_memory"] == 5 * GiB
+    assert job["enforcement"]["limit"] == 6 * GiB
+    assert job["peak_memory"] == 5 * GiB + 512 * MiB  # the driver's figure: + its context
     noted = [e for e in job["events"] if e["kind"] == "over_budget"]
     assert len(noted) == 1 and noted[0]["detail"].startswith("bursting")
 
@@ -238,7 +243,7 @@ def test_a_leak_keeps_the_memory_reserved_until_an_admin_clears_it(tmp_path: Pat
             time.sleep(0.2)
             job = d.job(leaky)
         leak = next(e for e in job["events"] if e["kind"] == "leak")
-        assert "holds 18.0GiB on GPU 0" in leak["detail"]
+        assert "holds 18.5GiB on GPU 0" in leak["detail"]  # 18 GiB and its context
         assert job["memory_release"]["released_at"] is None
         # The 20 GiB stay reserved: a job that needs them on GPU 0 waits.
         nxt = d.submit("--gpu-ids", "0", "--mem", "4G", cmd=sim_job("1G", 0))
@@ -283,7 +288,7 @@ def test_mem_auto_learns_from_earlier_successful_runs(fast_daemon: Daemon) -> No
     assert j["mem"] is None and j["mem_auto"]  # no history yet: a whole GPU
     learned = next(e for e in j["events"] if e["kind"] == "budget_learned")
     assert "no earlier successful run" in learned["detail"]
-    assert j["peak_memory"] == 3 * GiB
+    assert j["peak_memory"] == 3.5 * GiB and j["allocated_peak"] == 3 * GiB  # + its context
     second = d.submit("--mem", "auto", "--name", "nightly", cmd=sim_job("3G", 1))
     r = d.cli("wait", str(second), timeout=60)
     assert r.returncode == 0

@@ -234,7 +234,7 @@ def test_mps_start_and_stop_on_the_sim_flip_the_mps_flag(tmp_path: Path) -> None
 @pytest.mark.parametrize(("args", "needle"), [
     (["--mem-limit", "5=2G"], "no GPU with index 5"),
     (["--mem-limit", "0=2X"], "invalid --mem-limit '0=2X'"),
-    (["--mem-limit", "0=0"], "must be positive"),
+    (["--mem-limit", "0=0G"], "must be positive"),
     (["--mem-limit", "2G"], "use GPU=SIZE"),
     (["--mem-limit", "0=2G", "--mem-limit", "0=1G"], "GPU 0 twice"),
     (["--gpus", "1", "--mem-limit", "0=2G"], "not among the daemon's GPUs"),

@@ -200,7 +200,7 @@ def test_daemon_jobs_are_rows_and_c_cancels(daemon: Daemon,
         assert row is not None
         cells = row.split()
         assert cells[2] == daemon.job(running)["user"]
-        assert cells[4] == "burst" and cells[5] == "3.0G/4.0G" and cells[6] == "running"
+        assert cells[4] == "burst" and cells[5] == "3.5G/4.0G" and cells[6] == "running"
         queued = job_row(waiting)
         assert queued is not None
         assert queued.split()[:2] == ["-", "-"] and "queued" in queued.split()

@@ -577,7 +577,8 @@ def test_older_database_is_upgraded(tmp_path: Path) -> None:
                          "supervisor_start, boot_id, attempts, qos, mem_limit, grace, "
                          "no_requeue, retries, checkpoint, preempting_at, preemptions, "
                          "oom_retries, retry_mem, not_before, kill_reason, mps, sm_percent, "
-                         "mem_auto, cpus, no_numa, cpu_set, attach, oom_tried, oom_need, context "
+                         "mem_auto, cpus, no_numa, cpu_set, attach, oom_tried, oom_need, context, "
+                         "allocated_peak "
                          "FROM jobs")
 
 

@@ -28,8 +28,9 @@ def job_lines(j: Mapping[str, Any]) -> list[tuple[str, str]]:
                                   "command; the daemon places and watches it)"))
     gpus = ",".join(map(str, j.get("gpus") or ())) or "-"
     out.append(("gpus", f"{gpus} (asked {j.get('gpu_count')})"))
+    context = f" + {_b(j['context'])} CUDA context" if j.get("context") else ""
     mem = (f"declared {_b(j['mem']) if j.get('mem') else 'whole GPU'}, reserved "
-           f"{_b(j.get('budget'))}, peak {_b(j.get('peak_memory'))}")
+           f"{_b(j.get('budget'))}{context}, peak {_b(j.get('peak_memory'))}")
     if j.get("mem_limit"):
         mem += f", limit {_b(j['mem_limit'])}"
     if j.get("request") and j.get("request") != j.get("mem"):

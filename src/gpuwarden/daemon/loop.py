@@ -47,7 +47,7 @@ PEAK_WINDOW = 300.0  # seconds a foreign process's peak keeps counting against h
 # this long (as a leak finding must persist): the driver frees an ended process's memory
 # a moment after it leaves the process list, and that memory is its job's (a hold).
 UNACCOUNTED_PERSIST = 3.0
-ALLOCATOR_REPORT = "allocator.json"  # in the attempt directory; the cap hook writes it
+REPORTS = "reports"  # beside jobs/: one allocator report file per attempt (the cap hook's)
 # Fields that describe one attempt: cleared when a job is queued again.
 FRESH_ATTEMPT: Mapping[str, Any] = MappingProxyType(dict(
     gpus=(), gpu_uuids=(), budget=None, supervisor_pid=None, supervisor_start=None,
@@ -88,9 +88,19 @@ def _still_running(hold: Hold) -> list[int]:
     return out
 
 
+def _driver_limit(cap: int | None, context: int) -> int | None:
+    """A job's memory limit as the driver counts it: its allocator's cap plus the CUDA
+    context booked beside it (None: a whole GPU, no limit)."""
+    return None if cap is None else cap + context
+
+
 def _report_file(path: Path, uid: int, gid: int) -> None:
     """An empty file the job's cap hook may write its allocator report to: the job
-    writes that file alone, never a name of its choosing in the attempt directory."""
+    writes that file alone, never a name of its choosing; a file left by an earlier
+    daemon under the same name is replaced."""
+    path.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)
     try:
@@ -168,8 +178,7 @@ class Scheduler:
             child = self._status(job).child
             started = child.started_at if child is not None else None
         now = self.clock()
-        if exit_info.started:
-            self._measure_context(job)
+        self._measure_context(job, exit_info.started)
         if state == model.CANCELLED and job.preempting_at is not None:
             self._requeue_preempted(job, detail)
             return
@@ -613,8 +622,9 @@ class Scheduler:
                 self._unaccounted[view.facts.uuid] = view.unaccounted
         self.last_states = self._gpu_states(snap, active, managed_pids, used, holds)
         index = {v.facts.uuid: v.facts.index for v in snap.gpus}
-        self.last_running = [
-            {"id": j.id, "user": j.user, "qos": j.spec.qos, "limit": j.cap(j.budget),
+        self.last_running = [  # limits as the driver counts (its figures hold the context)
+            {"id": j.id, "user": j.user, "qos": j.spec.qos, "limit": _driver_limit(
+                j.cap(j.budget), self._context_allowance(j)),
              "used": {str(index[u]): b for u, b in used.get(j.id, {}).items() if u in index}}
             for j in active if j.state == model.RUNNING]
 
@@ -659,22 +669,36 @@ class Scheduler:
                                           self.config.context_memory)
         return out
 
-    def _measure_context(self, job: Job) -> None:
+    def report_file(self, job: Job) -> Path:
+        """Where this attempt's cap hook reports its allocator's peak: a file of the
+        job's user in a directory others may pass through but not list."""
+        return self.jobs_dir.parent / REPORTS / f"{job.id}.{job.attempts}.json"
+
+    def _measure_context(self, job: Job, started: bool) -> None:
         """A single-GPU job that ended: its driver peak less its allocator's peak (the
-        cap hook's report) is one measurement of the context on that GPU model."""
+        cap hook's report, read and removed here) is one measurement of the context on
+        that GPU model."""
         from gpuwarden.sched.context import sample
 
-        if len(job.gpu_uuids) != 1 or job.peak_memory is None or job.attempts:
-            return  # (a later attempt's peak may be an earlier one's, at a lower cap)
-        key = self._models.get(job.gpu_uuids[0])
+        path = self.report_file(job)
         try:
-            with open(self.jobdir(job) / ALLOCATOR_REPORT, "rb") as f:
+            with open(path, "rb") as f:
                 report = json.loads(f.read(4096) or b"null")
             peaks = report["max_reserved"] if isinstance(report, dict) else None
             peak = peaks[0] if isinstance(peaks, list) and len(peaks) == 1 else None
         except (OSError, ValueError, KeyError, TypeError):
             return
-        if key is None or isinstance(peak, bool) or not isinstance(peak, int):
+        finally:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        if not started or len(job.gpu_uuids) != 1 or isinstance(peak, bool) \
+                or not isinstance(peak, int) or not 0 <= peak < 1 << 50:
+            return
+        self.store.set_allocated_peak(job.id, peak)
+        if job.peak_memory is None or job.attempts:
+            return  # (a later attempt's peak may be an earlier one's, at a lower cap)
+        key = self._models.get(job.gpu_uuids[0])
+        if key is None:
             return
         value = sample(job.peak_memory, peak)
         if value is None:
@@ -764,11 +788,10 @@ class Scheduler:
             # The driver's figures hold the job's CUDA context: so do its limits here.
             context = self._context_allowance(job)
             request = job.budget + context if job.request is not None else None
-            limit = job.cap(job.budget)
             by_index = {str(index[uuid]): b for uuid, b in used.get(job.id, {}).items()
                         if uuid in index}
             d = check(job.id, job.spec.qos, request,
-                      None if limit is None else limit + context, by_index, room_wanted)
+                      _driver_limit(job.cap(job.budget), context), by_index, room_wanted)
             if d is None:
                 continue
             key = (job.id, job.attempts, d.action)
@@ -932,8 +955,9 @@ class Scheduler:
             cpu_set=place.cpus, reason=None, context=context)
         try:
             d = self.jobdir(job)
+            report = self.report_file(job)
             env = {**job_env(job, place.budget, d), "GPUWARDEN_CONTEXT_BYTES": str(context),
-                   "GPUWARDEN_ALLOCATOR_REPORT": str(d / ALLOCATOR_REPORT)}
+                   "GPUWARDEN_ALLOCATOR_REPORT": str(report)}
             launch = plan_launch(job.spec.command, chosen, base_env=env,
                                  host=probe_host(env), mem_limit=job.cap(place.budget),
                                  bind=not job.spec.no_numa,
@@ -950,9 +974,9 @@ class Scheduler:
                                          uid=job.spec.uid, gid=job.spec.gid,
                                          groups=job.spec.groups, timeout=job.spec.timeout,
                                          grace=grace))
-            _report_file(d / ALLOCATOR_REPORT, job.spec.uid, job.spec.gid)
-            # The job may reach its report file (and notice file), not list the rest.
-            d.chmod(0o711)
+            _report_file(report, job.spec.uid, job.spec.gid)
+            if job.spec.checkpoint:
+                d.chmod(0o711)  # the job may look up its notice file, not list the rest
             handle = (self.spawn or spawn_supervisor)(d)
         except Exception as e:
             log.exception("launching job %s failed", job.id)

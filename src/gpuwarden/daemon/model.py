@@ -138,11 +138,23 @@ class Job:
     oom_tried: int | None = None  # the allocation its latest OOM message says failed
     oom_need: int | None = None  # what that OOM showed it needs per GPU (message or peak)
     context: int | None = None  # CUDA context allowance booked beside its budget per GPU
+    allocated_peak: int | None = None  # its allocator's peak, as the cap hook reported
     not_before: float | None = None  # a retry's backoff: not placed before this
     kill_reason: str | None = None  # why gpuwarden killed it (the watchdog), if it did
     release: Hold | None = None  # the memory of its latest ended attempt
     cpu_set: tuple[int, ...] = ()  # the cores it holds alone while reserved/running
     events: tuple[Event, ...] = ()
+
+    @property
+    def allocations_peak(self) -> int | None:
+        """What the job's allocations took at their peak, the figure ``--mem`` is
+        compared with: its allocator's report, else the driver's peak less the CUDA
+        context booked beside its budget."""
+        if self.allocated_peak is not None:
+            return self.allocated_peak
+        if self.peak_memory is None:
+            return None
+        return max(self.peak_memory - (self.context or 0), 0)
 
     def cap(self, budget: int | None = None) -> int | None:
         """The memory limit per GPU the job runs with, given its budget (default: the
@@ -223,7 +235,8 @@ class Job:
             "no_numa": s.no_numa,
             "attach": s.attach,
             "cpu_set": list(self.cpu_set),
-            "declared_vs_peak": declared_vs_actual(s.mem, self.peak_memory),
+            "allocated_peak": self.allocated_peak,
+            "declared_vs_peak": declared_vs_actual(s.mem, self.allocations_peak),
             "sm_percent": s.sm_percent,
             "after": list(s.after),
             "timeout": s.timeout,

@@ -255,6 +255,7 @@ MIGRATIONS: list[Migration] = [
     # 7: the CUDA context allowance booked beside a job's budget, and the measurements
     # it comes from, per GPU model and driver (sched/context.py).
     _sql("ALTER TABLE jobs ADD COLUMN context INTEGER",
+         "ALTER TABLE jobs ADD COLUMN allocated_peak INTEGER",  # the cap hook's report
          """CREATE TABLE contexts (
             model TEXT NOT NULL,
             driver TEXT NOT NULL,
@@ -377,6 +378,7 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event], hold: Hold | None = N
         gpu_uuids=_loads_tuple(row["gpu_uuids"]),
         budget=row["budget"],
         peak_memory=row["peak_memory"],
+        allocated_peak=row["allocated_peak"],
         exit_code=row["exit_code"],
         reason=row["reason"],
         supervisor_pid=row["supervisor_pid"],
@@ -648,8 +650,9 @@ class Store:
 
     def peaks(self, uid: int, *, key: str | None = None, name: str | None = None,
               limit: int = 5) -> builtins.list[int]:
-        """Peak memory of this user's latest succeeded jobs with this key (else name),
-        newest first: what ``--mem auto`` learns from."""
+        """What the allocations of this user's latest succeeded jobs with this key (else
+        name) peaked at, newest first: the driver's peak less the CUDA context booked
+        beside the budget. What ``--mem auto`` learns from."""
         if key is not None:
             where, arg = "job_key = ?", key
         elif name is not None:
@@ -658,7 +661,8 @@ class Store:
             return []
         with self._tx(write=False) as conn:
             rows = conn.execute(
-                f"SELECT peak_memory FROM jobs WHERE uid = ? AND {where} AND state = ? "
+                "SELECT coalesce(allocated_peak, max(peak_memory - coalesce(context, 0), 0)) "
+                f"FROM jobs WHERE uid = ? AND {where} AND state = ? "
                 "AND peak_memory IS NOT NULL ORDER BY ended_at DESC, id DESC LIMIT ?",
                 (uid, arg, SUCCEEDED, limit))
             return [r[0] for r in rows]
@@ -929,6 +933,13 @@ class Store:
             conn.execute("INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, ?, ?)",
                          (job_id, now, kind, detail))
         return Event(at=now, kind=kind, detail=detail)
+
+    def set_allocated_peak(self, job_id: int, nbytes: int) -> None:
+        """What the job's allocator peaked at, as its cap hook reported when it ended."""
+        if not _ints_ok(job_id, nbytes):
+            raise ValueError("allocated peak out of range")
+        with self._tx(write=True) as conn:
+            conn.execute("UPDATE jobs SET allocated_peak = ? WHERE id = ?", (nbytes, job_id))
 
     def set_peak(self, job_id: int, nbytes: int) -> bool:
         """Raise the recorded peak memory to ``nbytes`` if higher (it only grows).
