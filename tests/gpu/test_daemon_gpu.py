@@ -45,8 +45,8 @@ def test_budgeted_torch_jobs_share_the_gpu_and_peaks_are_recorded() -> None:
             out = _cli(env, "submit", "--mem", f"{gib + 4}G", "--", sys.executable, "-c",
                        TORCH_JOB, str(gib * GiB), "6")
             ids.append(int(out))
-        over = int(_cli(env, "submit", "--mem", "4G", "--", sys.executable, "-c", TORCH_JOB,
-                        str(8 * GiB), "1"))
+        over = int(_cli(env, "submit", "--mem", "4G", "--retries", "0", "--", sys.executable,
+                        "-c", TORCH_JOB, str(8 * GiB), "1"))  # no OOM retry: it fails
         deadline = time.monotonic() + 60
         running: set[int] = set()
         while time.monotonic() < deadline and len(running) < len(ids):
