@@ -142,7 +142,8 @@ def test_an_mps_job_past_its_budget_fails_while_its_neighbour_runs_on(gd: GpuDae
     # The greedy job escapes the PyTorch cap (as non-PyTorch allocations would): only the
     # MPS limit stands between it and its neighbour's memory.
     greedy = gd.submit("--mps", "--mem", "3G", "--retries", "0",  # no OOM retry: it fails
-                       "--", "env", "-u", "GPUWARDEN_MEM_LIMIT", sys.executable, "-c", TORCH_JOB, str(5 * GiB), "1")
+                       "--", "env", "-u", "GPUWARDEN_MEM_LIMIT", sys.executable, "-c",
+                       TORCH_JOB, str(5 * GiB), "1")
     assert gd.cli("wait", str(greedy), check=False).returncode != 0
     g = gd.job(greedy)
     err = (gd.home / "jobs" / str(greedy) / "attempt-0" / "stderr").read_text()
