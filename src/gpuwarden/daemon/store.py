@@ -651,26 +651,24 @@ class Store:
     def peaks(self, uid: int, *, key: str | None = None, name: str | None = None,
               limit: int = 5) -> builtins.list[int]:
         """What the allocations of this user's latest succeeded jobs with this key (else
-        name) peaked at, newest first: the driver's peak less the CUDA context booked
-        beside the budget. What ``--mem auto`` learns from."""
-        if key is not None:
-            where, arg = "job_key = ?", key
-        elif name is not None:
-            where, arg = "name = ?", name
-        else:
-            return []
-        with self._tx(write=False) as conn:
-            rows = conn.execute(
-                "SELECT coalesce(allocated_peak, max(peak_memory - coalesce(context, 0), 0)) "
-                f"FROM jobs WHERE uid = ? AND {where} AND state = ? "
-                "AND peak_memory IS NOT NULL ORDER BY ended_at DESC, id DESC LIMIT ?",
-                (uid, arg, SUCCEEDED, limit))
-            return [r[0] for r in rows]
+        name) peaked at, newest first: the cap hook's report, else the driver's peak less
+        the CUDA context booked beside the budget. What ``--mem auto`` learns from."""
+        return [int(v) for v in self._succeeded(
+            uid, key, name, limit, "coalesce(allocated_peak, "
+            "max(peak_memory - coalesce(context, 0), 0))", "peak_memory IS NOT NULL")]
 
     def runtimes(self, uid: int, *, key: str | None = None, name: str | None = None,
                  limit: int = 5) -> builtins.list[float]:
         """Run times (start of the last attempt to its end) of this user's latest succeeded
         jobs with this key (else name), newest first: what backfill's estimates learn from."""
+        return [float(v) for v in self._succeeded(
+            uid, key, name, limit, "ended_at - started_at",
+            "started_at IS NOT NULL AND ended_at IS NOT NULL")]
+
+    def _succeeded(self, uid: int, key: str | None, name: str | None, limit: int,
+                   value_sql: str, known_sql: str) -> builtins.list[Any]:
+        """One figure (``value_sql``, where ``known_sql`` holds) of this user's latest
+        succeeded jobs with this key, else this name, newest first."""
         if key is not None:
             where, arg = "job_key = ?", key
         elif name is not None:
@@ -679,10 +677,10 @@ class Store:
             return []
         with self._tx(write=False) as conn:
             rows = conn.execute(
-                f"SELECT ended_at - started_at FROM jobs WHERE uid = ? AND {where} AND "
-                "state = ? AND started_at IS NOT NULL AND ended_at IS NOT NULL "
-                "ORDER BY ended_at DESC, id DESC LIMIT ?", (uid, arg, SUCCEEDED, limit))
-            return [float(r[0]) for r in rows]
+                f"SELECT {value_sql} FROM jobs WHERE uid = ? AND {where} AND state = ? "
+                f"AND {known_sql} ORDER BY ended_at DESC, id DESC LIMIT ?",
+                (uid, arg, SUCCEEDED, limit))
+            return [r[0] for r in rows]
 
     def recent_ends(self, uid: int, group: str, limit: int = 3) -> builtins.list[Job]:
         """This user's latest ended jobs of ``group``, newest first (with events)."""
