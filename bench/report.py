@@ -716,7 +716,7 @@ def _peers_summary(pr: dict[str, Any]) -> list[str]:
 
 def _peer_row(name: str, r: dict[str, Any], bound: float, best: float | None) -> str:
     if "error" in r:
-        return f"| {name} | did not run: {r['error'][:160]} | | | | | | | |"
+        return f"| {name} | did not run: {r['error'].splitlines()[0][:160]} | | | | | | | |"
     ms_, o = r["makespan_s"], r["ooms"]
     note = []
     if r.get("cut"):
