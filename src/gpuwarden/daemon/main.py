@@ -157,6 +157,13 @@ async def serve(paths: Paths, config: Config) -> None:
     store = Store(paths.db)
     paths.jobs_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(paths.jobs_dir, 0o711)  # job directories hold each owner's private logs
+    highest = paths.highest_job_dir()
+    issued = store.ids_above(highest)
+    if issued is not None:
+        log.warning("state database %s knows jobs up to %s only, but %s holds job "
+                    "directories up to %s (was the database reset?); new job ids start "
+                    "at %s and those directories are left as they are",
+                    paths.db, issued, paths.jobs_dir, highest, highest + 1)
     launcher = ForkServer()
     metrics = _metrics_registry(config)
     sched = Scheduler(store, paths.jobs_dir, config, open_backend, boot_id(),

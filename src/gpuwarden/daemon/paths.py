@@ -62,6 +62,14 @@ class Paths:
         """The directory of one job's logs and supervisor files."""
         return self.jobs_dir / str(job_id)
 
+    def highest_job_dir(self) -> int:
+        """The highest job id with a directory under ``jobs_dir`` (0: none)."""
+        try:
+            names = [e.name for e in os.scandir(self.jobs_dir)]
+        except OSError:
+            return 0
+        return max((int(n) for n in names if n.isascii() and n.isdigit()), default=0)
+
     def ensure(self) -> None:
         """Create the state and jobs directories. A system state dir is world-traversable
         (0755) and its jobs dir 0711: users reach their own job directory (which the

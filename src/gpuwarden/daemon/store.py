@@ -34,7 +34,8 @@ Decisions, and why:
   failed, cancelled or infeasible. Keys are per user: another user's key neither finds
   nor blocks yours.
 * Job ids never repeat (``AUTOINCREMENT``), even after ``rm``: a stale id cannot name
-  a new job, nor its log directory.
+  a new job, nor its log directory. A database made anew beside old job directories
+  starts above them (``ids_above``).
 """
 
 from __future__ import annotations
@@ -828,6 +829,26 @@ class Store:
                 "VALUES (?, ?, 'submitted', ?, NULL, ?)",
                 (job_id, now, reason if state != QUEUED else None, state))
             return self._load(conn, job_id), True
+
+    def ids_above(self, floor: int) -> int | None:
+        """Make every job id issued from now on exceed ``floor`` (the highest job
+        directory on disk), so a reset database cannot hand out an id whose directory
+        and logs belong to an earlier job. Returns the highest id this database had
+        issued when that was below ``floor`` (it was made anew or reset), else None."""
+        with self._tx(write=True) as conn:
+            row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'"
+                               ).fetchone()
+            top = conn.execute("SELECT coalesce(max(id), 0) FROM jobs").fetchone()[0]
+            issued = max(int(top), 0 if row is None else int(row[0]))
+            if issued >= floor:
+                return None
+            if row is None:
+                conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('jobs', ?)",
+                             (floor,))
+            else:
+                conn.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'jobs'",
+                             (floor,))
+            return issued
 
     def transition(self, job_id: int, from_states: str | Iterable[str],
                    to_state: str | None, *, now: float, kind: str, detail: str | None = None,

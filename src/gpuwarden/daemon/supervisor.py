@@ -178,9 +178,16 @@ def spec_from_plan(job: int, plan: LaunchPlan, command: Sequence[str], *, cwd: s
 
 
 def write_spec(jobdir: str | os.PathLike[str], spec: SupervisorSpec) -> Path:
-    """Write ``<jobdir>/spec.json`` atomically (mode 0600), creating the directory 0700."""
+    """Write ``<jobdir>/spec.json`` atomically (mode 0600) into a new directory (0700).
+    A directory already there belongs to another attempt (a reset state database can
+    name one again): it is never reused."""
     d = Path(jobdir)
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        d.mkdir(mode=0o700)
+    except FileExistsError:
+        raise SupervisorError(f"job directory {d} already exists (left by an earlier "
+                              "job?); refusing to reuse it") from None
     path = d / SPEC
     _write_json(path, spec.to_json(), exclusive=False)
     return path
