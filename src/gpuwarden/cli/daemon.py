@@ -50,19 +50,45 @@ def start_detached(paths: Paths, wait: float = 15.0) -> Client:
     """Start a daemon in its own session, logging to the state directory, and wait until
     it answers."""
     from gpuwarden.daemon.client import Client
+    from gpuwarden.daemon.main import load_config
 
     _make_home(paths)
+    load_config(paths)  # a bad config or socket path: its one line, here and now
     with _open_log(paths) as log:
-        subprocess.Popen([sys.executable, "-m", "gpuwarden.daemon.main"], stdin=subprocess.DEVNULL,
-                         stdout=log, stderr=log, start_new_session=True, close_fds=True,
-                         cwd="/")
+        start = log.tell()
+        child = subprocess.Popen([sys.executable, "-m", "gpuwarden.daemon.main"],
+                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                 start_new_session=True, close_fds=True, cwd="/")
     client = Client(str(paths.socket))
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         if client.alive():
             return client
+        if child.poll() is not None:
+            if client.alive():  # another daemon started first: ours found its lock
+                return client
+            raise GpuwardenError(f"the daemon exited at once: {_last_error(paths, start)} "
+                                 f"(see {paths.home / 'daemon.log'})")
         time.sleep(0.05)
     raise GpuwardenError(f"the daemon did not start; see {paths.home / 'daemon.log'}")
+
+
+def _last_error(paths: Paths, start: int) -> str:
+    """What a daemon that exited at once wrote last to daemon.log: its reason."""
+    try:
+        with open(paths.home / "daemon.log", "rb") as f:
+            f.seek(start)
+            lines = f.read(1 << 16).decode(errors="replace").splitlines()
+    except OSError:
+        return "no reason recorded"
+    lines = [ln.strip() for ln in lines if ln.strip()]
+    if not lines:
+        return "no reason recorded"
+    last = lines[-1]
+    for marker in (" ERROR ", " CRITICAL "):
+        if marker in last:
+            return last.split(marker, 1)[1]
+    return last.removeprefix("gpuwarden: ")
 
 
 def connect() -> Client:

@@ -121,8 +121,12 @@ async def _body(request: web.Request) -> Any:
                           parse_float=_finite_float)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise UsageError("the request body is nested too deeply") from None
     try:  # "\ud800" parses, but is no character: no argv, path or name can hold it
         json.dumps(body, ensure_ascii=False).encode()
+    except RecursionError:
+        raise UsageError("the request body is nested too deeply") from None
     except UnicodeEncodeError:
         raise UsageError("the request body is not valid JSON: a string holds a lone "
                          "surrogate (\\ud800-\\udfff)") from None

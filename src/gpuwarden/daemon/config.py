@@ -52,11 +52,18 @@ else:  # pragma: no cover
 
 def read_config(path: Path) -> Config:
     try:
-        raw: dict[str, Any] = tomllib.loads(path.read_text())
+        raw: dict[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return Config()
-    except (OSError, tomllib.TOMLDecodeError) as e:
+    except UnicodeDecodeError:
+        raise UsageError(f"cannot read the config file {path}: it is not UTF-8 text "
+                         "(TOML)") from None
+    except OSError as e:
+        raise UsageError(f"cannot read the config file {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
         raise UsageError(f"cannot read the config file {path}: {e}") from None
+    except RecursionError:
+        raise UsageError(f"cannot read the config file {path}: nested too deeply") from None
     unknown = sorted(set(raw) - {"admin_groups", "spike_buffer", "reserve", "interval",
                                  "grace", "aging", "backfill", "preemption", "retry_backoff",
                                  "oom_retries", "release_timeout", "limits", "metrics_listen",
@@ -77,28 +84,69 @@ def read_config(path: Path) -> Config:
     if isinstance(oom_retries, bool) or not isinstance(oom_retries, int) \
             or not 0 <= oom_retries <= 100:
         raise UsageError(f"{path}: oom_retries must be a whole number from 0 to 100")
-    policy = Policy(aging=parse_duration(raw.get("aging", 3600.0)),
+    policy = Policy(aging=_duration(path, raw, "aging", 3600.0, YEAR),
                     backfill=raw.get("backfill", True), preemption=raw.get("preemption", True),
                     limits=_limits(path, raw.get("limits", {})),
                     starve_after=_starve_after(path, raw.get("starve_after", "15m")))
     return Config(
         policy=policy,
-        retry_backoff=parse_duration(raw.get("retry_backoff", 10.0)),
+        retry_backoff=_duration(path, raw, "retry_backoff", 10.0, DAY),
         oom_retries=oom_retries,
-        release_timeout=parse_duration(raw.get("release_timeout", 10.0)),
+        release_timeout=_duration(path, raw, "release_timeout", 10.0, DAY),
         metrics_listen=_listen(path, raw.get("metrics_listen"), "metrics_listen"),
         web_listen=_listen(path, raw.get("web_listen"), "web_listen"),
-        history_interval=parse_duration(raw.get("history_interval", 10.0)),
-        history_retention=max(parse_duration(raw.get("history_retention", 48 * 3600.0)),
+        history_interval=_duration(path, raw, "history_interval", 10.0, DAY),
+        history_retention=max(_duration(path, raw, "history_retention", 48 * 3600.0, YEAR),
                               60.0),
-        metrics_cache=parse_duration(raw.get("metrics_cache", 1.0)),
+        metrics_cache=_duration(path, raw, "metrics_cache", 1.0, HOUR),
         admin_groups=tuple(groups),
         spike_buffer=float(spike),
-        reserve=parse_size(raw.get("reserve", 512 << 20)),
+        reserve=_size(path, raw, "reserve", 512 << 20, 1 << 40),
         context_memory=_context_memory(path, raw.get("context_memory", "auto")),
-        interval=max(parse_duration(raw.get("interval", 0.5)), 0.05),
-        grace=parse_duration(raw.get("grace", 10.0)),
+        interval=max(_duration(path, raw, "interval", 0.5, HOUR), 0.05),
+        grace=_duration(path, raw, "grace", 10.0, DAY),
     )
+
+
+HOUR = 3600.0
+DAY = 24 * HOUR
+YEAR = 365 * DAY
+
+
+def _duration(path: Path, raw: dict[str, Any], name: str, default: float,
+              most: float) -> float:
+    """Setting ``name``: a duration from 0 to ``most`` seconds, or one line saying not."""
+    value = raw.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise UsageError(f"{path}: {name} must be a duration like 10s")
+    try:
+        seconds = parse_duration(value)
+    except UsageError as e:
+        raise UsageError(f"{path}: {name}: {e}") from None
+    if not 0 <= seconds <= most:
+        raise UsageError(f"{path}: {name} must be at most {_most(most)}")
+    return seconds
+
+
+def _most(seconds: float) -> str:
+    for unit, size in (("365d", YEAR), ("1d", DAY), ("1h", HOUR)):
+        if seconds == size:
+            return unit
+    return f"{seconds:g}s"
+
+
+def _size(path: Path, raw: dict[str, Any], name: str, default: int, most: int) -> int:
+    """Setting ``name``: a size from 0 to ``most`` bytes, or one line saying not."""
+    value = raw.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise UsageError(f"{path}: {name} must be a size like 512MiB")
+    try:
+        nbytes = parse_size(value)
+    except UsageError as e:
+        raise UsageError(f"{path}: {name}: {e}") from None
+    if not 0 <= nbytes <= most:
+        raise UsageError(f"{path}: {name} must be at most {most >> 30}GiB")
+    return nbytes
 
 
 def _context_memory(path: Path, raw: Any) -> int | None:

@@ -123,8 +123,11 @@ def _metrics_registry(config: Config) -> DaemonMetrics | None:
 
 
 def load_config(paths: Paths) -> Config:
+    """The daemon's config, checked with everything else a start needs before it binds
+    anything (``daemon start`` runs this before it detaches)."""
     from gpuwarden.daemon.config import read_config
 
+    paths.check_socket()
     return read_config(paths.config)
 
 
@@ -251,7 +254,8 @@ def run(paths: Paths | None = None) -> int:
         print(f"gpuwarden: {e}", file=sys.stderr)
         return 1
     try:
-        asyncio.run(serve(paths, load_config(paths)))
+        config = load_config(paths)
+        asyncio.run(serve(paths, config))
     except GpuwardenError as e:
         log.error("%s", e)
         return e.exit_code

@@ -37,6 +37,7 @@ SYSTEM_CONFIG = Path("/etc/gpuwarden/config.toml")
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 PROC_STAT = Path("/proc/stat")
 SOCKET_NAME = "gpuwarden.sock"
+MAX_SOCKET_PATH = 107  # bytes of sun_path, less its terminating NUL
 DB_NAME = "state.db"
 JOBS_DIR_NAME = "jobs"
 LOCK_NAME = "daemon.lock"
@@ -61,6 +62,16 @@ class Paths:
     def job_dir(self, job_id: int) -> Path:
         """The directory of one job's logs and supervisor files."""
         return self.jobs_dir / str(job_id)
+
+    def check_socket(self) -> None:
+        """One line when the socket path is too long for a unix socket (107 bytes)."""
+        from gpuwarden.errors import UsageError
+
+        size = len(os.fsencode(self.socket))
+        if size > MAX_SOCKET_PATH:
+            raise UsageError(f"the socket path {self.socket} is {size} bytes, longer than "
+                             f"a unix socket allows ({MAX_SOCKET_PATH}); use a shorter "
+                             "GPUWARDEN_HOME")
 
     def highest_job_dir(self) -> int:
         """The highest job id with a directory under ``jobs_dir`` (0: none)."""
