@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -138,3 +139,40 @@ def test_supervisors_come_from_the_helper_not_a_fresh_interpreter(
     assert server.pid == helper  # the same helper served it
     assert psutil.Process(handle.pid).name() == "gw-sup-1"
     assert finished(d)["code"] == 0
+
+
+def test_a_helper_dying_mid_launch_queues_the_job_again(tmp_path: Path) -> None:
+    """The daemon's helper dies with a launch request unanswered (stopped, then killed):
+    the attempt is voided, which proves nothing of the job ran, so the job is queued
+    again and runs on a fresh helper instead of failing."""
+    from tests.conftest import EXAMPLES
+    from tests.integration.daemon_fixture import start_daemon
+
+    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json"):
+        pid = d.pid()
+        assert pid is not None
+
+        def helper(daemon_pid: int = pid) -> psutil.Process | None:
+            for p in psutil.Process(daemon_pid).children():
+                if "gpuwarden.daemon.forkserver" in " ".join(p.cmdline()):
+                    return p
+            return None
+
+        assert wait_for(lambda: helper() is not None, 20)
+        h = helper()
+        assert h is not None
+        h.suspend()
+        try:
+            job = d.submit("--cwd", "/", cmd=["true"])
+            spec_json = d.home / "jobs" / str(job) / "attempt-0" / "spec.json"
+            assert wait_for(spec_json.exists, 20)
+            time.sleep(0.3)  # the request is on the socket, unanswered
+        finally:
+            h.kill()
+        j = d.wait_state(job, "succeeded", "failed")
+        kinds = [e["kind"] for e in j["events"]]
+        assert j["state"] == "succeeded", j["events"]
+        assert "requeued" in kinds and j["attempts"] == 1, j["events"]
+        assert "launch_failed" not in kinds
+        claim = json.loads((spec_json.parent / "supervisor.json").read_text())
+        assert claim.get("void") is True and not spec_json.exists()

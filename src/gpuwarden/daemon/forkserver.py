@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwarden.daemon import supervisor
-from gpuwarden.daemon.supervisor import SupervisorError, SupervisorHandle
+from gpuwarden.daemon.supervisor import NotStarted, SupervisorError, SupervisorHandle
 
 
 class ForkServer:
@@ -122,7 +122,12 @@ class ForkServer:
                     # The helper died or hung mid-request: the supervisor may or may not
                     # exist. It is ours only if it recorded our nonce; never start twice.
                     self._stop()
-                    try:
+                    with contextlib.suppress(SupervisorError):
+                        return supervisor.started(d, nonce, 0, "")
+                    if supervisor.void_start(d, "gpuwarden fork server"):
+                        raise NotStarted(f"the launcher died before the supervisor for {d} "
+                                         "started; nothing of the job ran")
+                    try:  # a supervisor claimed it meanwhile: ours if it has our nonce
                         return supervisor.started(d, nonce, 0, "")
                     except SupervisorError:
                         supervisor.abandon_start(d, nonce)

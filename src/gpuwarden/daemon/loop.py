@@ -940,7 +940,12 @@ class Scheduler:
         if job.spec.attach is not None:
             self._reserve_attached(job, place, snap)
             return
-        from gpuwarden.daemon.supervisor import spawn_supervisor, spec_from_plan, write_spec
+        from gpuwarden.daemon.supervisor import (
+            NotStarted,
+            spawn_supervisor,
+            spec_from_plan,
+            write_spec,
+        )
         from gpuwarden.launch import plan_launch, probe_host
 
         facts = {g.index: g.facts for g in snap.gpus}
@@ -978,6 +983,13 @@ class Scheduler:
             if job.spec.checkpoint:
                 d.chmod(0o711)  # the job may look up its notice file, not list the rest
             handle = (self.spawn or spawn_supervisor)(d)
+        except NotStarted as e:  # proven: nothing of it ran
+            log.warning("launching job %s failed before it started (%s); queued again",
+                        job.id, e)
+            self.store.transition(job.id, (model.RESERVED,), model.QUEUED, now=self.clock(),
+                                  kind="requeued", detail=str(e), **FRESH_ATTEMPT,
+                                  attempts=job.attempts + 1)
+            return
         except Exception as e:
             log.exception("launching job %s failed", job.id)
             self.store.transition(job.id, (model.RESERVED,), model.FAILED, now=self.clock(),

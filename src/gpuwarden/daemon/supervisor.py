@@ -81,6 +81,12 @@ class SupervisorError(GpuwardenError):
     did not come up in time)."""
 
 
+class NotStarted(SupervisorError):
+    """The start failed and it is proven that no supervisor runs the directory: the
+    launcher voided it (its own claim, which a late supervisor cannot make) before any
+    supervisor claimed it. Nothing of the job ran, so it may be queued again."""
+
+
 # ---------------------------------------------------------------------------- the spec
 
 
@@ -474,6 +480,22 @@ def abandon_start(jobdir: Path, nonce: str) -> None:
     data = _read_json(jobdir / SUPERVISOR)
     if data is not None and data.get("nonce") == nonce:
         cancel(jobdir)
+
+
+def void_start(jobdir: Path, by: str) -> bool:
+    """Make sure no supervisor ever claims ``jobdir``: write ``supervisor.json``
+    ourselves, exclusively, naming no process (a tombstone). True when this call (or an
+    earlier one) voided it; False when a supervisor claimed it first."""
+    path = jobdir / SUPERVISOR
+    try:
+        _write_json(path, {"void": True, "by": by, "at": time.time()}, exclusive=True)
+    except FileExistsError:
+        data = _read_json(path)
+        return data is not None and data.get("void") is True
+    spec = jobdir / SPEC  # tidy: a supervisor started now stops at reading it
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(spec, spec.with_suffix(".void"))
+    return True
 
 
 # ------------------------------------------------------------------------ internals
