@@ -237,6 +237,7 @@ def _span(start: str, end: str) -> str:
 @click.option("--json", "as_json", is_flag=True)
 def ps(all_jobs: bool, user: str | None, group: str | None, as_json: bool) -> None:
     """The queue: everyone's waiting and running jobs (--all: ended ones too)."""
+    from gpuwarden.printable import visible
     from gpuwarden.units import format_bytes_short
 
     jobs = _client().request("GET", "/v1/jobs", query={"all": "1" if all_jobs else None,
@@ -262,8 +263,9 @@ def ps(all_jobs: bool, user: str | None, group: str | None, as_json: bool) -> No
                      format_bytes_short(j["mem"]) if j["mem"] else "whole",
                      format_bytes_short(j["peak_memory"]) if j["peak_memory"] else "-",
                      when, what))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for r in rows:
+    shown = [[visible(c) for c in r] for r in rows]  # names, commands, reasons
+    widths = [max(len(r[i]) for r in shown) for i in range(len(shown[0]) - 1)]
+    for r in shown:
         line = "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1]
         click.echo(line[:200])
 
@@ -323,7 +325,10 @@ def about(job_id: int, message: str) -> str:
 def ended_line(job: dict[str, Any]) -> str:
     """How a job ended, in one line: "job 3 failed: exit code 2", "job 4 cancelled by
     alice" (its reason, when that already says the state, is not repeated)."""
-    head, reason = f"job {job['id']} {job['state']}", job.get("reason")
+    from gpuwarden.printable import visible
+
+    head = f"job {job['id']} {job['state']}"
+    reason = None if job.get("reason") is None else visible(job["reason"])
     if not reason or reason == job["state"]:
         return head
     if reason.startswith(job["state"]):

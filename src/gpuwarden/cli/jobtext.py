@@ -8,6 +8,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
+from gpuwarden.printable import visible
 from gpuwarden.units import format_bytes
 
 
@@ -17,7 +18,9 @@ def _b(v: Any) -> str:
 
 def job_lines(j: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Request, placement, memory, QoS, times, limits, release, then ("events", "") and
-    one ("", text) per event. A ("", text) before "events" continues the line above."""
+    one ("", text) per event. A ("", text) before "events" continues the line above.
+    Every text has its control characters made visible (it carries user-supplied
+    names, commands, reasons and event details)."""
     out = [("job", f"{j.get('id')}  {j.get('state')}  user {j.get('user')}"
             + (f"  name {j['name']}" if j.get("name") else "")
             + (f"  group {j['group']}" if j.get("group") else "")),
@@ -80,4 +83,4 @@ def job_lines(j: Mapping[str, Any]) -> list[tuple[str, str]]:
     for e in j.get("events") or ():
         out.append(("", f"{e.get('at')}  {e.get('kind')}"
                     + (f"  {e['detail']}" if e.get("detail") else "")))
-    return out
+    return [(label, visible(text)) for label, text in out]

@@ -11,6 +11,7 @@ from typing import Any
 
 from gpuwarden.observe.leaks import Leak
 from gpuwarden.observe.snapshot import RUNNING, GpuView, ProcessView, Snapshot
+from gpuwarden.printable import visible
 from gpuwarden.units import format_bytes, format_bytes_short, format_duration
 
 # Segment kinds of a memory bar, in the order they are drawn.
@@ -256,7 +257,7 @@ def build_rows(snap: Snapshot, jobs: Sequence[Mapping[str, Any]] | None) -> list
                 user=p.user, job=jid, qos=None if job is None else job.get("qos"),
                 memory=p.memory, budget=limit,
                 over_budget=(limit is not None and jid is not None and per_job[jid] > limit),
-                state=state, command=p.command or "?"))
+                state=state, command=visible(p.command or "?")))
     for jid, j in by_id.items():
         if jid in seen_jobs:
             continue
@@ -267,7 +268,7 @@ def build_rows(snap: Snapshot, jobs: Sequence[Mapping[str, Any]] | None) -> list
             key=f"j:{jid}", kind=QUEUED_JOB, gpus=gpus, pid=None, user=j.get("user"),
             job=jid, qos=j.get("qos"), memory=None, budget=_limit(j), over_budget=False,
             state=str(j.get("state") or "?"),
-            command=f"{reason} · {command}" if reason else command))  # as `ps` does
+            command=visible(f"{reason} · {command}" if reason else command)))  # as `ps` does
     return rows
 
 
@@ -384,7 +385,7 @@ def process_details(snap: Snapshot, gpu: int, pid: int) -> list[tuple[str, str]]
         out.append(("namespace", i.namespace_hint))
     for k, v in sorted((i.env or {}).items()):
         out.append((k, v))
-    return out
+    return [(visible(k), visible(v)) for k, v in out]  # command lines, environments
 
 
 def job_details(j: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -1,0 +1,25 @@
+"""What gpuwarden prints for people: user-supplied text (a job's name, group, key,
+command, reason, event details; a process's command line) with its control characters
+made visible, so that a job named ``ESC[2J`` or ``ESC]52;...BEL`` cannot clear, retitle or
+write the clipboard of another user's terminal through ``ps``, ``show`` or ``top``. JSON
+output is not passed through here: it stays exact."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# C0 controls (tab, CR and newline included: they break a table as surely as ESC),
+# DEL, C1 controls (0x9b is a one-byte CSI), the Unicode line/paragraph separators and
+# the bidirectional overrides and isolates that reorder what follows them.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    return ascii(m.group())[1:-1]  # '\x1b' -> \x1b, '\r' -> \r, '\u202e' -> \u202e
+
+
+def visible(text: Any) -> str:
+    """``text`` as a str, each control character written as its escape (``\\x1b``)."""
+    s = text if isinstance(text, str) else str(text)
+    return _CONTROL.sub(_escape, s)
