@@ -194,6 +194,23 @@ def test_credentials_are_dropped_unless_kept(daemon: Daemon) -> None:
     assert daemon.cli("logs", str(job["id"])).stdout == "None hf fine\n"
 
 
+def test_credentials_are_matched_by_word_not_substring(daemon: Daemon) -> None:
+    """TIKTOKEN_CACHE_DIR has TOKEN inside a word: it is no credential and reaches the job;
+    AWS_SECRET_ACCESS_KEY and OPENAI_API_KEY are dropped."""
+    env = {**daemon.env, "TIKTOKEN_CACHE_DIR": "/cache/tt", "TOKENIZERS_PARALLELISM": "0",
+           "AWS_SECRET_ACCESS_KEY": "s3cret", "OPENAI_API_KEY": "sk"}
+    r = daemon.cli("submit", "--json", "--", PY, "-c",
+                   "import os; print(os.environ.get('TIKTOKEN_CACHE_DIR'), "
+                   "os.environ.get('TOKENIZERS_PARALLELISM'), "
+                   "os.environ.get('AWS_SECRET_ACCESS_KEY'), os.environ.get('OPENAI_API_KEY'))",
+                   env=env, check=True)
+    job = json.loads(r.stdout)
+    assert {"AWS_SECRET_ACCESS_KEY", "OPENAI_API_KEY"} <= set(job["dropped_env"])
+    assert "TIKTOKEN_CACHE_DIR" not in r.stderr and "TOKENIZERS_PARALLELISM" not in r.stderr
+    daemon.cli("wait", str(job["id"]))
+    assert daemon.cli("logs", str(job["id"])).stdout == "/cache/tt 0 None None\n"
+
+
 def test_a_missing_command_fails_the_job_not_the_daemon(daemon: Daemon) -> None:
     jid = daemon.submit(cmd=["/no/such/program", "x"])
     job = daemon.wait_state(jid, "failed")
