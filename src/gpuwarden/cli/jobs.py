@@ -336,9 +336,11 @@ def ended_line(job: dict[str, Any]) -> str:
     return f"{head}: {reason}"
 
 
-def _done(verb: str, job: dict[str, Any]) -> str:
+def _done(verb: str, job: dict[str, Any], killed: bool = False) -> str:
     """What ``verb`` did, said once: "job 5 cancelled", "job 6: stopping (...)"."""
     jid, state = job["id"], job["state"]
+    if verb == "cancel" and state not in TERMINAL and killed:
+        return f"job {jid}: stopping (SIGKILL)"
     if verb == "cancel" and state not in TERMINAL:
         return f"job {jid}: stopping (SIGTERM, then SIGKILL after its grace period)"
     if verb == "unreserve":
@@ -348,7 +350,8 @@ def _done(verb: str, job: dict[str, Any]) -> str:
     return f"job {jid} {state}"
 
 
-def _each(verb: str, ids: Sequence[int], as_json: bool) -> None:
+def _each(verb: str, ids: Sequence[int], as_json: bool,
+          query: dict[str, Any] | None = None) -> None:
     from gpuwarden.daemon.client import DaemonUnavailable
     from gpuwarden.errors import GpuwardenError
 
@@ -356,9 +359,9 @@ def _each(verb: str, ids: Sequence[int], as_json: bool) -> None:
     results, failed = [], False
     for job_id in ids:
         try:
-            results.append(client.request("POST", f"/v1/jobs/{job_id}/{verb}"))
+            results.append(client.request("POST", f"/v1/jobs/{job_id}/{verb}", query=query))
             if not as_json:
-                click.echo(_done(verb, results[-1]))
+                click.echo(_done(verb, results[-1], killed=query is not None))
         except DaemonUnavailable:
             raise
         except GpuwardenError as e:  # this job: not found, not allowed, not in that state
@@ -373,10 +376,13 @@ def _each(verb: str, ids: Sequence[int], as_json: bool) -> None:
 @click.command()
 @click.argument("ids", nargs=-1)
 @click.option("--group", help="Every waiting or running job of this group (yours).")
+@click.option("--kill", is_flag=True,
+              help="SIGKILL a running job's tree at once, with no grace period (also "
+                   "one already stopping).")
 @click.option("--json", "as_json", is_flag=True)
-def cancel(ids: tuple[str, ...], group: str | None, as_json: bool) -> None:
+def cancel(ids: tuple[str, ...], group: str | None, kill: bool, as_json: bool) -> None:
     """Cancel jobs (ids, ranges like 3-7, or --group): a running job's whole process tree
-    gets SIGTERM, then SIGKILL after the grace period."""
+    gets SIGTERM, then SIGKILL after the grace period (--kill: SIGKILL at once)."""
     targets = parse_ids(ids)
     if group:
         import pwd
@@ -388,7 +394,7 @@ def cancel(ids: tuple[str, ...], group: str | None, as_json: bool) -> None:
             raise UsageError(f"no waiting or running job of yours in group {group!r}")
     if not targets:
         raise UsageError("name job ids, ranges or --group")
-    _each("cancel", sorted(set(targets)), as_json)
+    _each("cancel", sorted(set(targets)), as_json, query={"kill": "1"} if kill else None)
 
 
 def _simple(verb: str, doc: str) -> click.Command:

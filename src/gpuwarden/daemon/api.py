@@ -191,6 +191,15 @@ def _action(name: str) -> Handler:
     return handler
 
 
+async def cancel(request: web.Request) -> web.Response:
+    """``?kill=1``: SIGKILL a running job's tree at once instead of SIGTERM and grace."""
+    svc, caller = request.app[SERVICE], caller_of(request)
+    kill = request.query.get("kill", "0")
+    if kill not in ("0", "1"):
+        raise UsageError("kill must be 0 or 1")
+    return web.json_response(await _call(svc.cancel, caller, _job_id(request), kill == "1"))
+
+
 async def wait(request: web.Request) -> web.Response:
     """Long poll: answers as soon as the job has ended, or after ``timeout`` seconds."""
     svc, caller = request.app[SERVICE], caller_of(request)
@@ -256,7 +265,8 @@ def make_app(service: JobService) -> web.Application:
     app.router.add_post("/v1/jobs", submit)
     app.router.add_get("/v1/jobs/{id}", show)
     app.router.add_delete("/v1/jobs/{id}", remove)
-    for verb in ("cancel", "hold", "release", "retry", "unreserve"):
+    app.router.add_post("/v1/jobs/{id}/cancel", cancel)
+    for verb in ("hold", "release", "retry", "unreserve"):
         app.router.add_post(f"/v1/jobs/{{id}}/{verb}", _action(verb))
     for report in ("started", "ended"):
         app.router.add_post(f"/v1/jobs/{{id}}/{report}", _report(report))

@@ -7,6 +7,7 @@
                             # "auto" measures it per GPU model, or a size such as "600MiB"
     interval = "500ms"      # scheduling pass period (passes also run on every change)
     grace = "10s"           # SIGTERM -> SIGKILL when a job is cancelled or preempted
+    max_grace = "5m"        # the longest --grace a job may ask for (and at least grace)
     aging = "1h"            # waiting this long raises a job's priority by one ("0": off)
     backfill = true         # later jobs may start if they cannot delay the first waiting one
     starve_after = "15m"    # until the first waiting job has waited this long, jobs that
@@ -65,7 +66,8 @@ def read_config(path: Path) -> Config:
     except RecursionError:
         raise UsageError(f"cannot read the config file {path}: nested too deeply") from None
     unknown = sorted(set(raw) - {"admin_groups", "spike_buffer", "reserve", "interval",
-                                 "grace", "aging", "backfill", "preemption", "retry_backoff",
+                                 "grace", "max_grace", "aging", "backfill", "preemption",
+                                 "retry_backoff",
                                  "oom_retries", "release_timeout", "limits", "metrics_listen",
                                  "metrics_cache", "history_interval", "history_retention",
                                  "web_listen", "starve_after", "context_memory"})
@@ -88,6 +90,10 @@ def read_config(path: Path) -> Config:
                     backfill=raw.get("backfill", True), preemption=raw.get("preemption", True),
                     limits=_limits(path, raw.get("limits", {})),
                     starve_after=_starve_after(path, raw.get("starve_after", "15m")))
+    grace = _duration(path, raw, "grace", 10.0, DAY)
+    max_grace = _duration(path, raw, "max_grace", 300.0, DAY)
+    if grace > max_grace:
+        raise UsageError(f"{path}: grace must be at most max_grace ({max_grace:g}s)")
     return Config(
         policy=policy,
         retry_backoff=_duration(path, raw, "retry_backoff", 10.0, DAY),
@@ -104,7 +110,8 @@ def read_config(path: Path) -> Config:
         reserve=_size(path, raw, "reserve", 512 << 20, 1 << 40),
         context_memory=_context_memory(path, raw.get("context_memory", "auto")),
         interval=max(_duration(path, raw, "interval", 0.5, HOUR), 0.05),
-        grace=_duration(path, raw, "grace", 10.0, DAY),
+        grace=grace,
+        max_grace=max_grace,
     )
 
 

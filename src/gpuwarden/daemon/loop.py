@@ -426,10 +426,10 @@ class Scheduler:
 
         return read_status(self.jobdir(job))
 
-    def cancel_running(self, job: Job) -> None:
+    def cancel_running(self, job: Job, kill: bool = False) -> None:
         from gpuwarden.daemon.supervisor import cancel
 
-        cancel(self.jobdir(job))
+        cancel(self.jobdir(job), kill=kill)
 
     def recover(self) -> None:
         """After a (re)start: adopt supervisors that kept running, collect exits recorded

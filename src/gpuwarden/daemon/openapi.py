@@ -135,7 +135,12 @@ def document() -> dict[str, Any]:
                 "delete": {"summary": "remove an ended job", "parameters": [_ID],
                            "responses": {"200": _resp({"type": "object"}), **_ERRORS}},
             },
-            "/v1/jobs/{id}/cancel": _job_action("cancel a job (its whole process tree)"),
+            "/v1/jobs/{id}/cancel": {"post": {
+                "summary": "cancel a job (its whole process tree: SIGTERM, its grace, "
+                           "SIGKILL; kill=1: SIGKILL at once)",
+                "parameters": [_ID, {"name": "kill", "in": "query", "required": False,
+                                     "schema": {"type": "string", "enum": ["0", "1"]}}],
+                "responses": {"200": _resp(_JOB), **_ERRORS}}},
             "/v1/jobs/{id}/hold": _job_action("keep a queued job from starting"),
             "/v1/jobs/{id}/release": _job_action("let a held job start"),
             "/v1/jobs/{id}/retry": _job_action("queue a failed or cancelled job again"),

@@ -35,6 +35,7 @@ class Config:
     reserve: int = 512 << 20
     interval: float = 0.5
     grace: float = 10.0
+    max_grace: float = 300.0  # the longest --grace a job may ask for
     policy: Policy = field(default_factory=lambda: Policy(aging=3600.0))
     retry_backoff: float = 10.0  # seconds before a same-budget OOM retry; doubles each time
     oom_retries: int = 1  # OOM retries of a job with a budget that does not say (--retries)
@@ -66,12 +67,13 @@ def _int(value: Any, field: str, lo: int | None = None, hi: int | None = None) -
 
 
 def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *,
-                      capacities: Mapping[int, int] | None = None, oom_retries: int = 0
-                      ) -> tuple[JobSpec, list[str]]:
+                      capacities: Mapping[int, int] | None = None, oom_retries: int = 0,
+                      max_grace: float = math.inf) -> tuple[JobSpec, list[str]]:
     """Validate a submit request into a JobSpec; returns the env names dropped.
     ``capacities`` (GPU index -> what it can give one job) turns a fractional ``mem``
     (``0.5`` of a GPU) into bytes. ``oom_retries``: the retries of a job with a budget
-    that does not ask for a number (the daemon's ``oom_retries``)."""
+    that does not ask for a number (the daemon's ``oom_retries``); ``max_grace``: the
+    longest ``grace`` allowed (the daemon's ``max_grace``)."""
     if not isinstance(body, Mapping):
         raise UsageError("the request body must be a JSON object")
     known = {"command", "cwd", "env", "env_keep", "name", "group", "key", "mem", "gpus",
@@ -126,6 +128,8 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *
     if qos == BESTEFFORT and body.get("exclusive", False) is True:
         raise UsageError("a besteffort job cannot hold GPUs exclusively")
     grace = _duration(body.get("grace"), "grace", zero_ok=True)
+    if grace is not None and grace > max_grace:  # SIGTERM-trapping jobs would never end
+        raise UsageError(f"grace must be at most {max_grace:g}s (the daemon's max_grace)")
     sm_percent = body.get("sm_percent")
     if sm_percent is not None:
         sm_percent = _int(sm_percent, "sm_percent", 1, 100)
@@ -277,7 +281,7 @@ class JobService:
 
     def __init__(self, store: Store, jobs_dir: Path, config: Config, *,
                  wake: Callable[[], None], gpus: Callable[[], Sequence[GpuState]],
-                 cancel_running: Callable[[Job], None],
+                 cancel_running: Callable[[Job, bool], None],
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.jobs_dir = jobs_dir
@@ -309,7 +313,8 @@ class JobService:
         gpus = list(self.gpus())
         spec, dropped = spec_from_request(body, caller, len(gpus) or 1 << 16,
                                           capacities={g.index: capacity(g) for g in gpus},
-                                          oom_retries=self.config.oom_retries)
+                                          oom_retries=self.config.oom_retries,
+                                          max_grace=self.config.max_grace)
         if spec.uid == 0 and caller.uid != 0:  # impossible by construction; kept as a guard
             raise PermissionDenied("only root may run jobs as root")
         learned = None
@@ -415,7 +420,9 @@ class JobService:
         return [self.view(caller, j) for j in jobs]
 
     # -- change ---------------------------------------------------------------------
-    def cancel(self, caller: Caller, job_id: int) -> dict[str, Any]:
+    def cancel(self, caller: Caller, job_id: int, kill: bool = False) -> dict[str, Any]:
+        """End a job; a running one gets SIGTERM and its grace, or with ``kill`` SIGKILL
+        at once (also when an earlier cancel is still in its grace)."""
         job = self._owned(caller, job_id, "cancel")
         now = self.clock()
         if job.state in (model.QUEUED, model.HELD) or (
@@ -424,8 +431,9 @@ class JobService:
                                         kind="cancelled", detail=f"by {caller.user}",
                                         reason=f"cancelled by {caller.user}", ended_at=now)
         elif job.state in model.ACTIVE:
-            self.store.add_event(job.id, "cancel_requested", f"by {caller.user}", now)
-            self.cancel_running(job)
+            self.store.add_event(job.id, "cancel_requested",
+                                 f"by {caller.user}" + (" (SIGKILL)" if kill else ""), now)
+            self.cancel_running(job, kill)
             job = self.store.get(job.id)
         else:
             raise UsageError(f"job {job_id} is already {job.state}")

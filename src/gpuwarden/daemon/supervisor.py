@@ -71,8 +71,10 @@ START_TOLERANCE = 1.0  # seconds; epoch start times drift when the wall clock is
 POLL = 0.05
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-CANCEL_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
-WATCHED = frozenset({signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+KILL_SIGNAL = signal.SIGUSR1  # from the daemon: cancel --kill, SIGKILL the tree at once
+CANCEL_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, KILL_SIGNAL})
+WATCHED = frozenset({signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
+                     KILL_SIGNAL})
 _GONE = frozenset({psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD})
 
 
@@ -418,14 +420,20 @@ def _signal_identified(handle: SupervisorHandle, sig: int) -> bool:
         os.close(fd)
 
 
-def cancel(jobdir: str | os.PathLike[str]) -> bool:
+def cancel(jobdir: str | os.PathLike[str], kill: bool = False) -> bool:
     """Ask the job's supervisor to end the job (SIGTERM, identity-checked). True when the
     signal was sent; False when the job has ended or has no live supervisor. The
-    supervisor then kills the tree and writes exit.json with reason "cancelled"."""
+    supervisor then kills the tree and writes exit.json with reason "cancelled".
+    ``kill``: the supervisor SIGKILLs the tree at once (``KILL_SIGNAL``), even one already
+    in its grace; an attached job's launcher gets SIGKILL itself."""
     status = read_status(jobdir)
     if status.exit is not None or status.supervisor is None:
         return False
-    return _signal_identified(status.supervisor, signal.SIGTERM)
+    if not kill:
+        return _signal_identified(status.supervisor, signal.SIGTERM)
+    attached = (_read_json(Path(jobdir) / SUPERVISOR) or {}).get("nonce") == "attached"
+    return _signal_identified(status.supervisor,
+                              signal.SIGKILL if attached else KILL_SIGNAL)
 
 
 # -------------------------------------------------------------------------- spawning
@@ -592,6 +600,7 @@ class _Supervisor:
         self.child_pid: int | None = None
         self.child_status: int | None = None
         self.warnings: list[str] = []
+        self.kill_now = False  # cancelled with KILL_SIGNAL: no grace
 
     # -- small helpers
     def log(self, msg: str) -> None:
@@ -676,7 +685,8 @@ class _Supervisor:
         clean: bool = False
         survivors: list[int] = []
         try:
-            clean, survivors = self.end_tree(self.spec.grace)
+            kill = self.kill_now or KILL_SIGNAL in signal.sigpending()
+            clean, survivors = self.end_tree(0.0 if kill else self.spec.grace)
         except Exception:
             self.log(traceback.format_exc())
         if self.child_pid is None or fixed_code is not None:
@@ -916,6 +926,7 @@ class _Supervisor:
             info = signal.sigtimedwait(WATCHED, min(left, 3600.0))
             if info is not None and info.si_signo in CANCEL_SIGNALS:
                 self.log(f"cancelled by signal {info.si_signo} from pid {info.si_pid}")
+                self.kill_now = info.si_signo == KILL_SIGNAL
                 return "cancelled"
 
     def end_tree(self, grace: float) -> tuple[bool, list[int]]:
@@ -949,6 +960,9 @@ class _Supervisor:
                             break
             left = deadline - time.monotonic()
             if left <= 0:
+                break
+            if KILL_SIGNAL in signal.sigpending():  # cancel --kill during the grace
+                self.log("told to kill now: the rest of the grace is skipped")
                 break
             signal.sigtimedwait([signal.SIGCHLD], min(POLL, left))
             self.reap()
