@@ -381,7 +381,7 @@ def test_jobs_on_a_node_with_a_daemon_are_registered_with_it(
     assert sorted(j["attach"] for j in jobs) == sorted(f"ray job {s}" for s in registered)
     for j in jobs:
         assert j["state"] == "succeeded" and j["budget"] == 20 * GiB, j
-        assert j["peak_memory"] == 18 * GiB and j["name"].startswith("reg-"), j
+        assert j["peak_memory"] == 18.5 * GiB and j["name"].startswith("reg-"), j  # + context
         assert j["memory_release"]["how"] == "verified", j
 
 

@@ -202,7 +202,7 @@ def available(gpu: GpuState, spike: float) -> Fraction:
 
 def empty(gpus: Sequence[GpuState]) -> list[GpuState]:
     return [GpuState(index=x.index, uuid=x.uuid, total=x.total, reserve=x.reserve,
-                     numa_node=x.numa_node, nvlink_peers=x.nvlink_peers,
+                     context=x.context, numa_node=x.numa_node, nvlink_peers=x.nvlink_peers,
                      compute_mode=x.compute_mode) for x in gpus]
 
 
