@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from gpuwarden.cli.common import DURATION, SIZE, backend, check_gpu_indices, emit_json
+from gpuwarden.printable import visible
 
 if TYPE_CHECKING:
     from gpuwarden.gpus.backend import Backend
@@ -76,7 +77,7 @@ def leaks(as_json: bool, gpus: tuple[int, ...], samples: int, interval: float,
         pid = "" if lk.pid is None else f" pid {lk.pid}"
         console.print(f"[{style}]GPU {where} {lk.kind}{pid}[/{style}] "
                       f"{format_bytes(lk.memory) if lk.memory is not None else ''}")
-        console.print(f"  {escape(lk.evidence)}", highlight=False)
+        console.print(f"  {escape(visible(lk.evidence))}", highlight=False)
     if real:
         console.print("\nReclaim with [bold]gpuwarden reap[/bold] (dry run) and "
                       "[bold]gpuwarden reap --yes[/bold].")
@@ -188,7 +189,8 @@ def _render(plan: list[ReapAction], outcome: dict[str, Any], yes: bool) -> None:
         result = f" -> {row['result']}" if "result" in row else ""
         style = "yellow" if a.action == "none" else "bold"
         console.print(f"[{style}]{verb[a.action]} {target}[/{style}] (GPU {where}, {a.kind}"
-                      f"{', ' + escape(a.user) if a.user else ''}): {escape(a.reason)}{result}")
+                      f"{', ' + escape(a.user) if a.user else ''}): "
+                      f"{escape(visible(a.reason))}{result}")
     if not yes and any(a.action != "none" for a in plan):
         console.print("\nDry run. Run [bold]gpuwarden reap --yes[/bold] to act.")
     for r in outcome["reclaimed"]:
@@ -200,4 +202,4 @@ def _render(plan: list[ReapAction], outcome: dict[str, Any], yes: bool) -> None:
     if outcome["next_steps"]:
         console.print("\nNext steps:")
         for step in outcome["next_steps"]:
-            console.print(f"  {escape(step)}")
+            console.print(f"  {escape(visible(step))}")

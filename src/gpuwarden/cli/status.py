@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, NoReturn
 import click
 
 from gpuwarden.cli.common import DURATION, backend, check_gpu_indices, emit_json
+from gpuwarden.printable import visible
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -124,7 +125,8 @@ def render(snap: Snapshot, leaks: list[Leak], gpus: tuple[int, ...], user: str |
                 continue
             rows.append((str(g.index), str(p.pid), p.user or "?", p.container or "",
                          format_bytes_short(p.memory), na(p.gpu.sm_utilization, "%"),
-                         format_duration(p.elapsed), _STATE_SHORT[p.state], p.command or "?"))
+                         format_duration(p.elapsed), _STATE_SHORT[p.state],
+                         visible(p.command or "?")))  # another user's command line
     count = len(rows)
     pt = _process_table(rows, width)
     parts: list[RenderableType] = [gt]
@@ -138,7 +140,7 @@ def render(snap: Snapshot, leaks: list[Leak], gpus: tuple[int, ...], user: str |
         for lk in relevant:
             where = "-" if lk.gpu is None else str(lk.gpu)
             parts.append(Text(f"  GPU {where} {lk.kind} {format_bytes(lk.memory)}: "
-                              f"{lk.evidence}", style="red"))
+                              f"{visible(lk.evidence)}", style="red"))
     for warning in snap.warnings:
         parts.append(Text(f"warning: {warning}", style="yellow"))
     return Group(*parts)
