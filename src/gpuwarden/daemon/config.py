@@ -27,6 +27,8 @@
     max_gpus = 4
     max_memory = "160G"     # reserved, summed over the user's GPUs
     max_running = 8
+    max_priority = 0        # the highest --priority a user may ask for (admins: any)
+    qos = ["burstable", "besteffort"]  # the classes a user may ask for (admins: all)
 
     [limits.users.alice]    # one user, instead of the defaults above
     max_gpus = 8
@@ -42,6 +44,7 @@ from typing import Any
 from gpuwarden.daemon.service import Config
 from gpuwarden.errors import UsageError
 from gpuwarden.sched.limits import Limits, UserLimits
+from gpuwarden.sched.model import QOS_CLASSES
 from gpuwarden.sched.queue import Policy
 from gpuwarden.units import parse_duration, parse_size
 
@@ -186,7 +189,8 @@ def _starve_after(path: Path, raw: Any) -> float:
 def _user_limits(path: Path, where: str, raw: Any) -> UserLimits:
     if not isinstance(raw, dict):
         raise UsageError(f"{path}: {where} must be a table")
-    unknown = sorted(set(raw) - {"max_gpus", "max_memory", "max_running"})
+    unknown = sorted(set(raw) - {"max_gpus", "max_memory", "max_running", "max_priority",
+                                 "qos"})
     if unknown:
         raise UsageError(f"{path}: {where}: unknown setting(s) {', '.join(unknown)}")
     out: dict[str, int | None] = {}
@@ -196,8 +200,16 @@ def _user_limits(path: Path, where: str, raw: Any) -> UserLimits:
             raise UsageError(f"{path}: {where}.{name} must be a whole number ≥ 0")
         out[name] = v
     mem = raw.get("max_memory")
+    prio = raw.get("max_priority", UserLimits.max_priority)
+    if isinstance(prio, bool) or not isinstance(prio, int) or not -1000 <= prio <= 1000:
+        raise UsageError(f"{path}: {where}.max_priority must be a whole number "
+                         "from -1000 to 1000")
+    qos = raw.get("qos", list(UserLimits.qos))
+    if not isinstance(qos, list) or not all(q in QOS_CLASSES for q in qos):
+        raise UsageError(f"{path}: {where}.qos must be a list of {', '.join(QOS_CLASSES)}")
     return UserLimits(max_gpus=out["max_gpus"], max_running=out["max_running"],
-                      max_memory=None if mem is None else parse_size(mem))
+                      max_memory=None if mem is None else parse_size(mem),
+                      max_priority=prio, qos=tuple(qos))
 
 
 def _limits(path: Path, raw: Any) -> Limits:

@@ -317,6 +317,12 @@ class JobService:
                                           max_grace=self.config.max_grace)
         if spec.uid == 0 and caller.uid != 0:  # impossible by construction; kept as a guard
             raise PermissionDenied("only root may run jobs as root")
+        if not may_manage(caller, -1, self.admins, self.daemon_uid):  # admins: any
+            from gpuwarden.sched.limits import not_allowed
+
+            why = not_allowed(spec.user, spec.priority, spec.qos, self.config.policy.limits)
+            if why is not None:  # one could preempt other users' jobs at will
+                raise PermissionDenied(why)
         learned = None
         if spec.mem_auto:
             from gpuwarden.sched.history import learned_budget

@@ -19,6 +19,10 @@ class UserLimits:
     max_gpus: int | None = None
     max_memory: int | None = None  # bytes reserved, summed over the user's GPUs
     max_running: int | None = None  # reserved or running jobs
+    # What a user may ask for at submit (admins are not held to it): the highest
+    # --priority and the QoS classes. Defaults: priority <= 0, no guaranteed.
+    max_priority: int = 0
+    qos: tuple[str, ...] = ("burstable", "besteffort")
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,19 @@ def never_within(job: QueuedJob, limits: Limits) -> str | None:
             and job.mem * job.count > lim.max_memory:
         return (f"{who} may reserve {format_bytes(lim.max_memory)}; this job needs "
                 f"{format_bytes(job.mem * job.count)}")
+    return None
+
+
+def not_allowed(user: str, priority: int, qos: str, limits: Limits) -> str | None:
+    """Why ``user`` may not ask for this priority or QoS class ([limits] max_priority and
+    qos; checked at submit for users who are not admins); None when they may."""
+    lim = limits.of(user)
+    if priority > lim.max_priority:
+        return (f"user {user} may ask for priority at most {lim.max_priority} "
+                f"([limits] max_priority); asked {priority}")
+    if qos not in lim.qos:
+        return (f"user {user} may ask for qos {', '.join(lim.qos) or '(none)'} "
+                f"([limits] qos); asked {qos}")
     return None
 
 
