@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -199,3 +200,18 @@ def test_bad_scenario_and_bad_flags_are_one_line_errors(sim: SimMachine, tmp_pat
         r = sim.cli(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert "Traceback" not in r.stderr
+
+
+def test_reap_of_holder_that_allocated_nothing_stops_when_it_is_gone(sim: SimMachine) -> None:
+    holder = sim.job("--hold-only", "--seconds", "60", gpus="1")
+    wait_for(lambda: any(lk["pid"] == holder.pid for lk in _leaks(sim)))
+    started = time.monotonic()
+    r = sim.cli("reap", "--gpu", "1", "--yes", "--samples", "1", "--grace", "2")
+    took = time.monotonic() - started
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert took < 15, f"waited {took:.1f}s for memory a process never held"
+    assert holder.wait(timeout=5) != 0
+    assert "not yet" not in r.stdout
+    assert "Next steps" not in r.stdout, "nothing is still held: no next steps"
+    assert "gone" in r.stdout
+

@@ -87,6 +87,24 @@ def _used(b: Backend) -> dict[int, int]:
     return {g.index: g.memory_used for g in b.gpus()}
 
 
+_SETTLE = 1.0  # seconds a GPU's use must stay put after its holders are gone
+
+
+def _alive(pid: int, start_time: float | None) -> bool:
+    """Is this very process (pid and start time) still running (a zombie is not)?"""
+    import psutil
+
+    from gpuwarden.procs.terminate import same_start
+
+    try:
+        p = psutil.Process(pid)
+        if start_time is not None and not same_start(p.create_time(), start_time):
+            return False
+        return bool(p.status() != psutil.STATUS_ZOMBIE)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return False
+
+
 def _verify(b: Backend, acted: list[ReapAction], before: dict[int, int], timeout: float,
             started: float) -> tuple[dict[int, dict[str, Any]], list[int]]:
     """Poll until every signalled pid has left the driver's lists and the expected bytes are
@@ -96,19 +114,32 @@ def _verify(b: Backend, acted: list[ReapAction], before: dict[int, int], timeout
         if a.expect_bytes is not None and len(a.gpus) == 1:
             expected[a.gpus[0]] = expected.get(a.gpus[0], 0) + a.expect_bytes
     watched = {a.pid for a in acted if a.pid is not None}
+    starts = {a.pid: a.start_time for a in acted if a.pid is not None}
     deadline = started + timeout
     freed_at: dict[int, float] = {}
+    settled_since: dict[int, tuple[int, float]] = {}  # GPU -> (bytes used, since when)
     while True:
         now = time.monotonic()
         listed = {p.pid for p in b.processes()}
+        alive = {pid for pid in watched if pid in listed or _alive(pid, starts[pid])}
         used = _used(b)
         for gpu in {g for a in acted for g in a.gpus}:
-            drop = before.get(gpu, 0) - used.get(gpu, 0)
-            if gpu not in freed_at and drop >= expected.get(gpu, 1) and not (watched & listed):
+            if gpu in freed_at or alive:
+                continue
+            if gpu in expected:
+                if before.get(gpu, 0) - used.get(gpu, 0) >= expected[gpu]:
+                    freed_at[gpu] = now
+                continue
+            # Nothing known to come back (a holder that allocated nothing): settled once
+            # its processes are gone and the GPU's use stays put past the driver's lag.
+            seen = settled_since.get(gpu)
+            if seen is None or seen[0] != used.get(gpu, 0):
+                settled_since[gpu] = (used.get(gpu, 0), now)
+            elif now - seen[1] >= _SETTLE:
                 freed_at[gpu] = now
         still = sorted(watched & listed)
         gpus = {g for a in acted for g in a.gpus}
-        if (not still and gpus <= set(freed_at)) or now >= deadline:
+        if (not alive and gpus <= set(freed_at)) or now >= deadline:
             break
         time.sleep(0.2)
     results = {
@@ -195,7 +226,11 @@ def _render(plan: list[ReapAction], outcome: dict[str, Any], yes: bool) -> None:
         console.print("\nDry run. Run [bold]gpuwarden reap --yes[/bold] to act.")
     for r in outcome["reclaimed"]:
         secs = "not yet" if r["seconds"] is None else f"in {r['seconds']:.1f}s"
-        console.print(f"GPU {r['gpu']}: reclaimed {format_bytes(r['bytes'])} {secs}")
+        if r["expected"] is None and r["seconds"] is not None and r["bytes"] <= 0:
+            console.print(f"GPU {r['gpu']}: reaped processes gone {secs}; they held no "
+                          "GPU memory")
+        else:
+            console.print(f"GPU {r['gpu']}: reclaimed {format_bytes(r['bytes'])} {secs}")
     if outcome["still_held"]:
         console.print(f"[red]Still listed by the driver:[/red] pids "
                       f"{', '.join(map(str, outcome['still_held']))}")
