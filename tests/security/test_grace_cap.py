@@ -66,3 +66,25 @@ def test_max_grace_is_validated(tmp_path: Path) -> None:
         read_config(cfg)
     cfg.write_text('max_grace = "1h"\ngrace = "10m"\n')
     assert (read_config(cfg).grace, read_config(cfg).max_grace) == (600.0, 3600.0)
+
+
+def test_a_stored_grace_past_a_lowered_max_grace_is_capped(tmp_path: Path) -> None:
+    """A job accepted under a higher cap, launched after the admin lowered max_grace,
+    gets max_grace: a cancel ends it within that even though it ignores SIGTERM."""
+    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json", config='max_grace = "1h"\n'):
+        first = d.submit("--cwd", "/", cmd=["sleep", "4"])  # keeps it queued meanwhile
+        job = d.submit("--cwd", "/", "--grace", "30m", "--after", str(first), cmd=TRAPS_TERM)
+        d.stop()
+        cfg = d.home / "config.toml"
+        cfg.write_text(cfg.read_text().replace('max_grace = "1h"', 'max_grace = "2s"'))
+        d.start()
+        assert d.job(job)["grace"] == 1800.0
+        d.wait_state(job, "running")
+        deadline = time.monotonic() + 20
+        while "up" not in d.cli("logs", str(job)).stdout:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        start = time.monotonic()
+        assert d.cli("cancel", str(job)).returncode == 0
+        d.wait_state(job, "cancelled", timeout=30)
+        assert time.monotonic() - start < 15

@@ -874,7 +874,7 @@ class Scheduler:
 
     def _write_preempt_notice(self, victim: Job, job: Job, now: float) -> None:
         path = self.jobdir(victim) / PREEMPT_NOTICE
-        grace = victim.spec.grace if victim.spec.grace is not None else self.config.grace
+        grace = self.config.grace_of(victim.spec.grace)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
                          | os.O_CLOEXEC, 0o644)
@@ -974,7 +974,7 @@ class Scheduler:
                 launch = dataclasses.replace(launch, env={
                     **launch.env, **client_env(control, place.gpus, limit,
                                                job.spec.sm_percent)})
-            grace = job.spec.grace if job.spec.grace is not None else self.config.grace
+            grace = self.config.grace_of(job.spec.grace)
             write_spec(d, spec_from_plan(job.id, launch, job.spec.command, cwd=job.spec.cwd,
                                          uid=job.spec.uid, gid=job.spec.gid,
                                          groups=job.spec.groups, timeout=job.spec.timeout,

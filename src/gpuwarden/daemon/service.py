@@ -47,6 +47,11 @@ class Config:
     history_retention: float = 48 * 3600.0  # samples older than this are dropped
     web_listen: str | None = None  # HOST:PORT for the read-only web page; None: not served
 
+    def grace_of(self, asked: float | None) -> float:
+        """A job's grace (SIGTERM -> SIGKILL): its --grace, else ``grace``; never past
+        ``max_grace``, for jobs stored before a lower cap too."""
+        return min(self.grace if asked is None else asked, self.max_grace)
+
 
 def _str_list(value: Any, field: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
