@@ -203,6 +203,9 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
         click.echo(job["id"])
         if job["state"] == "infeasible":
             warn(f"job {job['id']} can never run here: {job['reason']}")
+        if job.get("group_held"):
+            warn(f"job {job['id']} is held: {job['group_held']}; "
+                 f"`gpuwarden release {job['id']}` lets it run")
 
 
 @click.command()

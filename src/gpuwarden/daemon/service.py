@@ -342,7 +342,10 @@ class JobService:
         never = self._never(spec, gpus)
         if never is not None:  # as select does: exit 2, and nothing queued to wait for ever
             raise UsageError(f"this job can never run here: {never}")
-        job, created = self.store.submit(spec, self.clock())
+        held = self.group_held(spec)
+        job, created = self.store.submit(spec, self.clock(),
+                                         state=model.QUEUED if held is None else model.HELD,
+                                         reason=held)
         if created and learned is not None:
             self.store.add_event(job.id, "budget_learned", f"mem auto: {learned}", self.clock())
             job = self.store.get(job.id)
@@ -350,7 +353,28 @@ class JobService:
             self._claim(caller, job)
         if created:
             self.wake()
-        return {**self.view(caller, job), "created": created, "dropped_env": dropped}
+        return {**self.view(caller, job), "created": created, "dropped_env": dropped,
+                "group_held": held if created else None}
+
+    def group_held(self, spec: JobSpec) -> str | None:
+        """Why a new job of this user's group is held at submit: the group's last jobs all
+        failed the same way (as the loop holds the queued ones) and none was released
+        since; None when it may queue. An attached job is already running: never held."""
+        from gpuwarden.sched.history import STREAK, failing_streak, failure_signature
+
+        if spec.group is None or spec.attach is not None:
+            return None
+        recent = self.store.recent_ends(spec.uid, spec.group, STREAK)
+        same = failing_streak([failure_signature(j.state, j.exit_code, j.reason,
+                                                 any(e.kind == "oom" for e in j.events))
+                               for j in recent])
+        if same is None:
+            return None
+        if self.store.group_released_since(spec.uid, spec.group,
+                                           max(j.ended_at or 0.0 for j in recent)):
+            return None
+        return (f"group {spec.group}: its last {STREAK} jobs failed the same way ({same}); "
+                "held until released")
 
     def _never(self, spec: JobSpec, gpus: Sequence[GpuState]) -> str | None:
         """Why a job could never run on these GPUs (over every GPU's capacity, more GPUs

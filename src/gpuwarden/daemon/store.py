@@ -692,6 +692,16 @@ class Store:
                 (uid, group, limit))]
         return sorted(self.list(ids=ids), key=lambda j: (-(j.ended_at or 0), -j.id))
 
+    def group_released_since(self, uid: int, group: str, since: float) -> bool:
+        """Was one of this user's jobs of ``group`` released (``release``) at or after
+        ``since``? A release after a failure streak lets the group run again."""
+        with self._tx(write=False) as conn:
+            row = conn.execute(
+                "SELECT 1 FROM events e JOIN jobs j ON j.id = e.job_id WHERE j.uid = ? AND "
+                "j.job_group = ? AND e.kind = 'released' AND e.at >= ? LIMIT 1",
+                (uid, group, since)).fetchone()
+        return row is not None
+
     def active(self) -> builtins.list[Job]:
         """Jobs that hold GPU budget: reserved and running."""
         return self.list(states=sorted(ACTIVE))
