@@ -176,7 +176,8 @@ class Job:
         return {
             "limit": limit,
             "cooperative": None if limit is None else
-            "PyTorch memory fraction (CUDA context included) + expandable segments",
+            "PyTorch memory fraction at the limit (the CUDA context booked beside it) "
+            "+ expandable segments",
             "hard": None if limit is None or not self.spec.mps else
             "MPS pinned device memory limit"
             + (f", {self.spec.sm_percent}% of SMs" if self.spec.sm_percent else "")
