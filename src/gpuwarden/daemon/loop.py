@@ -47,6 +47,9 @@ PEAK_WINDOW = 300.0  # seconds a foreign process's peak keeps counting against h
 # this long (as a leak finding must persist): the driver frees an ended process's memory
 # a moment after it leaves the process list, and that memory is its job's (a hold).
 UNACCOUNTED_PERSIST = 3.0
+# An attached job is stored, then its launcher named in its directory: a pass between
+# the two waits this long for the name before it takes the launcher for gone.
+CLAIM_WAIT = 30.0
 REPORTS = "reports"  # beside jobs/: one allocator report file per attempt (the cap hook's)
 # Fields that describe one attempt: cleared when a job is queued again.
 FRESH_ATTEMPT: Mapping[str, Any] = MappingProxyType(dict(
@@ -908,10 +911,14 @@ class Scheduler:
         """The launcher of a queued attached job. One that went away before the job was
         placed has its job cancelled (nobody would start it): None then."""
         from gpuwarden.daemon.attached import live_launcher
+        from gpuwarden.daemon.supervisor import SUPERVISOR
 
         handle = live_launcher(self.jobdir(job))
         if handle is not None:
             return handle
+        if not (self.jobdir(job) / SUPERVISOR).exists() and \
+                self.clock() - job.submitted_at < CLAIM_WAIT:
+            return None  # stored, its launcher not yet named (the API names it next)
         with contextlib.suppress(Conflict, JobNotFound):
             self.store.transition(job.id, (model.QUEUED,), model.CANCELLED, now=self.clock(),
                                   kind="cancelled", detail="its launcher went away",
