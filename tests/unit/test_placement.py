@@ -363,3 +363,16 @@ def test_a_job_using_more_than_its_budget_and_context_counts_at_its_use() -> Non
     use = ManagedUse(1, 10 * GiB, context=512 * MiB, used=12 * GiB)
     assert use.booked == 12 * GiB
     assert ManagedUse(1, 10 * GiB, context=512 * MiB, used=10 * GiB).booked == 10.5 * GiB
+
+
+# --- a ceiling: an OOM retry that crept into its cap ---------------------------------------
+
+def test_a_job_with_a_ceiling_takes_the_roomiest_gpu_up_to_its_ceiling() -> None:
+    crept = replace(job(20), mem_ceiling=40 * GiB)
+    gpus = [g(0, used=(50,)), g(1, used=(70,)), g(2, used=(20,))]
+    place = fits(crept, gpus, 0)
+    assert isinstance(place, Place) and place.gpus == (2,) and place.budget == 40 * GiB
+    # Where no GPU has its ceiling, it gets all the room there is, never less than asked.
+    place = fits(crept, [g(0, used=(50,)), g(1, used=(55,))], 0)
+    assert isinstance(place, Place) and place.gpus == (0,) and place.budget == 30 * GiB
+    assert fits(crept, [g(0, used=(65,))], 0) is None  # 15 GiB: under its request

@@ -182,6 +182,7 @@ def queued(id: int, gpus: int = 8) -> st.SearchStrategy[QueuedJob]:
         submitted_at=st.integers(0, 50).map(float),
         runtime=st.one_of(st.none(), st.integers(1, 3600).map(float)),
         estimate=st.one_of(st.none(), st.integers(1, 3600).map(float)),
+        mem_ceiling=st.one_of(st.none(), st.none(), st.none(), SIZES),  # crept OOM retries
     )
 
 
@@ -257,8 +258,10 @@ def test_every_job_gets_one_decision_and_places_are_well_formed(
         assert set(d.gpus) <= set(states)
         if j.gpu_ids is not None:
             assert set(d.gpus) <= set(j.gpu_ids)
-        if j.mem is not None:
+        if j.mem is not None and j.mem_ceiling is None:
             assert d.budget == j.mem
+        elif j.mem is not None:  # as much as there is room for, up to its ceiling
+            assert j.mem <= d.budget <= max(j.mem, j.mem_ceiling)
         for i in d.gpus:
             x = states[i]
             assert x.compute_mode != "Prohibited"

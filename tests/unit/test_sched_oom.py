@@ -171,3 +171,40 @@ def test_a_retry_waits_only_when_its_budget_does_not_grow(old: int, peak: int | 
             assert d.budget == old and d.need is not None and d.need <= old
     else:
         assert largest <= old
+
+
+def _creep_message(tried_mib: int, held_gib: float) -> str:
+    return (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried_mib}.00 "
+            f"MiB. GPU 0 has a total capacity of 139.72 GiB of which 20.01 GiB is free. "
+            f"Including non-PyTorch memory, this process has {held_gib + 0.66:.2f} GiB memory "
+            f"in use. {held_gib:.2f} GiB allowed; Of the allocated memory {held_gib - 0.25:.2f}"
+            " GiB is allocated by PyTorch, and 256.00 MiB is reserved by PyTorch but "
+            "unallocated.")
+
+
+def test_a_job_that_crept_into_its_cap_gets_twice_what_it_reached_up_to_four_times() -> None:
+    # Memory rising in 256 MiB steps into a 10 GiB cap: the message shows only the step.
+    ask = parse_oom(_creep_message(256, 10.0))
+    assert ask is not None and ask.crept(676 * MiB, 10 * GiB)
+    d = after_oom(old_budget=10 * GiB, peak=None, largest=139 * GiB, used=0, allowed=1,
+                  backoff=10, ask=ask, context=676 * MiB)
+    assert isinstance(d, Retry) and d.delay == 0 and d.need == 10 * GiB + 256 * MiB
+    assert d.budget == 2 * d.need and d.ceiling == 4 * d.need
+    # Capped by the largest GPU; no ceiling where the budget already is the largest.
+    d = after_oom(old_budget=10 * GiB, peak=None, largest=30 * GiB, used=0, allowed=1,
+                  backoff=10, ask=ask, context=676 * MiB)
+    assert isinstance(d, Retry) and d.budget == 2 * d.need and d.ceiling == 30 * GiB
+    d = after_oom(old_budget=10 * GiB, peak=None, largest=20 * GiB, used=0, allowed=1,
+                  backoff=10, ask=ask, context=676 * MiB)
+    assert isinstance(d, Retry) and d.budget == 20 * GiB and d.ceiling is None
+
+
+def test_one_big_allocation_is_not_creeping_its_need_is_known() -> None:
+    ask = parse_oom(CAPPED)  # tried 15 GiB holding 10 GiB
+    assert ask is not None and not ask.crept(0, 10 * GiB)
+    d = after_oom(old_budget=10 * GiB, peak=None, largest=139 * GiB, used=0, allowed=1,
+                  backoff=10, ask=ask)
+    assert isinstance(d, Retry) and d.ceiling is None
+    # A small allocation far below the cap (the GPU ran out, not the budget): no creep.
+    small = parse_oom(_creep_message(256, 4.0))
+    assert small is not None and not small.crept(676 * MiB, 10 * GiB)

@@ -399,12 +399,18 @@ class Scheduler:
             job.id, model.ACTIVE, model.QUEUED, now=now, kind="retried",
             detail=(f"CUDA OOM retry {job.oom_retries + 1} of {job.spec.retries}: {shown}"
                     f"budget {format_bytes(job.budget or 0)} -> "
-                    f"{format_bytes(decision.budget)}, "
+                    f"{format_bytes(decision.budget)}"
+                    + ("" if decision.ceiling is None else
+                       f" or up to {format_bytes(decision.ceiling)} where a GPU has room (it "
+                       "crept into its cap in small steps: the message shows only that it "
+                       "needs more)")
+                    + ", "
                     + (f"in {decision.delay:g}s (the same budget: backing off)"
                        if decision.delay > 0 else "as soon as it fits")),
             reason="retrying after a CUDA OOM", **FRESH_ATTEMPT,
             attempts=job.attempts + 1, oom_retries=job.oom_retries + 1,
-            retry_mem=decision.budget, not_before=now + decision.delay,
+            retry_mem=decision.budget, retry_ceiling=decision.ceiling,
+            not_before=now + decision.delay,
             oom_tried=None if ask is None else ask.tried, oom_need=decision.need,
             hold=self._hold(job, now))
         return True

@@ -135,6 +135,7 @@ class Job:
     preemptions: int = 0
     oom_retries: int = 0  # OOM retries used
     retry_mem: int | None = None  # the bumped per-GPU request after an OOM
+    retry_ceiling: int | None = None  # the most that retry may take where there is room
     oom_tried: int | None = None  # the allocation its latest OOM message says failed
     oom_need: int | None = None  # what that OOM showed it needs per GPU (message or peak)
     context: int | None = None  # CUDA context allowance booked beside its budget per GPU
@@ -250,7 +251,8 @@ class Job:
             "preemptions": self.preemptions,
             "oom_retries": self.oom_retries,
             "oom": None if self.oom_tried is None and self.oom_need is None else
-            {"tried": self.oom_tried, "need": self.oom_need, "retry_budget": self.retry_mem},
+            {"tried": self.oom_tried, "need": self.oom_need, "retry_budget": self.retry_mem,
+             "retry_ceiling": self.retry_ceiling},
             "preempting": self.preempting_at is not None,
             "enforcement": self.enforcement(),
             "memory_release": None if self.release is None else self.release.to_json(),

@@ -247,7 +247,8 @@ def queued_view(job: Job, estimate: float | None = None) -> QueuedJob:
     """The job as the queue policy sees it; ``estimate`` is its learned run time
     (``learned_runtime``), its ``--timeout`` the bound."""
     s = job.spec
-    return QueuedJob(id=job.id, user=s.user, mem=job.request, count=s.gpus,
+    return QueuedJob(id=job.id, user=s.user, mem=job.request, mem_ceiling=job.retry_ceiling,
+                     count=s.gpus,
                      gpu_ids=s.gpu_ids, exclusive=s.exclusive, priority=s.priority,
                      submitted_at=job.submitted_at, qos=s.qos, runtime=s.timeout,
                      estimate=estimate, not_before=job.not_before or 0.0, cpus=s.cpus)

@@ -63,6 +63,7 @@ class QueuedJob:
     id: int
     user: str
     mem: int | None  # bytes per GPU; None: a whole idle GPU
+    mem_ceiling: int | None = None  # more it may take where there is room (an OOM retry)
     count: int = 1
     gpu_ids: tuple[int, ...] | None = None
     exclusive: bool = False

@@ -24,6 +24,13 @@ SIGNATURES = (
 GROWTH = 1.25  # a retry gets at least this times the old budget
 MARGIN = 0.10  # over what the job was shown to need: the next step may ask a little more
 FAILS_BEFORE_HOLD = 3
+# A job whose failing allocation was this small beside what it held crept into its cap
+# (memory rising in many steps, as training warms up): the message shows only that it
+# needs more, not how much. Its retry asks CREEP_MIN × what it reached, and takes up to
+# CREEP_CEILING × that where the GPU it lands on has room, booked in full.
+CREEP_STEP = 0.125
+CREEP_MIN = 2.0
+CREEP_CEILING = 4.0
 
 # PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp) prints sizes with
 # format_size: "N bytes" up to 1 KiB, then KiB, MiB, GiB with two decimals.
@@ -77,6 +84,13 @@ class OomAsk:
             return max(self.in_use - context, 0)
         return None
 
+    def crept(self, context: int, old_budget: int) -> bool:
+        """Whether the job ran into its cap in small steps: what it held filled most of
+        its budget and the failing allocation was small beside it."""
+        held = self.held(context)
+        return (held is not None and held >= (1 - 2 * CREEP_STEP) * old_budget
+                and self.tried <= CREEP_STEP * held)
+
     def need(self, context: int) -> int:
         """What the allocator would have held had the allocation succeeded (at least the
         allocation itself when the message says nothing of what was held)."""
@@ -125,22 +139,36 @@ def shown_need(ask: OomAsk | None, peak: int | None, context: int) -> int | None
     return max(known) if known else None
 
 
-def retry_budget(*, old_budget: int, need: int | None, largest: int) -> int:
-    """The budget a retry gets: what the job was shown to need plus MARGIN, at least
-    GROWTH × the old budget, in whole MiB, capped by the largest GPU's capacity."""
-    want = max(int(GROWTH * old_budget), int((1 + MARGIN) * need) if need else 0)
-    want = -(-want // (1 << 20)) * (1 << 20)
-    return min(want, largest)
+def _whole_mib(n: float) -> int:
+    return -(-int(n) // (1 << 20)) * (1 << 20)
+
+
+def retry_budget(*, old_budget: int, need: int | None, largest: int,
+                 crept: bool = False) -> int:
+    """The budget a retry gets: what the job was shown to need plus MARGIN (CREEP_MIN ×
+    when it crept into its cap), at least GROWTH × the old budget, in whole MiB, capped
+    by the largest GPU's capacity."""
+    shown = (CREEP_MIN if crept else 1 + MARGIN) * need if need else 0
+    return min(_whole_mib(max(GROWTH * old_budget, shown)), largest)
+
+
+def retry_ceiling(*, budget: int, need: int | None, largest: int) -> int:
+    """The most a crept job's retry may take where the GPU has room (CREEP_CEILING ×
+    what it reached, never less than its budget, capped by the largest GPU)."""
+    return max(budget, min(_whole_mib(CREEP_CEILING * (need or budget)), largest))
 
 
 @dataclass(frozen=True)
 class Retry:
     """Decision: queue the job again with ``budget`` bytes per GPU after ``delay`` s
-    (0: at once, waiting only for room). ``need``: what the job was shown to need."""
+    (0: at once, waiting only for room). ``need``: what the job was shown to need;
+    ``ceiling``: for a job that crept into its cap, the most it may be given where
+    there is room (None: exactly ``budget``)."""
 
     budget: int
     delay: float
     need: int | None = None
+    ceiling: int | None = None
 
 
 @dataclass(frozen=True)
@@ -156,18 +184,22 @@ def after_oom(*, old_budget: int | None, peak: int | None, largest: int, used: i
     """An OOM failure with ``used`` of ``allowed`` retries spent, ``ask`` parsed from its
     message, ``peak`` sampled (NVML's figure) and ``context`` the CUDA context allowance.
     A bigger budget (retry_budget) is tried at once: waiting would not make it fit
-    better. Only a job already at the largest budget that was within it (the GPU ran
-    out, not its budget) is retried at the same budget, after a doubling backoff. A job
-    that had a whole GPU cannot get more."""
+    better; a job that crept into its cap (OomAsk.crept) asks twice what it reached and
+    may take up to four times that. Only a job already at the largest budget that was
+    within it (the GPU ran out, not its budget) is retried at the same budget, after a
+    doubling backoff. A job that had a whole GPU cannot get more."""
     if used >= allowed:
         return GiveUp(f"out of retries ({used} of {allowed} used)" if allowed
                       else "no retries asked for (--retries)")
     if old_budget is None:
         return GiveUp("it had a whole GPU: there is no bigger budget to retry with")
     need = shown_need(ask, peak, context)
-    budget = retry_budget(old_budget=old_budget, need=need, largest=largest)
+    crept = ask is not None and ask.crept(context, old_budget)
+    budget = retry_budget(old_budget=old_budget, need=need, largest=largest, crept=crept)
     if budget > old_budget:
-        return Retry(budget=budget, delay=0.0, need=need)
+        ceiling = retry_ceiling(budget=budget, need=need, largest=largest) if crept else None
+        return Retry(budget=budget, delay=0.0, need=need,
+                     ceiling=ceiling if ceiling and ceiling > budget else None)
     if need is not None and need <= old_budget:
         return Retry(budget=old_budget, delay=backoff * (2 ** used), need=need)
     return GiveUp("its budget is already the largest a GPU here can give"

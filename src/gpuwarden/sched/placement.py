@@ -237,10 +237,10 @@ def _set_key(job: QueuedJob, chosen: Sequence[tuple[GpuState, int]],
              ) -> tuple[int, int, int, tuple[int, ...]]:
     """One NUMA node first, then NVLink peers, then best fit (least headroom left over,
     which packs jobs and keeps roomy GPUs for big ones); whole-GPU jobs take the set
-    that gives the biggest budget."""
+    that gives the biggest budget, jobs with a ceiling the set that gives most up to it."""
     gpus = [g for g, _ in chosen]
-    if job.mem is None:
-        fit = -min(room for _, room in chosen)
+    if job.mem is None or job.mem_ceiling is not None:
+        fit = -_budget(job, [room for _, room in chosen])
     else:
         fit = sum(room - job.mem for _, room in chosen)
     return numa_nodes(gpus), missing_links(gpus), fit, tuple(sorted(g.index for g in gpus))
@@ -248,7 +248,22 @@ def _set_key(job: QueuedJob, chosen: Sequence[tuple[GpuState, int]],
 
 def _gpu_key(job: QueuedJob, pair: tuple[GpuState, int]) -> tuple[int, int]:
     gpu, room = pair
-    return (-room if job.mem is None else room - job.mem), gpu.index
+    if job.mem is None:
+        return -room, gpu.index
+    if job.mem_ceiling is not None:  # the most it can be given, then best fit
+        return -min(room, job.mem_ceiling), gpu.index
+    return room - job.mem, gpu.index
+
+
+def _budget(job: QueuedJob, rooms: Sequence[int]) -> int:
+    """The budget a job gets on GPUs whose budget rooms (each ≥ its request) are
+    ``rooms``: its request; what they all have for a whole-GPU job; for a job with a
+    ceiling (an OOM retry that crept into its cap), as much as they all have up to it."""
+    if job.mem is None:
+        return min(rooms)
+    if job.mem_ceiling is None:
+        return job.mem
+    return max(job.mem, min(job.mem_ceiling, *rooms))
 
 
 def _best_set(job: QueuedJob, ok: list[tuple[GpuState, int]]) -> list[tuple[GpuState, int]]:
@@ -273,7 +288,8 @@ def _best_set(job: QueuedJob, ok: list[tuple[GpuState, int]]) -> list[tuple[GpuS
 
 def fits(job: QueuedJob, gpus: Sequence[GpuState],
          spike_buffer: float = DEFAULT_SPIKE_BUFFER) -> Place | None:
-    """Where the job fits now, or None. Best fit on headroom; whole-GPU (``mem`` None) and
+    """Where the job fits now, or None. Best fit on headroom (a job with a ceiling takes
+    the GPUs that give it most, up to its ceiling); whole-GPU (``mem`` None) and
     exclusive jobs only on GPUs with no managed job and no foreign process; sets of
     ``count`` GPUs prefer one NUMA node and NVLink peers before best fit."""
     if job.count < 1 or (job.mem is not None and job.mem < 0):
@@ -289,7 +305,7 @@ def fits(job: QueuedJob, gpus: Sequence[GpuState],
     if len(ok) < job.count:
         return None
     chosen = _best_set(job, ok)
-    budget = job.mem if job.mem is not None else min(room for _, room in chosen)
+    budget = _budget(job, [room for _, room in chosen])
     cores = pick_cores(job, [g for g, _ in chosen])
     if cores is None:
         return None
