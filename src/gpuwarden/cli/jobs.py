@@ -299,24 +299,48 @@ def show(job_id: int, as_json: bool) -> None:
 
 @click.command()
 @click.argument("job_id", type=int)
-@click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
+@click.option("-f", "--follow", is_flag=True,
+              help="Keep printing until the job ends (a rerun's output follows under a "
+                   "'==> job J attempt N of M <==' line).")
 @click.option("--stderr", "use_stderr", is_flag=True, help="The job's stderr instead.")
-def logs(job_id: int, follow: bool, use_stderr: bool) -> None:
+@click.option("--attempt", type=click.IntRange(min=1), metavar="N",
+              help="The output of its Nth run (retries and requeues each run anew; "
+                   "default: the latest).")
+@click.option("--all", "all_attempts", is_flag=True,
+              help="Every run's output in turn, each under such a line.")
+def logs(job_id: int, follow: bool, use_stderr: bool, attempt: int | None,
+         all_attempts: bool) -> None:
     """A job's stdout (or --stderr). Only its owner or an admin may read it."""
+    if attempt is not None and all_attempts:
+        raise UsageError("--attempt and --all: choose one")
     client = _client()
-    offset = 0
     out = sys.stdout.buffer
+    stream = "stderr" if use_stderr else "stdout"
+    # Pinned to one attempt once known, so a retry during -f never mixes two outputs.
+    current, offset, header = (1 if all_attempts else attempt), 0, all_attempts
     while True:
         data, headers = client.request("GET", f"/v1/jobs/{job_id}/logs", raw=True, query={
-            "stream": "stderr" if use_stderr else "stdout", "offset": offset})
+            "stream": stream, "offset": offset, "attempt": current})
+        served = int(headers.get("X-Attempt", current or 1))
+        total = int(headers.get("X-Attempts", served))
+        current = served
+        if header:
+            out.write(f"==> job {job_id} attempt {served} of {total} <==\n".encode())
+            header = False
         out.write(data)
         out.flush()
         offset = int(headers.get("X-Next-Offset", offset + len(data)))
-        ended = headers.get("X-Job-Ended") == "true"
-        if not follow or (ended and not data):
-            return
-        if not data:
+        if data:
+            continue  # more may be there already
+        if headers.get("X-Attempt-Ended") != "true":
+            if not follow:
+                return
             time.sleep(0.25)
+            continue
+        if served < total and (all_attempts or (follow and attempt is None)):
+            current, offset, header = served + 1, 0, True  # on to the next run
+            continue
+        return
 
 
 def about(job_id: int, message: str) -> str:

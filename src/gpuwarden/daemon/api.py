@@ -234,12 +234,15 @@ async def logs(request: web.Request) -> web.Response:
     svc, caller = request.app[SERVICE], caller_of(request)
     try:
         offset = int(request.query.get("offset", "0"))
+        attempt = None if "attempt" not in request.query else int(request.query["attempt"])
     except ValueError:
-        raise UsageError("offset must be an integer") from None
-    chunk, nxt, ended = await _call(svc.logs, caller, _job_id(request),
-                                    request.query.get("stream", "stdout"), offset)
-    return web.Response(body=chunk, content_type="application/octet-stream",
-                        headers={"X-Next-Offset": str(nxt), "X-Job-Ended": str(ended).lower()})
+        raise UsageError("offset and attempt must be integers") from None
+    got = await _call(svc.logs, caller, _job_id(request),
+                      request.query.get("stream", "stdout"), offset, attempt)
+    return web.Response(body=got.data, content_type="application/octet-stream", headers={
+        "X-Next-Offset": str(got.next_offset), "X-Job-Ended": str(got.job_ended).lower(),
+        "X-Attempt": str(got.attempt), "X-Attempts": str(got.attempts),
+        "X-Attempt-Ended": str(got.ended).lower()})
 
 
 async def clean(request: web.Request) -> web.Response:

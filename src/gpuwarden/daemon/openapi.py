@@ -164,7 +164,13 @@ def document() -> dict[str, Any]:
                                {"name": "stream", "in": "query",
                                 "schema": {"type": "string", "enum": ["stdout", "stderr"]}},
                                {"name": "offset", "in": "query",
-                                "schema": {"type": "integer", "minimum": 0}}],
+                                "schema": {"type": "integer", "minimum": 0}},
+                               {"name": "attempt", "in": "query",
+                                "schema": {"type": "integer", "minimum": 1},
+                                "description": "which run of the job, counted from 1 "
+                                               "(default: the latest); X-Attempt names "
+                                               "the one served, X-Attempts how many "
+                                               "there were"}],
                 "responses": {"200": {"description": "bytes from offset",
                                       "content": {"application/octet-stream": {
                                           "schema": {"type": "string", "format": "binary"}}}},

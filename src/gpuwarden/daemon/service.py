@@ -27,6 +27,18 @@ MAX_LOG_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
+class LogChunk:
+    """What one ``logs`` request returns: bytes of one attempt's stream from an offset."""
+
+    data: bytes
+    next_offset: int
+    attempt: int  # counted from 1
+    attempts: int  # how many the job has had so far, the current one too
+    ended: bool  # this attempt writes nothing more
+    job_ended: bool
+
+
+@dataclass(frozen=True)
 class Config:
     """Daemon settings (from the config file; see daemon/config.py)."""
 
@@ -247,8 +259,7 @@ def queued_view(job: Job, estimate: float | None = None) -> QueuedJob:
     """The job as the queue policy sees it; ``estimate`` is its learned run time
     (``learned_runtime``), its ``--timeout`` the bound."""
     s = job.spec
-    return QueuedJob(id=job.id, user=s.user, mem=job.request, mem_ceiling=job.retry_ceiling,
-                     count=s.gpus,
+    return QueuedJob(id=job.id, user=s.user, mem=job.request, count=s.gpus,
                      gpu_ids=s.gpu_ids, exclusive=s.exclusive, priority=s.priority,
                      submitted_at=job.submitted_at, qos=s.qos, runtime=s.timeout,
                      estimate=estimate, not_before=job.not_before or 0.0, cpus=s.cpus)
@@ -548,17 +559,25 @@ class JobService:
                 removed += 1
         return removed
 
-    def logs(self, caller: Caller, job_id: int, stream: str, offset: int) -> tuple[bytes, int,
-                                                                                 bool]:
-        """(chunk, next offset, whether the job has ended) — for ``logs -f`` polling."""
+    def logs(self, caller: Caller, job_id: int, stream: str, offset: int,
+             attempt: int | None = None) -> LogChunk:
+        """A chunk of one attempt's output (the latest unless ``attempt``, counted from 1),
+        for ``logs`` and ``logs -f`` polling: each attempt writes a directory of its own."""
         job = self._owned(caller, job_id, "read the logs of")
         if stream not in ("stdout", "stderr"):
             raise UsageError("stream must be stdout or stderr")
         if offset < 0:
             raise UsageError("offset must not be negative")
+        attempts = job.attempts + 1
+        if attempt is None:
+            attempt = attempts
+        elif not 1 <= attempt <= attempts:
+            raise UsageError(f"job {job_id} has had {attempts} attempt"
+                             f"{'' if attempts == 1 else 's'}; attempt {attempt} is not one "
+                             "of them")
         from gpuwarden.daemon.loop import job_dir
 
-        path = job_dir(self.jobs_dir, job) / stream
+        path = job_dir(self.jobs_dir, dataclasses.replace(job, attempts=attempt - 1)) / stream
         try:
             with open(path, "rb") as f:
                 # Past the end there is nothing yet; seeking there could overflow.
@@ -569,4 +588,5 @@ class JobService:
                     chunk = f.read(MAX_LOG_CHUNK)
         except FileNotFoundError:
             chunk = b""
-        return chunk, offset + len(chunk), job.terminal
+        return LogChunk(chunk, offset + len(chunk), attempt, attempts,
+                        ended=job.terminal or attempt < attempts, job_ended=job.terminal)
