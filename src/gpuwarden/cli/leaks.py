@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -14,6 +15,7 @@ from gpuwarden.printable import visible
 
 if TYPE_CHECKING:
     from gpuwarden.gpus.backend import Backend
+    from gpuwarden.gpus.sim import SimBackend
     from gpuwarden.observe.leaks import Leak
     from gpuwarden.observe.reap import ReapAction
 
@@ -105,10 +107,20 @@ def _alive(pid: int, start_time: float | None) -> bool:
         return False
 
 
+def _simulated(b: Backend) -> SimBackend | None:
+    """The simulated backend, whose scenario pids are never signalled: their reaping is
+    modelled (``SimBackend.reap_declared``); None on a real one."""
+    from gpuwarden.gpus.sim import SimBackend
+
+    return b if isinstance(b, SimBackend) else None
+
+
 def _verify(b: Backend, acted: list[ReapAction], before: dict[int, int], timeout: float,
-            started: float) -> tuple[dict[int, dict[str, Any]], list[int]]:
+            started: float, declared: Callable[[int], bool] | None = None,
+            ) -> tuple[dict[int, dict[str, Any]], list[int]]:
     """Poll until every signalled pid has left the driver's lists and the expected bytes are
-    back, or ``timeout`` passes. Returns per-GPU results and the pids still listed."""
+    back, or ``timeout`` passes. Returns per-GPU results and the pids still listed. A
+    ``declared`` (simulated) pid is alive only while the simulated driver lists it."""
     expected: dict[int, int] = {}
     for a in acted:
         if a.expect_bytes is not None and len(a.gpus) == 1:
@@ -121,7 +133,8 @@ def _verify(b: Backend, acted: list[ReapAction], before: dict[int, int], timeout
     while True:
         now = time.monotonic()
         listed = {p.pid for p in b.processes()}
-        alive = {pid for pid in watched if pid in listed or _alive(pid, starts[pid])}
+        alive = {pid for pid in watched if pid in listed or (
+            not (declared is not None and declared(pid)) and _alive(pid, starts[pid]))}
         used = _used(b)
         for gpu in {g for a in acted for g in a.gpus}:
             if gpu in freed_at or alive:
@@ -184,12 +197,21 @@ def reap(yes: bool, pids: tuple[int, ...], gpus: tuple[int, ...], grace: float,
         if yes and acted:
             before = _used(b)
             started = time.monotonic()
+            sim = _simulated(b)
+            declared = None if sim is None else sim.declared
             for a, row in zip(plan, outcome["actions"], strict=True):
-                if a.action == TERMINATE and a.pid is not None:
+                if a.action == NONE or a.pid is None:
+                    continue
+                if sim is not None and sim.declared(a.pid):
+                    sim.reap_declared(a.pid)
+                    row["result"] = ("terminated" if a.action == TERMINATE else "reaped") + \
+                        " (simulated)"
+                    outcome["simulated"] = True
+                elif a.action == TERMINATE:
                     row["result"] = terminate(a.pid, a.start_time, grace)
-                elif a.action == SIGNAL_PARENT and a.target is not None and a.pid is not None:
+                elif a.action == SIGNAL_PARENT and a.target is not None:
                     row["result"] = signal_parent(a.target, a.pid)
-            results, still = _verify(b, acted, before, timeout, started)
+            results, still = _verify(b, acted, before, timeout, started, declared)
             outcome["reclaimed"] = list(results.values())
             outcome["still_held"] = still
         held = set(outcome["still_held"])
@@ -201,6 +223,10 @@ def reap(yes: bool, pids: tuple[int, ...], gpus: tuple[int, ...], grace: float,
         _render(plan, outcome, yes)
     if yes and outcome["still_held"]:
         raise SystemExit(1)
+
+
+_SIMULATED = ("Simulated backend: the scenario's processes were not signalled; their reaping "
+              "is modelled for this run only (the scenario file is unchanged).")
 
 
 def _render(plan: list[ReapAction], outcome: dict[str, Any], yes: bool) -> None:
@@ -224,6 +250,8 @@ def _render(plan: list[ReapAction], outcome: dict[str, Any], yes: bool) -> None:
                       f"{escape(visible(a.reason))}{result}")
     if not yes and any(a.action != "none" for a in plan):
         console.print("\nDry run. Run [bold]gpuwarden reap --yes[/bold] to act.")
+    if outcome.get("simulated"):
+        console.print(_SIMULATED)
     for r in outcome["reclaimed"]:
         secs = "not yet" if r["seconds"] is None else f"in {r['seconds']:.1f}s"
         if r["expected"] is None and r["seconds"] is not None and r["bytes"] <= 0:

@@ -32,10 +32,12 @@ def _uid_of(user: str) -> int | None:
 class SimProcesses:
     """The real /proc with the scenario's declared processes laid over it."""
 
-    def __init__(self, scenario: Scenario, loaded_at: float) -> None:
+    def __init__(self, scenario: Scenario, loaded_at: float,
+                 reaped: Iterable[int] = ()) -> None:
         self._live = LiveProcesses()
+        self._reaped = frozenset(reaped)
         self._declared: dict[int, SimProcess] = {p.pid: p for p in scenario.processes}
-        self._holders = scenario.holders
+        self._holders = tuple(h for h in scenario.holders if h.pid not in self._reaped)
         self._loaded_at = loaded_at
         self._in_container = bool(scenario.extra.get("in_container", False))
 
@@ -47,7 +49,7 @@ class SimProcesses:
         p = self._declared.get(pid)
         if p is None:
             return self._live.info(pid, detail=detail)
-        if p.state == "dead":
+        if p.state == "dead" or pid in self._reaped:
             return ProcInfo(pid=pid, exists=False)
         if p.state == "garbage":
             return ProcInfo(pid=pid, exists=False, garbage=True)
@@ -120,6 +122,21 @@ class SimBackend:
             ) from None
         self.warnings: list[str] = []
         self._loaded_at = time.time()
+        self._reaped: set[int] = set()  # scenario pids reaped in this run (reap_declared)
+
+    def declared(self, pid: int) -> bool:
+        """A pid the scenario file declares: no real process stands behind it, so it is
+        never signalled (another process may well own that pid here)."""
+        return (any(p.pid == pid for p in self.scenario.processes)
+                or any(h.pid == pid for h in self.scenario.holders))
+
+    def reap_declared(self, pid: int) -> None:
+        """Model the reaping of a scenario process: for the rest of this run the driver
+        no longer lists it nor charges its memory. The scenario file is left as it is."""
+        self._reaped.add(pid)
+
+    def _live_declared(self) -> list[SimProcess]:
+        return [p for p in self.scenario.processes if p.pid not in self._reaped]
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> SimBackend:
@@ -129,7 +146,7 @@ class SimBackend:
     def gpus(self) -> list[GpuFacts]:
         settings = self.registry.settings()
         charged: dict[int, int] = {g.index: 0 for g in self.scenario.gpus}
-        for p in self.scenario.processes:
+        for p in self._live_declared():
             charged[p.gpu] += p.memory
         by_uuid = {g.uuid: g.index for g in self.scenario.gpus}
         for alloc in self.registry.allocations():
@@ -175,7 +192,7 @@ class SimBackend:
         out = [
             GpuProcessFacts(pid=p.pid, gpu_index=p.gpu, memory=p.memory, kinds=p.kinds,
                             sm_utilization=p.sm_utilization)
-            for p in self.scenario.processes
+            for p in self._live_declared()
         ]
         by_uuid = {g.uuid: g.index for g in self.scenario.gpus}
         for alloc in self.registry.allocations():
@@ -196,7 +213,7 @@ class SimBackend:
         return files
 
     def process_source(self) -> SimProcesses:
-        return SimProcesses(self.scenario, self._loaded_at)
+        return SimProcesses(self.scenario, self._loaded_at, self._reaped)
 
     def driver_version(self) -> str | None:
         return self.scenario.driver_version
