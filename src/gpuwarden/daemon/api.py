@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import socket
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,6 +19,7 @@ from aiohttp import web
 from gpuwarden import __version__
 from gpuwarden.daemon.auth import Caller, Peer, identify
 from gpuwarden.daemon.openapi import document
+from gpuwarden.daemon.repeated import log_repeated
 from gpuwarden.daemon.service import JobService
 from gpuwarden.daemon.store import Conflict, JobNotFound, StoreError
 from gpuwarden.errors import GpuwardenError, PermissionDenied, UsageError
@@ -28,7 +30,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SERVICE = web.AppKey("service", JobService)
 STARTED = web.AppKey("started", float)
 MAX_BODY = 4 << 20
-IDLE_TIMEOUT = 30.0  # seconds a connection may wait for its next request
+REQUEST_TIMEOUT = web.AppKey("request_timeout", float)  # for a request's body
 PEERS = web.AppKey("peers", dict[Any, Peer])  # transport -> Peer, from accept to close
 
 
@@ -53,7 +55,9 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except GpuwardenError as e:
         return web.json_response({"error": str(e)}, status=_status_for(e))
     except Exception as e:  # the daemon must outlive any one request
-        log.exception("internal error on %s %s", request.method, request.path)
+        log_repeated(log, logging.ERROR, f"internal:{type(e).__name__}",
+                     "internal error on %s %s", request.method, request.path,
+                     exc_info=True)
         return web.json_response({"error": f"internal error: {type(e).__name__}: {e}"},
                                  status=500)
 
@@ -71,7 +75,8 @@ def identify_peers(app: web.Application, server: web.Server) -> None:
             try:
                 peers[transport] = identify(sock)
             except OSError:
-                log.warning("cannot identify the peer of a new connection")
+                log_repeated(log, logging.WARNING, "identify",
+                             "cannot identify the peer of a new connection")
         made(handler, transport)
 
     def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
@@ -82,6 +87,62 @@ def identify_peers(app: web.Application, server: web.Server) -> None:
 
     server.connection_made = connection_made  # type: ignore[method-assign]
     server.connection_lost = connection_lost  # type: ignore[method-assign]
+
+
+def _peer_uid(sock: socket.socket) -> int | None:
+    """The connecting uid (SO_PEERCRED), None where the kernel cannot tell."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    return int(struct.unpack("3i", raw)[1])
+
+
+def guard_connections(server: web.Server, where: str, *, limit: int, per_user: bool,
+                      request_timeout: float) -> None:
+    """Bound what idle clients can hold: at most ``limit`` open connections (per peer uid
+    with ``per_user``, on the unix socket; in all on a TCP listener), a new one past it
+    closed at once, and a connection whose first request head has not arrived within
+    ``request_timeout`` closed (a slow header). 22,500 idle connections of one user
+    used up the daemon's descriptors and every other user got "no daemon answers".
+    Wrap after ``identify_peers``, so a refused connection costs no pidfd."""
+    counts: dict[int | None, int] = {}
+    counted: dict[Any, int | None] = {}  # handler -> its uid (None on TCP)
+    made, lost = server.connection_made, server.connection_lost
+    loop = asyncio.get_running_loop()
+
+    def connection_made(handler: Any, transport: Any) -> None:
+        sock = transport.get_extra_info("socket")
+        uid = _peer_uid(sock) if per_user and sock is not None else None
+        if counts.get(uid, 0) >= limit:
+            who = f"uid {uid}" if per_user else "all clients"
+            log_repeated(log, logging.WARNING, f"limit:{where}:{uid}",
+                         "%s: refused a connection of %s: %d open already "
+                         "(max_connections_%s)", where, who, limit,
+                         "per_user" if per_user else "tcp")
+            transport.abort()  # not handed on: no identity, no pidfd for it
+            return
+        counts[uid] = counts.get(uid, 0) + 1
+        counted[handler] = uid
+        made(handler, transport)
+        loop.call_later(request_timeout, _head_due, handler, transport)
+
+    def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
+        if handler in counted:
+            uid = counted.pop(handler)
+            counts[uid] -= 1
+            if not counts[uid]:
+                del counts[uid]
+        lost(handler, exc)
+
+    server.connection_made = connection_made  # type: ignore[method-assign]
+    server.connection_lost = connection_lost  # type: ignore[method-assign]
+
+
+def _head_due(handler: Any, transport: Any) -> None:
+    """Close a connection whose first request has not been read in full by now."""
+    if getattr(handler, "_request_count", 1) == 0 and not transport.is_closing():
+        transport.abort()
 
 
 def caller_of(request: web.Request) -> Caller:
@@ -116,8 +177,15 @@ def _flag(request: web.Request, name: str) -> bool:
 async def _body(request: web.Request) -> Any:
     if request.content_length and request.content_length > MAX_BODY:
         raise UsageError("request body too large")
+    timeout = request.app.get(REQUEST_TIMEOUT, 5.0)
     try:
-        body = json.loads(await request.read() or b"null", parse_constant=_no_constant,
+        data = await asyncio.wait_for(request.read(), timeout)
+    except asyncio.TimeoutError:  # a slow body: the connection goes with it
+        if request.transport is not None:
+            request.transport.abort()
+        raise UsageError(f"the request body did not arrive within {timeout:g}s") from None
+    try:
+        body = json.loads(data or b"null", parse_constant=_no_constant,
                           parse_float=_finite_float)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"the request body is not valid JSON: {e}") from None
@@ -266,6 +334,7 @@ def make_app(service: JobService) -> web.Application:
     app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/v1/jobs", list_jobs)
     app.router.add_post("/v1/jobs", submit)
+    app[REQUEST_TIMEOUT] = service.config.request_timeout
     app.router.add_get("/v1/jobs/{id}", show)
     app.router.add_delete("/v1/jobs/{id}", remove)
     app.router.add_post("/v1/jobs/{id}/cancel", cancel)

@@ -22,6 +22,11 @@
     history_retention = "48h"  # samples older than this are dropped
     web_listen = "0.0.0.0:9403"  # the read-only web page for anyone (off by default;
                                  # `gpuwarden web` serves it to you alone without this)
+    max_connections_per_user = 64  # open connections of one user on the daemon's socket;
+                                   # past it a new one is closed at once
+    max_connections_tcp = 256      # open connections on web_listen in all
+    request_timeout = "5s"  # a request's head, then its body, must arrive within this
+    idle_timeout = "30s"    # a connection waiting this long for its next request is closed
 
     [limits]                # every user (each key optional)
     max_gpus = 4
@@ -73,7 +78,9 @@ def read_config(path: Path) -> Config:
                                  "retry_backoff",
                                  "oom_retries", "release_timeout", "limits", "metrics_listen",
                                  "metrics_cache", "history_interval", "history_retention",
-                                 "web_listen", "starve_after", "context_memory"})
+                                 "web_listen", "starve_after", "context_memory",
+                                 "max_connections_per_user", "max_connections_tcp",
+                                 "request_timeout", "idle_timeout"})
     if unknown:
         raise UsageError(f"{path}: unknown setting(s) {', '.join(unknown)}")
     groups = raw.get("admin_groups", [])
@@ -115,6 +122,10 @@ def read_config(path: Path) -> Config:
         interval=max(_duration(path, raw, "interval", 0.5, HOUR), 0.05),
         grace=grace,
         max_grace=max_grace,
+        max_connections_per_user=_count(path, raw, "max_connections_per_user", 64),
+        max_connections_tcp=_count(path, raw, "max_connections_tcp", 256),
+        request_timeout=max(_duration(path, raw, "request_timeout", 5.0, HOUR), 0.1),
+        idle_timeout=max(_duration(path, raw, "idle_timeout", 30.0, DAY), 0.1),
     )
 
 
@@ -136,6 +147,14 @@ def _duration(path: Path, raw: dict[str, Any], name: str, default: float,
     if not 0 <= seconds <= most:
         raise UsageError(f"{path}: {name} must be at most {_most(most)}")
     return seconds
+
+
+def _count(path: Path, raw: dict[str, Any], name: str, default: int) -> int:
+    """Setting ``name``: a whole number from 1 to 100000, or one line saying not."""
+    value = raw.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
+        raise UsageError(f"{path}: {name} must be a whole number from 1 to 100000")
+    return value
 
 
 def _most(seconds: float) -> str:

@@ -17,6 +17,7 @@ from typing import IO, Any
 from aiohttp import web
 
 from gpuwarden.daemon.paths import Paths, boot_id, resolve_paths
+from gpuwarden.daemon.repeated import log_repeated, loop_errors
 from gpuwarden.daemon.service import Config, JobService
 from gpuwarden.errors import GpuwardenError
 
@@ -135,12 +136,17 @@ async def _start_public_web(config: Config, store: Any) -> web.AppRunner | None:
     """The read-only web page on ``web_listen`` for anyone who can reach it."""
     if config.web_listen is None:
         return None
+    from gpuwarden.daemon.api import guard_connections
     from gpuwarden.metrics.exporter import parse_listen
     from gpuwarden.web.routes import make_public_app
 
     host, port = parse_listen(config.web_listen)
-    runner = web.AppRunner(make_public_app(store), access_log=None, shutdown_timeout=2.0)
+    runner = web.AppRunner(make_public_app(store), access_log=None, shutdown_timeout=2.0,
+                           keepalive_timeout=config.idle_timeout)
     await runner.setup()
+    assert runner.server is not None
+    guard_connections(runner.server, "web_listen", limit=config.max_connections_tcp,
+                      per_user=False, request_timeout=config.request_timeout)
     try:
         await web.TCPSite(runner, host, port).start()
     except OSError as e:
@@ -151,12 +157,13 @@ async def _start_public_web(config: Config, store: Any) -> web.AppRunner | None:
 
 
 async def serve(paths: Paths, config: Config) -> None:
-    from gpuwarden.daemon.api import IDLE_TIMEOUT, identify_peers, make_app
+    from gpuwarden.daemon.api import guard_connections, identify_peers, make_app
     from gpuwarden.daemon.forkserver import ForkServer
     from gpuwarden.daemon.loop import Scheduler
     from gpuwarden.daemon.store import Store
     from gpuwarden.gpus.backend import open_backend
 
+    asyncio.get_running_loop().set_exception_handler(loop_errors)
     store = Store(paths.db)
     paths.jobs_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(paths.jobs_dir, 0o711)  # job directories hold each owner's private logs
@@ -195,10 +202,12 @@ async def serve(paths: Paths, config: Config) -> None:
         raise
     app = make_app(service)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
-                           keepalive_timeout=IDLE_TIMEOUT)
+                           keepalive_timeout=config.idle_timeout)
     await runner.setup()
     assert runner.server is not None
     identify_peers(app, runner.server)
+    guard_connections(runner.server, "socket", limit=config.max_connections_per_user,
+                      per_user=True, request_timeout=config.request_timeout)
     sock = paths.socket
     sock.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
@@ -229,8 +238,9 @@ async def serve(paths: Paths, config: Config) -> None:
                 pids = await asyncio.to_thread(
                     lambda: {j.supervisor_pid for j in store.active() if j.supervisor_pid})
                 watcher.watch(pids)
-            except Exception:
-                log.exception("scheduling pass failed; trying again")
+            except Exception as e:
+                log_repeated(log, logging.ERROR, f"pass:{type(e).__name__}",
+                             "scheduling pass failed; trying again", exc_info=True)
     finally:
         watcher.close()
         launcher.close()

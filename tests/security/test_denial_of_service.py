@@ -1,0 +1,150 @@
+"""One user must not starve the daemon for everyone else. 22,500 idle connections of one
+user used up the root daemon's descriptors (every client got "no daemon answers"), a
+client that sends half a request held its connection for as long as it liked, and
+daemon.log grew by a line per refused request.
+
+Here B, an ordinary user, floods a root daemon whose descriptors are capped low enough
+that the flood would exhaust them; A, another user, must still get ``ps`` and
+``submit`` answered within 1 s (the goal of the hardening)."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwarden.daemon.config import read_config
+from gpuwarden.errors import UsageError
+from tests.conftest import EXAMPLES, ROOT, SRC
+from tests.integration.daemon_fixture import Daemon, free_port, start_daemon
+from tests.security import pidns
+from tests.security.pidns import PY, User
+
+DAEMON_FILES = 1024  # the daemon's RLIMIT_NOFILE here: the flood is bigger than that
+FLOOD = 3000
+PER_USER = 40
+
+
+def _env(d: Daemon, u: User) -> dict[str, str]:
+    env = pidns.env_of(d.env, u)
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{SRC}"
+    return env
+
+
+def _flood(d: Daemon, u: User, *args: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """Start a flood as ``u``; its report once its connections have settled."""
+    p = subprocess.Popen([*u.prefix, PY, "-m", "tests.security.flood", *args],
+                         env=_env(d, u), cwd=ROOT, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    assert line, p.communicate(timeout=10)
+    return p, json.loads(line)
+
+
+def _end(p: subprocess.Popen[str]) -> None:
+    p.communicate(timeout=30)
+
+
+def _timings(d: Daemon, u: User) -> dict[str, list[tuple[int, float]]]:
+    r = subprocess.run([*u.prefix, PY, "-m", "tests.security.flood", "time",
+                        str(d.socket), u.home], env=_env(d, u), cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return dict(json.loads(r.stdout))
+
+
+def _cap_files(d: Daemon) -> None:
+    pid = d.pid()
+    assert pid is not None
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (DAEMON_FILES, DAEMON_FILES))
+
+
+def test_idle_connections_of_one_user_leave_others_served(
+        users: tuple[User, User], tmp_path: Path) -> None:
+    a, b = users
+    config = f"max_connections_per_user = {PER_USER}\n"
+    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json", config=config):
+        _cap_files(d)
+        flood, got = _flood(d, b, "idle", str(d.socket), str(FLOOD))
+        try:
+            assert got["open"] <= PER_USER, got  # the rest were closed at once
+            times = _timings(d, a)
+            for what, runs in times.items():
+                for status, seconds in runs:
+                    assert status in (200, 201), (what, runs)
+                    assert seconds < 1.0, (what, runs)
+        finally:
+            _end(flood)
+        log = (d.home / "daemon.log").read_text(errors="replace")
+        refusals = [ln for ln in log.splitlines() if "refused a connection" in ln]
+        assert 1 <= len(refusals) <= 2, refusals  # once per interval, not per connection
+        assert "Too many open files" not in log
+
+
+def test_slow_requests_are_dropped(users: tuple[User, User], tmp_path: Path) -> None:
+    """Half a request head, or a body that stalls, costs the sender its connection after
+    request_timeout, on the socket and on web_listen."""
+    port = free_port()
+    config = f'request_timeout = "1s"\nweb_listen = "127.0.0.1:{port}"\n'
+    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json", config=config):
+        cases: list[tuple[socket.socket, bytes]] = []
+        for head in (b"GET /v1/health HTTP/1.1\r\nHost: x\r\n",
+                     b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(d.socket))
+            cases.append((s, head))
+        tcp = socket.create_connection(("127.0.0.1", port))
+        cases.append((tcp, b"GET /ui/ HTTP/1.1\r\nHost: x\r\n"))
+        t0 = time.monotonic()
+        for s, head in cases:
+            s.settimeout(15)
+            s.sendall(head)
+        for s, head in cases:
+            try:
+                while s.recv(65536):
+                    pass
+            except ConnectionResetError:
+                pass
+            elapsed = time.monotonic() - t0
+            s.close()
+            assert elapsed < 4, (head, elapsed)
+
+
+def test_tcp_listeners_limit_connections_in_all(users: tuple[User, User],
+                                                tmp_path: Path) -> None:
+    """``nobody`` on web_listen can hold at most max_connections_tcp connections; the
+    page still answers a new visitor once they are closed, and A's ps on the socket
+    is answered meanwhile."""
+    a, b = users
+    port = free_port()
+    config = f'max_connections_tcp = 20\nweb_listen = "127.0.0.1:{port}"\n'
+    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json", config=config):
+        _cap_files(d)
+        flood, got = _flood(d, b, "tcp", "127.0.0.1", str(port), str(FLOOD))
+        try:
+            assert got["open"] <= 20, got
+            for _, seconds in _timings(d, a)["ps"]:
+                assert seconds < 1.0
+        finally:
+            _end(flood)
+
+
+def test_connection_settings_are_bounded(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    c = read_config(cfg)
+    assert (c.max_connections_per_user, c.max_connections_tcp, c.request_timeout,
+            c.idle_timeout) == (64, 256, 5.0, 30.0)
+    for bad in ("max_connections_per_user = 0", "max_connections_tcp = 1e9",
+                'max_connections_tcp = "many"', 'request_timeout = "2h"',
+                "idle_timeout = true"):
+        cfg.write_text(bad + "\n")
+        with pytest.raises(UsageError, match=bad.split()[0]):
+            read_config(cfg)
