@@ -466,9 +466,9 @@ def wait(ids: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
         emit_json({"jobs": done})
     else:
         for job in done:
-            if job.get("declared_vs_peak"):
-                click.echo(f"job {job['id']} {job['state']}: {job['declared_vs_peak']}",
-                           err=True)
+            said = job.get("oom_end") or job.get("declared_vs_peak")
+            if said:
+                click.echo(f"job {job['id']} {job['state']}: {said}", err=True)
     for job in done:
         if job["state"] != "succeeded":
             code = job["exit_code"] if job["exit_code"] not in (None, 0) else 1

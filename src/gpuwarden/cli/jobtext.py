@@ -39,8 +39,9 @@ def job_lines(j: Mapping[str, Any]) -> list[tuple[str, str]]:
     if j.get("request") and j.get("request") != j.get("mem"):
         mem += f", retry budget {_b(j['request'])}"
     out.append(("memory", mem))
-    if j.get("declared_vs_peak"):
-        out.append(("", str(j["declared_vs_peak"])))
+    for said in ("oom_end", "declared_vs_peak"):
+        if j.get(said):
+            out.append(("", str(j[said])))
     qos = f"{j.get('qos', 'burstable')}, priority {j.get('priority')}"
     if j.get("preemptions"):
         qos += f", preempted {j['preemptions']}x"

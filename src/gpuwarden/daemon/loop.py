@@ -187,16 +187,21 @@ class Scheduler:
             return
         if state == model.CANCELLED and job.kill_reason is not None:
             state, reason = model.FAILED, job.kill_reason
+        oom: dict[str, Any] = {}  # what a final OOM asked for (``show``, ``wait``)
         if state == model.FAILED and exit_info.started:
             tail = self._output_tail(job)
             signature = oom_signature(tail)
+            ask = None if signature is None else parse_oom(tail)
             if signature is not None and job.spec.attach is not None:
                 self.store.add_event(job.id, "oom", f"{signature}; {detail}; a retry is "
                                      f"its launcher's ({job.spec.attach})", now)
-            elif signature is not None and self._after_oom(job, signature, parse_oom(tail),
-                                                           detail):
+            elif signature is not None and self._after_oom(job, signature, ask, detail):
                 return
-        self.store.transition(job.id, model.ACTIVE, state,
+            if signature is not None:
+                oom = {"oom_tried": None if ask is None else ask.tried,
+                       "oom_need": None if ask is None else
+                       ask.need(self._context_allowance(job))}
+        self.store.transition(job.id, model.ACTIVE, state, **oom,
                               now=now, kind=state, detail=detail,
                               exit_code=exit_info.exit_code, ended_at=exit_info.ended_at,
                               started_at=started, preempting_at=None,

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from gpuwarden.units import format_bytes
+
 QUEUED, HELD, RESERVED, RUNNING = "queued", "held", "reserved", "running"
 SUCCEEDED, FAILED, CANCELLED, INFEASIBLE = "succeeded", "failed", "cancelled", "infeasible"
 STATES = (QUEUED, HELD, RESERVED, RUNNING, SUCCEEDED, FAILED, CANCELLED, INFEASIBLE)
@@ -157,6 +159,34 @@ class Job:
             return None
         return max(self.peak_memory - (self.context or 0), 0)
 
+    @property
+    def ended_of_oom(self) -> bool:
+        """Whether it failed and its latest attempt ended of a CUDA OOM (an ``oom`` event
+        after its last placement)."""
+        if self.state != FAILED:
+            return False
+        for e in reversed(self.events):
+            if e.kind == "oom":
+                return True
+            if e.kind in ("placed", "retried", "requeued"):
+                return False
+        return False
+
+    def oom_end(self) -> str | None:
+        """For a job that failed of an OOM: that it ran out at its limit, and what its
+        message asked for (``wait``, ``show``)."""
+        if not self.ended_of_oom:
+            return None
+        limit = self.cap()
+        said = ("ran out of GPU memory " + ("on its whole GPU" if limit is None else
+                                            f"at its limit {format_bytes(limit)}"))
+        if self.oom_tried is None:
+            return said + " (its message gave no size)"
+        return (said + f": it tried to allocate {format_bytes(self.oom_tried)}"
+                + ("" if self.oom_need is None or self.oom_need <= self.oom_tried else
+                   f" holding {format_bytes(self.oom_need - self.oom_tried)}")
+                + ("" if self.oom_need is None else f" (needs {format_bytes(self.oom_need)})"))
+
     def cap(self, budget: int | None = None) -> int | None:
         """The memory limit per GPU the job runs with, given its budget (default: the
         one it holds, else its request): burstable jobs may grow to ``--mem-limit``;
@@ -238,7 +268,11 @@ class Job:
             "attach": s.attach,
             "cpu_set": list(self.cpu_set),
             "allocated_peak": self.allocated_peak,
-            "declared_vs_peak": declared_vs_actual(s.mem, self.allocations_peak),
+            # Advice for jobs that ended normally: a failure (an OOM most of all) may
+            # stop before its peak, or be stopped by its limit.
+            "declared_vs_peak": None if self.state != SUCCEEDED else
+            declared_vs_actual(s.mem, self.allocations_peak),
+            "oom_end": self.oom_end(),
             "sm_percent": s.sm_percent,
             "after": list(s.after),
             "timeout": s.timeout,
