@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,34 @@ def emit_json(data: Any) -> None:
     else:
         sys.stdout.write(json.dumps(data, separators=(",", ":"), default=str))
     sys.stdout.write("\n")
+
+
+def emit_csv(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """``--format csv``: a header row of stable column names (the JSON keys, in the
+    JSON's units), then the rows; lists space-separated, None empty, booleans as
+    true/false, as scripts that read ``nvidia-smi --format=csv`` expect."""
+    import csv
+
+    def cell(v: Any) -> Any:
+        if v is None:
+            return ""
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (list, tuple)):
+            return " ".join(str(x) for x in v)
+        return v
+
+    w = csv.writer(sys.stdout, lineterminator="\n")
+    w.writerow(columns)
+    w.writerows([cell(v) for v in r] for r in rows)
+
+
+def watch_header(verb: str, interval: float) -> str:
+    """The first line of a ``--watch`` screen: what refreshes, how often, and when this
+    screen was taken (as watch(1) shows it)."""
+    from datetime import datetime
+
+    return f"gpuwarden {verb} · every {interval:g}s · {datetime.now():%Y-%m-%d %H:%M:%S}"
 
 
 def warn(message: str) -> None:

@@ -233,24 +233,46 @@ def _span(start: str, end: str) -> str:
                            datetime.fromisoformat(start).timestamp())
 
 
-@click.command()
-@click.option("--all", "all_jobs", is_flag=True, help="Also jobs that have ended.")
-@click.option("--user", help="Only this user's jobs.")
-@click.option("--group", help="Only this group's jobs.")
-@click.option("--json", "as_json", is_flag=True)
-def ps(all_jobs: bool, user: str | None, group: str | None, as_json: bool) -> None:
-    """The queue: everyone's waiting and running jobs (--all: ended ones too)."""
+PS_SORT = ("id", "submitted", "user", "mem", "state")
+PS_CSV = ("id", "user", "name", "group", "state", "gpus", "mem", "peak_memory",
+          "submitted_at", "started_at", "ended_at", "exit_code", "reason", "command")
+"""``ps --format csv`` columns: the job JSON's keys and units (bytes, ISO 8601 UTC
+times); gpus space-separated, command quoted as a shell would."""
+
+
+def _sort_key(key: str) -> Any:
+    from gpuwarden.daemon.model import STATES
+
+    if key == "submitted":
+        return lambda j: (j["submitted_at"] or "", j["id"])
+    if key == "user":
+        return lambda j: (j["user"], j["id"])
+    if key == "mem":  # a whole GPU is more than any size
+        return lambda j: (j["mem"] if j["mem"] else 1 << 62, j["id"])
+    if key == "state":
+        return lambda j: (STATES.index(j["state"]) if j["state"] in STATES else 99, j["id"])
+    return lambda j: j["id"]
+
+
+class SortType(click.ParamType):  # type: ignore[type-arg]
+    """``--sort KEY`` ascending, ``--sort -KEY`` descending."""
+
+    name = "[-]KEY"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        if str(value).removeprefix("-") not in PS_SORT:
+            self.fail(f"unknown sort key {value!r} (keys: {', '.join(PS_SORT)}; "
+                      "-KEY: descending)", param, ctx)
+        return str(value)
+
+
+def _ps_lines(jobs: list[dict[str, Any]], all_jobs: bool) -> list[str]:
     from gpuwarden.printable import visible
     from gpuwarden.units import format_bytes_short
 
-    jobs = _client().request("GET", "/v1/jobs", query={"all": "1" if all_jobs else None,
-                                                       "user": user, "group": group})["jobs"]
-    if as_json:
-        emit_json({"jobs": jobs})
-        return
     if not jobs:
-        click.echo("No jobs" + ("" if all_jobs else " waiting or running (ps --all for ended)"))
-        return
+        return ["No jobs" + ("" if all_jobs else " waiting or running (ps --all for ended)")]
     rows = [("ID", "USER", "NAME", "STATE", "GPUS", "MEM", "PEAK", "TIME", "REASON / COMMAND")]
     for j in jobs:
         if j["state"] == "running":
@@ -268,9 +290,68 @@ def ps(all_jobs: bool, user: str | None, group: str | None, as_json: bool) -> No
                      when, what))
     shown = [[visible(c) for c in r] for r in rows]  # names, commands, reasons
     widths = [max(len(r[i]) for r in shown) for i in range(len(shown[0]) - 1)]
-    for r in shown:
-        line = "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1]
-        click.echo(line[:200])
+    return [("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False))
+             + "  " + r[-1])[:200] for r in shown]
+
+
+def _ps_csv(jobs: list[dict[str, Any]]) -> list[list[Any]]:
+    return [[shlex.join(j["command"]) if c == "command" else j.get(c) for c in PS_CSV]
+            for j in jobs]
+
+
+@click.command()
+@click.option("--all", "all_jobs", is_flag=True, help="Also jobs that have ended.")
+@click.option("--state", "states", multiple=True, metavar="STATE[,STATE]",
+              help="Only jobs in these states, ended ones too (repeatable): queued, held, "
+                   "reserved, running, succeeded, failed, cancelled, infeasible.")
+@click.option("--user", help="Only this user's jobs.")
+@click.option("--group", help="Only this group's jobs.")
+@click.option("--sort", "sort", type=SortType(), default="id", show_default=True,
+              help=f"Order by {', '.join(PS_SORT)}; -KEY for descending.")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]),
+              default="table", show_default=True,
+              help="csv: a header row, then one row a job (columns: " + ", ".join(PS_CSV)
+                   + "; bytes, ISO 8601 UTC times).")
+@click.option("--json", "as_json", is_flag=True, help="The same as --format json.")
+@click.option("--watch", "watch", type=DURATION, is_flag=False, flag_value=2.0, default=None,
+              metavar="[INTERVAL]", help="Refresh every INTERVAL (default 2s); with "
+                                         "--json, one JSON document a line.")
+def ps(all_jobs: bool, states: tuple[str, ...], user: str | None, group: str | None,
+       sort: str, fmt: str, as_json: bool, watch: float | None) -> None:
+    """The queue: everyone's waiting and running jobs (--all: ended ones too)."""
+    from gpuwarden.cli.common import emit_csv, watch_header
+
+    fmt = "json" if as_json else fmt
+    if watch is not None and watch <= 0:
+        raise click.BadParameter("must be positive", param_hint="'--watch'")
+    if watch is not None and fmt == "csv":
+        raise UsageError("--watch prints a table or JSON lines, not CSV")
+    client = _client()
+    query = {"all": "1" if all_jobs else None, "user": user, "group": group,
+             "state": ",".join(states) or None}
+    while True:
+        jobs = client.request("GET", "/v1/jobs", query=query)["jobs"]
+        jobs.sort(key=_sort_key(sort.removeprefix("-")), reverse=sort.startswith("-"))
+        if fmt == "csv":
+            emit_csv(PS_CSV, _ps_csv(jobs))
+            return
+        if fmt == "json" and watch is not None:
+            import json
+
+            click.echo(json.dumps({"jobs": jobs}, separators=(",", ":"), default=str))
+        elif fmt == "json":
+            emit_json({"jobs": jobs})
+            return
+        else:
+            lines = _ps_lines(jobs, all_jobs or bool(states))
+            if watch is not None:
+                clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
+                lines = [clear + watch_header("ps", watch), "", *lines]
+            click.echo("\n".join(lines))
+        if watch is None:
+            return
+        sys.stdout.flush()
+        time.sleep(watch)
 
 
 @click.command()

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import sys
 import time
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from gpuwarden.cli.common import DURATION, backend, check_gpu_indices, emit_json
+from gpuwarden.cli.common import (
+    DURATION,
+    backend,
+    check_gpu_indices,
+    emit_json,
+    watch_header,
+)
+from gpuwarden.errors import UsageError
 from gpuwarden.printable import visible
 
 if TYPE_CHECKING:
@@ -167,32 +175,68 @@ def _watch_json(b: Backend, snap: Snapshot, interval: float, gpus: tuple[int, ..
         history = [*history[-2:], snap]  # leaks must persist over 3 samples
 
 
+GPU_CSV = ("index", "uuid", "name", "memory_total", "memory_used", "memory_free",
+           "memory_reserved", "utilization", "temperature", "power_watts",
+           "power_limit_watts", "compute_mode", "persistence_mode", "mig_mode", "mps",
+           "numa_node", "cpus", "pci_bus_id", "ecc_uncorrected", "retired_pages",
+           "nvlink_peers")
+PROCESS_CSV = ("gpu", "pid", "user", "command", "memory", "container", "state",
+               "sm_utilization", "elapsed", "start_time", "kinds", "job")
+"""``status --format csv`` columns: the ``status --json`` keys, in its units (bytes,
+seconds, percent, degrees C, watts); lists space-separated, unknown values empty."""
+
+
+def _csv(doc: dict[str, Any], processes: bool) -> None:
+    from gpuwarden.cli.common import emit_csv
+
+    if processes:
+        emit_csv(PROCESS_CSV, [[g["index"], *(p[c] for c in PROCESS_CSV[1:])]
+                               for g in doc["gpus"] for p in g["processes"]])
+    else:
+        emit_csv(GPU_CSV, [[g[c] for c in GPU_CSV] for g in doc["gpus"]])
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable schema).")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]),
+              default="table", show_default=True,
+              help="csv: a header row, then one row a GPU (with --processes: a GPU "
+                   "process); columns are the --json keys, in its units.")
+@click.option("--processes", is_flag=True, help="With --format csv: one row a process.")
 @click.option("--watch", "watch", type=DURATION, is_flag=False, flag_value=2.0, default=None,
               metavar="[INTERVAL]", help="Refresh every INTERVAL (default 2s; e.g. 1, "
                                          "500ms); with --json, one JSON document a line.")
 @click.option("--gpu", "gpus", type=int, multiple=True, help="Only this GPU (repeatable).")
 @click.option("--user", help="Only processes of this user.")
 @click.option("--pid", type=int, help="Only this process.")
-def status(as_json: bool, watch: float | None, gpus: tuple[int, ...], user: str | None,
-           pid: int | None) -> None:
+def status(as_json: bool, fmt: str, processes: bool, watch: float | None,
+           gpus: tuple[int, ...], user: str | None, pid: int | None) -> None:
     """Every GPU (memory, utilization, mode, MPS, NUMA) and every GPU process."""
     from gpuwarden.observe.jsonview import snapshot_json
     from gpuwarden.observe.leaks import find_leaks
     from gpuwarden.observe.snapshot import take_snapshot
 
+    fmt = "json" if as_json else fmt
     if watch is not None and watch <= 0:
         raise click.BadParameter("must be positive", param_hint="'--watch'")
+    if processes and fmt != "csv":
+        raise UsageError("--processes goes with --format csv")
+    if watch is not None and fmt == "csv":
+        raise UsageError("--watch prints a table or JSON lines, not CSV")
     with backend() as b:
         snap = take_snapshot(b)
         check_gpu_indices(gpus, [g.index for g in snap.gpus])
-        if as_json and watch is not None:
+        if fmt == "json" and watch is not None:
             _watch_json(b, snap, watch, gpus, user, pid)
-        if as_json:
-            emit_json(snapshot_json(snap, find_leaks([snap]), gpus=gpus, user=user, pid=pid))
+        if fmt != "table":
+            doc = snapshot_json(snap, find_leaks([snap]), gpus=gpus, user=user, pid=pid)
+            if fmt == "csv":
+                _csv(doc, processes)
+            else:
+                emit_json(doc)
             return
-        from rich.console import Console
+        from rich.console import Console, Group
+        from rich.text import Text
 
         console = Console()
         wide, width = console.width >= 150, console.width
@@ -203,11 +247,22 @@ def status(as_json: bool, watch: float | None, gpus: tuple[int, ...], user: str 
         from rich.live import Live
 
         history = [snap]
-        first = render(snap, find_leaks(history), gpus, user, pid, wide=wide, width=width)
-        with Live(first, console=console, screen=False, auto_refresh=False) as live:
+
+        def screen() -> RenderableType:
+            return Group(Text(watch_header("status", watch), style="bold"),
+                         render(snap, find_leaks(history), gpus, user, pid, wide=wide,
+                                width=width))
+
+        if not console.is_terminal:  # piped: every screen in turn (Live shows only the last)
+            while True:
+                console.print(screen())
+                sys.stdout.flush()
+                time.sleep(watch)
+                snap = take_snapshot(b)
+                history = [*history[-2:], snap]
+        with Live(screen(), console=console, screen=False, auto_refresh=False) as live:
             while True:
                 time.sleep(watch)
                 snap = take_snapshot(b)
                 history = [*history[-2:], snap]  # leaks must persist over 3 samples
-                live.update(render(snap, find_leaks(history), gpus, user, pid, wide=wide,
-                                   width=width), refresh=True)
+                live.update(screen(), refresh=True)

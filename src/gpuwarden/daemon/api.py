@@ -228,9 +228,10 @@ async def openapi(request: web.Request) -> web.Response:
 
 async def list_jobs(request: web.Request) -> web.Response:
     svc, caller = request.app[SERVICE], caller_of(request)
+    states = [s for v in request.query.getall("state", []) for s in v.split(",") if s]
     jobs = await _call(svc.list, caller, all_jobs=_flag(request, "all"),
                        user=request.query.get("user") or None,
-                       group=request.query.get("group") or None)
+                       group=request.query.get("group") or None, states=states or None)
     return web.json_response({"jobs": jobs})
 
 

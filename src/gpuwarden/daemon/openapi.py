@@ -120,7 +120,10 @@ def document() -> dict[str, Any]:
                 "get": {"summary": "the queue", "parameters": [
                     {"name": "all", "in": "query", "schema": {"type": "boolean"}},
                     {"name": "user", "in": "query", "schema": {"type": "string"}},
-                    {"name": "group", "in": "query", "schema": {"type": "string"}}],
+                    {"name": "group", "in": "query", "schema": {"type": "string"}},
+                    {"name": "state", "in": "query", "schema": {"type": "string"},
+                     "description": "only jobs in these states (comma-separated), ended "
+                                    "ones too: " + ", ".join(STATES)}],
                     "responses": {"200": _resp({"type": "object", "properties": {
                         "jobs": {"type": "array", "items": _JOB}}}), **_ERRORS}},
                 "post": {"summary": "submit a job",

@@ -465,8 +465,16 @@ class JobService:
         return out
 
     def list(self, caller: Caller, *, all_jobs: bool, user: str | None,
-             group: str | None) -> list[dict[str, Any]]:
-        states = None if all_jobs else [s for s in model.STATES if s not in model.TERMINAL]
+             group: str | None, states: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """``states`` (``ps --state``) names the states shown, ended ones too; without
+        it, the waiting and running jobs (with ``all_jobs``, every job)."""
+        if states is not None:
+            unknown = [s for s in states if s not in model.STATES]
+            if unknown:
+                raise UsageError(f"unknown state {unknown[0]!r} (states: "
+                                 f"{', '.join(model.STATES)})")
+        elif not all_jobs:
+            states = [s for s in model.STATES if s not in model.TERMINAL]
         jobs = self.store.list(states=states, user=user, group=group)
         return [self.view(caller, j) for j in jobs]
 
