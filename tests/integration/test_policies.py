@@ -262,22 +262,14 @@ def test_a_leak_keeps_the_memory_reserved_until_an_admin_clears_it(tmp_path: Pat
         assert d.job(nxt)["state"] == "queued"
 
 
-def test_mps_needs_a_budget_and_says_when_mps_is_missing(fast_daemon: Daemon) -> None:
-    import shutil
-
+def test_mps_needs_a_budget(fast_daemon: Daemon) -> None:
+    # The MPS path itself (simulated control daemon, limits, OOM): test_mps_jobs.py.
     d = fast_daemon
     for args, needle in ((["--mps"], "mps needs mem"),
                          (["--mem", "2G", "--sm-percent", "50"], "sm_percent needs mps"),
                          (["--mem", "2G", "--mps", "--sm-percent", "0"], "0")):
         r = d.cli("submit", *args, "--", "true")
         assert r.returncode != 0 and needle in r.stderr, (args, r.stderr)
-    if shutil.which("nvidia-cuda-mps-control") is not None:
-        pytest.skip("MPS is installed here: the GPU tests cover it")
-    jid = d.submit("--mem", "2G", "--mps", "--sm-percent", "50", cmd=sim_job("1G", 0))
-    job = d.wait_state(jid, "failed")
-    assert "cannot start an MPS daemon" in job["reason"] and \
-        "nvidia-cuda-mps-control not found" in job["reason"]
-    assert job["enforcement"]["hard"].startswith("MPS pinned device memory limit, 50% of SMs")
 
 
 def test_mem_auto_learns_from_earlier_successful_runs(fast_daemon: Daemon) -> None:

@@ -35,7 +35,9 @@ _EFFECT = {
 
 def _simulated() -> bool:
     """Same rule as open_backend: GPUWARDEN_SIM (also set by --sim) selects the sim."""
-    return bool(os.environ.get("GPUWARDEN_SIM"))
+    from gpuwarden.gpus.backend import simulated
+
+    return simulated()
 
 
 def _require_root(action: str) -> None:

@@ -10,7 +10,10 @@ inside the job instead of taking a neighbour's memory; ``--sm-percent`` becomes
 MPS's own limits, which the job's ``show`` repeats: there is one MPS server per user and
 GPU set, shared by all of that user's MPS jobs there, and a client that faults (an
 illegal address, an assert in a kernel) takes that server down with every other client
-of it. Jobs of different users never share a server."""
+of it. Jobs of different users never share a server.
+
+On the simulated backend the control program is the simulated one (sim/mps.py), written
+under the pool's directory: the same start, limits, clients and quit, without a GPU."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.gpus.mps import (
+    CONTROL_BINARY,
     ENV_LOG_DIR,
     ENV_MEM_LIMIT,
     ENV_PIPE_DIR,
@@ -35,6 +39,7 @@ from gpuwarden.gpus.mps import (
 
 log = logging.getLogger("gpuwarden.mps")
 MAX_SOCKET_PATH = 100  # MPS puts unix sockets in the pipe directory (sun_path is 108)
+SIM_BIN = "sim-bin"  # under the pool's root: the simulated control program
 SHARED_FATE = ("MPS: one server per user and GPU set; a client that faults takes that "
                "server and its other clients down with it")
 
@@ -71,6 +76,17 @@ class MpsPool:
         self.control = control
         self._lock = threading.Lock()
 
+    def binary(self) -> str:
+        """The control program: the driver's, or the simulated one on the simulated
+        backend (written out here, for the users its daemons run as to execute)."""
+        from gpuwarden.gpus.backend import simulated
+
+        if not simulated():
+            return CONTROL_BINARY
+        from gpuwarden.sim.mps import install
+
+        return install(self.root / SIM_BIN)
+
     def _owned_control(self, name: str) -> MpsControl:
         """The control for a daemon directory, acting as the user it was started for."""
         uid = int(name.split("-", 1)[0])
@@ -88,7 +104,7 @@ class MpsPool:
         if len(str(pipe)) > MAX_SOCKET_PATH:
             raise MpsJobError(f"the MPS pipe directory {pipe} is too long for its unix "
                               "sockets; use a shorter state directory")
-        return self.control(str(pipe), str(logs), uid=uid, gid=gid)
+        return self.control(str(pipe), str(logs), uid=uid, gid=gid, binary=self.binary())
 
     def ensure(self, uid: int, gid: int, gpus: Sequence[int]) -> MpsControl:
         """The running control daemon for this user and GPU set, started if need be
@@ -124,6 +140,8 @@ class MpsPool:
             return []
         out = []
         for d in sorted(self.root.iterdir()):
+            if d.name == SIM_BIN:
+                continue
             with contextlib.suppress(GpuwardenError, OSError):
                 if self._control(d.name, None, None).daemons():
                     out.append(d.name)

@@ -53,6 +53,12 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+def simulated() -> bool:
+    """Whether open_backend() opens the simulated backend (GPUWARDEN_SIM names a scenario):
+    the one rule for whatever else is simulated with it (MPS daemons, settings)."""
+    return bool(os.environ.get("GPUWARDEN_SIM"))
+
+
 def open_backend(sim: str | None = None) -> Backend:
     """The simulated backend when ``sim`` or GPUWARDEN_SIM names a scenario, else NVML.
     Raises BackendUnavailable with a one-line reason when neither can be opened."""

@@ -149,10 +149,13 @@ class SimBackend:
         for p in self._live_declared():
             charged[p.gpu] += p.memory
         by_uuid = {g.uuid: g.index for g in self.scenario.gpus}
+        clients: set[int] = set()  # GPUs an MPS server serves a client on, as NVML sees
         for alloc in self.registry.allocations():
             for uuid, nbytes in alloc.gpus.items():
                 if uuid in by_uuid:
                     charged[by_uuid[uuid]] += nbytes
+                    if alloc.mps and not alloc.freeing:
+                        clients.add(by_uuid[uuid])
         out: list[GpuFacts] = []
         for g in self.scenario.gpus:
             s = settings.get(g.uuid, {})
@@ -174,7 +177,7 @@ class SimBackend:
                     compute_mode=str(s.get("compute_mode", g.compute_mode)),
                     persistence_mode=bool(s.get("persistence_mode", g.persistence_mode)),
                     mig_mode=g.mig_mode,
-                    mps=bool(s.get("mps", g.mps)),
+                    mps=bool(s.get("mps", g.mps)) or g.index in clients,
                     numa_node=g.numa_node,
                     cpus=g.cpus,
                     pci_bus_id=g.pci_bus_id,
@@ -200,8 +203,9 @@ class SimBackend:
                 continue
             for uuid, nbytes in sorted(alloc.gpus.items()):
                 if uuid in by_uuid:
-                    out.append(GpuProcessFacts(pid=alloc.pid, gpu_index=by_uuid[uuid],
-                                               memory=nbytes))
+                    out.append(GpuProcessFacts(
+                        pid=alloc.pid, gpu_index=by_uuid[uuid], memory=nbytes,
+                        kinds=("compute", "mps") if alloc.mps else ("compute",)))
         return out
 
     def device_files(self) -> dict[str, int | None]:

@@ -4,7 +4,13 @@ It plays a CUDA program against the simulated backend: opens the device files of
 GPUs that CUDA_VISIBLE_DEVICES gives it, registers the memory it "allocates" on each,
 honours the caps gpuwarden sets (GPUWARDEN_MEM_LIMIT, as the PyTorch hook does, and
 MPS's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT), and dies with PyTorch's CUDA-OOM message when
-an allocation exceeds a cap or the GPU's free memory."""
+an allocation exceeds a cap or the GPU's free memory.
+
+As a CUDA program does, it is an MPS client when a control daemon listens in
+CUDA_MPS_PIPE_DIRECTORY (the simulated one, sim/mps.py): it then sees that daemon's GPUs
+numbered from 0, and the pinned limit (its own, else the daemon's default) caps its
+whole use, CUDA context included. With no daemon there, CUDA runs without MPS and the
+MPS variables mean nothing."""
 
 from __future__ import annotations
 
@@ -14,6 +20,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import IO
 
 import psutil
@@ -53,7 +61,7 @@ def torch_oom(*, tried: int, ordinal: int, total: int, free: int, in_use: int,
             "variables)")
 
 
-def mps_limits(env: dict[str, str] | os._Environ[str], visible: int) -> dict[int, int]:
+def mps_limits(env: Mapping[str, str], visible: int) -> dict[int, int]:
     """CUDA_MPS_PINNED_DEVICE_MEM_LIMIT as {visible ordinal: bytes}: '0=1G,1=2G' or '2G'."""
     spec = env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "").strip()
     if not spec:
@@ -69,12 +77,67 @@ def mps_limits(env: dict[str, str] | os._Environ[str], visible: int) -> dict[int
     return out
 
 
+@dataclass(frozen=True)
+class MpsSession:
+    """What the control daemon told this client: the GPUs its server serves (machine
+    indices, None: all) and its default limits by device ordinal."""
+
+    devices: str | None
+    limits: dict[int, int]
+    server: int
+
+
+def mps_connect(env: Mapping[str, str], pid: int) -> MpsSession | None:
+    """Connect to the control daemon of CUDA_MPS_PIPE_DIRECTORY as CUDA does; None when
+    none listens there (CUDA then runs without MPS)."""
+    from gpuwarden.sim import mps
+
+    pipe = env.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
+    try:
+        reply = json.loads(mps.ask(pipe, f"{mps.HELLO} {pid}"))
+        return MpsSession(devices=reply["devices"],
+                          limits={int(k): int(v) for k, v in reply["limits"].items()},
+                          server=int(reply["server"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def client_gpus(gpus: list[GpuFacts], env: Mapping[str, str],
+                session: MpsSession | None) -> list[GpuFacts]:
+    """The GPUs this process sees: an MPS client sees its server's GPUs numbered from 0
+    and picks among them by CUDA_VISIBLE_DEVICES; without MPS, CUDA's own rule."""
+    if session is None:
+        return visible_gpus(gpus, env)
+    served = gpus if session.devices is None else visible_gpus(
+        gpus, {"CUDA_VISIBLE_DEVICES": session.devices})
+    return visible_gpus(served, env, ordinals=True)
+
+
+def charge_server(backend: SimBackend, session: MpsSession) -> None:
+    """The driver lists the MPS server with its own memory on each GPU it serves, from
+    its first client on: registered for it (it has no simulated CUDA of its own)."""
+    from gpuwarden.sim.mps import SERVER_MEMORY
+
+    registry = backend.registry
+    with registry.locked():
+        if (registry.alloc_dir / f"{session.server}.json").exists():
+            return
+        try:
+            start = psutil.Process(session.server).create_time()
+        except psutil.Error:
+            return
+        served = client_gpus(backend.gpus(), {}, session)
+        registry.write(session.server, start, {g.uuid: SERVER_MEMORY for g in served},
+                       leak=False, command="nvidia-cuda-mps-server")
+
+
 class SimOOM(Exception):
     pass
 
 
 class Job:
-    def __init__(self, backend: SimBackend, visible: list[GpuFacts], *, leak: bool) -> None:
+    def __init__(self, backend: SimBackend, visible: list[GpuFacts], *, leak: bool,
+                 mps: MpsSession | None = None) -> None:
         self.backend = backend
         self.visible = visible
         self.leak = leak
@@ -88,8 +151,13 @@ class Job:
         if torch_cap:
             cap = parse_size(torch_cap, bare_bytes=True)  # bytes, as the launcher writes it
             self.caps = {i: cap for i in range(len(visible))}
-        # MPS limits the whole client, its CUDA context included.
-        self.mps_caps = mps_limits(os.environ, len(visible))
+        # MPS limits the whole client, its CUDA context included: the client's own limit,
+        # else the daemon's default. Without an MPS daemon, no MPS limit holds.
+        self.mps = mps
+        self.mps_caps: dict[int, int] = {}
+        if mps is not None:
+            self.mps_caps = {i: n for i, n in mps.limits.items() if i < len(visible)}
+            self.mps_caps.update(mps_limits(os.environ, len(visible)))
         # The CUDA context each GPU charges a process beside its allocations, once it
         # first allocates there (the real driver's context, per the scenario).
         contexts = {g.uuid: g.context_memory for g in backend.scenario.gpus}
@@ -126,7 +194,7 @@ class Job:
                 self.held[g.uuid] = max(per_gpu, self.held.get(g.uuid, 0))
             registry.write(self.pid, self.start_time,
                            {u: self.in_use(u) for u in self.held}, leak=self.leak,
-                           command=self.command)
+                           command=self.command, mps=self.mps is not None)
 
     def in_use(self, uuid: str) -> int:
         """What the driver lists for this process on that GPU (PyTorch's "this process
@@ -185,8 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         backend = SimBackend.from_file(scenario)
         mem = parse_size(args.mem)
         grow = parse_size(args.grow_to) if args.grow_to else None
-        visible = visible_gpus(backend.gpus(), os.environ)
-        job = Job(backend, visible, leak=args.leak)
+        session = mps_connect(os.environ, os.getpid())
+        visible = client_gpus(backend.gpus(), os.environ, session)
+        job = Job(backend, visible, leak=args.leak, mps=session)
+        if session is not None:
+            charge_server(backend, session)
     except GpuwardenError as e:
         print(f"gpuwarden.sim.job: {e}", file=sys.stderr)
         return 2

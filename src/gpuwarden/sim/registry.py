@@ -42,6 +42,7 @@ class Allocation:
     leak: bool
     command: str
     freeing: bool = False  # its process is gone; the driver has not freed it yet
+    mps: bool = False  # an MPS client: the driver lists it as one (and as compute)
 
 
 def _start_time(pid: int) -> float | None:
@@ -98,6 +99,7 @@ class Registry:
                     gpus={str(k): int(v) for k, v in data["gpus"].items()},
                     leak=bool(data.get("leak", False)),
                     command=str(data.get("command", "")),
+                    mps=bool(data.get("mps", False)),
                 )
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # half-written or vanished: ignore this read
@@ -126,12 +128,12 @@ class Registry:
         os.replace(tmp, path)
 
     def write(self, pid: int, start_time: float, gpus: dict[str, int], *, leak: bool,
-              command: str) -> None:
+              command: str, mps: bool = False) -> None:
         """Record (atomically) what ``pid`` holds now."""
         self.alloc_dir.mkdir(parents=True, exist_ok=True)
         self._store(self.alloc_dir / f"{pid}.json",
                     {"pid": pid, "start_time": start_time, "gpus": gpus, "leak": leak,
-                     "command": command})
+                     "command": command, "mps": mps})
 
     def forget(self, pid: int) -> None:
         with contextlib.suppress(OSError):
