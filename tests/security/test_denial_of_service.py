@@ -9,11 +9,14 @@ that the flood would exhaust them; A, another user, must still get ``ps`` and
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import random
 import resource
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,8 @@ from typing import Any
 import pytest
 
 from gpuwarden.daemon.config import read_config
+from gpuwarden.daemon.history import GpuSample
+from gpuwarden.daemon.store import Store
 from gpuwarden.errors import UsageError
 from tests.conftest import EXAMPLES, ROOT, SRC
 from tests.integration.daemon_fixture import Daemon, free_port, start_daemon
@@ -148,3 +153,64 @@ def test_connection_settings_are_bounded(tmp_path: Path) -> None:
         cfg.write_text(bad + "\n")
         with pytest.raises(UsageError, match=bad.split()[0]):
             read_config(cfg)
+
+
+def _history(home: Path) -> None:
+    """24 hours of memory samples of 2 GPUs every 10 s: charts worth drawing."""
+    now = int(time.time())
+    with Store(home / "state.db") as store:
+        store.record_samples([GpuSample(ts, f"GPU-{i}", i, 24 << 30, (ts % 977) << 20, 0,
+                                        {1: 1 << 30}, {"someone": 2 << 30})
+                              for ts in range(now - 86400, now, 10) for i in range(2)],
+                             keep=2 * 86400, now=now)
+
+
+def _chart_flood(port: int, seed: int, stop: threading.Event, statuses: list[int]) -> None:
+    """Overview requests until ``stop``: a random window's status as it is, one of the
+    page's windows' negated."""
+    rng = random.Random(seed)
+    while not stop.is_set():
+        hours = rng.choice([f"{rng.uniform(0.01, 720):.4f}", "24", "6", "1"])
+        by = rng.choice(["job", "user"])
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            c.request("GET", f"/ui/data/overview?hours={hours}&by={by}")
+            r = c.getresponse()
+            r.read()
+            statuses.append(r.status if hours not in ("24", "6", "1") else -r.status)
+        except OSError:
+            statuses.append(0)
+        finally:
+            c.close()
+
+
+def test_chart_flood_is_refused_and_does_not_delay_ps(users: tuple[User, User],
+                                                      tmp_path: Path) -> None:
+    """32 anonymous clients asking for charts of random windows on web_listen: every one
+    a 400 (only the page's 1, 6 and 24 hours are drawn), and A's ps and submit are
+    answered within 1 s throughout."""
+    a, _ = users
+    port = free_port()
+    config = f'web_listen = "127.0.0.1:{port}"\n'
+    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json", config=config,
+                          prepare=_history):
+        statuses: list[int] = []
+        stop = threading.Event()
+
+        threads = [threading.Thread(target=_chart_flood, args=(port, n, stop, statuses))
+                   for n in range(32)]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(1.0)
+            times = _timings(d, a)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=60)
+        for what, runs in times.items():
+            for status, seconds in runs:
+                assert status in (200, 201) and seconds < 1.0, (what, runs)
+        random_windows = [s for s in statuses if s >= 0]
+        assert random_windows and set(random_windows) == {400}, set(random_windows)
+        assert set(s for s in statuses if s < 0) == {-200}

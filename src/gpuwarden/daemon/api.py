@@ -12,6 +12,7 @@ import socket
 import struct
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
 from typing import Any
 
 from aiohttp import web
@@ -21,7 +22,7 @@ from gpuwarden.daemon.auth import Caller, Peer, identify
 from gpuwarden.daemon.openapi import document
 from gpuwarden.daemon.repeated import log_repeated
 from gpuwarden.daemon.service import JobService
-from gpuwarden.daemon.store import Conflict, JobNotFound, StoreError
+from gpuwarden.daemon.store import Conflict, JobNotFound, Store, StoreError
 from gpuwarden.errors import GpuwardenError, PermissionDenied, UsageError
 from gpuwarden.units import parse_duration
 
@@ -326,7 +327,9 @@ async def clean(request: web.Request) -> web.Response:
     return web.json_response({"removed": removed})
 
 
-def make_app(service: JobService) -> web.Application:
+def make_app(service: JobService, web_store: Store | None = None,
+             web_pool: Executor | None = None) -> web.Application:
+    """The API; the page's routes read ``web_store`` on ``web_pool`` (web/routes.py)."""
     app = web.Application(middlewares=[errors], client_max_size=MAX_BODY)
     app[SERVICE] = service
     app[STARTED] = time.time()
@@ -348,5 +351,6 @@ def make_app(service: JobService) -> web.Application:
     app.router.add_post("/v1/clean", clean)
     from gpuwarden.web.routes import add_web_routes
 
-    add_web_routes(app, service.store, anonymous=False)  # for `gpuwarden web`
+    add_web_routes(app, web_store or service.store, anonymous=False,  # `gpuwarden web`
+                   pool=web_pool)
     return app

@@ -24,7 +24,7 @@
                                  # `gpuwarden web` serves it to you alone without this)
     max_connections_per_user = 64  # open connections of one user on the daemon's socket;
                                    # past it a new one is closed at once
-    max_connections_tcp = 256      # open connections on web_listen in all
+    max_connections_tcp = 256      # open connections on web_listen, and on metrics_listen
     request_timeout = "5s"  # a request's head, then its body, must arrive within this
     idle_timeout = "30s"    # a connection waiting this long for its next request is closed
 

@@ -11,7 +11,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import IO, Any
 
 from aiohttp import web
@@ -82,7 +83,9 @@ class ExitWatcher:
 
 class DaemonMetrics:
     """/metrics of the daemon (``metrics_listen``): the GPUs and processes, as the
-    exporter has them, plus the queue and its jobs."""
+    exporter has them, plus the queue and its jobs. Served by the daemon's event loop
+    like the page (bounded connections, timeouts), scrapes collected on the web's
+    threads, so a scrape flood cannot delay a pass or hold thousands of threads."""
 
     def __init__(self, config: Config) -> None:
         from prometheus_client import CollectorRegistry
@@ -92,31 +95,63 @@ class DaemonMetrics:
         self.config = config
         self.registry = CollectorRegistry(auto_describe=False)
         self.on_pass = pass_histogram(self.registry)
-        self.server: Any = None
+        self.runner: web.AppRunner | None = None
         self.backend: Any = None
 
-    def start(self, store: Any, sched: Any) -> None:
+    async def start(self, store: Any, sched: Any, pool: Executor) -> None:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
         from gpuwarden.gpus.backend import open_backend
         from gpuwarden.metrics.collector import SnapshotCollector
-        from gpuwarden.metrics.exporter import start
         from gpuwarden.metrics.jobs import JobsCollector
         from gpuwarden.observe.snapshot import take_snapshot
+        from gpuwarden.web.routes import off_loop
 
         assert self.config.metrics_listen is not None
-        self.backend = open_backend()  # its own: scrapes run on the server's threads
+        self.backend = open_backend()  # its own: scrapes run on the web's threads
         backend = self.backend
         self.registry.register(SnapshotCollector(lambda: take_snapshot(backend),
                                                  cache_seconds=self.config.metrics_cache))
         self.registry.register(JobsCollector(store, lambda: sched.last_running))
-        self.server, _ = start(self.config.metrics_listen, self.registry)
+
+        async def metrics(_: web.Request) -> web.Response:
+            body = await off_loop(pool, generate_latest, self.registry)
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        app = web.Application(client_max_size=1 << 16)
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/", metrics)
+        self.runner = await _serve_tcp(self.config, app, "metrics_listen",
+                                       self.config.metrics_listen)
         log.info("metrics on http://%s/metrics", self.config.metrics_listen)
 
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
         if self.backend is not None:
             self.backend.close()
+
+
+async def _serve_tcp(config: Config, app: web.Application, name: str,
+                     listen: str) -> web.AppRunner:
+    """Serve ``app`` on ``listen`` (the setting ``name``), its connections bounded in
+    all (``max_connections_tcp``) and timed out like the socket's."""
+    from gpuwarden.daemon.api import guard_connections
+    from gpuwarden.metrics.exporter import parse_listen
+
+    host, port = parse_listen(listen)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
+                           keepalive_timeout=config.idle_timeout)
+    await runner.setup()
+    assert runner.server is not None
+    guard_connections(runner.server, name, limit=config.max_connections_tcp,
+                      per_user=False, request_timeout=config.request_timeout)
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as e:
+        await runner.cleanup()
+        raise GpuwardenError(f"{name} {listen}: {e.strerror or e}") from None
+    return runner
 
 
 def _metrics_registry(config: Config) -> DaemonMetrics | None:
@@ -132,28 +167,30 @@ def load_config(paths: Paths) -> Config:
     return read_config(paths.config)
 
 
-async def _start_public_web(config: Config, store: Any) -> web.AppRunner | None:
+async def _start_public_web(config: Config, store: Any,
+                            pool: Executor) -> web.AppRunner | None:
     """The read-only web page on ``web_listen`` for anyone who can reach it."""
     if config.web_listen is None:
         return None
-    from gpuwarden.daemon.api import guard_connections
-    from gpuwarden.metrics.exporter import parse_listen
     from gpuwarden.web.routes import make_public_app
 
-    host, port = parse_listen(config.web_listen)
-    runner = web.AppRunner(make_public_app(store), access_log=None, shutdown_timeout=2.0,
-                           keepalive_timeout=config.idle_timeout)
-    await runner.setup()
-    assert runner.server is not None
-    guard_connections(runner.server, "web_listen", limit=config.max_connections_tcp,
-                      per_user=False, request_timeout=config.request_timeout)
-    try:
-        await web.TCPSite(runner, host, port).start()
-    except OSError as e:
-        await runner.cleanup()
-        raise GpuwardenError(f"web_listen {config.web_listen}: {e.strerror or e}") from None
+    runner = await _serve_tcp(config, make_public_app(store, pool), "web_listen",
+                              config.web_listen)
     log.info("web page on http://%s/ui/ (read-only)", config.web_listen)
     return runner
+
+
+WEB_THREADS = 2  # the page's and /metrics' reads and chart draws, at most this many at once
+
+
+async def _close_web(metrics: DaemonMetrics | None, public: web.AppRunner | None,
+                     pool: Executor, store: Any) -> None:
+    if metrics is not None:
+        await metrics.stop()
+    if public is not None:
+        await public.cleanup()
+    pool.shutdown(wait=False, cancel_futures=True)
+    store.close()
 
 
 async def serve(paths: Paths, config: Config) -> None:
@@ -179,28 +216,40 @@ async def serve(paths: Paths, config: Config) -> None:
     sched = Scheduler(store, paths.jobs_dir, config, open_backend, boot_id(),
                       spawn=launcher.spawn,
                       on_pass=None if metrics is None else metrics.on_pass)
-    if metrics is not None:
-        metrics.start(store, sched)
+    # The page and /metrics: a connection and threads of their own (``off_loop``).
+    web_store = Store(paths.db)
+    web_pool = ThreadPoolExecutor(WEB_THREADS, thread_name_prefix="gpuwarden-web")
+    passes = ThreadPoolExecutor(1, thread_name_prefix="gpuwarden-pass")
+
+    def in_pass(fn: Callable[[], Any]) -> Awaitable[Any]:
+        """Scheduling work runs on a thread no request can occupy."""
+        return loop.run_in_executor(passes, fn)
+
+    loop = asyncio.get_running_loop()
+    try:
+        if metrics is not None:
+            await metrics.start(web_store, sched, web_pool)
+    except BaseException:  # a taken port: nothing of this daemon may stay behind
+        await _close_web(metrics, None, web_pool, web_store)
+        raise
     await asyncio.to_thread(launcher.warm)
     wake = asyncio.Event()
-    loop = asyncio.get_running_loop()
 
     def nudge() -> None:
         loop.call_soon_threadsafe(wake.set)
 
     service = JobService(store, paths.jobs_dir, config, wake=nudge,
                          gpus=lambda: sched.last_states, cancel_running=sched.cancel_running)
-    await asyncio.to_thread(sched.recover)
-    await asyncio.to_thread(sched.tick)
+    await in_pass(sched.recover)
+    await in_pass(sched.tick)
 
     try:
-        public = await _start_public_web(config, store)
+        public = await _start_public_web(config, web_store, web_pool)
     except BaseException:  # a taken port: nothing of this daemon may stay behind
         launcher.close()
-        if metrics is not None:
-            metrics.stop()
+        await _close_web(metrics, None, web_pool, web_store)
         raise
-    app = make_app(service)
+    app = make_app(service, web_store, web_pool)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
                            keepalive_timeout=config.idle_timeout)
     await runner.setup()
@@ -234,8 +283,8 @@ async def serve(paths: Paths, config: Config) -> None:
             if stop.is_set():
                 break
             try:
-                await asyncio.to_thread(sched.tick)
-                pids = await asyncio.to_thread(
+                await in_pass(sched.tick)
+                pids = await in_pass(
                     lambda: {j.supervisor_pid for j in store.active() if j.supervisor_pid})
                 watcher.watch(pids)
             except Exception as e:
@@ -244,11 +293,9 @@ async def serve(paths: Paths, config: Config) -> None:
     finally:
         watcher.close()
         launcher.close()
-        if metrics is not None:
-            metrics.stop()
-        if public is not None:
-            await public.cleanup()
+        await _close_web(metrics, public, web_pool, web_store)
         await runner.cleanup()
+        passes.shutdown(wait=False)
         with contextlib.suppress(FileNotFoundError):
             sock.unlink()
         log.info("gpuwarden daemon %s stopped; running jobs continue", os.getpid())

@@ -59,7 +59,7 @@ class Config:
     history_retention: float = 48 * 3600.0  # samples older than this are dropped
     web_listen: str | None = None  # HOST:PORT for the read-only web page; None: not served
     max_connections_per_user: int = 64  # open connections of one uid on the unix socket
-    max_connections_tcp: int = 256  # open connections on web_listen in all
+    max_connections_tcp: int = 256  # open connections on web_listen, on metrics_listen
     request_timeout: float = 5.0  # seconds a request's head, and then its body, may take
     idle_timeout: float = 30.0  # seconds a connection may wait for its next request
 

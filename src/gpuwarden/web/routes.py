@@ -6,7 +6,11 @@ address (anonymous: read-only, no command lines). Only GET exists here."""
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Callable
+from concurrent.futures import Executor
 from pathlib import Path
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -22,12 +26,28 @@ HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:"
            "Referrer-Policy": "no-referrer"}
 
 
+T = TypeVar("T")
+
+
+async def off_loop(pool: Executor | None, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+    """Run ``fn`` on ``pool`` (the web's and metrics' own threads, so that no page or
+    scrape waits in line with, or delays, a scheduling pass or another user's API
+    request), or in asyncio's default threads without one."""
+    if pool is None:
+        return await asyncio.to_thread(fn, *args, **kw)
+    return await asyncio.get_running_loop().run_in_executor(
+        pool, functools.partial(fn, *args, **kw))
+
+
 def _file(name: str) -> web.Response:
     return web.Response(body=(STATIC / name).read_bytes(), content_type=FILES[name],
                         charset="utf-8", headers=HEADERS)
 
 
-def add_web_routes(app: web.Application, store: Store, *, anonymous: bool) -> None:
+def add_web_routes(app: web.Application, store: Store, *, anonymous: bool,
+                   pool: Executor | None = None) -> None:
+    """``store``: a connection of the web's own (its reads never hold the scheduler's);
+    ``pool``: the threads that read and draw (``off_loop``)."""
     cache = ChartCache()
 
     async def index(_: web.Request) -> web.Response:
@@ -45,15 +65,15 @@ def add_web_routes(app: web.Application, store: Store, *, anonymous: bool) -> No
     async def data_overview(request: web.Request) -> web.Response:
         hours = parse_hours(request.query.get("hours"))
         by = request.query.get("by", "job")
-        data = await asyncio.to_thread(overview, store, hours=hours, by=by,
-                                       anonymous=anonymous, cache=cache)
+        data = await off_loop(pool, overview, store, hours=hours, by=by,
+                              anonymous=anonymous, cache=cache)
         return web.json_response(data, headers={"Cache-Control": "no-store"})
 
     async def data_job(request: web.Request) -> web.Response:
         raw = request.match_info["id"]
         if not raw.isdigit():
             raise UsageError(f"invalid job id {raw!r}")
-        data = await asyncio.to_thread(job_page, store, int(raw), anonymous=anonymous)
+        data = await off_loop(pool, job_page, store, int(raw), anonymous=anonymous)
         return web.json_response(data, headers={"Cache-Control": "no-store"})
 
     app.router.add_get("/ui", redirect)
@@ -63,7 +83,7 @@ def add_web_routes(app: web.Application, store: Store, *, anonymous: bool) -> No
     app.router.add_get("/ui/data/jobs/{id}", data_job)
 
 
-def make_public_app(store: Store) -> web.Application:
+def make_public_app(store: Store, pool: Executor | None = None) -> web.Application:
     """The app behind ``web_listen``: the page and its feeds, anonymous, nothing else."""
     from gpuwarden.daemon.api import errors
 
@@ -73,5 +93,5 @@ def make_public_app(store: Store) -> web.Application:
         raise web.HTTPFound("/ui/")
 
     app.router.add_get("/", root)
-    add_web_routes(app, store, anonymous=True)
+    add_web_routes(app, store, anonymous=True, pool=pool)
     return app

@@ -5,6 +5,7 @@ those can hold paths and secrets."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from gpuwarden.daemon.model import Job
 from gpuwarden.daemon.store import Store
 from gpuwarden.errors import UsageError
 
-MAX_HOURS = 24 * 30
+WINDOWS = (1, 6, 24)  # hours: the page's buttons
 PRIVATE = ("command", "cwd", "key", "env", "after")
 RECENT = 20  # ended jobs listed under the queue
 
@@ -30,12 +31,16 @@ def job_json(job: Job, *, anonymous: bool) -> dict[str, Any]:
 
 
 def parse_hours(raw: str | None, default: float = 6.0) -> float:
+    """One of the page's windows (``WINDOWS``): anyone's input on ``web_listen``, and a
+    window of its own costs the daemon a chart drawn from every sample in it."""
+    if raw is None:
+        return default
     try:
-        hours = float(raw) if raw is not None else default
+        hours = float(raw)
     except ValueError:
-        raise UsageError("hours must be a number") from None
-    if not 0 < hours <= MAX_HOURS:
-        raise UsageError(f"hours must be more than 0 and at most {MAX_HOURS}")
+        hours = math.nan
+    if hours not in WINDOWS:
+        raise UsageError(f"hours must be one of {', '.join(map(str, WINDOWS))}")
     return hours
 
 
@@ -44,26 +49,42 @@ class ChartCache:
     ``hours`` in ``points`` points cannot change visibly sooner (a 24-hour chart has
     4-minute points), while drawing it reads every sample of the window: about 1 s of CPU
     for 24 hours of 8 GPUs, in the daemon, for each page refresh (10 s) of each viewer.
-    One chart is computed at a time, so viewers who ask together share it, and at most
-    ``size`` are kept (``hours`` is anyone's input on ``web_listen``)."""
+    Each chart is drawn once at a time, so viewers who ask for it together share one
+    draw, while a chart of another window or grouping never waits for it; at most
+    ``size`` are kept."""
 
     def __init__(self, size: int = 16, clock: Callable[[], float] = time.monotonic) -> None:
         self.size = size
         self.clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the dicts only, never held while drawing
+        self._drawing: dict[tuple[float, str, int], threading.Lock] = {}
         self._charts: dict[tuple[float, str, int], tuple[float, list[dict[str, Any]]]] = {}
+
+    def _fresh(self, key: tuple[float, str, int], ttl: float) -> list[dict[str, Any]] | None:
+        with self._lock:
+            hit = self._charts.get(key)
+        return hit[1] if hit is not None and self.clock() - hit[0] < ttl else None
 
     def get(self, key: tuple[float, str, int], ttl: float,
             draw: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        hit = self._fresh(key, ttl)
+        if hit is not None:
+            return hit
         with self._lock:
-            hit = self._charts.get(key)
-            if hit is not None and self.clock() - hit[0] < ttl:
-                return hit[1]
+            drawing = self._drawing.setdefault(key, threading.Lock())
+        with drawing:
+            hit = self._fresh(key, ttl)  # drawn by the viewer we waited for
+            if hit is not None:
+                return hit
             chart = draw()
-            self._charts.pop(key, None)
-            self._charts[key] = (self.clock(), chart)
-            while len(self._charts) > self.size:  # the oldest drawn goes first
-                del self._charts[next(iter(self._charts))]
+            with self._lock:
+                self._charts.pop(key, None)
+                self._charts[key] = (self.clock(), chart)
+                while len(self._charts) > self.size:  # the oldest drawn goes first
+                    old = next(iter(self._charts))
+                    del self._charts[old]
+                    if old != key:
+                        self._drawing.pop(old, None)
             return chart
 
 
