@@ -72,14 +72,8 @@ def job_lines(j: Mapping[str, Any]) -> list[tuple[str, str]]:
     if j.get("reason"):
         out.append(("reason", str(j["reason"])))
     rel = j.get("memory_release")
-    if isinstance(rel, Mapping):
-        if rel.get("released_at") is None:
-            out.append(("release", "still reserved: not verified back since the end"
-                        + (f"; leak: {rel['leak']}" if rel.get("leak") else "")))
-        else:
-            seconds = rel.get("seconds")
-            took = f"{seconds:.2f}" if isinstance(seconds, (int, float)) else str(seconds)
-            out.append(("release", f"memory back {took} s after the end ({rel.get('how')})"))
+    if isinstance(rel, Mapping) and rel.get("said"):
+        out.append(("release", str(rel["said"])))
     out.append(("events", ""))
     for e in j.get("events") or ():
         out.append(("", f"{e.get('at')}  {e.get('kind')}"

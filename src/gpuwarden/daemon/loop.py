@@ -260,19 +260,24 @@ class Scheduler:
         still: list[Hold] = []
         for h in self.store.open_holds():
             left: list[str] = []
+            running = _still_running(h)
             for uuid in h.gpu_uuids:
                 view = views.get(uuid)
                 if view is None:
                     continue
                 for p in view.processes:
                     if p.pid in h.pids:
-                        left.append(f"pid {p.pid} holds {format_bytes(p.memory)} on GPU "
-                                    f"{view.facts.index}")
+                        # Ended (or its pid reused since): the driver keeps its memory.
+                        dead = p.pid not in running and (p.pid in h.starts
+                                                         or not psutil.pid_exists(p.pid))
+                        left.append(f"{'dead pid' if dead else 'pid'} {p.pid} "
+                                    f"{'still holds' if dead else 'holds'} "
+                                    f"{format_bytes(p.memory)} on GPU {view.facts.index}")
                 base, unacc = h.baseline.get(uuid), view.unaccounted
                 if base is not None and unacc is not None and unacc - base > LEAK_TOLERANCE:
                     left.append(f"GPU {view.facts.index}: {format_bytes(unacc - base)} more "
                                 "in use by no process than while it ran")
-            left += [f"pid {pid} still runs" for pid in _still_running(h)]
+            left += [f"pid {pid} still runs" for pid in running]
             took = now - h.exited_at
             if not left:
                 how = "verified" if h.pids or h.baseline else \
@@ -320,15 +325,18 @@ class Scheduler:
                                  f"pid {pid} is now another process than the job's: left "
                                  "alone", self.clock())
         for a in plan_reap(mine, snap, caller_uid=os.geteuid()):
+            acted = True  # "reaped" only for a process signalled; else what would free it
             if a.action == "terminate" and a.pid is not None:
                 result = terminate(a.pid, hold.starts[a.pid], self.config.grace)
             elif a.action == "signal_parent" and a.target is not None and a.pid is not None:
                 result = signal_parent(a.target, a.pid)
             else:
-                result = a.next_step or a.reason
-            self.store.add_event(hold.job_id, "reaped" if a.pid is not None else "reap_advice",
-                                 f"{a.kind} pid {a.pid}: {result}" if a.pid is not None
-                                 else result, self.clock())
+                acted = False
+                result = "; ".join(x for x in (a.reason, a.next_step) if x)
+            who = (None if a.pid is None else f"dead pid {a.pid}" if a.kind == "dead_pid"
+                   else f"{a.kind} pid {a.pid}")
+            self.store.add_event(hold.job_id, "reaped" if acted else "reap_advice",
+                                 result if who is None else f"{who}: {result}", self.clock())
 
     def _end_orphans(self, hold: Hold) -> None:
         """Processes of the job still running after its end: what a supervisor (or an

@@ -82,6 +82,9 @@ class NewHold:
     starts: dict[int, float] = field(default_factory=dict)  # pid -> its start time
 
 
+CLEARED_BY = "cleared by "  # a hold's ``how`` when an admin released it (``unreserve``)
+
+
 @dataclass(frozen=True)
 class Hold:
     """GPU memory an ended attempt keeps reserved until it is verified back (invariant
@@ -106,13 +109,25 @@ class Hold:
     def open(self) -> bool:
         return self.released_at is None
 
+    def said(self) -> str:
+        """The release in words (``show``, the web UI): the memory came back, or an admin
+        released the hold while it was still held, or it is still reserved."""
+        if self.released_at is None:
+            return ("still reserved: not verified back since the end"
+                    + (f"; leak: {self.leak}" if self.leak else ""))
+        took = f"{self.released_at - self.exited_at:.2f} s after the end"
+        if self.how is not None and self.how.startswith(CLEARED_BY):
+            return (f"hold released by {self.how.removeprefix(CLEARED_BY)} {took}; the "
+                    "memory was not verified back" + (f": {self.leak}" if self.leak else ""))
+        return f"memory back {took} ({self.how})"
+
     def to_json(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "gpu_uuids": list(self.gpu_uuids),
                 "budget": self.budget, "exited_at": iso(self.exited_at),
                 "released_at": iso(self.released_at),
                 "seconds": None if self.released_at is None else
                 round(self.released_at - self.exited_at, 3),
-                "how": self.how, "leak": self.leak}
+                "how": self.how, "leak": self.leak, "said": self.said()}
 
 
 @dataclass(frozen=True)

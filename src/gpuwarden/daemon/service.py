@@ -528,10 +528,11 @@ class JobService:
         if not opened:
             raise UsageError(f"job {job_id} holds no memory that is waiting to come back")
         for h in opened:
-            self.store.close_hold(h.id, self.clock(), f"cleared by {caller.user}",
+            self.store.close_hold(h.id, self.clock(), model.CLEARED_BY + caller.user,
                                   kind="memory_cleared",
-                                  detail=f"{h.leak or 'not verified back'}; cleared by "
-                                         f"{caller.user}")
+                                  detail=f"hold released by {caller.user}; the memory was "
+                                         "not verified back"
+                                         + (f": {h.leak}" if h.leak else ""))
         self.wake()
         return self.view(caller, self.store.get(job.id))
 

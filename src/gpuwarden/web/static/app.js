@@ -243,8 +243,8 @@ function renderJob(data) {
     ["ended", fmtWhen(j.ended_at)], ["exit code", j.exit_code ?? "–"], ["reason", j.reason || "–"]];
   if (j.memory_release) {
     const r = j.memory_release;
-    facts.push(["memory back", r.released_at ? `${r.seconds} s after the end (${r.how})`
-                                             : `not yet${r.leak ? ": " + r.leak : ""}`]);
+    facts.push(["release", r.said || (r.released_at ? `${r.seconds} s after the end (${r.how})`
+                                                    : `not yet${r.leak ? ": " + r.leak : ""}`)]);
   }
   if (j.command) facts.push(["command", j.command.join(" ")]);
   return h("div", { id: "job", "data-job": j.id },
