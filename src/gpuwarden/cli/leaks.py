@@ -58,11 +58,19 @@ def leaks(as_json: bool, gpus: tuple[int, ...], samples: int, interval: float,
 
     Kinds: unaccounted (memory no process accounts for), hidden_holder (holds
     /dev/nvidiaN but the driver lists it nowhere), monitor (only control files:
-    harmless), other_namespace, dead_pid, garbage_pid, zombie, orphan."""
+    harmless), other_namespace, dead_pid, garbage_pid, zombie, orphan.
+
+    \b
+    Exit status (as doctor's, so cron or a monitor can alert on it):
+      0  no leak (monitors alone are no leak)
+      1  at least one leak
+      2  bad usage; 3 no GPU backend (one line on stderr)
+    """
     with backend() as b:
         _, found = _find(b, samples, interval, threshold, gpus)
     if as_json:
         emit_json({"leaks": [lk.to_json() for lk in found]})
+        _exit_if_leaks(found)
         return
     from rich.console import Console
     from rich.markup import escape
@@ -83,6 +91,21 @@ def leaks(as_json: bool, gpus: tuple[int, ...], samples: int, interval: float,
     if real:
         console.print("\nReclaim with [bold]gpuwarden reap[/bold] (dry run) and "
                       "[bold]gpuwarden reap --yes[/bold].")
+    _exit_if_leaks(found)
+
+
+EXIT_LEAKS = 1
+
+
+def _exit_if_leaks(found: list[Leak]) -> None:
+    """Exit 1 when a leak other than a monitor was found: a cron job or a monitor alerts
+    on the status, as on doctor's. SystemExit, not ctx.exit(): click's non-standalone
+    mode would turn an Exit into a return value."""
+    import sys
+
+    if any(lk.kind != "monitor" for lk in found):
+        sys.stdout.flush()
+        sys.exit(EXIT_LEAKS)
 
 
 def _used(b: Backend) -> dict[int, int]:
