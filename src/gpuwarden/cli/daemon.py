@@ -56,9 +56,13 @@ def start_detached(paths: Paths, wait: float = 15.0) -> Client:
     load_config(paths)  # a bad config or socket path: its one line, here and now
     with _open_log(paths) as log:
         start = log.tell()
-        child = subprocess.Popen([sys.executable, "-m", "gpuwarden.daemon.main"],
-                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                 start_new_session=True, close_fds=True, cwd="/")
+        try:
+            child = subprocess.Popen([sys.executable, "-m", "gpuwarden.daemon.main"],
+                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                     start_new_session=True, close_fds=True, cwd="/")
+        except OSError as e:
+            raise GpuwardenError(f"cannot start the daemon ({sys.executable}): "
+                                 f"{e.strerror or e}") from None
     client = Client(str(paths.socket))
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
@@ -93,18 +97,25 @@ def _last_error(paths: Paths, start: int) -> str:
 
 def connect() -> Client:
     """A client for the configured daemon; a user-mode daemon is started on demand when
-    none runs and none is configured."""
+    none runs and none is configured. The system daemon (root's) never is: a root
+    daemon with a world-writable socket is started only when someone asks for it."""
     from gpuwarden.daemon.client import Client, DaemonUnavailable
-    from gpuwarden.daemon.paths import resolve_paths
+    from gpuwarden.daemon.paths import SYSTEM, USER, resolve_paths
 
     paths = resolve_paths()
     client = Client(str(paths.socket))
     if client.alive():
         return client
-    if paths.configured:
-        raise DaemonUnavailable(f"no gpuwarden daemon answers at {paths.socket}; start it with "
-                                "`gpuwarden daemon start` (or systemctl start gpuwarden)")
-    return start_detached(paths)
+    if paths.mode == USER and not paths.configured:
+        return start_detached(paths)
+    if paths.mode == SYSTEM and not paths.configured:  # root, on a machine not set up
+        raise DaemonUnavailable(
+            f"no gpuwarden daemon answers at {paths.socket}, and a client never starts the "
+            "system daemon: run it as a service (deploy/systemd/gpuwarden.service, then "
+            "`systemctl enable --now gpuwarden`) or start it with `gpuwarden daemon start`; "
+            "or set GPUWARDEN_HOME for a daemon of your own")
+    raise DaemonUnavailable(f"no gpuwarden daemon answers at {paths.socket}; start it with "
+                            "`gpuwarden daemon start` (or systemctl start gpuwarden)")
 
 
 @click.group()
