@@ -71,3 +71,25 @@ def test_named_running_process_can_be_reaped_and_unknown_pid_is_an_error() -> No
     assert _plan(s, named=(10,))[10].action == TERMINATE
     with pytest.raises(UsageError, match="holds no GPU memory"):
         _plan(s, named=(12345,))
+
+
+def test_running_jobs_processes_are_left_unless_named() -> None:
+    from gpuwarden.observe.reap import job_processes
+    from gpuwarden.procs.model import ProcInfo
+
+    # 30 runs in job 7's tree (the daemon's view); 40's parent 41 carries GPUWARDEN_JOB=7;
+    # 50 carries GPUWARDEN_JOB=3, a job that ended: a leftover, a leak like any other.
+    procs = {40: ProcInfo(pid=40, exists=True, ppid=41, env={}),
+             41: ProcInfo(pid=41, exists=True, ppid=1, env={"GPUWARDEN_JOB": "7"}),
+             50: ProcInfo(pid=50, exists=True, ppid=1, env={"GPUWARDEN_JOB": "3"}),
+             30: ProcInfo(pid=30, exists=True, ppid=1, env={})}
+    daemon = {"pids": {"30": 7, "41": 7}}
+    assert job_processes([30, 40, 50], procs.__getitem__, daemon) == {30: 7, 40: 7}
+    assert job_processes([40, 50], procs.__getitem__, None) == {40: 7, 50: 3}
+
+    s = snapshot([(gpu(0), [])], holders=[holder(30, ("/dev/nvidia0",), (0,), user="alice")])
+    leaks = find_leaks([s])
+    [kept] = plan_reap(leaks, s, caller_uid=0, managed={30: 7})
+    assert kept.action == NONE and "running gpuwarden job 7" in kept.reason
+    [named] = plan_reap(leaks, s, caller_uid=0, managed={30: 7}, named=(30,))
+    assert named.action == TERMINATE

@@ -130,6 +130,23 @@ def _alive(pid: int, start_time: float | None) -> bool:
         return False
 
 
+def _daemon_processes() -> dict[str, Any] | None:
+    """The daemon's view of its running jobs' processes (/v1/job-pids), when one answers;
+    None otherwise. Never starts a daemon."""
+    from gpuwarden.daemon.client import Client
+    from gpuwarden.daemon.paths import resolve_paths
+    from gpuwarden.errors import GpuwardenError
+
+    try:
+        socket = resolve_paths().socket
+        if not socket.exists():
+            return None
+        answer = Client(str(socket), timeout=10.0).request("GET", "/v1/job-pids")
+    except (GpuwardenError, OSError, ValueError):
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
 def _simulated(b: Backend) -> SimBackend | None:
     """The simulated backend, whose scenario pids are never signalled: their reaping is
     modelled (``SimBackend.reap_declared``); None on a real one."""
@@ -205,14 +222,17 @@ def reap(yes: bool, pids: tuple[int, ...], gpus: tuple[int, ...], grace: float,
 
     Dry run by default. Kills hidden holders and orphans (SIGTERM, grace, SIGKILL), asks
     a zombie's parent to reap it; never another user's process unless run as root, never
-    one the driver shows computing unless named with --pid. Reports the bytes reclaimed
-    and seconds taken, or what is still held and the command to run next."""
-    from gpuwarden.observe.reap import NONE, SIGNAL_PARENT, TERMINATE, plan_reap
+    a running job's process nor one the driver shows computing unless named with --pid.
+    Reports the bytes reclaimed and seconds taken, or what is still held and the command
+    to run next."""
+    from gpuwarden.observe.reap import NONE, SIGNAL_PARENT, TERMINATE, job_processes, plan_reap
     from gpuwarden.procs.terminate import signal_parent, terminate
 
     with backend() as b:
         snap, found = _find(b, samples, interval, threshold, gpus)
-        plan = plan_reap(found, snap, caller_uid=os.geteuid(), named=pids)
+        candidates = {lk.pid for lk in found if lk.pid is not None}
+        managed = job_processes(candidates, b.process_source().info, _daemon_processes())
+        plan = plan_reap(found, snap, caller_uid=os.geteuid(), named=pids, managed=managed)
         outcome: dict[str, Any] = {"dry_run": not yes,
                                    "actions": [a.to_json() for a in plan],
                                    "reclaimed": [], "still_held": [], "next_steps": []}

@@ -1,18 +1,21 @@
 """What ``reap`` may do about each leak: a pure plan, decided before any signal is sent.
 
 The rules: kill hidden holders and orphans; ask a zombie's parent to reap it; never touch
-a monitor, another user's process (unless root), gpuwarden itself, init, or a process the
-driver shows actively computing unless the user named its pid. Memory with no process
+a monitor, another user's process (unless root), gpuwarden itself, init, or — unless the
+user named its pid — a process of a running gpuwarden job or one the driver shows
+actively computing. Memory with no process
 behind it cannot be killed: the plan says what to run instead."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpuwarden.errors import UsageError
 from gpuwarden.observe.leaks import Leak
 from gpuwarden.observe.snapshot import Snapshot
+from gpuwarden.procs.model import ProcInfo
 
 TERMINATE, SIGNAL_PARENT, NONE = "terminate", "signal_parent", "none"
 
@@ -60,9 +63,39 @@ def _sum(values: Iterable[int | None]) -> int | None:
     return total
 
 
+def job_processes(pids: Iterable[int], info: Callable[[int], ProcInfo],
+                  daemon: Mapping[str, Any] | None) -> dict[int, int]:
+    """Which of ``pids`` belong to a running gpuwarden job, as {pid: job id}: in the tree
+    the daemon reports for one (``daemon``: its /v1/job-pids answer, None when no daemon
+    answers), or with GPUWARDEN_JOB in its own or an ancestor's environment. With a
+    daemon, GPUWARDEN_JOB counts only for a job it still runs: a worker left behind by an
+    ended job is a leak like any other."""
+    trees = {int(p): int(j) for p, j in (daemon or {}).get("pids", {}).items()}
+    running = None if daemon is None else set(trees.values())
+    out: dict[int, int] = {}
+    for pid in pids:
+        if pid in trees:
+            out[pid] = trees[pid]
+            continue
+        cur: int | None = pid
+        for _ in range(64):  # an ancestry is never this deep; a loop in /proc is no reason
+            if cur is None or cur <= 1:
+                break
+            facts = info(cur)
+            raw = (facts.env or {}).get("GPUWARDEN_JOB", "")
+            if raw.isascii() and raw.isdigit() and (running is None or int(raw) in running):
+                out[pid] = int(raw)
+                break
+            cur = facts.ppid
+    return out
+
+
 def plan_reap(leaks: Sequence[Leak], snap: Snapshot, *, caller_uid: int,
-              named: Iterable[int] = (), protected: Iterable[int] = (1,)) -> list[ReapAction]:
-    """One action per process (a hidden holder of several GPUs is killed once)."""
+              named: Iterable[int] = (), protected: Iterable[int] = (1,),
+              managed: Mapping[int, int] | None = None) -> list[ReapAction]:
+    """One action per process (a hidden holder of several GPUs is killed once).
+    ``managed``: processes of running jobs ({pid: job id}, ``job_processes``), left
+    alone unless named."""
     named_set = set(named)
     never = set(protected) | {snap.observer_pid}
     by_pid: dict[int, list[Leak]] = {}
@@ -94,12 +127,12 @@ def plan_reap(leaks: Sequence[Leak], snap: Snapshot, *, caller_uid: int,
                                 start_time=holder.start_time)]
 
     for pid, group in sorted(by_pid.items()):
-        plans.append(_decide(pid, group, snap, caller_uid, named_set, never))
+        plans.append(_decide(pid, group, snap, caller_uid, named_set, never, managed or {}))
     return sorted(plans, key=lambda a: (a.gpus or (-1,), a.pid or 0))
 
 
 def _decide(pid: int, group: list[Leak], snap: Snapshot, caller_uid: int,
-            named: set[int], never: set[int]) -> ReapAction:
+            named: set[int], never: set[int], managed: Mapping[int, int]) -> ReapAction:
     first = group[0]
     kinds = {lk.kind for lk in group}
     gpus = tuple(sorted({lk.gpu for lk in group if lk.gpu is not None}))
@@ -120,6 +153,9 @@ def _decide(pid: int, group: list[Leak], snap: Snapshot, caller_uid: int,
         return act(NONE, "a monitoring tool holding only control files: harmless")
     if pid in never:
         return act(NONE, "protected process (init or gpuwarden itself)")
+    if pid in managed and pid not in named:
+        return act(NONE, f"a process of running gpuwarden job {managed[pid]} (a worker it "
+                         f"started?); name it with --pid {pid} to reap it anyway")
     views = snap.process(pid)
     owner_uid = views[0].info.uid if views else None
     if caller_uid != 0 and owner_uid is not None and owner_uid != caller_uid:
