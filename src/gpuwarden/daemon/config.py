@@ -59,11 +59,24 @@ else:  # pragma: no cover
     import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
 
 
-def read_config(path: Path) -> Config:
+SETTINGS = ("admin_groups", "spike_buffer", "reserve", "context_memory", "interval", "grace",
+            "max_grace", "aging", "backfill", "starve_after", "preemption", "oom_retries",
+            "retry_backoff", "release_timeout", "metrics_listen", "metrics_cache",
+            "history_interval", "history_retention", "web_listen",
+            "max_connections_per_user", "max_connections_tcp", "request_timeout",
+            "idle_timeout", "limits")
+"""Every top-level setting the loader knows (deploy/config.toml shows each)."""
+LIMIT_SETTINGS = ("max_gpus", "max_memory", "max_running", "max_priority", "qos")
+"""The settings of ``[limits]`` and of each ``[limits.users.NAME]``."""
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    """The file's TOML as a table; None when there is no file (the defaults apply)."""
     try:
         raw: dict[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
+        return raw
     except FileNotFoundError:
-        return Config()
+        return None
     except UnicodeDecodeError:
         raise UsageError(f"cannot read the config file {path}: it is not UTF-8 text "
                          "(TOML)") from None
@@ -73,14 +86,40 @@ def read_config(path: Path) -> Config:
         raise UsageError(f"cannot read the config file {path}: {e}") from None
     except RecursionError:
         raise UsageError(f"cannot read the config file {path}: nested too deeply") from None
-    unknown = sorted(set(raw) - {"admin_groups", "spike_buffer", "reserve", "interval",
-                                 "grace", "max_grace", "aging", "backfill", "preemption",
-                                 "retry_backoff",
-                                 "oom_retries", "release_timeout", "limits", "metrics_listen",
-                                 "metrics_cache", "history_interval", "history_retention",
-                                 "web_listen", "starve_after", "context_memory",
-                                 "max_connections_per_user", "max_connections_tcp",
-                                 "request_timeout", "idle_timeout"})
+
+
+def read_config(path: Path) -> Config:
+    raw = _load(path)
+    return Config() if raw is None else _parse(path, raw)
+
+
+def check_config(path: Path) -> list[str]:
+    """Every problem of the config file, one line each (``gpuwarden config check``): each
+    setting is checked alone, then together (grace against max_grace). A missing file is
+    a problem here: the daemon would run on the defaults without a word."""
+    try:
+        raw = _load(path)
+    except UsageError as e:
+        return [str(e)]
+    if raw is None:
+        return [f"{path}: no such file"]
+    problems = [f"{path}: unknown setting {k}" for k in sorted(set(raw) - set(SETTINGS))]
+    for key in SETTINGS:
+        if key in raw:
+            try:
+                _parse(path, {key: raw[key]})
+            except UsageError as e:
+                problems.append(str(e))
+    if not problems:
+        try:
+            _parse(path, raw)
+        except UsageError as e:
+            problems.append(str(e))
+    return problems
+
+
+def _parse(path: Path, raw: dict[str, Any]) -> Config:
+    unknown = sorted(set(raw) - set(SETTINGS))
     if unknown:
         raise UsageError(f"{path}: unknown setting(s) {', '.join(unknown)}")
     groups = raw.get("admin_groups", [])
@@ -208,8 +247,7 @@ def _starve_after(path: Path, raw: Any) -> float:
 def _user_limits(path: Path, where: str, raw: Any) -> UserLimits:
     if not isinstance(raw, dict):
         raise UsageError(f"{path}: {where} must be a table")
-    unknown = sorted(set(raw) - {"max_gpus", "max_memory", "max_running", "max_priority",
-                                 "qos"})
+    unknown = sorted(set(raw) - set(LIMIT_SETTINGS))
     if unknown:
         raise UsageError(f"{path}: {where}: unknown setting(s) {', '.join(unknown)}")
     out: dict[str, int | None] = {}
@@ -219,6 +257,13 @@ def _user_limits(path: Path, where: str, raw: Any) -> UserLimits:
             raise UsageError(f"{path}: {where}.{name} must be a whole number ≥ 0")
         out[name] = v
     mem = raw.get("max_memory")
+    if mem is not None:
+        if isinstance(mem, bool) or not isinstance(mem, (int, str)):
+            raise UsageError(f"{path}: {where}.max_memory must be a size like 160G")
+        try:
+            mem = parse_size(mem)
+        except UsageError as e:
+            raise UsageError(f"{path}: {where}.max_memory: {e}") from None
     prio = raw.get("max_priority", UserLimits.max_priority)
     if isinstance(prio, bool) or not isinstance(prio, int) or not -1000 <= prio <= 1000:
         raise UsageError(f"{path}: {where}.max_priority must be a whole number "
@@ -227,7 +272,7 @@ def _user_limits(path: Path, where: str, raw: Any) -> UserLimits:
     if not isinstance(qos, list) or not all(q in QOS_CLASSES for q in qos):
         raise UsageError(f"{path}: {where}.qos must be a list of {', '.join(QOS_CLASSES)}")
     return UserLimits(max_gpus=out["max_gpus"], max_running=out["max_running"],
-                      max_memory=None if mem is None else parse_size(mem),
+                      max_memory=mem,
                       max_priority=prio, qos=tuple(qos))
 
 
