@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "mps": ("gpuwarden.cli.settings", "mps", "Start, stop and inspect the MPS daemon (root)."),
     "daemon": ("gpuwarden.cli.daemon", "daemon", "Start, stop or check the job daemon."),
     "config": ("gpuwarden.cli.config", "config", "Check the daemon's config file."),
+    "completion": ("gpuwarden.cli.completion", "completion",
+                   "Shell completion script: bash, zsh or fish."),
     "submit": ("gpuwarden.cli.jobs", "submit", "Queue a command; prints its job id."),
     "ps": ("gpuwarden.cli.jobs", "ps", "The job queue."),
     "show": ("gpuwarden.cli.jobs", "show", "One job, with its events."),
