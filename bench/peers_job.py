@@ -3,7 +3,10 @@ it busy for a fixed wall time and writes what happened to its own result file.
 
     python3 peers_job.py OUT DECLARED_MIB FINAL_MIB START_FRAC GROW_S SECONDS
 
-The job first runs one small matmul (so cuBLAS's workspace is in the allocator's pool),
+The job first runs one small matmul (so cuBLAS's workspace is in the allocator's pool) and
+keeps its product, which every later matmul overwrites (a fresh 2 MiB product would need a
+new 20 MiB segment once the memory is grown to its cap, an allocation past what the job
+takes),
 then takes memory in 256 MiB tensors until ``torch.cuda.memory_reserved()`` reaches
 ``START_FRAC`` of FINAL_MIB, grows linearly to FINAL_MIB over GROW_S seconds, and computes
 until SECONDS after the process started. ``max_memory_reserved`` never passes FINAL_MIB,
@@ -114,7 +117,7 @@ def main() -> int:
         import torch
 
         a = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
-        a @ a
+        b = a @ a  # kept: every later product goes into it, so computing allocates nothing
         torch.cuda.synchronize()
         nvml = _Nvml(torch)
         rec["cuda_ready"] = time.time()
@@ -138,7 +141,7 @@ def main() -> int:
                 t.fill_(1)
                 held.append(t)
             rec.pop("asking", None)
-            a @ a
+            torch.matmul(a, a, out=b)
             torch.cuda.synchronize()
             used = nvml.used()
             if used:

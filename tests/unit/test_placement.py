@@ -376,3 +376,16 @@ def test_a_job_with_a_ceiling_takes_the_roomiest_gpu_up_to_its_ceiling() -> None
     place = fits(crept, [g(0, used=(50,)), g(1, used=(55,))], 0)
     assert isinstance(place, Place) and place.gpus == (0,) and place.budget == 30 * GiB
     assert fits(crept, [g(0, used=(65,))], 0) is None  # 15 GiB: under its request
+
+
+def test_a_job_with_a_ceiling_waits_for_it_while_jobs_on_the_gpu_may_end() -> None:
+    crept = replace(job(20), mem_ceiling=40 * GiB, wait_for_ceiling=True)
+    assert fits(crept, [g(0, used=(50,))], 0) is None  # 30 GiB now; 50 may free up
+    ok = fits(crept, [g(0, used=(50,)), g(1, used=(30,))], 0)
+    assert isinstance(ok, Place) and ok.gpus == (1,) and ok.budget == 40 * GiB
+    # Nothing managed there that could end: it takes what there is.
+    alone = fits(crept, [g(0, foreign=50, fprocs=1)], 0)
+    assert isinstance(alone, Place) and alone.budget == 30 * GiB
+    # Once its wait is over (the daemon clears the flag), what there is.
+    late = fits(replace(crept, wait_for_ceiling=False), [g(0, used=(50,))], 0)
+    assert isinstance(late, Place) and late.budget == 30 * GiB

@@ -183,6 +183,7 @@ def queued(id: int, gpus: int = 8) -> st.SearchStrategy[QueuedJob]:
         runtime=st.one_of(st.none(), st.integers(1, 3600).map(float)),
         estimate=st.one_of(st.none(), st.integers(1, 3600).map(float)),
         mem_ceiling=st.one_of(st.none(), st.none(), st.none(), SIZES),  # crept OOM retries
+        wait_for_ceiling=st.booleans(),
     )
 
 

@@ -120,7 +120,7 @@ def test_every_transition_field_round_trips(tmp_path: Path) -> None:
         budget=14 * GiB, exit_code=137, reason="killed: out of memory",
         supervisor_pid=4242, supervisor_start=123456.78, boot_id="b00t", attempts=2,
         peak_memory=13 * GiB, preempting_at=15.5, preemptions=1, oom_retries=2,
-        retry_mem=17 * GiB, retry_ceiling=34 * GiB, not_before=30.5,
+        retry_mem=17 * GiB, retry_ceiling=34 * GiB, ceiling_until=99.5, not_before=30.5,
         kill_reason="over its limit", cpu_set=(2, 3), oom_tried=6 * GiB, oom_need=10 * GiB,
         context=676 << 20)
     assert set(values) == TRANSITION_FIELDS
@@ -579,7 +579,7 @@ def test_older_database_is_upgraded(tmp_path: Path) -> None:
                          "no_requeue, retries, checkpoint, preempting_at, preemptions, "
                          "oom_retries, retry_mem, not_before, kill_reason, mps, sm_percent, "
                          "mem_auto, cpus, no_numa, cpu_set, attach, oom_tried, oom_need, context, "
-                         "allocated_peak, retry_ceiling "
+                         "allocated_peak, retry_ceiling, ceiling_until "
                          "FROM jobs")
 
 

@@ -25,6 +25,7 @@ from gpuwarden.daemon.service import Config, learned_runtime, queued_view
 from gpuwarden.daemon.store import Conflict, JobNotFound
 from gpuwarden.sched.model import GUARANTEED, GpuState, Infeasible, ManagedUse, Place, Preempt, Wait
 from gpuwarden.sched.oom import (
+    CREEP_WAIT,
     GiveUp,
     OomAsk,
     after_oom,
@@ -423,6 +424,7 @@ class Scheduler:
             reason="retrying after a CUDA OOM", **FRESH_ATTEMPT,
             attempts=job.attempts + 1, oom_retries=job.oom_retries + 1,
             retry_mem=decision.budget, retry_ceiling=decision.ceiling,
+            ceiling_until=None if decision.ceiling is None else now + CREEP_WAIT,
             not_before=now + decision.delay,
             oom_tried=None if ask is None else ask.tried, oom_need=decision.need,
             hold=self._hold(job, now))
@@ -849,8 +851,9 @@ class Scheduler:
             return False
         room_wanted = False
         by_id = {j.id: j for j in ready}
-        for d in plan(self.last_states, [queued_view(j, self._estimate(j)) for j in ready],
-                      self.config.spike_buffer, now=self.clock(), policy=self.config.policy):
+        now = self.clock()
+        for d in plan(self.last_states, [queued_view(j, self._estimate(j), now) for j in ready],
+                      self.config.spike_buffer, now=now, policy=self.config.policy):
             job = by_id[d.job_id]
             if isinstance(d, Preempt):
                 self._preempt(job, d)

@@ -153,6 +153,7 @@ class Job:
     oom_retries: int = 0  # OOM retries used
     retry_mem: int | None = None  # the bumped per-GPU request after an OOM
     retry_ceiling: int | None = None  # the most that retry may take where there is room
+    ceiling_until: float | None = None  # it waits for room for that ceiling until then
     oom_tried: int | None = None  # the allocation its latest OOM message says failed
     oom_need: int | None = None  # what that OOM showed it needs per GPU (message or peak)
     context: int | None = None  # CUDA context allowance booked beside its budget per GPU

@@ -259,11 +259,12 @@ def _duration(raw: Any, label: str, *, zero_ok: bool = False) -> float | None:
     return value
 
 
-def queued_view(job: Job, estimate: float | None = None) -> QueuedJob:
-    """The job as the queue policy sees it; ``estimate`` is its learned run time
-    (``learned_runtime``), its ``--timeout`` the bound."""
+def queued_view(job: Job, estimate: float | None = None, now: float = 0.0) -> QueuedJob:
+    """The job as the queue policy sees it at ``now``; ``estimate`` is its learned run
+    time (``learned_runtime``), its ``--timeout`` the bound."""
     s = job.spec
-    return QueuedJob(id=job.id, user=s.user, mem=job.request, count=s.gpus,
+    return QueuedJob(id=job.id, user=s.user, mem=job.request, mem_ceiling=job.retry_ceiling,
+                     wait_for_ceiling=now < (job.ceiling_until or 0.0), count=s.gpus,
                      gpu_ids=s.gpu_ids, exclusive=s.exclusive, priority=s.priority,
                      submitted_at=job.submitted_at, qos=s.qos, runtime=s.timeout,
                      estimate=estimate, not_before=job.not_before or 0.0, cpus=s.cpus)

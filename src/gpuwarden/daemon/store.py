@@ -265,7 +265,9 @@ MIGRATIONS: list[Migration] = [
         )""",
          "CREATE INDEX contexts_model ON contexts(model, driver, at)"),
     # 8: the most an OOM retry of a job that crept into its cap may take (sched/oom.py).
-    _sql("ALTER TABLE jobs ADD COLUMN retry_ceiling INTEGER"),
+    # ... and until when it waits for room for that ceiling.
+    _sql("ALTER TABLE jobs ADD COLUMN retry_ceiling INTEGER",
+         "ALTER TABLE jobs ADD COLUMN ceiling_until REAL"),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -274,7 +276,8 @@ _JSON_FIELDS = frozenset({"gpus", "gpu_uuids", "cpu_set"})
 TRANSITION_FIELDS = frozenset({
     "started_at", "ended_at", "gpus", "gpu_uuids", "budget", "exit_code", "reason",
     "supervisor_pid", "supervisor_start", "boot_id", "attempts", "peak_memory",
-    "preempting_at", "preemptions", "oom_retries", "retry_mem", "retry_ceiling", "not_before",
+    "preempting_at", "preemptions", "oom_retries", "retry_mem", "retry_ceiling", "ceiling_until",
+    "not_before",
     "kill_reason",
     "cpu_set", "oom_tried", "oom_need", "context",
 })
@@ -394,6 +397,7 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event], hold: Hold | None = N
         oom_retries=row["oom_retries"],
         retry_mem=row["retry_mem"],
         retry_ceiling=row["retry_ceiling"],
+        ceiling_until=row["ceiling_until"],
         oom_tried=row["oom_tried"],
         oom_need=row["oom_need"],
         context=row["context"],

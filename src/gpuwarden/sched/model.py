@@ -64,6 +64,7 @@ class QueuedJob:
     user: str
     mem: int | None  # bytes per GPU; None: a whole idle GPU
     mem_ceiling: int | None = None  # more it may take where there is room (an OOM retry)
+    wait_for_ceiling: bool = False  # it waits for its ceiling on GPUs where jobs may end
     count: int = 1
     gpu_ids: tuple[int, ...] | None = None
     exclusive: bool = False

@@ -31,6 +31,9 @@ FAILS_BEFORE_HOLD = 3
 CREEP_STEP = 0.125
 CREEP_MIN = 2.0
 CREEP_CEILING = 4.0
+# How long such a retry waits for room for its ceiling while jobs on a GPU may end and
+# free it, before it takes what there is (at least its budget).
+CREEP_WAIT = 120.0
 
 # PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp) prints sizes with
 # format_size: "N bytes" up to 1 KiB, then KiB, MiB, GiB with two decimals.

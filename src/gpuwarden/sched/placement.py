@@ -207,6 +207,10 @@ def _blocked(job: QueuedJob, gpu: GpuState, room: int) -> tuple[bool, str] | Non
         return None
     if room < job.mem + gpu.context:  # the job's context is booked beside its budget
         return True, f"{format_bytes(budget_room)} free"
+    if (job.wait_for_ceiling and job.mem_ceiling is not None
+            and budget_room < job.mem_ceiling and gpu.managed):
+        return True, (f"{format_bytes(budget_room)} free; waiting a while for up to "
+                      f"{format_bytes(job.mem_ceiling)} as jobs here end")
     return None
 
 
