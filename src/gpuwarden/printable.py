@@ -11,12 +11,18 @@ from typing import Any
 
 # C0 controls (tab, CR and newline included: they break a table as surely as ESC),
 # DEL, C1 controls (0x9b is a one-byte CSI), the Unicode line/paragraph separators and
-# the bidirectional overrides and isolates that reorder what follows them.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# the bidirectional overrides and isolates that reorder what follows them; and bytes that
+# are not UTF-8 (an argv or environment value may hold any), which Python carries as
+# the surrogates U+DC80-U+DCFF (surrogateescape) and no terminal can print.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+                      "\udc80-\udcff]")
 
 
 def _escape(m: re.Match[str]) -> str:
-    return ascii(m.group())[1:-1]  # '\x1b' -> \x1b, '\r' -> \r, '\u202e' -> \u202e
+    c = m.group()
+    if "\udc80" <= c <= "\udcff":
+        return f"\\x{ord(c) - 0xdc00:02x}"  # the byte it stands for: \xff
+    return ascii(c)[1:-1]  # '\x1b' -> \x1b, '\r' -> \r, '\u202e' -> \u202e
 
 
 def visible(text: Any) -> str:

@@ -24,6 +24,7 @@ from gpuwarden.daemon.repeated import log_repeated
 from gpuwarden.daemon.service import JobService
 from gpuwarden.daemon.store import Conflict, JobNotFound, Store, StoreError
 from gpuwarden.errors import GpuwardenError, PermissionDenied, UsageError
+from gpuwarden.printable import visible
 from gpuwarden.units import parse_duration
 
 log = logging.getLogger("gpuwarden.api")
@@ -175,7 +176,10 @@ def _flag(request: web.Request, name: str) -> bool:
     raise UsageError(f"{name} must be true or false")
 
 
-async def _body(request: web.Request) -> Any:
+async def _body(request: web.Request, carried: tuple[str, ...] = ()) -> Any:
+    """The request's JSON. ``carried``: the keys of a top-level object whose strings may
+    hold bytes that are not UTF-8 (argv and environment values may, on Linux), as
+    Python's surrogateescape writes them (U+DC80-U+DCFF, JSON "\\udcff")."""
     if request.content_length and request.content_length > MAX_BODY:
         raise UsageError("request body too large")
     timeout = request.app.get(REQUEST_TIMEOUT, 5.0)
@@ -193,12 +197,22 @@ async def _body(request: web.Request) -> Any:
     except RecursionError:
         raise UsageError("the request body is nested too deeply") from None
     try:  # "\ud800" parses, but is no character: no argv, path or name can hold it
-        json.dumps(body, ensure_ascii=False).encode()
+        json.dumps(body, ensure_ascii=False).encode(errors="surrogateescape")
     except RecursionError:
         raise UsageError("the request body is nested too deeply") from None
     except UnicodeEncodeError:
         raise UsageError("the request body is not valid JSON: a string holds a lone "
                          "surrogate (\\ud800-\\udfff)") from None
+    for key, value in body.items() if isinstance(body, dict) else [(None, body)]:
+        if key in carried:
+            continue
+        try:
+            json.dumps([key, value], ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            what = "the request body" if key is None else visible(key)
+            raise UsageError(f"{what} is not UTF-8" + (
+                f" (only {' and '.join(carried)} may hold other bytes)" if carried else "")
+                ) from None
     return body
 
 
@@ -238,7 +252,7 @@ async def list_jobs(request: web.Request) -> web.Response:
 
 async def submit(request: web.Request) -> web.Response:
     svc, caller = request.app[SERVICE], caller_of(request)
-    out = await _call(svc.submit, caller, await _body(request))
+    out = await _call(svc.submit, caller, await _body(request, carried=("command", "env")))
     return web.json_response(out, status=201 if out["created"] else 200)
 
 

@@ -578,6 +578,8 @@ def _set_name(name: str) -> None:
 
 class _StartFailed(Exception):
     def __init__(self, exit_code: int, reason: str) -> None:
+        # A command or path that is not UTF-8 is written as \xNN: the reason is stored.
+        reason = os.fsencode(reason).decode(errors="backslashreplace")
         super().__init__(reason)
         self.exit_code = exit_code
         self.reason = reason
