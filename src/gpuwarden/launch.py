@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -172,6 +173,35 @@ def resolve_command(command: Sequence[str], env: Mapping[str, str]) -> str:
             raise CommandNotExecutable(f"{name}: is a directory")
         raise CommandNotExecutable(f"{name}: permission denied")
     raise CommandNotFound(f"{name}: command not found")
+
+
+def launch_problem(command: Sequence[str], cwd: str,
+                   env: Mapping[str, str]) -> tuple[int, str] | None:
+    """Why ``command`` cannot start in ``cwd`` for the user this process runs as: (exit
+    code as a shell's, one line), or None. Checked by ``submit`` as the submitter and by
+    the supervisor as the job's user, never as root for another user: root's answer
+    would tell that user what exists where they may not look. A relative command path
+    is relative to ``cwd``, where the job runs."""
+    try:
+        is_dir = stat.S_ISDIR(os.stat(cwd).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return 127, f"working directory not found: {cwd}"
+    except OSError as e:  # EACCES: the same answer whether it exists or not
+        return 126, f"working directory not usable: {cwd}: {e.strerror or e}"
+    if not is_dir:
+        return 126, f"working directory is not a directory: {cwd}"
+    if not os.access(cwd, os.X_OK):
+        return 126, f"working directory not usable: {cwd}: Permission denied"
+    name = command[0] if command else ""
+    if os.sep in name and not os.path.isabs(name):
+        name = os.path.join(cwd, name)
+    try:
+        resolve_command([name], env)
+    except CommandNotFound:
+        return 127, f"command not found: {name}"
+    except CommandNotExecutable as e:
+        return 126, f"command not executable: {e}"
+    return None
 
 
 def apply_affinity(cpus: frozenset[int] | None) -> str | None:

@@ -60,6 +60,7 @@ from gpuwarden.launch import (
     CommandNotFound,
     LaunchPlan,
     apply_affinity,
+    launch_problem,
     resolve_command,
 )
 
@@ -751,8 +752,9 @@ class _Supervisor:
             return failed.reason, failed.exit_code
         return self.wait(), None
 
-    def prepare(self) -> tuple[str, tuple[str, ...]]:
-        """Check identity, cwd and command before forking; the executable and argv."""
+    def prepare(self) -> tuple[str | None, tuple[str, ...]]:
+        """Check identity before forking; the executable (None: to be resolved in the
+        child, as the job's user) and argv."""
         spec = self.spec
         euid = os.geteuid()
         if euid != 0:
@@ -761,25 +763,26 @@ class _Supervisor:
                                         f"as uid {euid}, not root")
             if spec.gid != os.getegid() or set(spec.groups) - set(os.getgroups()):
                 self.warn("not root: the job keeps the supervisor's groups")
-        if not os.path.isdir(spec.cwd):
-            if os.path.exists(spec.cwd):
-                raise _StartFailed(126, f"working directory is not a directory: {spec.cwd}")
-            raise _StartFailed(127, f"working directory not found: {spec.cwd}")
+        elif spec.uid != 0:  # cwd and command are checked as the job's user, in the child
+            return None, (*spec.numactl_prefix, *spec.argv)
+        return self.resolve()
 
-        def resolve(name: str) -> str:
-            if os.sep in name and not os.path.isabs(name):
-                name = os.path.join(spec.cwd, name)  # relative to the job's cwd, not ours
-            try:
-                return resolve_command([name], spec.env)
-            except CommandNotFound:
-                raise _StartFailed(127, f"command not found: {name}") from None
-            except CommandNotExecutable as e:
-                raise _StartFailed(126, f"command not executable: {e}") from None
-
-        path = resolve(spec.argv[0])
-        if spec.numactl_prefix:
-            return resolve(spec.numactl_prefix[0]), (*spec.numactl_prefix, *spec.argv)
-        return path, spec.argv
+    def resolve(self) -> tuple[str, tuple[str, ...]]:
+        """Check cwd and command as the user this process now runs as (``launch_problem``);
+        the executable and argv."""
+        spec = self.spec
+        argv = (*spec.numactl_prefix, *spec.argv)
+        for command in (spec.argv, spec.numactl_prefix):  # the command, then its wrapper
+            problem = launch_problem(command, spec.cwd, spec.env) if command else None
+            if problem is not None:
+                raise _StartFailed(*problem)
+        name = argv[0]
+        if os.sep in name and not os.path.isabs(name):
+            name = os.path.join(spec.cwd, name)  # relative to the job's cwd, not ours
+        try:
+            return resolve_command([name], spec.env), argv
+        except (CommandNotFound, CommandNotExecutable) as e:
+            raise _StartFailed(e.exit_code, str(e)) from None
 
     def open_log(self, name: str) -> int:
         fd = os.open(self.jobdir / name,
@@ -794,7 +797,7 @@ class _Supervisor:
             raise
         return fd
 
-    def start(self, path: str, argv: tuple[str, ...], out_fd: int,
+    def start(self, path: str | None, argv: tuple[str, ...], out_fd: int,
               err_fd: int) -> _StartFailed | None:
         """Fork and exec the command; a start pipe (closed by exec) carries failures."""
         r, w = os.pipe()
@@ -841,7 +844,7 @@ class _Supervisor:
         self.log(f"started pid {pid}: {json.dumps(list(argv))}")
         return None
 
-    def child(self, w: int, path: str, argv: tuple[str, ...], out_fd: int,
+    def child(self, w: int, path: str | None, argv: tuple[str, ...], out_fd: int,
               err_fd: int) -> NoReturn:
         """In the forked child: new session, log files, the job's identity, cwd, CPUs,
         exec. Never returns; failures go to the start pipe."""
@@ -885,6 +888,8 @@ class _Supervisor:
             _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != self.pid:
                 os._exit(1)
+            if path is None:
+                path, argv = self.resolve()
             try:
                 os.chdir(spec.cwd)
             except FileNotFoundError:

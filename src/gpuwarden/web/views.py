@@ -1,7 +1,7 @@
 """What the web page shows, as JSON built from the daemon's store: the overview (memory
 history per GPU, leak periods, the queue) and one job's page. Anonymous viewers (the
-public ``web_listen`` address) see no command lines, working directories or keys:
-those can hold paths and secrets."""
+public ``web_listen`` address) see no command lines, working directories or keys, nor
+reasons and event details: those can hold paths, pids and secrets."""
 
 from __future__ import annotations
 
@@ -19,6 +19,10 @@ from gpuwarden.errors import UsageError
 
 WINDOWS = (1, 6, 24)  # hours: the page's buttons
 PRIVATE = ("command", "cwd", "key", "env", "after")
+# Free text that may name paths and pids (a reason, an event's detail, what a hold saw):
+# anonymous viewers get the words' absence, not the words.
+PRIVATE_TEXT = ("reason",)
+RELEASE_TEXT = ("how", "leak", "said")
 RECENT = 20  # ended jobs listed under the queue
 
 
@@ -27,6 +31,13 @@ def job_json(job: Job, *, anonymous: bool) -> dict[str, Any]:
     if anonymous:
         for name in PRIVATE:
             out.pop(name, None)
+        for name in PRIVATE_TEXT:
+            out[name] = None
+        out["events"] = [{**e, "detail": None} for e in out.get("events", [])]
+        release = out.get("memory_release")
+        if isinstance(release, dict):  # how it ended and what held it: pids, names
+            out["memory_release"] = {k: None if k in RELEASE_TEXT else v
+                                     for k, v in release.items()}
     return out
 
 
