@@ -23,12 +23,21 @@ from typing import Any
 
 import pytest
 
+from gpuwarden.daemon import model
+from gpuwarden.daemon.client import Client
 from gpuwarden.daemon.config import read_config
 from gpuwarden.daemon.history import GpuSample
+from gpuwarden.daemon.model import JobSpec
 from gpuwarden.daemon.store import Store
 from gpuwarden.errors import UsageError
 from tests.conftest import EXAMPLES, ROOT, SRC
-from tests.integration.daemon_fixture import Daemon, free_port, start_daemon
+from tests.integration.daemon_fixture import (
+    Daemon,
+    free_port,
+    http_request,
+    raw_http,
+    start_daemon,
+)
 from tests.security import pidns
 from tests.security.pidns import PY, User
 
@@ -214,3 +223,71 @@ def test_chart_flood_is_refused_and_does_not_delay_ps(users: tuple[User, User],
         random_windows = [s for s in statuses if s >= 0]
         assert random_windows and set(random_windows) == {400}, set(random_windows)
         assert set(s for s in statuses if s < 0) == {-200}
+
+
+JOBS = 10_000
+
+
+def _many_jobs(home: Path) -> None:
+    """JOBS ended jobs of two users (infeasible at submit: nothing runs)."""
+    with Store(home / "state.db", synchronous="NORMAL") as store:
+        for n in range(JOBS):
+            user, uid = ("ann", 50001) if n % 2 else ("bob", 50002)
+            store.submit(JobSpec(command=("true", str(n)), user=user, uid=uid, gid=uid),
+                         1000.0 + n, state=model.INFEASIBLE, reason="seeded")
+
+
+def _list_loop(sock: Path, stop: threading.Event, sizes: list[int]) -> None:
+    while not stop.is_set():
+        status, body = raw_http(sock, http_request("GET", "/v1/jobs?all=1"), timeout=60)
+        sizes.append(len(json.loads(body)["jobs"]) if status == 200 else -status)
+
+
+def test_listings_come_in_pages(users: tuple[User, User], tmp_path: Path) -> None:
+    """GET /v1/jobs answers a page (1000 jobs unless it asks for fewer) and a cursor
+    reaches every job once, forwards and backwards; 8 loops listing 10,000 jobs do not
+    delay another user's ps or submit past 1 s; ps --all shows the latest 100 and says
+    how to see more, ps --all --json every job."""
+    a, _ = users
+    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json", prepare=_many_jobs):
+        c = Client(str(d.socket))
+        first = c.request("GET", "/v1/jobs", query={"all": "1"})
+        assert len(first["jobs"]) == 1000 and first["more"] is True
+        assert [j["id"] for j in first["jobs"]] == list(range(JOBS - 999, JOBS + 1))
+        forwards = [j["id"] for page in c.job_pages({"all": "1"}) for j in page]
+        assert forwards == list(range(1, JOBS + 1))
+        backwards, older = c.latest_jobs({"all": "1"}, JOBS + 5)
+        assert [j["id"] for j in backwards] == forwards and older is False
+        page = c.request("GET", "/v1/jobs", query={"all": "1", "after": 17, "limit": 3})
+        assert [j["id"] for j in page["jobs"]] == [18, 19, 20] and page["more"]
+        for bad in ({"limit": "0"}, {"limit": "5001"}, {"before": "-1"},
+                    {"before": "5", "after": "2"}):
+            status, body = raw_http(d.socket, http_request(
+                "GET", "/v1/jobs?all=1&" + "&".join(f"{k}={v}" for k, v in bad.items())))
+            assert status == 400 and b"Traceback" not in body, (bad, body)
+
+        stop, sizes = threading.Event(), list[int]()
+        loops = [threading.Thread(target=_list_loop, args=(d.socket, stop, sizes))
+                 for _ in range(8)]
+        for t in loops:
+            t.start()
+        try:
+            time.sleep(1.0)
+            times = _timings(d, a)
+        finally:
+            stop.set()
+            for t in loops:
+                t.join(timeout=120)
+        assert sizes and set(sizes) == {1000}
+        for what, runs in times.items():
+            for status, seconds in runs:
+                assert status in (200, 201) and seconds < 1.0, (what, runs)
+
+        env = _env(d, a)
+        r = d.cli("ps", "--all", env=env, prefix=a.prefix)
+        assert r.returncode == 0, r.stderr
+        assert len(r.stdout.splitlines()) == 1 + 100
+        assert "--limit" in r.stderr and r.stderr.count("\n") == 1
+        r = d.cli("ps", "--all", "--json", env=env, prefix=a.prefix)
+        ids = [j["id"] for j in json.loads(r.stdout)["jobs"]]
+        assert ids == list(range(1, JOBS + 3 + 1))  # and A's 3 submissions

@@ -187,7 +187,7 @@ def status(as_json: bool) -> None:
     info: dict[str, object] = {"running": running, "pid": _pid(paths) if running else None,
                                "socket": str(paths.socket), "home": str(paths.home)}
     if running:
-        jobs = client.request("GET", "/v1/jobs")["jobs"]
+        jobs = client.all_jobs()
         counts: dict[str, int] = {}
         for j in jobs:
             counts[j["state"]] = counts.get(j["state"], 0) + 1

@@ -7,7 +7,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -294,6 +294,28 @@ def _ps_lines(jobs: list[dict[str, Any]], all_jobs: bool) -> list[str]:
              + "  " + r[-1])[:200] for r in shown]
 
 
+PS_LATEST = 100  # jobs ps shows with --all (or --state) unless --limit says
+
+
+def _stream_json(pages: Iterator[list[dict[str, Any]]]) -> None:
+    """``{"jobs": [...]}`` of every job, written page by page: a listing of 100,000
+    jobs starts at once and never sits whole in memory (indented for a terminal)."""
+    import json
+
+    if sys.stdout.isatty():
+        emit_json({"jobs": [j for page in pages for j in page]})
+        return
+    out = sys.stdout
+    out.write('{"jobs":[')
+    first = True
+    for page in pages:
+        for j in page:
+            out.write(("" if first else ",") + json.dumps(j, separators=(",", ":"),
+                                                          default=str))
+            first = False
+    out.write("]}\n")
+
+
 def _ps_csv(jobs: list[dict[str, Any]]) -> list[list[Any]]:
     return [[shlex.join(j["command"]) if c == "command" else j.get(c) for c in PS_CSV]
             for j in jobs]
@@ -316,8 +338,11 @@ def _ps_csv(jobs: list[dict[str, Any]]) -> list[list[Any]]:
 @click.option("--watch", "watch", type=DURATION, is_flag=False, flag_value=2.0, default=None,
               metavar="[INTERVAL]", help="Refresh every INTERVAL (default 2s); with "
                                          "--json, one JSON document a line.")
+@click.option("--limit", "limit", type=click.IntRange(min=0), default=None,
+              help=f"The latest N jobs (0: every one). Default: {PS_LATEST} in a table "
+                   "with --all or --state, every job otherwise (and in JSON and CSV).")
 def ps(all_jobs: bool, states: tuple[str, ...], user: str | None, group: str | None,
-       sort: str, fmt: str, as_json: bool, watch: float | None) -> None:
+       sort: str, fmt: str, as_json: bool, watch: float | None, limit: int | None) -> None:
     """The queue: everyone's waiting and running jobs (--all: ended ones too)."""
     from gpuwarden.cli.common import emit_csv, watch_header
 
@@ -329,8 +354,16 @@ def ps(all_jobs: bool, states: tuple[str, ...], user: str | None, group: str | N
     client = _client()
     query = {"all": "1" if all_jobs else None, "user": user, "group": group,
              "state": ",".join(states) or None}
+    history = all_jobs or bool(states)
+    latest = limit if limit is not None else PS_LATEST if history and fmt == "table" else 0
+    if fmt == "json" and watch is None and not latest and sort == "id":
+        _stream_json(client.job_pages(query))  # every job, as the pages come
+        return
     while True:
-        jobs = client.request("GET", "/v1/jobs", query=query)["jobs"]
+        if latest:
+            jobs, older = client.latest_jobs(query, latest)
+        else:
+            jobs, older = client.all_jobs(query), False
         jobs.sort(key=_sort_key(sort.removeprefix("-")), reverse=sort.startswith("-"))
         if fmt == "csv":
             emit_csv(PS_CSV, _ps_csv(jobs))
@@ -343,11 +376,14 @@ def ps(all_jobs: bool, states: tuple[str, ...], user: str | None, group: str | N
             emit_json({"jobs": jobs})
             return
         else:
-            lines = _ps_lines(jobs, all_jobs or bool(states))
+            lines = _ps_lines(jobs, history)
             if watch is not None:
                 clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
                 lines = [clear + watch_header("ps", watch), "", *lines]
             click.echo("\n".join(lines))
+            if older:
+                click.echo(f"(the latest {latest} jobs: --limit N for more, --limit 0 "
+                           "for every job)", err=True)
         if watch is None:
             return
         sys.stdout.flush()

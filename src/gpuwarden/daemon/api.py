@@ -19,6 +19,7 @@ from aiohttp import web
 
 from gpuwarden import __version__
 from gpuwarden.daemon.auth import Caller, Peer, identify
+from gpuwarden.daemon.client import MAX_PAGE, PAGE
 from gpuwarden.daemon.openapi import document
 from gpuwarden.daemon.repeated import log_repeated
 from gpuwarden.daemon.service import JobService
@@ -228,8 +229,19 @@ def _finite_float(text: str) -> float:
     return value
 
 
+THREADS_PER_USER = 2  # a user's requests in the worker threads at once; the rest wait
+_slots: dict[int, asyncio.Semaphore] = {}
+
+
 async def _call(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-    return await asyncio.to_thread(fn, *args, **kw)
+    """``fn`` in a worker thread; a call for a caller (the first argument) waits until
+    that user has fewer than THREADS_PER_USER there, so that one user's request loop
+    cannot occupy every thread while another user's ``ps`` waits in line."""
+    if not args or not isinstance(args[0], Caller):
+        return await asyncio.to_thread(fn, *args, **kw)
+    slot = _slots.setdefault(args[0].uid, asyncio.Semaphore(THREADS_PER_USER))
+    async with slot:
+        return await asyncio.to_thread(fn, *args, **kw)
 
 
 async def health(request: web.Request) -> web.Response:
@@ -241,13 +253,35 @@ async def openapi(request: web.Request) -> web.Response:
     return web.json_response(document())
 
 
+def _int_query(request: web.Request, name: str, lo: int, hi: int) -> int | None:
+    raw = request.query.get(name)
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or not lo <= int(raw) <= hi:
+        raise UsageError(f"{name} must be a whole number from {lo} to {hi}")
+    return int(raw)
+
+
 async def list_jobs(request: web.Request) -> web.Response:
+    """One page: at most ``limit`` jobs, the first after the job id ``after``, else the
+    latest before ``before`` (or the latest of all), in id order; ``more`` says whether
+    the listing goes on past it. 10,000 jobs in one answer, asked for in a loop, kept
+    the daemon's threads busy for everyone."""
     svc, caller = request.app[SERVICE], caller_of(request)
     states = [s for v in request.query.getall("state", []) for s in v.split(",") if s]
+    limit = _int_query(request, "limit", 1, MAX_PAGE) or PAGE
+    before = _int_query(request, "before", 1, 2**63 - 1)
+    after = _int_query(request, "after", 0, 2**63 - 1)
+    if before is not None and after is not None:
+        raise UsageError("give before or after, not both")
     jobs = await _call(svc.list, caller, all_jobs=_flag(request, "all"),
                        user=request.query.get("user") or None,
-                       group=request.query.get("group") or None, states=states or None)
-    return web.json_response({"jobs": jobs})
+                       group=request.query.get("group") or None, states=states or None,
+                       limit=limit + 1, before=before, after=after)
+    more = len(jobs) > limit
+    if more:  # the one past the page: the next after it, or the one before it
+        jobs = jobs[:limit] if after is not None else jobs[1:]
+    return web.json_response({"jobs": jobs, "more": more})
 
 
 async def submit(request: web.Request) -> web.Response:

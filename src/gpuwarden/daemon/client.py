@@ -6,10 +6,14 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode
 
 from gpuwarden.errors import GpuwardenError, PermissionDenied, UsageError
+
+PAGE = 1000  # jobs GET /v1/jobs returns unless it asks for fewer
+MAX_PAGE = 5000  # the most it returns at once
 
 
 class DaemonUnavailable(GpuwardenError):
@@ -75,6 +79,35 @@ class Client:
         if raw:
             return data, dict(resp.getheaders())
         return json.loads(data) if data else None
+
+    def job_pages(self, query: dict[str, Any] | None = None) -> Iterator[list[Any]]:
+        """Every job matching ``query``, a page (GET /v1/jobs) at a time, in id order."""
+        after = 0
+        while True:
+            got = self.request("GET", "/v1/jobs", query={**(query or {}), "after": after,
+                                                          "limit": PAGE})
+            if got["jobs"]:
+                yield got["jobs"]
+            if not got.get("more") or not got["jobs"]:
+                return
+            after = got["jobs"][-1]["id"]
+
+    def all_jobs(self, query: dict[str, Any] | None = None) -> list[Any]:
+        return [j for page in self.job_pages(query) for j in page]
+
+    def latest_jobs(self, query: dict[str, Any] | None, n: int) -> tuple[list[Any], bool]:
+        """The latest ``n`` jobs matching ``query`` in id order, and whether there are
+        older ones."""
+        out: list[Any] = []
+        before = None
+        while len(out) < n:
+            got = self.request("GET", "/v1/jobs", query={
+                **(query or {}), "before": before, "limit": min(n - len(out), MAX_PAGE)})
+            out = got["jobs"] + out
+            if not got.get("more") or not got["jobs"]:
+                return out, False
+            before = got["jobs"][0]["id"]
+        return out, True
 
     def alive(self) -> bool:
         try:

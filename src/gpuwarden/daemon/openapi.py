@@ -123,9 +123,26 @@ def document() -> dict[str, Any]:
                     {"name": "group", "in": "query", "schema": {"type": "string"}},
                     {"name": "state", "in": "query", "schema": {"type": "string"},
                      "description": "only jobs in these states (comma-separated), ended "
-                                    "ones too: " + ", ".join(STATES)}],
-                    "responses": {"200": _resp({"type": "object", "properties": {
-                        "jobs": {"type": "array", "items": _JOB}}}), **_ERRORS}},
+                                    "ones too: " + ", ".join(STATES)},
+                    {"name": "limit", "in": "query",
+                     "schema": {"type": "integer", "minimum": 1, "maximum": 5000},
+                     "description": "jobs in the page (default 1000)"},
+                    {"name": "before", "in": "query",
+                     "schema": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+                     "description": "the latest jobs with smaller ids (the default: the "
+                                    "latest of all); the next older page is before the "
+                                    "first id of this one"},
+                    {"name": "after", "in": "query",
+                     "schema": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+                     "description": "the first jobs with larger ids; the next page is "
+                                    "after the last id of this one (not with before)"}],
+                    "responses": {"200": _resp({"type": "object", "required": ["jobs", "more"],
+                                                "properties": {
+                        "jobs": {"type": "array", "items": _JOB,
+                                 "description": "one page, in id order"},
+                        "more": {"type": "boolean",
+                                 "description": "the listing goes on past this page"}}}),
+                                  **_ERRORS}},
                 "post": {"summary": "submit a job",
                          "requestBody": {"required": True, "content": {
                              "application/json": {"schema": _SUBMIT}}},

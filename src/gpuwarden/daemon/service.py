@@ -466,9 +466,13 @@ class JobService:
         return out
 
     def list(self, caller: Caller, *, all_jobs: bool, user: str | None,
-             group: str | None, states: Sequence[str] | None = None) -> list[dict[str, Any]]:
+             group: str | None, states: Sequence[str] | None = None,
+             limit: int | None = None, before: int | None = None,
+             after: int | None = None) -> list[dict[str, Any]]:
         """``states`` (``ps --state``) names the states shown, ended ones too; without
-        it, the waiting and running jobs (with ``all_jobs``, every job)."""
+        it, the waiting and running jobs (with ``all_jobs``, every job). One page of
+        at most ``limit``: the first above ``after``, else the latest below ``before``
+        (or the latest of all); in id order either way."""
         if states is not None:
             unknown = [s for s in states if s not in model.STATES]
             if unknown:
@@ -476,8 +480,10 @@ class JobService:
                                  f"{', '.join(model.STATES)})")
         elif not all_jobs:
             states = [s for s in model.STATES if s not in model.TERMINAL]
-        jobs = self.store.list(states=states, user=user, group=group)
-        return [self.view(caller, j) for j in jobs]
+        jobs = self.store.list(states=states, user=user, group=group, limit=limit,
+                               before=before, after=after,
+                               newest=limit is not None and after is None)
+        return [self.view(caller, j) for j in sorted(jobs, key=lambda j: j.id)]
 
     # -- change ---------------------------------------------------------------------
     def cancel(self, caller: Caller, job_id: int, kill: bool = False) -> dict[str, Any]:

@@ -624,12 +624,18 @@ class Store:
     def list(self, states: Iterable[str] | None = None, user: str | None = None,
              group: str | None = None, ids: Iterable[int] | None = None,
              limit: int | None = None, *, with_events: bool = True,
-             newest: bool = False) -> list[Job]:
+             newest: bool = False, before: int | None = None,
+             after: int | None = None) -> list[Job]:
         """Jobs matching every given filter, ordered by id (the first ``limit``; the
-        last ``limit``, newest first, with ``newest``). ``with_events=False`` skips the
+        last ``limit``, newest first, with ``newest``), only ids below ``before`` and
+        above ``after`` where given (a page's cursor). ``with_events=False`` skips the
         history (the scheduler does not need it)."""
         where: list[str] = []
         args: list[Any] = []
+        for bound, op in ((before, "<"), (after, ">")):
+            if bound is not None:
+                where.append(f"id {op} ?")
+                args.append(bound)
         if states is not None:
             where.append("state IN (SELECT value FROM json_each(?))")
             args.append(json.dumps(list(_states_arg(states))))
