@@ -58,6 +58,26 @@ def emit_csv(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     w.writerows([cell(v) for v in r] for r in rows)
 
 
+DAEMON_GLANCE = 1.0  # seconds a view waits for the daemon's answer before doing without
+
+
+def daemon_job_pids() -> dict[int, int] | None:
+    """pid -> job id of the running jobs, from the daemon when one answers at once (one
+    request); None when none does. Never starts a daemon, never fails a view."""
+    from gpuwarden.daemon.client import Client
+    from gpuwarden.daemon.paths import resolve_paths
+    from gpuwarden.errors import GpuwardenError
+
+    try:
+        sock = resolve_paths().socket
+        if not sock.exists():
+            return None
+        answer = Client(str(sock), timeout=DAEMON_GLANCE).request("GET", "/v1/job-pids")
+        return {int(pid): int(job) for pid, job in answer["pids"].items()}
+    except (GpuwardenError, OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def watch_header(verb: str, interval: float) -> str:
     """The first line of a ``--watch`` screen: what refreshes, how often, and when this
     screen was taken (as watch(1) shows it)."""

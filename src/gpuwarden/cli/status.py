@@ -154,6 +154,14 @@ def render(snap: Snapshot, leaks: list[Leak], gpus: tuple[int, ...], user: str |
     return Group(*parts)
 
 
+def _snapshot(b: Backend) -> Snapshot:
+    """A snapshot with each process's job as the daemon knows it, when one answers."""
+    from gpuwarden.cli.common import daemon_job_pids
+    from gpuwarden.observe.snapshot import take_snapshot, with_daemon_jobs
+
+    return with_daemon_jobs(take_snapshot(b), daemon_job_pids())
+
+
 def _watch_json(b: Backend, snap: Snapshot, interval: float, gpus: tuple[int, ...],
                 user: str | None, pid: int | None) -> NoReturn:
     """``--json --watch``: one compact document a line per refresh (JSON Lines), for
@@ -163,7 +171,6 @@ def _watch_json(b: Backend, snap: Snapshot, interval: float, gpus: tuple[int, ..
 
     from gpuwarden.observe.jsonview import snapshot_json
     from gpuwarden.observe.leaks import find_leaks
-    from gpuwarden.observe.snapshot import take_snapshot
 
     history = [snap]
     while True:
@@ -171,7 +178,7 @@ def _watch_json(b: Backend, snap: Snapshot, interval: float, gpus: tuple[int, ..
         sys.stdout.write(json.dumps(doc, separators=(",", ":"), default=str) + "\n")
         sys.stdout.flush()
         time.sleep(interval)
-        snap = take_snapshot(b)
+        snap = _snapshot(b)
         history = [*history[-2:], snap]  # leaks must persist over 3 samples
 
 
@@ -214,7 +221,6 @@ def status(as_json: bool, fmt: str, processes: bool, watch: float | None,
     """Every GPU (memory, utilization, mode, MPS, NUMA) and every GPU process."""
     from gpuwarden.observe.jsonview import snapshot_json
     from gpuwarden.observe.leaks import find_leaks
-    from gpuwarden.observe.snapshot import take_snapshot
 
     fmt = "json" if as_json else fmt
     if watch is not None and watch <= 0:
@@ -224,7 +230,7 @@ def status(as_json: bool, fmt: str, processes: bool, watch: float | None,
     if watch is not None and fmt == "csv":
         raise UsageError("--watch prints a table or JSON lines, not CSV")
     with backend() as b:
-        snap = take_snapshot(b)
+        snap = _snapshot(b)
         check_gpu_indices(gpus, [g.index for g in snap.gpus])
         if fmt == "json" and watch is not None:
             _watch_json(b, snap, watch, gpus, user, pid)
@@ -258,11 +264,11 @@ def status(as_json: bool, fmt: str, processes: bool, watch: float | None,
                 console.print(screen())
                 sys.stdout.flush()
                 time.sleep(watch)
-                snap = take_snapshot(b)
+                snap = _snapshot(b)
                 history = [*history[-2:], snap]
         with Live(screen(), console=console, screen=False, auto_refresh=False) as live:
             while True:
                 time.sleep(watch)
-                snap = take_snapshot(b)
+                snap = _snapshot(b)
                 history = [*history[-2:], snap]  # leaks must persist over 3 samples
                 live.update(screen(), refresh=True)

@@ -363,6 +363,11 @@ async def logs(request: web.Request) -> web.Response:
         "X-Attempt-Ended": str(got.ended).lower()})
 
 
+async def job_pids(request: web.Request) -> web.Response:
+    svc, caller = request.app[SERVICE], caller_of(request)
+    return web.json_response(await _call(svc.job_pids, caller))
+
+
 async def clean(request: web.Request) -> web.Response:
     svc, caller = request.app[SERVICE], caller_of(request)
     body = await _body(request)
@@ -397,6 +402,7 @@ def make_app(service: JobService, web_store: Store | None = None,
     app.router.add_get("/v1/jobs/{id}/wait", wait)
     app.router.add_get("/v1/jobs/{id}/logs", logs)
     app.router.add_post("/v1/clean", clean)
+    app.router.add_get("/v1/job-pids", job_pids)
     from gpuwarden.web.routes import add_web_routes
 
     add_web_routes(app, web_store or service.store, anonymous=False,  # `gpuwarden web`

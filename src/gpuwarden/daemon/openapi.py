@@ -203,5 +203,13 @@ def document() -> dict[str, Any]:
                                    "oneOf": [{"type": "number", "minimum": 0},
                                              {"type": "string"}]}}}}}},
                 "responses": {"200": _resp({"type": "object"}), **_ERRORS}}},
+            "/v1/job-pids": {"get": {
+                "summary": "the job id of each process of the running jobs (any user's)",
+                "responses": {"200": _resp({"type": "object", "required": ["pids"],
+                                            "properties": {"pids": {
+                                                "type": "object",
+                                                "additionalProperties": {
+                                                    "type": "integer"}}}}),
+                              **_ERRORS}}},
         },
     }

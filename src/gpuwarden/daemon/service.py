@@ -506,6 +506,32 @@ class JobService:
         self.wake()
         return self.view(caller, job)
 
+    def job_pids(self, caller: Caller) -> dict[str, Any]:
+        """pid -> job id for every process of every running job, to any local user (``ps``
+        shows them every job already): ``status`` names the job of other users' processes,
+        whose environment it cannot read. One walk of /proc; read-only."""
+        import psutil
+
+        from gpuwarden.daemon.supervisor import _identified
+
+        children: dict[int, list[int]] = {}
+        for p in psutil.process_iter(["ppid"]):
+            ppid = p.info.get("ppid")
+            if isinstance(ppid, int):
+                children.setdefault(ppid, []).append(p.pid)
+        pids: dict[str, int] = {}
+        for job in self.store.active():
+            if job.supervisor_pid is None or job.supervisor_start is None or \
+                    _identified(job.supervisor_pid, job.supervisor_start, None) is None:
+                continue
+            todo = [job.supervisor_pid]
+            while todo:
+                pid = todo.pop()
+                if str(pid) not in pids:
+                    pids[str(pid)] = job.id
+                    todo.extend(children.get(pid, ()))
+        return {"pids": pids}
+
     def hold(self, caller: Caller, job_id: int) -> dict[str, Any]:
         job = self._owned(caller, job_id, "hold")
         if job.state != model.QUEUED:

@@ -54,8 +54,9 @@ class SimProcesses:
         if p.state == "garbage":
             return ProcInfo(pid=pid, exists=False, garbage=True)
         if p.state == "other_namespace":
-            hint = f"container {p.container}" if p.container else "another PID namespace"
-            return ProcInfo(pid=pid, exists=False, namespace_hint=hint)
+            # Its container is the scenario's to say: status and leaks both name it.
+            return ProcInfo(pid=pid, exists=False, container=p.container,
+                            namespace_hint="another PID namespace")
         orphan = p.state == "orphan"
         return ProcInfo(
             pid=pid,

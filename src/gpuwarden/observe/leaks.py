@@ -58,7 +58,8 @@ def _process_leak(p: ProcessView, gpu: int) -> Leak | None:
         ev = (f"the driver reports pid {p.pid} on GPU {gpu} with {mem}; no kernel issues that "
               "pid, so the driver and NVML library disagree on a struct version")
     elif kind == "other_namespace":
-        where = p.info.namespace_hint or "another PID namespace"
+        where = (f"container {p.container}" if p.container
+                 else p.info.namespace_hint or "another PID namespace")
         ev = (f"the driver lists pid {p.pid} on GPU {gpu} with {mem}, but this /proc has no "
               f"such pid: it belongs to {where}")
     elif kind == "zombie":

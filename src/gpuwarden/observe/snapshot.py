@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,7 @@ class ProcessView:
     info: ProcInfo
     state: str
     elapsed: float | None
+    daemon_jobs: Mapping[int, int] | None = None  # the daemon's pid -> job, when it answered
 
     @property
     def pid(self) -> int:
@@ -73,6 +75,12 @@ class ProcessView:
 
     @property
     def job(self) -> str | None:
+        """The daemon job this process is part of: the daemon's word when it answered
+        (it knows every user's job trees; an environment is readable only to its owner
+        and root, and says what its process likes), else GPUWARDEN_JOB."""
+        if self.daemon_jobs is not None:
+            job = self.daemon_jobs.get(self.pid)
+            return None if job is None else str(job)
         return (self.info.env or {}).get("GPUWARDEN_JOB")
 
 
@@ -137,6 +145,16 @@ class Snapshot:
 
     def process(self, pid: int) -> list[ProcessView]:
         return [p for g in self.gpus for p in g.processes if p.pid == pid]
+
+
+def with_daemon_jobs(snap: Snapshot, jobs: Mapping[int, int] | None) -> Snapshot:
+    """The snapshot with the daemon's pid -> job id of its running jobs (None: no daemon
+    answered, and each process's environment says)."""
+    if jobs is None:
+        return snap
+    return replace(snap, gpus=tuple(
+        replace(g, processes=tuple(replace(p, daemon_jobs=jobs) for p in g.processes))
+        for g in snap.gpus))
 
 
 def take_snapshot(backend: Backend, *, holders: bool = True, detail: bool = True,
