@@ -174,6 +174,18 @@ def _history(home: Path) -> None:
                              keep=2 * 86400, now=now)
 
 
+def _passes(port: int) -> float:
+    """How many scheduling passes the daemon has made (its /metrics)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        c.request("GET", "/metrics")
+        text = c.getresponse().read().decode()
+    finally:
+        c.close()
+    return next(float(ln.split()[-1]) for ln in text.splitlines()
+                if ln.startswith("gpuwarden_placement_pass_seconds_count"))
+
+
 def _chart_flood(port: int, seed: int, stop: threading.Event, statuses: list[int]) -> None:
     """Overview requests until ``stop``: a random window's status as it is, one of the
     page's windows' negated."""
@@ -199,12 +211,13 @@ def test_chart_flood_is_refused_and_does_not_delay_ps(users: tuple[User, User],
     a 400 (only the page's 1, 6 and 24 hours are drawn), and A's ps and submit are
     answered within 1 s throughout."""
     a, _ = users
-    port = free_port()
-    config = f'web_listen = "127.0.0.1:{port}"\n'
+    port, metrics = free_port(), free_port()
+    config = f'web_listen = "127.0.0.1:{port}"\nmetrics_listen = "127.0.0.1:{metrics}"\n'
     for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json", config=config,
                           prepare=_history):
         statuses: list[int] = []
         stop = threading.Event()
+        passes, began = _passes(metrics), time.monotonic()
 
         threads = [threading.Thread(target=_chart_flood, args=(port, n, stop, statuses))
                    for n in range(32)]
@@ -217,6 +230,10 @@ def test_chart_flood_is_refused_and_does_not_delay_ps(users: tuple[User, User],
             stop.set()
             for t in threads:
                 t.join(timeout=60)
+        # The pass period (interval = 100 ms) held: at least a third of the passes it
+        # promises (a pass takes time of its own).
+        ran, took = _passes(metrics) - passes, time.monotonic() - began
+        assert ran >= took / 0.1 / 3, (ran, took)
         for what, runs in times.items():
             for status, seconds in runs:
                 assert status in (200, 201) and seconds < 1.0, (what, runs)
