@@ -191,6 +191,7 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
             body["gpu_ids"] = [int(x) for x in opts["gpu_ids"].split(",")]
         except ValueError:
             raise UsageError(f"invalid --gpu-ids {opts['gpu_ids']!r}") from None
+    _check_launchable(command, body["cwd"])
     job = _client().request("POST", "/v1/jobs", body=body)
     if job.get("dropped_env"):
         warn("not passed to the job (they look like credentials): "
@@ -206,6 +207,17 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
         if job.get("group_held"):
             warn(f"job {job['id']} is held: {job['group_held']}; "
                  f"`gpuwarden release {job['id']}` lets it run")
+
+
+def _check_launchable(command: Sequence[str], cwd: str) -> None:
+    """Refuse at submit, as the submitter, what could never start: a missing or unusable
+    working directory, a command not on PATH or not executable. The supervisor checks
+    again at launch as the job's user (``launch_problem``, one rule for both)."""
+    from gpuwarden.launch import launch_problem
+
+    problem = launch_problem(command, cwd, os.environ)
+    if problem is not None:
+        raise UsageError(f"{problem[1]} (nothing was submitted)")
 
 
 @click.command()
