@@ -64,7 +64,7 @@ def _until(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
 def test_an_mps_job_runs_as_a_client_of_its_own_control_daemon(mps_daemon: Daemon) -> None:
     d = mps_daemon
     jid = d.submit("--mps", "--mem", "2G", "--sm-percent", "50", "--gpu-ids", "1",
-                   cmd=sim_job("--mem", "1G", "--seconds", "3"))
+                   cmd=sim_job("--mem", "1G", "--seconds", "8"))
     d.wait_state(jid, "running")
     _until("the job's client did not allocate", lambda: any(
         p["pid"] != 0 and "mps" in p.get("kinds", [])
@@ -94,7 +94,7 @@ def test_an_mps_job_runs_as_a_client_of_its_own_control_daemon(mps_daemon: Daemo
 def test_an_mps_client_past_its_limit_fails_with_a_cuda_oom(mps_daemon: Daemon) -> None:
     d = mps_daemon
     neighbour = d.submit("--mps", "--mem", "2G", "--gpu-ids", "0",
-                         cmd=sim_job("--mem", "1G", "--seconds", "6"))
+                         cmd=sim_job("--mem", "1G", "--seconds", "12"))
     d.wait_state(neighbour, "running")
     # Past the PyTorch cap (as allocations outside PyTorch are), the MPS limit stands:
     # 2 GiB + 512 MiB for the whole client, its 512 MiB context inside it.
