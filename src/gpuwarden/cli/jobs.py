@@ -539,18 +539,40 @@ def _each(verb: str, ids: Sequence[int], as_json: bool,
 def cancel(ids: tuple[str, ...], group: str | None, kill: bool, as_json: bool) -> None:
     """Cancel jobs (ids, ranges like 3-7, or --group): a running job's whole process tree
     gets SIGTERM, then SIGKILL after the grace period (--kill: SIGKILL at once)."""
-    targets = parse_ids(ids)
-    if group:
-        import pwd
-
-        me = pwd.getpwuid(os.getuid()).pw_name
-        jobs = _client().request("GET", "/v1/jobs", query={"group": group, "user": me})["jobs"]
-        targets += [j["id"] for j in jobs]
-        if not jobs and not ids:
-            raise UsageError(f"no waiting or running job of yours in group {group!r}")
-    if not targets:
+    targets = sorted(set(parse_ids(ids)))
+    if not targets and not group:
         raise UsageError("name job ids, ranges or --group")
-    _each("cancel", sorted(set(targets)), as_json, query={"kill": "1"} if kill else None)
+    body: dict[str, Any] = {"ids": targets, "kill": kill}
+    if group:
+        body["group"] = group
+    out = _client().request("POST", "/v1/cancel", body=body)  # one request, for any number
+    if not out["jobs"] and not out["errors"] and not out["missing"]:
+        raise UsageError(f"no waiting or running job of yours in group {group!r}")
+    if as_json:
+        emit_json(out)
+    else:
+        for job in out["jobs"]:
+            click.echo(_done("cancel", job, killed=kill))
+    for e in out["errors"]:
+        click.echo(f"gpuwarden: error: {about(e['id'], e['error'])}", err=True)
+    if out["missing"]:
+        click.echo(f"gpuwarden: error: no job {_ranges(out['missing'])}", err=True)
+    if out["errors"] or out["missing"]:
+        raise SystemExit(2)
+
+
+def _ranges(ids: Sequence[int]) -> str:
+    """3,5-9,12: sorted ids with their runs folded, as ``cancel`` takes them."""
+    parts: list[str] = []
+    run: list[int] = []
+    for i in [*sorted(ids), None]:
+        if run and i is not None and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+        run = [] if i is None else [i]
+    return ",".join(parts)
 
 
 def _simple(verb: str, doc: str) -> click.Command:

@@ -318,6 +318,25 @@ async def cancel(request: web.Request) -> web.Response:
     return web.json_response(await _call(svc.cancel, caller, _job_id(request), kill == "1"))
 
 
+async def cancel_many(request: web.Request) -> web.Response:
+    """Many jobs in one request (``cancel 1-100000``, ``cancel --group``)."""
+    svc, caller = request.app[SERVICE], caller_of(request)
+    body = await _body(request)
+    if not isinstance(body, dict) or set(body) - {"ids", "group", "kill"}:
+        raise UsageError("the body is an object with ids, group and kill")
+    ids, group, kill = body.get("ids") or [], body.get("group"), body.get("kill", False)
+    if not isinstance(ids, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 < i < 2**63 for i in ids):
+        raise UsageError("ids must be a list of job ids")
+    if group is not None and (not isinstance(group, str) or not 0 < len(group) <= 200):
+        raise UsageError("group must be a group name")
+    if not isinstance(kill, bool):
+        raise UsageError("kill must be true or false")
+    if not ids and group is None:
+        raise UsageError("name job ids or a group")
+    return web.json_response(await _call(svc.cancel_many, caller, ids, group, kill))
+
+
 async def wait(request: web.Request) -> web.Response:
     """Long poll: answers as soon as the job has ended, or after ``timeout`` seconds."""
     svc, caller = request.app[SERVICE], caller_of(request)
@@ -403,6 +422,7 @@ def make_app(service: JobService, web_store: Store | None = None,
     app.router.add_get("/v1/jobs/{id}/logs", logs)
     app.router.add_post("/v1/clean", clean)
     app.router.add_get("/v1/job-pids", job_pids)
+    app.router.add_post("/v1/cancel", cancel_many)
     from gpuwarden.web.routes import add_web_routes
 
     add_web_routes(app, web_store or service.store, anonymous=False,  # `gpuwarden web`

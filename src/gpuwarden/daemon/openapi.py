@@ -195,6 +195,24 @@ def document() -> dict[str, Any]:
                                       "content": {"application/octet-stream": {
                                           "schema": {"type": "string", "format": "binary"}}}},
                               **_ERRORS}}},
+            "/v1/cancel": {"post": {
+                "summary": "cancel many jobs in one request: these ids, and the caller's "
+                           "waiting and running jobs of a group (kill: SIGKILL at once)",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"type": "object", "additionalProperties": False,
+                               "anyOf": [{"required": ["ids"]}, {"required": ["group"]}],
+                               "properties": {
+                                   "ids": {"type": "array", "minItems": 1, "items": {
+                                       "type": "integer", "minimum": 1,
+                                       "maximum": 2**63 - 1}},
+                                   "group": _LABEL, "kill": {"type": "boolean"}}}}}},
+                "responses": {"200": _resp({"type": "object", "properties": {
+                    "jobs": {"type": "array", "items": _JOB},
+                    "errors": {"type": "array", "items": {
+                        "type": "object", "properties": {"id": {"type": "integer"},
+                                                         "error": {"type": "string"}}}},
+                    "missing": {"type": "array", "items": {"type": "integer"}}}}),
+                    **_ERRORS}}},
             "/v1/clean": {"post": {
                 "summary": "remove ended jobs older than a duration",
                 "requestBody": {"required": True, "content": {"application/json": {

@@ -489,7 +489,38 @@ class JobService:
     def cancel(self, caller: Caller, job_id: int, kill: bool = False) -> dict[str, Any]:
         """End a job; a running one gets SIGTERM and its grace, or with ``kill`` SIGKILL
         at once (also when an earlier cancel is still in its grace)."""
-        job = self._owned(caller, job_id, "cancel")
+        job = self._cancel(caller, self._owned(caller, job_id, "cancel"), kill)
+        self.wake()
+        return self.view(caller, job)
+
+    def cancel_many(self, caller: Caller, ids: Sequence[int], group: str | None,
+                    kill: bool = False) -> dict[str, Any]:
+        """``cancel 1-100000`` and ``cancel --group`` in one request: the jobs named by id
+        (read in one query), and the caller's waiting and running jobs of ``group``. Each
+        job that cannot be cancelled (not the caller's, already ended) is an error of its
+        own; ids that name no job are listed once, in ``missing``."""
+        jobs = {j.id: j for j in self.store.list(ids=ids, with_events=False)} if ids else {}
+        if group is not None:
+            waiting = [s for s in model.STATES if s not in model.TERMINAL]
+            jobs.update((j.id, j) for j in self.store.list(
+                states=waiting, user=caller.user, group=group, with_events=False))
+        done: list[dict[str, Any]] = []
+        errors: list[dict[str, Any]] = []
+        for job_id in sorted(jobs):
+            try:
+                if not self._may(caller, jobs[job_id]):
+                    raise PermissionDenied(f"job {job_id} belongs to {jobs[job_id].user}; "
+                                           "only its owner or an admin may cancel it")
+                done.append(self.view(caller, self._cancel(caller, jobs[job_id], kill)))
+            except (UsageError, PermissionDenied, Conflict) as e:
+                errors.append({"id": job_id, "error": str(e)})
+        if done:
+            self.wake()
+        return {"jobs": done, "errors": errors,
+                "missing": sorted(set(ids) - set(jobs))}
+
+    def _cancel(self, caller: Caller, job: Job, kill: bool) -> Job:
+        job_id = job.id
         now = self.clock()
         if job.state in (model.QUEUED, model.HELD) or (
                 job.state == model.RESERVED and job.supervisor_pid is None):
@@ -503,8 +534,7 @@ class JobService:
             job = self.store.get(job.id)
         else:
             raise UsageError(f"job {job_id} is already {job.state}")
-        self.wake()
-        return self.view(caller, job)
+        return job
 
     def job_pids(self, caller: Caller) -> dict[str, Any]:
         """pid -> job id for every process of every running job, to any local user (``ps``
