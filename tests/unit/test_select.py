@@ -299,6 +299,9 @@ def test_single_gpu_choice_is_the_best_ranked(machine: tuple[list[GpuView], dict
     if not ok:
         assert isinstance(result, Rejection)
         return
-    best = min(ok, key=lambda g: (-max(g.facts.memory_free - leased.get(g.facts.uuid, 0), 0),
-                                  len(g.users), g.index))
+    # No other user's processes first (then the fewest: with no user given, every user is
+    # another), then the most free memory, then the lower index.
+    best = min(ok, key=lambda g: (len(g.users),
+                                  -max(g.facts.memory_free - leased.get(g.facts.uuid, 0), 0),
+                                  g.index))
     assert chosen(result) == (best.index,)

@@ -39,7 +39,17 @@ def make_request(mem: str, count: int, max_util: int | None, same_numa: bool) ->
 
     memory, fraction = parse_mem(mem)
     return Request(memory=memory, fraction=fraction, count=count, max_util=max_util,
-                   same_numa=same_numa)
+                   same_numa=same_numa, user=_me())
+
+
+def _me() -> str | None:
+    """The caller's user name: their own processes on a GPU are no other user's."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return None
 
 
 def _store(b: Backend) -> LeaseStore:

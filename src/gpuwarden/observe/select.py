@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuwarden.observe.snapshot import GpuView
+from gpuwarden.sched.placement import preference
 from gpuwarden.units import format_bytes
 
 # Past this many candidate sets, pick per NUMA node greedily instead of enumerating.
@@ -28,6 +29,7 @@ class Request:
     count: int = 1
     max_util: int | None = None
     same_numa: bool = False
+    user: str | None = None  # who asks: their own processes are no other user's
 
     def __post_init__(self) -> None:
         if (self.memory is None) == (self.fraction is None):
@@ -128,25 +130,20 @@ def assess(gpu: GpuView, request: Request, leased: int = 0) -> Candidate:
     )
 
 
-def rank_key(c: Candidate) -> tuple[int, int, int]:
-    """Most effective free memory first, then fewest distinct users, then lower index."""
-    return (-c.free, len(c.users), c.index)
+def rank_key(c: Candidate, me: str | None = None) -> tuple[int, int, int, int, int, int]:
+    """Placement's ``preference`` (no other users' processes first, then fewest), then
+    most effective free memory, then fewest distinct users, then lower index."""
+    return (*preference([c], c.users, me), -c.free, len(c.users), c.index)
 
 
-def _missing_links(gpus: Sequence[Candidate]) -> int:
-    return sum(
-        1 for a, b in itertools.combinations(gpus, 2)
-        if b.index not in a.nvlink_peers and a.index not in b.nvlink_peers
-    )
-
-
-def set_key(gpus: Sequence[Candidate]) -> tuple[int, int, int, int, tuple[int, ...]]:
-    """Fewer NUMA nodes, then fewer pairs without NVLink, then the ranking applied to the
-    set: its smallest free memory (a set is as roomy as its tightest GPU), its distinct
-    users, its indices."""
-    nodes = len({c.numa_node for c in gpus})
+def set_key(gpus: Sequence[Candidate], me: str | None = None,
+            ) -> tuple[int, int, int, int, int, tuple[int, ...]]:
+    """Placement's ``preference`` (fewer NUMA nodes, fewer pairs without NVLink, no other
+    users' processes, then the fewest), then the ranking applied to the set: its
+    smallest free memory (a set is as roomy as its tightest GPU), its distinct users,
+    its indices."""
     users: frozenset[str] = frozenset().union(*(c.users for c in gpus))
-    return (nodes, _missing_links(gpus), -min(c.free for c in gpus), len(users),
+    return (*preference(gpus, users, me), -min(c.free for c in gpus), len(users),
             tuple(sorted(c.index for c in gpus)))
 
 
@@ -157,21 +154,22 @@ def _by_node(cands: Iterable[Candidate]) -> dict[int | None, list[Candidate]]:
     return groups
 
 
-def _best_set(qualified: list[Candidate], count: int, same_numa: bool) -> list[Candidate] | None:
+def _best_set(qualified: list[Candidate], count: int, same_numa: bool,
+              me: str | None = None) -> list[Candidate] | None:
     pools = list(_by_node(qualified).values()) if same_numa else [qualified]
     pools = [p for p in pools if len(p) >= count]
     if not pools:
         return None
     best: list[Candidate] | None = None
     for pool in pools:
-        ranked = sorted(pool, key=rank_key)
+        ranked = sorted(pool, key=lambda c: rank_key(c, me))
         if math.comb(len(ranked), count) <= _MAX_SETS:
             options: Iterable[Sequence[Candidate]] = itertools.combinations(ranked, count)
         else:  # too many to try: the best few of each NUMA node, and the best overall
             options = [g[:count] for g in _by_node(ranked).values() if len(g) >= count]
             options = [*options, ranked[:count]]
         for opt in options:
-            if best is None or set_key(opt) < set_key(best):
+            if best is None or set_key(opt, me) < set_key(best, me):
                 best = list(opt)
     return best
 
@@ -207,7 +205,7 @@ def choose_gpus(gpus: Sequence[GpuView], request: Request,
         return Rejection(f"no NUMA node has {n} GPUs big enough for {request.describe()}",
                          considered, impossible=True)
     qualified = [c for c in considered if c.qualifies]
-    chosen = _best_set(qualified, n, request.same_numa)
+    chosen = _best_set(qualified, n, request.same_numa, request.user)
     if chosen is None:
         util = f" at util ≤ {request.max_util}%" if request.max_util is not None else ""
         head = f"no {plural} with {request.describe()} free{util}"

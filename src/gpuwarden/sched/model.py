@@ -52,6 +52,7 @@ class GpuState:
     managed: tuple[ManagedUse, ...] = ()
     foreign_peak: int = 0  # bytes used by processes gpuwarden does not manage, at their peak
     foreign_processes: int = 0
+    foreign_users: frozenset[str] = frozenset()  # owners of those processes
     local_cpus: frozenset[int] | None = None  # CPUs near this GPU (None: unknown)
     free_cpus: frozenset[int] | None = None  # of those, not held alone by a job (--cpus)
 

@@ -20,7 +20,7 @@ from dataclasses import replace
 from fractions import Fraction
 from typing import Protocol
 
-from gpuwarden.observe.snapshot import GpuView, Snapshot
+from gpuwarden.observe.snapshot import RUNNING, GpuView, Snapshot
 from gpuwarden.sched.model import GpuState, ManagedUse, Place, QueuedJob
 from gpuwarden.units import MiB, format_bytes
 
@@ -128,6 +128,9 @@ def gpu_states(snapshot: Snapshot, managed: Mapping[str, Sequence[ManagedUse]],
             foreign_peak=peaks[f.uuid] if f.uuid in peaks else
             foreign_memory(view, managed_pids),
             foreign_processes=sum(1 for p in view.processes if p.pid not in managed_pids),
+            foreign_users=frozenset(p.user for p in view.processes
+                                    if p.pid not in managed_pids and p.user
+                                    and p.state == RUNNING),
         ))
     return states
 
@@ -154,6 +157,20 @@ def missing_links(gpus: Sequence[Linked]) -> int:
     """Pairs in the set that NVLink does not join (either side listing the other counts)."""
     return sum(1 for a, b in itertools.combinations(gpus, 2)
                if b.index not in a.nvlink_peers and a.index not in b.nvlink_peers)
+
+
+def preference(gpus: Sequence[Linked], users: Iterable[str], me: str | None,
+               ) -> tuple[int, int, int]:
+    """What placement and ``select`` both prefer before memory, smallest first: one NUMA
+    node, NVLink peers, then GPUs without other users' processes (then the fewest other
+    users): a job beside another user's server slows both, and the doctor warns of it.
+    ``users``: who has processes (or jobs) on the set; ``me``: who asks."""
+    return numa_nodes(gpus), missing_links(gpus), len(set(users) - {me})
+
+
+def gpu_users(gpu: GpuState) -> frozenset[str]:
+    """Who uses a GPU as placement sees it: its foreign processes' owners and its jobs'."""
+    return gpu.foreign_users | {u.user for u in gpu.managed if u.user}
 
 
 # --- the fit check -----------------------------------------------------------------------
@@ -238,25 +255,28 @@ def pick_cores(job: QueuedJob, chosen: Sequence[GpuState]) -> tuple[int, ...] | 
 
 
 def _set_key(job: QueuedJob, chosen: Sequence[tuple[GpuState, int]],
-             ) -> tuple[int, int, int, tuple[int, ...]]:
-    """One NUMA node first, then NVLink peers, then best fit (least headroom left over,
-    which packs jobs and keeps roomy GPUs for big ones); whole-GPU jobs take the set
-    that gives the biggest budget, jobs with a ceiling the set that gives most up to it."""
+             ) -> tuple[int, int, int, int, tuple[int, ...]]:
+    """``preference`` first (one NUMA node, NVLink peers, no other users), then best fit
+    (least headroom left over, which packs jobs and keeps roomy GPUs for big ones);
+    whole-GPU jobs take the set that gives the biggest budget, jobs with a ceiling the
+    set that gives most up to it."""
     gpus = [g for g, _ in chosen]
     if job.mem is None or job.mem_ceiling is not None:
         fit = -_budget(job, [room for _, room in chosen])
     else:
         fit = sum(room - job.mem for _, room in chosen)
-    return numa_nodes(gpus), missing_links(gpus), fit, tuple(sorted(g.index for g in gpus))
+    users = frozenset().union(*(gpu_users(g) for g in gpus))
+    return (*preference(gpus, users, job.user), fit, tuple(sorted(g.index for g in gpus)))
 
 
-def _gpu_key(job: QueuedJob, pair: tuple[GpuState, int]) -> tuple[int, int]:
+def _gpu_key(job: QueuedJob, pair: tuple[GpuState, int]) -> tuple[int, int, int, int, int]:
     gpu, room = pair
+    first = preference([gpu], gpu_users(gpu), job.user)
     if job.mem is None:
-        return -room, gpu.index
+        return (*first, -room, gpu.index)
     if job.mem_ceiling is not None:  # the most it can be given, then best fit
-        return -min(room, job.mem_ceiling), gpu.index
-    return room - job.mem, gpu.index
+        return (*first, -min(room, job.mem_ceiling), gpu.index)
+    return (*first, room - job.mem, gpu.index)
 
 
 def _budget(job: QueuedJob, rooms: Sequence[int]) -> int:
