@@ -47,26 +47,28 @@ def _hold(socks: list[socket.socket], refused: int) -> None:
     sys.stdin.read()  # until the test closes our stdin
 
 
-GIVE_UP = 20  # connects failing in a row: the daemon accepts no more
+GIVE_UP = 3.0  # seconds without one connect going through: the daemon accepts no more
 
 
 def _open(n: int, connect: Any) -> None:
+    """``n`` connections, retrying a connect the backlog has no room for yet."""
     _raise_nofile(n)
     socks: list[socket.socket] = []
-    refused = in_a_row = 0
-    while len(socks) + refused < n and in_a_row < GIVE_UP:
+    refused = 0
+    last = time.monotonic()
+    while len(socks) < n and time.monotonic() - last < GIVE_UP:
         try:
             socks.append(connect())
-            in_a_row = 0
+            last = time.monotonic()
         except OSError:
             refused += 1
-            in_a_row += 1
+            time.sleep(0.001)
     _hold(socks, refused)
 
 
 def _unix(path: str) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(0.5)
+    s.settimeout(0.5)  # a full backlog: EAGAIN at once
     try:
         s.connect(path)
     except OSError:
