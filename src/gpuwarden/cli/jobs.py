@@ -162,7 +162,12 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
         return
     tokens = read_directives(command)
     if tokens:
-        dctx = _directive_command.make_context("#gpuwarden", list(tokens))
+        try:  # no --help here: it would print help and exit 0 with nothing submitted
+            dctx = _directive_command.make_context("#gpuwarden", list(tokens),
+                                                   help_option_names=[])
+        except click.ClickException as e:
+            raise UsageError(f"{command[0]}: {DIRECTIVE} line: {e.format_message()}") \
+                from None
         for name, value in dctx.params.items():
             if ctx.get_parameter_source(name) != click.core.ParameterSource.COMMANDLINE:
                 opts[name] = value

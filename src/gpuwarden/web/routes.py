@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from gpuwarden.daemon.store import Store
-from gpuwarden.errors import UsageError
 from gpuwarden.web.views import ChartCache, job_page, overview, parse_hours
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -70,10 +69,9 @@ def add_web_routes(app: web.Application, store: Store, *, anonymous: bool,
         return web.json_response(data, headers={"Cache-Control": "no-store"})
 
     async def data_job(request: web.Request) -> web.Response:
-        raw = request.match_info["id"]
-        if not raw.isdigit():
-            raise UsageError(f"invalid job id {raw!r}")
-        data = await off_loop(pool, job_page, store, int(raw), anonymous=anonymous)
+        from gpuwarden.daemon.api import _job_id  # the API's rule: "²" is no job id
+
+        data = await off_loop(pool, job_page, store, _job_id(request), anonymous=anonymous)
         return web.json_response(data, headers={"Cache-Control": "no-store"})
 
     app.router.add_get("/ui", redirect)
