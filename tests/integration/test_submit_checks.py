@@ -52,3 +52,17 @@ def test_commands_on_path_builtins_and_scripts_still_submit(daemon: Daemon,
            daemon.submit(cmd=[str(script)])]
     for job in ids:
         assert daemon.wait_state(job, "succeeded", "failed")["state"] == "succeeded"
+
+
+@pytest.mark.parametrize("line", ["#gpuwarden --help", "#gpuwarden --memm 1G",
+                                  "#gpuwarden stray-word", "#gpuwarden --gpus"])
+def test_a_bad_directive_in_a_script_is_one_line_and_exit_2(daemon: Daemon, tmp_path: Path,
+                                                            line: str) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/sh\n{line}\nexit 0\n")
+    script.chmod(0o755)
+    r = daemon.cli("submit", "--", str(script))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.count("\n") == 1 and "#gpuwarden line" in r.stderr, r.stderr
+    assert str(script) in r.stderr and "Usage" not in r.stdout + r.stderr
+    assert _jobs(daemon) == []
