@@ -34,12 +34,17 @@ SERVER_MEMORY = 66 << 20  # what NVML lists for an MPS server on each of its GPU
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
 def install(directory: Path) -> str:
-    """Write this program, run by this Python, as ``directory/nvidia-cuda-mps-control``
-    (replaced only when it differs); returns its path."""
+    """Write this program as ``directory/nvidia-cuda-mps-control`` (replaced only when it
+    differs); returns its path. It runs on the system Python where there is one: the
+    daemon starts it as the job's user, who may not reach the daemon's own Python."""
     directory.mkdir(mode=0o755, parents=True, exist_ok=True)
     path = directory / CONTROL
-    text = f"#!{sys.executable}\n" + Path(__file__).read_text()
+    python = SYSTEM_PYTHON if os.access(SYSTEM_PYTHON, os.X_OK) else sys.executable
+    text = f"#!{python}\n" + Path(__file__).read_text()
     try:
         if path.read_text() == text:
             return str(path)
