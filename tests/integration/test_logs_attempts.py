@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.integration.daemon_fixture import Daemon
+from tests.integration.daemon_fixture import PY, Daemon
 
 # Fails the first time it runs in a directory, succeeds the second: two attempts, each
 # with output of its own.
@@ -54,3 +54,18 @@ def test_logs_without_follow_reads_past_one_chunk(daemon: Daemon, tmp_path: Path
     jid = daemon.submit("--mem", "1G", cmd=["sh", "-c", "yes x | head -c 3000000"])
     daemon.wait_state(jid, "succeeded")
     assert len(daemon.cli("logs", str(jid), check=True).stdout) == 3_000_000
+
+
+def test_logs_follow_moves_on_to_the_retry_under_a_header(daemon: Daemon) -> None:
+    """-f on a job that the daemon retries after a CUDA OOM: the first run's output, then
+    the retry's under its header, never the two mixed at one offset."""
+    # The OOM comes 2 s in: -f is reading the first run by then.
+    jid = daemon.submit("--mem", "2G", cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "1G",
+                                            "--grow-to", "3G", "--grow-seconds", "2",
+                                            "--seconds", "3"])
+    r = daemon.cli("logs", str(jid), "-f", "--stderr", timeout=60, check=True)
+    job = daemon.job(jid)
+    assert job["state"] == "succeeded" and job["attempts"] == 1, job
+    first, header, rest = r.stdout.partition(f"==> job {jid} attempt 2 of 2 <==\n")
+    assert header and "CUDA out of memory" in first, r.stdout
+    assert "CUDA out of memory" not in rest, r.stdout
