@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +24,6 @@ from gpuwarden.gpus.backend import Backend, open_backend  # noqa: E402
 from gpuwarden.tui.app import ConfirmScreen, PromptScreen, TextScreen, TopApp  # noqa: E402
 
 SIZE = (80, 24)
-
-
-@pytest.fixture
-def leaky(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Backend]:
-    """The leaky 4-GPU scenario, private simulation state, and no daemon to reach."""
-    monkeypatch.setenv("GPUWARDEN_SIM", str(EXAMPLES / "leaky-4gpu.json"))
-    monkeypatch.setenv("GPUWARDEN_SIM_STATE", str(tmp_path / "sim"))
-    monkeypatch.setenv("GPUWARDEN_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    b = open_backend()
-    yield b
-    b.close()
 
 
 def plain(renderable: Any, width: int = 100) -> str:

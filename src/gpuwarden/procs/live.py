@@ -123,6 +123,12 @@ class LiveProcesses:
                     cpus: frozenset[int] | None = frozenset(p.cpu_affinity() or ())
                 except (psutil.AccessDenied, psutil.ZombieProcess, AttributeError, OSError):
                     cpus = None
+                try:  # /proc/PID/stat and statm: readable for any user's process
+                    rss: int | None = int(p.memory_info().rss)
+                    times = p.cpu_times()
+                    cpu_time: float | None = float(times.user + times.system)
+                except (psutil.AccessDenied, psutil.ZombieProcess, OSError):
+                    rss, cpu_time = None, None
         except psutil.NoSuchProcess:
             return ProcInfo(pid=pid, exists=False, namespace_hint=self._hint())
         except psutil.AccessDenied:
@@ -148,6 +154,8 @@ class LiveProcesses:
             nspid=read_nspid(pid),
             env=_read_env(pid) if detail else None,
             uses_torch=_uses_torch(pid) if detail else None,
+            rss=rss,
+            cpu_time=cpu_time,
         )
 
     def _hint(self) -> str | None:

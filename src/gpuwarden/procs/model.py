@@ -38,6 +38,8 @@ class ProcInfo:
     uses_torch: bool | None = None
     garbage: bool = False  # an impossible pid (driver/struct mismatch)
     namespace_hint: str | None = None  # for invisible pids: who probably owns it
+    rss: int | None = None  # bytes resident in host memory (top's RSS)
+    cpu_time: float | None = None  # user + system CPU seconds so far (top's %CPU, by delta)
 
     @property
     def is_zombie(self) -> bool:

@@ -59,6 +59,38 @@ def legend() -> Text:
     return t
 
 
+COLUMNS = (("GPU", "the GPU index (a job: its GPUs)"),
+           ("PID", "the process id (- for a job with no process on a GPU yet)"),
+           ("USER", "its user"), ("JOB", "its gpuwarden job"),
+           ("QOS", "the job's class: guar(anteed), burst(able), best(effort)"),
+           ("MEM/BUDGET", "GPU memory it holds / what its job may hold per GPU"),
+           ("STATE", "the process's state, or its job's"),
+           ("%CPU", "host CPU since the last refresh (100: one core)"),
+           ("RSS", "host memory resident"), ("COMMAND", "its command line"))
+
+
+def keys_help(bindings: Sequence[BindingType]) -> RenderableType:
+    """What ``?`` shows: every key, the memory bar legend and the columns, since the
+    footer has room for only some of them."""
+    keys = [("enter / i", "the selected row's details (a job's, as `gpuwarden show`)"),
+            ("↑ ↓ PgUp PgDn", "move in the table")]
+    for b in bindings:
+        if isinstance(b, Binding) and b.action != "details":
+            shown = "?" if b.key == "question_mark" else b.key
+            keys.append((shown, _KEY_HELP.get(b.action, b.description)))
+    bar = Text("memory bars: ")
+    bar.append_text(legend())
+    return Group(_pairs(keys), Text(""), bar, Text(""), _pairs(list(COLUMNS)))
+
+
+_KEY_HELP = {"cycle_sort": "sort by memory, pid, user or GPU (next)",
+             "filter_user": "only one user's processes and jobs (empty: everyone)",
+             "cycle_gpu": "only one GPU (next; then all)",
+             "cancel_job": "cancel the selected job (asks first; the daemon decides)",
+             "doctor": "doctor findings with their fixes", "refresh": "refresh now",
+             "keys": "this page", "quit": "quit"}
+
+
 @dataclass(frozen=True)
 class Observation:
     """One refresh: the snapshot, the leaks over recent ones, the daemon's jobs (None:
@@ -196,6 +228,7 @@ class TopApp(App[None]):
         Binding("c", "cancel_job", "Cancel"),
         Binding("d", "doctor", "Doctor"),
         Binding("r", "refresh", "Refresh"),
+        Binding("question_mark", "keys", "Keys"),
         Binding("q", "quit", "Quit"),
     ]
 
@@ -269,7 +302,8 @@ class TopApp(App[None]):
         self._top_history = [*self._top_history[-(_HISTORY - 1):], snap]
         leaks = tuple(find_leaks(self._top_history))
         jobs, daemon = self._jobs()
-        rows = tuple(model.build_rows(snap, jobs))
+        previous = self._top_history[-2] if len(self._top_history) > 1 else None
+        rows = tuple(model.build_rows(snap, jobs, previous))
         return Observation(snapshot=snap, leaks=leaks, jobs=jobs, daemon=daemon, rows=rows)
 
     def _jobs(self) -> tuple[tuple[Mapping[str, Any], ...] | None, str | None]:
@@ -301,30 +335,41 @@ class TopApp(App[None]):
         self._render_table()
 
     def _render_header(self) -> None:
+        """One line: what is shown, the filters and the bar legend. Where the width is
+        short, the backend, the GPU count, the sort and the job count give way (in that
+        order), so the filters and the legend stay."""
         obs = self.observation
-        left = Text(" gpuwarden", style="bold")
+        parts: list[tuple[str, str, int]] = [(" gpuwarden", "bold", 0)]  # text, style, rank
         if obs is None:
-            left.append(" · starting…")
+            parts.append((" · starting…", "", 0))
         elif obs.error:
-            left.append(f" · {obs.error}", style="bold red")
+            parts.append((f" · {obs.error}", "bold red", 0))
         else:
             snap = obs.snapshot
             assert snap is not None
-            left.append(f" · {snap.backend} · {len(snap.gpus)} GPUs · ")
+            parts += [(f" · {snap.backend}", "", 1), (f" · {len(snap.gpus)} GPUs", "", 2)]
             if obs.jobs is None:
-                left.append(obs.daemon or "no daemon", style="yellow")
+                parts.append((f" · {obs.daemon or 'no daemon'}", "yellow", 4))
             else:
                 n = len(obs.jobs)
-                left.append(f"{n} job{'' if n == 1 else 's'}")
-        left.append(f" · sort {self.sort}")
+                parts.append((f" · {n} job{'' if n == 1 else 's'}", "", 4))
+        parts.append((f" · sort {self.sort}", "", 3))
         if self.user_filter:
-            left.append(f" · user {self.user_filter}", style="bold cyan")
+            parts.append((f" · user {self.user_filter}", "bold cyan", 0))
         if self.gpu_filter is not None:
-            left.append(f" · gpu {self.gpu_filter}", style="bold cyan")
+            parts.append((f" · gpu {self.gpu_filter}", "bold cyan", 0))
         width = self.size.width
         lg = legend()
-        if left.cell_len + 2 + lg.cell_len <= width:
-            left.append(" " * (width - left.cell_len - lg.cell_len - 1))
+        room = width - lg.cell_len - 1  # the legend stays while the filters fit beside it
+        for rank in (1, 2, 3, 4):
+            if sum(len(t) for t, _, _ in parts) <= room:
+                break
+            parts = [p for p in parts if p[2] != rank]
+        left = Text()
+        for text, style, _ in parts:
+            left.append(text, style)
+        if left.cell_len <= room:
+            left.append(" " * (room - left.cell_len))
             left.append_text(lg)
         left.truncate(width, overflow="ellipsis")
         self.query_one("#header", Static).update(left)
@@ -492,6 +537,9 @@ class TopApp(App[None]):
         except GpuwardenError as e:
             self.call_from_thread(self.say, f"job {job}: {e}", "error")
         self.call_from_thread(self.action_refresh)
+
+    def action_keys(self) -> None:
+        self.push_screen(TextScreen("gpuwarden top: keys", keys_help(self.BINDINGS)))
 
     def action_doctor(self) -> None:
         screen = TextScreen("doctor findings (as `gpuwarden doctor`)",

@@ -212,6 +212,23 @@ class Row:
     over_budget: bool
     state: str
     command: str
+    cpu: float | None = None  # host CPU % since the previous refresh (100: one core)
+    rss: int | None = None  # host memory resident, bytes
+
+
+def cpu_percent(p: ProcessView, previous: Snapshot | None, now: float) -> float | None:
+    """The process's host CPU use since ``previous`` (the same pid and start time): CPU
+    seconds over wall seconds, as top and nvitop show it. None without an earlier
+    sample of it."""
+    if previous is None or p.info.cpu_time is None or now <= previous.taken_at:
+        return None
+    for g in previous.gpus:
+        for q in g.processes:
+            if q.pid == p.pid and q.info.start_time == p.info.start_time \
+                    and q.info.cpu_time is not None:
+                spent = max(p.info.cpu_time - q.info.cpu_time, 0.0)
+                return 100.0 * spent / (now - previous.taken_at)
+    return None
 
 
 def _limit(job: Mapping[str, Any]) -> int | None:
@@ -224,10 +241,11 @@ def _limit(job: Mapping[str, Any]) -> int | None:
     return None
 
 
-def build_rows(snap: Snapshot, jobs: Sequence[Mapping[str, Any]] | None) -> list[Row]:
+def build_rows(snap: Snapshot, jobs: Sequence[Mapping[str, Any]] | None,
+               previous: Snapshot | None = None) -> list[Row]:
     """Every GPU process (joined to its daemon job through GPUWARDEN_JOB), then every
     listed job that has no process on a GPU. ``jobs`` is the daemon's ``/v1/jobs`` list,
-    or None when no daemon answers."""
+    or None when no daemon answers; ``previous``, the snapshot before, gives %CPU."""
     by_id: dict[int, Mapping[str, Any]] = {}
     for j in jobs or ():
         if isinstance(j.get("id"), int):
@@ -257,7 +275,8 @@ def build_rows(snap: Snapshot, jobs: Sequence[Mapping[str, Any]] | None) -> list
                 user=p.user, job=jid, qos=None if job is None else job.get("qos"),
                 memory=p.memory, budget=limit,
                 over_budget=(limit is not None and jid is not None and per_job[jid] > limit),
-                state=state, command=visible(p.command or "?")))
+                state=state, command=visible(p.command or "?"),
+                cpu=cpu_percent(p, previous, snap.taken_at), rss=p.info.rss))
     for jid, j in by_id.items():
         if jid in seen_jobs:
             continue
@@ -306,7 +325,8 @@ class Column:
 
 
 _COLS = (("GPU", 7, True), ("PID", 10, True), ("USER", 10, False), ("JOB", 6, True),
-         ("QOS", 5, False), ("MEM/BUDGET", 13, True), ("STATE", 9, False))
+         ("QOS", 5, False), ("MEM/BUDGET", 13, True), ("STATE", 9, False),
+         ("%CPU", 5, True), ("RSS", 6, True))
 _MIN_COMMAND = 8
 
 
@@ -316,10 +336,12 @@ def _cells(r: Row) -> tuple[str, ...]:
     budget = "" if r.job is None else (
         "/whole" if r.budget is None else f"/{format_bytes_short(r.budget)}")
     qos = "" if r.qos is None else _QOS_SHORT.get(r.qos, r.qos)
+    cpu = "-" if r.cpu is None else f"{r.cpu:.0f}" if r.cpu >= 10 else f"{r.cpu:.1f}"
     return (gpus, "-" if r.pid is None else str(r.pid), r.user or "?",
             "" if r.job is None else str(r.job), qos,
             mem + budget if r.job is not None or r.memory is not None else "-",
-            _STATE_SHORT.get(r.state, r.state))
+            _STATE_SHORT.get(r.state, r.state), cpu,
+            "-" if r.rss is None else format_bytes_short(r.rss))
 
 
 def table_layout(rows: Sequence[Row], width: int) -> list[Column]:
