@@ -105,13 +105,16 @@ def test_idle_connections_of_one_user_leave_others_served(
 
 def test_slow_requests_are_dropped(users: tuple[User, User], tmp_path: Path) -> None:
     """Half a request head, or a body that stalls, costs the sender its connection after
-    request_timeout, on the socket and on web_listen."""
+    request_timeout (half the next head on a connection kept open: after idle_timeout),
+    on the socket and on web_listen."""
     port = free_port()
-    config = f'request_timeout = "1s"\nweb_listen = "127.0.0.1:{port}"\n'
+    config = f'request_timeout = "1s"\nidle_timeout = "2s"\nweb_listen = "127.0.0.1:{port}"\n'
     for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json", config=config):
         cases: list[tuple[socket.socket, bytes]] = []
-        for head in (b"GET /v1/health HTTP/1.1\r\nHost: x\r\n",
-                     b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"):
+        health = b"GET /v1/health HTTP/1.1\r\nHost: x\r\n"
+        for head in (health,  # half a head
+                     b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+                     health + b"\r\n" + health):  # answered, then half the next head
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect(str(d.socket))
             cases.append((s, head))

@@ -25,8 +25,10 @@
     max_connections_per_user = 64  # open connections of one user on the daemon's socket;
                                    # past it a new one is closed at once
     max_connections_tcp = 256      # open connections on web_listen, and on metrics_listen
-    request_timeout = "5s"  # a request's head, then its body, must arrive within this
-    idle_timeout = "30s"    # a connection waiting this long for its next request is closed
+    request_timeout = "5s"  # a new connection's first request head, and each request
+                            # body, must arrive within this
+    idle_timeout = "30s"    # a connection waiting this long for (the head of) its next
+                            # request is closed
 
     [limits]                # every user (each key optional)
     max_gpus = 4

@@ -60,7 +60,7 @@ class Config:
     web_listen: str | None = None  # HOST:PORT for the read-only web page; None: not served
     max_connections_per_user: int = 64  # open connections of one uid on the unix socket
     max_connections_tcp: int = 256  # open connections on web_listen, on metrics_listen
-    request_timeout: float = 5.0  # seconds a request's head, and then its body, may take
+    request_timeout: float = 5.0  # seconds a connection's first head, and a body, may take
     idle_timeout: float = 30.0  # seconds a connection may wait for its next request
 
     def grace_of(self, asked: float | None) -> float:
