@@ -212,7 +212,13 @@ def test_credentials_are_matched_by_word_not_substring(daemon: Daemon) -> None:
 
 
 def test_a_missing_command_fails_the_job_not_the_daemon(daemon: Daemon) -> None:
-    jid = daemon.submit(cmd=["/no/such/program", "x"])
+    from gpuwarden.daemon.client import Client
+
+    # submit refuses it at once (test_submit_checks.py); a request that skips that check
+    # (another client, or the program removed since) fails at launch.
+    jid = Client(str(daemon.home / "gpuwarden.sock")).request(
+        "POST", "/v1/jobs", body={"command": ["/no/such/program", "x"], "cwd": "/",
+                                  "env": {"PATH": "/usr/bin:/bin"}})["id"]
     job = daemon.wait_state(jid, "failed")
     assert job["exit_code"] == 127 and "not found" in job["reason"]
     assert daemon.cli("daemon", "status").returncode == 0
