@@ -3,7 +3,8 @@
 A's jobs fork workers that inherit the GPU's device file, as DataLoader workers do: the
 driver lists none of them, so they look like hidden holders. Root's ``reap --yes`` must
 leave every process of a running job (the daemon's view of its tree) and still reap a
-stray holder of B's that no job owns; a job's worker named with ``--pid`` may still be
+stray holder of B's that no job owns (also when the job's environment holds no
+GPUWARDEN_JOB); a job's worker named with ``--pid`` may still be
 reaped."""
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ JOB_PY = "/usr/bin/python3"  # one every user may run (the job needs the stdlib 
 # and succeeds only if both workers end by themselves.
 _JOB = """
 import os, sys, time
-dev = os.path.join(os.environ["GPUWARDEN_SIM_STATE"], "dev")
+dev = sys.argv[2]
 held = [open(os.path.join(dev, n), "rb") for n in ("nvidiactl", "nvidia-uvm", "nvidia0")]
 kids = []
 for _ in range(2):
@@ -45,7 +46,7 @@ sys.exit(0 if all(c == 0 for c in codes) else 1)
 def _procs(uid: int, seconds: str) -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["uids", "cmdline"])
             if p.info["uids"] and p.info["uids"].real == uid
-            and p.info["cmdline"][-1:] == [seconds] and "-c" in p.info["cmdline"]]
+            and p.info["cmdline"][-2:-1] == [seconds] and "-c" in p.info["cmdline"]]
 
 
 def workers_survive_reap(args: dict[str, Any]) -> dict[str, Any]:
@@ -54,9 +55,12 @@ def workers_survive_reap(args: dict[str, Any]) -> dict[str, Any]:
     for d in start_daemon(tmp, EXAMPLES / "idle-2gpu.json"):
         env = pidns.env_of(d.env, a)
         jobs = {}
-        for seconds in ("12", "300"):
-            r = d.cli("submit", "--cwd", a.home, "--mem", "1G", "--", JOB_PY, "-c", _JOB,
-                      seconds, env=env, prefix=a.prefix)
+        dev = str(tmp / "sim" / "dev")
+        # The second job runs with an empty environment (no GPUWARDEN_JOB anywhere in
+        # its tree): only the daemon's view tells its workers from strays.
+        for seconds, wrap in (("12", []), ("300", ["/usr/bin/env", "-i"])):
+            r = d.cli("submit", "--cwd", a.home, "--mem", "1G", "--", *wrap, JOB_PY, "-c",
+                      _JOB, seconds, dev, env=env, prefix=a.prefix)
             assert r.returncode == 0, r.stderr
             jobs[seconds] = int(r.stdout)
             d.wait_state(jobs[seconds], "running")
@@ -71,6 +75,7 @@ def workers_survive_reap(args: dict[str, Any]) -> dict[str, Any]:
         time.sleep(0.5)  # the workers have opened nothing new: they inherited the files
         procs = {s: _procs(a.uid, s) for s in jobs}
         worker = next(p for p in procs["300"] if p.ppid() in {q.pid for q in procs["300"]})
+        bare = [("GPUWARDEN_JOB" in p.environ()) for p in procs["300"]]
         found = d.json("leaks", "--samples", "1")["leaks"]
         holders = {lk["pid"] for lk in found if lk["kind"] == "hidden_holder"}
         reap = d.cli("reap", "--yes", "--json", "--samples", "1", "--grace", "2",
@@ -86,7 +91,7 @@ def workers_survive_reap(args: dict[str, Any]) -> dict[str, Any]:
                 "reap": json.loads(reap.stdout), "alive_after": alive_after,
                 "stray_alive": stray_alive, "stray_pid": stray.pid,
                 "named": named.stdout or named.stderr, "named_alive": pidns.alive(worker),
-                "end": [end["state"], end["exit_code"], end["reason"]]}
+                "end": [end["state"], end["exit_code"], end["reason"]], "bare": bare}
     raise AssertionError("no daemon")
 
 
@@ -97,6 +102,7 @@ def test_root_reap_leaves_running_jobs_workers(users: tuple[User, User],
     out = pidns.run(f"{__name__}:workers_survive_reap", {"users": pidns.users_args(*users)})
     job_pids = {p for ps in out["job_pids"].values() for p in ps}
     assert job_pids <= set(out["holders"]), out  # they do look like hidden holders
+    assert out["bare"] == [False] * 3, out["bare"]
     assert all(all(v) for v in out["alive_after"].values()), out["reap"]
     left = {a["pid"]: a for a in out["reap"]["actions"] if a["pid"] in job_pids}
     assert set(left) == job_pids and all(a["action"] == "none" for a in left.values())
