@@ -13,7 +13,7 @@ from textual.pilot import Pilot
 
 from gpuwarden.gpus.backend import Backend
 from gpuwarden.tui.app import TextScreen, TopApp
-from tests.integration.test_top import plain, run, table_lines
+from tests.integration.test_top import plain, run, table_lines, until
 
 
 def test_question_mark_lists_every_key_the_legend_and_the_columns(leaky: Backend) -> None:
@@ -56,7 +56,15 @@ def test_processes_show_host_cpu_and_rss_columns(leaky: Backend) -> None:
         table: DataTable[Any] = app.query_one(DataTable)
         titles = [str(c.label).strip() for c in table.columns.values()]
         assert titles[-3:] == ["%CPU", "RSS", "COMMAND"], titles
-        # The scenario's processes are declared, not running here: no host figures.
-        assert all(" - " in line for line in table_lines(app))
+        # The scenario's figures (rss, a steady cpu_percent), the CPU% from two looks.
+        await pilot.press("r")
+        await until(pilot, lambda: app.refreshes >= 2)
+        rows = {line.split()[1]: line.split() for line in table_lines(app)}
+        assert rows["34568"][-3] == "11.0G" and rows["34567"][-3] == "6.4G"
+        cpu = {r.pid: r.cpu for r in app.shown}
+        assert cpu[34568] is not None and 250 <= cpu[34568] <= 370, cpu  # 310, give or
+        assert cpu[34567] is not None and 80 <= cpu[34567] <= 120, cpu  # take the clock
+        assert cpu[12345] is None  # dead: nothing on the host
+        assert next(r.rss for r in app.shown if r.pid == 12345) is None
 
     run(app, script)

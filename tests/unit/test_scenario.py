@@ -83,6 +83,12 @@ GPU = {"index": 0, "memory_total": "80GiB"}
      "processes[0].torch"),
     ({"gpus": [GPU], "processes": [{"pid": 1, "gpu": 0, "memory": "1G",
                                     "cpus_allowed": "x"}]}, "processes[0].cpus_allowed"),
+    ({"gpus": [GPU], "processes": [{"pid": 1, "gpu": 0, "memory": "1G", "rss": "lots"}]},
+     "processes[0].rss"),
+    ({"gpus": [GPU], "processes": [{"pid": 1, "gpu": 0, "memory": "1G",
+                                    "cpu_percent": "hot"}]}, "processes[0].cpu_percent"),
+    ({"gpus": [GPU], "processes": [{"pid": 1, "gpu": 0, "memory": "1G",
+                                    "cpu_percent": -1}]}, "processes[0].cpu_percent"),
     ({"gpus": [GPU], "holders": [{"pid": -1, "devices": ["/dev/nvidia0"]}]}, "holders[0].pid"),
     ({"gpus": [GPU], "holders": [{"pid": 1, "devices": [3]}]}, "holders[0].devices"),
 ])

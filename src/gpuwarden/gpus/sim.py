@@ -58,10 +58,14 @@ class SimProcesses:
             return ProcInfo(pid=pid, exists=False, container=p.container,
                             namespace_hint="another PID namespace")
         orphan = p.state == "orphan"
+        start = self._loaded_at - p.started_ago
+        # A steady cpu_percent since its start: two looks apart differ by that share.
+        cpu_time = None if p.cpu_percent is None else \
+            p.cpu_percent / 100 * max(time.time() - start, 0.0)
         return ProcInfo(
             pid=pid,
             exists=True,
-            start_time=self._loaded_at - p.started_ago,
+            start_time=start,
             user=p.user,
             uid=p.uid if p.uid is not None else _uid_of(p.user),
             command=p.command,
@@ -74,6 +78,8 @@ class SimProcesses:
             container=p.container,
             env=p.env or {},
             uses_torch=p.torch,
+            rss=p.rss,
+            cpu_time=cpu_time,
         )
 
     def device_mapped(self, pid: int) -> bool | None:

@@ -70,6 +70,8 @@ class SimProcess:
     torch: bool | None = None
     sm_utilization: int | None = None
     kinds: tuple[str, ...] = ("compute",)
+    rss: int | None = None  # host memory resident, bytes
+    cpu_percent: float | None = None  # host CPU it uses, steadily (100: one core)
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,8 @@ def _parse_process(raw: Any, pos: int, gpu_indices: set[int]) -> SimProcess:
         torch=_opt(raw.get("torch"), _bool, f"{where}.torch"),
         sm_utilization=sm,
         kinds=tuple(kinds),
+        rss=_opt(raw.get("rss"), _size, f"{where}.rss"),
+        cpu_percent=_opt(raw.get("cpu_percent"), _number, f"{where}.cpu_percent"),
     )
 
 
