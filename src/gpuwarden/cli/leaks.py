@@ -253,7 +253,8 @@ def reap(yes: bool, pids: tuple[int, ...], gpus: tuple[int, ...], grace: float,
                 elif a.action == TERMINATE:
                     row["result"] = terminate(a.pid, a.start_time, grace)
                 elif a.action == SIGNAL_PARENT and a.target is not None:
-                    row["result"] = signal_parent(a.target, a.pid)
+                    row["result"] = signal_parent(a.target, a.pid,
+                                                  child_start=a.start_time)
             results, still = _verify(b, acted, before, timeout, started, declared)
             outcome["reclaimed"] = list(results.values())
             outcome["still_held"] = still

@@ -109,17 +109,35 @@ def terminate(pid: int, start_time: float | None, grace: float = 5.0) -> str:
         t.close()
 
 
-def signal_parent(parent: int, child: int, wait: float = 2.0) -> str:
-    """Nudge a parent to reap its zombie child; returns reaped, still_zombie or denied."""
+def signal_parent(parent: int, child: int, wait: float = 2.0,
+                  child_start: float | None = None) -> str:
+    """Nudge a parent to reap its zombie child; returns reaped, still_zombie, denied, or
+    parent_changed. The parent is signalled only while the zombie (pid and, when given,
+    start time) still names it as its parent, through a pidfd opened before that check:
+    a parent that died and whose pid went to another process is never hit."""
+    t = _target(parent, None)
+    if t is None:
+        return "reaped" if _same(child, child_start) is None else "still_zombie"
     try:
-        os.kill(parent, signal.SIGCHLD)
-    except ProcessLookupError:
-        return "reaped" if not psutil.pid_exists(child) else "still_zombie"
-    except PermissionError:
-        return "denied"
+        zombie = _same(child, child_start)
+        if zombie is None:
+            return "reaped"
+        try:
+            if zombie.ppid() != parent:
+                return "parent_changed"
+        except psutil.NoSuchProcess:
+            return "reaped"
+        try:
+            t.send(signal.SIGCHLD)
+        except psutil.NoSuchProcess:
+            return "reaped" if _same(child, child_start) is None else "still_zombie"
+        except psutil.AccessDenied:
+            return "denied"
+    finally:
+        t.close()
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
-        if not psutil.pid_exists(child):
+        if _same(child, child_start) is None:
             return "reaped"
         time.sleep(0.05)
     return "still_zombie"
