@@ -7,7 +7,7 @@ The job first runs one small matmul (so cuBLAS's workspace is in the allocator's
 keeps its product, which every later matmul overwrites (a fresh 2 MiB product would need a
 new 20 MiB segment once the memory is grown to its cap, an allocation past what the job
 takes),
-then takes memory in 256 MiB tensors until ``torch.cuda.memory_reserved()`` reaches
+then takes memory in 256 MiB tensors (the last ones a multiple of 20 MiB) until ``torch.cuda.memory_reserved()`` reaches
 ``START_FRAC`` of FINAL_MIB, grows linearly to FINAL_MIB over GROW_S seconds, and computes
 until SECONDS after the process started. ``max_memory_reserved`` never passes FINAL_MIB,
 so a job whose FINAL_MIB equals its declaration holds exactly what it declared.
@@ -30,6 +30,10 @@ import time
 T0 = time.time()
 MiB = 1 << 20
 STEP = 256 * MiB
+# PyTorch's allocator reserves memory for tensors over 1 MiB in 20 MiB pages (kLargeBuffer;
+# expandable segments grow by it too): a finer step past the last whole page would
+# reserve a page more than the job declared, where its cap stops it.
+GRAIN = 20 * MiB
 
 
 def _claim(out: str) -> str:
@@ -133,7 +137,7 @@ def main() -> int:
             want = target()
             while True:
                 have = torch.cuda.memory_reserved()
-                step = min(STEP, (want - have) // (2 * MiB) * (2 * MiB))
+                step = min(STEP, (want - have) // GRAIN * GRAIN)
                 if step <= 0:
                     break
                 rec["asking"] = step
