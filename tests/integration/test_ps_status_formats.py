@@ -117,3 +117,17 @@ def test_status_watch_header_shows_the_interval_and_the_time(sim: SimMachine) ->
     finally:
         p.kill()
         p.wait()
+
+
+def test_ps_o_chooses_the_columns_of_the_table_and_the_csv(daemon: Daemon) -> None:
+    done = daemon.submit("--mem", "1G", "--name", "first")
+    daemon.wait_state(done, "succeeded")
+    lines = daemon.cli("ps", "--all", "-o", "id,state,mem,name", check=True).stdout
+    assert lines.splitlines() == ["ID  STATE      MEM   NAME",
+                                  f"{done:<2}  succeeded  1.0G  first"]
+    out = daemon.cli("ps", "--all", "--format", "csv", "--columns", "state,id",
+                     check=True).stdout
+    assert out.splitlines() == ["state,id", f"succeeded,{done}"]
+    r = daemon.cli("ps", "-o", "id,colour")
+    assert r.returncode == 2 and "unknown column 'colour'" in r.stderr
+    assert daemon.cli("ps", "-o", "id", "--json").returncode == 2

@@ -333,9 +333,46 @@ def _stream_json(pages: Iterator[list[dict[str, Any]]]) -> None:
     out.write("]}\n")
 
 
-def _ps_csv(jobs: list[dict[str, Any]]) -> list[list[Any]]:
-    return [[shlex.join(j["command"]) if c == "command" else j.get(c) for c in PS_CSV]
+def _ps_csv(jobs: list[dict[str, Any]], columns: Sequence[str] = PS_CSV) -> list[list[Any]]:
+    return [[shlex.join(j["command"]) if c == "command" else j.get(c) for c in columns]
             for j in jobs]
+
+
+class ColumnsType(click.ParamType):  # type: ignore[type-arg]
+    """``-o id,state,mem``: some of the CSV columns, in this order."""
+
+    name = "COL[,COL]"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> tuple[str, ...]:
+        if isinstance(value, tuple):
+            return value
+        cols = tuple(c.strip() for c in str(value).split(",") if c.strip())
+        unknown = [c for c in cols if c not in PS_CSV]
+        if unknown or not cols:
+            self.fail(f"unknown column {(unknown or [value])[0]!r} (columns: "
+                      f"{', '.join(PS_CSV)})", param, ctx)
+        return cols
+
+
+def _ps_columns_lines(jobs: list[dict[str, Any]], columns: Sequence[str]) -> list[str]:
+    """``ps -o``: the chosen columns as a table, sizes short, times as stored."""
+    from gpuwarden.printable import visible
+    from gpuwarden.units import format_bytes_short
+
+    def cell(c: str, v: Any) -> str:
+        if c in ("mem", "peak_memory"):
+            return format_bytes_short(v) if v else ("whole" if c == "mem" else "-")
+        if c == "gpus":
+            return ",".join(map(str, v)) or "-"
+        return "" if v is None else str(v)
+
+    rows = [[c.upper() for c in columns]]
+    rows += [[visible(cell(c, v)) for c, v in zip(columns, r, strict=True)]
+             for r in _ps_csv(jobs, columns)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
+    return ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
+            for r in rows]
 
 
 @click.command()
@@ -352,6 +389,9 @@ def _ps_csv(jobs: list[dict[str, Any]]) -> list[list[Any]]:
               help="csv: a header row, then one row a job (columns: " + ", ".join(PS_CSV)
                    + "; bytes, ISO 8601 UTC times).")
 @click.option("--json", "as_json", is_flag=True, help="The same as --format json.")
+@click.option("-o", "--columns", "columns", type=ColumnsType(), default=None,
+              help="Only these columns, in this order (of the CSV ones), for the table "
+                   "or the CSV: e.g. -o id,state,mem,command.")
 @click.option("--watch", "watch", type=DURATION, is_flag=False, flag_value=2.0, default=None,
               metavar="[INTERVAL]", help="Refresh every INTERVAL (default 2s); with "
                                          "--json, one JSON document a line.")
@@ -359,7 +399,8 @@ def _ps_csv(jobs: list[dict[str, Any]]) -> list[list[Any]]:
               help=f"The latest N jobs (0: every one). Default: {PS_LATEST} in a table "
                    "with --all or --state, every job otherwise (and in JSON and CSV).")
 def ps(all_jobs: bool, states: tuple[str, ...], user: str | None, group: str | None,
-       sort: str, fmt: str, as_json: bool, watch: float | None, limit: int | None) -> None:
+       sort: str, fmt: str, as_json: bool, columns: tuple[str, ...] | None,
+       watch: float | None, limit: int | None) -> None:
     """The queue: everyone's waiting and running jobs (--all: ended ones too)."""
     from gpuwarden.cli.common import emit_csv, watch_header
 
@@ -368,6 +409,8 @@ def ps(all_jobs: bool, states: tuple[str, ...], user: str | None, group: str | N
         raise click.BadParameter("must be positive", param_hint="'--watch'")
     if watch is not None and fmt == "csv":
         raise UsageError("--watch prints a table or JSON lines, not CSV")
+    if columns and fmt == "json":
+        raise UsageError("-o chooses the columns of the table or the CSV; JSON has them all")
     client = _client()
     query = {"all": "1" if all_jobs else None, "user": user, "group": group,
              "state": ",".join(states) or None}
@@ -383,7 +426,7 @@ def ps(all_jobs: bool, states: tuple[str, ...], user: str | None, group: str | N
             jobs, older = client.all_jobs(query), False
         jobs.sort(key=_sort_key(sort.removeprefix("-")), reverse=sort.startswith("-"))
         if fmt == "csv":
-            emit_csv(PS_CSV, _ps_csv(jobs))
+            emit_csv(columns or PS_CSV, _ps_csv(jobs, columns or PS_CSV))
             return
         if fmt == "json" and watch is not None:
             import json
@@ -393,7 +436,8 @@ def ps(all_jobs: bool, states: tuple[str, ...], user: str | None, group: str | N
             emit_json({"jobs": jobs})
             return
         else:
-            lines = _ps_lines(jobs, history)
+            lines = _ps_columns_lines(jobs, columns) if columns and jobs else \
+                _ps_lines(jobs, history)
             if watch is not None:
                 clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
                 lines = [clear + watch_header("ps", watch), "", *lines]
