@@ -246,7 +246,7 @@ class LeaseStore:
                 out[path] = Lease.from_json(data)
             except OSError:
                 continue  # vanished or unreadable: not ours to judge
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: "[" x 60000, by anyone
                 self.remove(path)
         return out
 

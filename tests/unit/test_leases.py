@@ -263,3 +263,12 @@ def test_concurrent_processes_never_pick_the_same_gpu(tmp_path: Path) -> None:
     picks = [p.communicate(timeout=60)[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert sorted(picks) == [f"GPU-{i}" for i in range(6)]
+
+
+def test_a_lease_file_nested_too_deeply_is_garbage_not_a_crash(tmp_path: Path) -> None:
+    store = LeaseStore(tmp_path)  # the shared directory: any local user writes here
+    (tmp_path / "deep.json").write_text("[" * 30_000 + "]" * 30_000)
+    with store.locked():
+        store.add(lease())
+    assert list(store.read().values()) == [lease()]
+    assert not (tmp_path / "deep.json").exists()

@@ -117,3 +117,20 @@ def test_a_file_that_is_not_utf8_is_one_error(tmp_path: Path) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match="cannot read scenario"):
         load_scenario(tmp_path / "nope.json")
+
+
+def test_a_file_nested_too_deeply_is_one_error(tmp_path: Path) -> None:
+    p = tmp_path / "deep.json"
+    p.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ScenarioError, match="nested too deeply"):
+        load_scenario(p)
+
+
+def test_an_allocation_file_nested_too_deeply_is_ignored(tmp_path: Path) -> None:
+    from gpuwarden.sim.registry import Registry
+
+    reg = Registry(tmp_path)  # its alloc/ is written by every simulated job's user
+    reg.ensure(1)
+    (reg.alloc_dir / "1.json").write_text("[" * 30_000 + "]" * 30_000)
+    (reg.alloc_dir / "2.json").write_text('{"pid": 2, "start_time": 0, "gpus": []}')
+    assert reg.allocations() == []

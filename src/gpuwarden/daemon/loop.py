@@ -710,7 +710,7 @@ class Scheduler:
                 report = json.loads(f.read(4096) or b"null")
             peaks = report["max_reserved"] if isinstance(report, dict) else None
             peak = peaks[0] if isinstance(peaks, list) and len(peaks) == 1 else None
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):  # the job wrote it
             return
         finally:
             with contextlib.suppress(OSError):

@@ -101,8 +101,8 @@ class Registry:
                     command=str(data.get("command", "")),
                     mps=bool(data.get("mps", False)),
                 )
-            except (OSError, ValueError, KeyError, TypeError):
-                continue  # half-written or vanished: ignore this read
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+                continue  # half-written, vanished or not an allocation: ignore this read
             started = _start_time(alloc.pid)
             alive = started is not None and abs(started - alloc.start_time) < 1.0
             if alive or alloc.leak:

@@ -330,4 +330,6 @@ def load_scenario(path: str | os.PathLike[str]) -> Scenario:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ScenarioError(f"scenario {p} is not valid JSON: {e.msg} at line {e.lineno}") from None
+    except RecursionError:  # "[" x 100000: the decoder recurses once per level
+        raise ScenarioError(f"scenario {p} is nested too deeply") from None
     return parse_scenario(data, p.resolve())
