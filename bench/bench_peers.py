@@ -465,14 +465,18 @@ def summary_table(result: dict[str, Any]) -> str:
 
 
 def merge(paths: list[Path]) -> dict[str, Any]:
-    """Join result files of split runs: later files win per (set, tool)."""
+    """Join result files of split runs: later files win per (set, tool). Each run keeps
+    the gpuwarden commit it was measured on (``rev``), as split runs may differ."""
     merged: dict[str, Any] = {}
     for p in paths:
         data = json.loads(p.read_text())
         runs = merged.get("runs", {})
         sets = merged.get("sets", {})
         merged.update({k: v for k, v in data.items() if k not in ("runs", "sets", "status")})
+        rev = data.get("versions", {}).get("gpuwarden")
         for s, tools in data.get("runs", {}).items():
+            if "gpuwarden" in tools and rev:
+                tools["gpuwarden"].setdefault("rev", rev)
             runs.setdefault(s, {}).update(tools)
         sets.update(data.get("sets", {}))
         merged["runs"], merged["sets"] = runs, sets

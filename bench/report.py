@@ -756,6 +756,19 @@ def _peer_jobs(pset: dict[str, Any], runs: dict[str, Any]) -> list[str]:
     return out
 
 
+def _gw_revs(pr: dict[str, Any]) -> str:
+    """The gpuwarden commits the sets were measured on, where split runs name them."""
+    revs: dict[str, list[str]] = {}
+    for s, runs in sorted(pr.get("runs", {}).items()):
+        rev = runs.get("gpuwarden", {}).get("rev")
+        if rev:
+            revs.setdefault(rev, []).append(s)
+    if len(revs) < 2:
+        return next(iter(revs), "")
+    return ", ".join(f"{rev} (set{'s' if len(ss) > 1 else ''} {', '.join(ss)})"
+                     for rev, ss in revs.items())
+
+
 def _peers(pr: dict[str, Any]) -> list[str]:
     if "runs" not in pr:
         return ["## 7. Real peers on the GPU machine: gpuwarden, gpusched, gflow", "",
@@ -769,7 +782,7 @@ def _peers(pr: dict[str, Any]) -> list[str]:
         f"**What this measures.** Three sets of real torch jobs on one {pr['gpu']} "
         f"({_gib(pr['gpu_memory'])}, driver {pr.get('driver')}, torch {v.get('torch')}), "
         "all of a set submitted at once to each tool in turn, on a fresh state: gpuwarden "
-        f"{v.get('gpuwarden') or ''} (a private daemon with no config file, `gpuwarden submit "
+        f"{_gw_revs(pr) or v.get('gpuwarden') or ''} (a private daemon with no config file, `gpuwarden submit "
         f"--mem DECLARED{(' ' + cfg['gw_args']) if cfg.get('gw_args') else ''}`), "
         f"gpusched {v.get('gpusched')} (a jobs "
         f"file of `[vram=DECLARED retries={cfg.get('peer_retries')}]` lines, `--poll "
