@@ -6,10 +6,10 @@ it busy for a fixed wall time and writes what happened to its own result file.
 The job first runs one small matmul (so cuBLAS's workspace is in the allocator's pool) and
 keeps its product, which every later matmul overwrites (a fresh 2 MiB product would need a
 new 20 MiB segment once the memory is grown to its cap, an allocation past what the job
-takes),
-then takes memory in 256 MiB tensors (the last ones a multiple of 20 MiB) until ``torch.cuda.memory_reserved()`` reaches
-``START_FRAC`` of FINAL_MIB, grows linearly to FINAL_MIB over GROW_S seconds, and computes
-until SECONDS after the process started. ``max_memory_reserved`` never passes FINAL_MIB,
+takes). It then takes memory in 256 MiB tensors (the last ones a multiple of 20 MiB) until
+``torch.cuda.memory_reserved()`` reaches ``START_FRAC`` of FINAL_MIB, grows linearly to
+FINAL_MIB over GROW_S seconds, and computes until SECONDS after the process started.
+``max_memory_reserved`` never passes FINAL_MIB,
 so a job whose FINAL_MIB equals its declaration holds exactly what it declared.
 
 Each attempt claims ``OUT.N.json`` (N = 0, 1, ...; the first free one) at its start and
