@@ -29,5 +29,11 @@ def test_each_shell_gets_a_script_that_completes_commands_and_choices() -> None:
     words = _run(_GPUWARDEN_COMPLETE="bash_complete", COMP_WORDS="gpuwarden ps --format ",
                  COMP_CWORD="3").stdout.split()
     assert "plain,csv" in words
+    words = _run(_GPUWARDEN_COMPLETE="bash_complete", COMP_WORDS="gpuwarden ps --sort s",
+                 COMP_CWORD="3").stdout.split()
+    assert words == ["plain,submitted", "plain,state"]
+    words = _run(_GPUWARDEN_COMPLETE="bash_complete", COMP_WORDS="gpuwarden ps -o id,st",
+                 COMP_CWORD="3").stdout.split()
+    assert words == ["plain,id,state", "plain,id,started_at"]
     r = _run("completion", "tcsh")
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1

@@ -283,6 +283,13 @@ class SortType(click.ParamType):  # type: ignore[type-arg]
                       "-KEY: descending)", param, ctx)
         return str(value)
 
+    def shell_complete(self, ctx: click.Context, param: click.Parameter,
+                       incomplete: str) -> list[Any]:
+        from click.shell_completion import CompletionItem
+
+        sign = "-" if incomplete.startswith("-") else ""
+        return [CompletionItem(sign + k) for k in PS_SORT if (sign + k).startswith(incomplete)]
+
 
 def _ps_lines(jobs: list[dict[str, Any]], all_jobs: bool) -> list[str]:
     from gpuwarden.printable import visible
@@ -353,6 +360,14 @@ class ColumnsType(click.ParamType):  # type: ignore[type-arg]
             self.fail(f"unknown column {(unknown or [value])[0]!r} (columns: "
                       f"{', '.join(PS_CSV)})", param, ctx)
         return cols
+
+    def shell_complete(self, ctx: click.Context, param: click.Parameter,
+                       incomplete: str) -> list[Any]:
+        from click.shell_completion import CompletionItem
+
+        done, _, last = incomplete.rpartition(",")
+        head = done + "," if done else ""
+        return [CompletionItem(head + c) for c in PS_CSV if c.startswith(last)]
 
 
 def _ps_columns_lines(jobs: list[dict[str, Any]], columns: Sequence[str]) -> list[str]:
