@@ -300,7 +300,10 @@ class Job:
             "attempts": self.attempts,
             "preemptions": self.preemptions,
             "oom_retries": self.oom_retries,
-            "oom": None if self.oom_tried is None and self.oom_need is None else
+            # How an OOM retry was sized; a final OOM that was not retried says it in
+            # oom_end (its fields hold what that OOM asked for).
+            "oom": None if not self.oom_retries or (self.oom_tried is None
+                                                    and self.oom_need is None) else
             {"tried": self.oom_tried, "need": self.oom_need, "retry_budget": self.retry_mem,
              "retry_ceiling": self.retry_ceiling},
             "preempting": self.preempting_at is not None,
