@@ -37,6 +37,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "retry": ("gpuwarden.cli.jobs", "retry", "Queue failed or cancelled jobs again."),
     "unreserve": ("gpuwarden.cli.jobs", "unreserve",
                   "Admins: clear memory a job holds after a leak."),
+    "report": ("gpuwarden.cli.report", "report",
+               "Accounting: GPU-hours, memory, OOMs, waits per user."),
     "rm": ("gpuwarden.cli.jobs", "rm", "Remove ended jobs (cancel waiting ones first)."),
     "exporter": ("gpuwarden.cli.exporter", "exporter", "Prometheus metrics on HTTP."),
     "clean": ("gpuwarden.cli.jobs", "clean", "Remove ended jobs older than a duration."),

@@ -399,6 +399,15 @@ async def clean(request: web.Request) -> web.Response:
     return web.json_response({"removed": removed})
 
 
+async def accounting(request: web.Request) -> web.Response:
+    """Accounting per user, group or key (``?by=``) over ``?since=`` (a duration)."""
+    svc, caller = request.app[SERVICE], caller_of(request)
+    raw = request.query.get("since")
+    since = None if raw is None else parse_duration(raw)
+    return web.json_response(await _call(svc.report, caller, since,
+                                         request.query.get("by", "user")))
+
+
 def make_app(service: JobService, web_store: Store | None = None,
              web_pool: Executor | None = None) -> web.Application:
     """The API; the page's routes read ``web_store`` on ``web_pool`` (web/routes.py)."""
@@ -407,6 +416,7 @@ def make_app(service: JobService, web_store: Store | None = None,
     app[STARTED] = time.time()
     app[PEERS] = {}
     app.router.add_get("/v1/health", health)
+    app.router.add_get("/v1/report", accounting)  # accounting (gpuwarden report)
     app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/v1/jobs", list_jobs)
     app.router.add_post("/v1/jobs", submit)

@@ -221,6 +221,21 @@ def document() -> dict[str, Any]:
                                    "oneOf": [{"type": "number", "minimum": 0},
                                              {"type": "string"}]}}}}}},
                 "responses": {"200": _resp({"type": "object"}), **_ERRORS}}},
+            "/v1/report": {"get": {
+                "summary": "accounting: the jobs that ended in a period, summed per user, "
+                           "group or key (any user may read it)",
+                "parameters": [
+                    {"name": "since", "in": "query", "schema": {"type": "string"},
+                     "description": "a duration back from now (7d, 12h); default: every "
+                                    "ended job kept"},
+                    {"name": "by", "in": "query",
+                     "schema": {"type": "string", "enum": ["user", "group", "key"]}}],
+                "responses": {"200": _resp({"type": "object", "required": ["by", "rows"],
+                                            "properties": {
+                    "by": {"type": "string"}, "since": {"type": ["string", "null"]},
+                    "until": {"type": "string"},
+                    "rows": {"type": "array", "items": {"type": "object"}}}}),
+                    **_ERRORS}}},
             "/v1/job-pids": {"get": {
                 "summary": "the job id of each process of the running jobs (any user's)",
                 "responses": {"200": _resp({"type": "object", "required": ["pids"],

@@ -485,6 +485,21 @@ class JobService:
                                newest=limit is not None and after is None)
         return [self.view(caller, j) for j in sorted(jobs, key=lambda j: j.id)]
 
+    def report(self, caller: Caller, since: float | None, by: str) -> dict[str, Any]:
+        """Accounting (``gpuwarden report``): the jobs that ended in the last ``since``
+        seconds (None: all kept), summed per user, group or key. Any local user may read
+        it, as ``ps`` shows every user's jobs; read-only."""
+        from gpuwarden.daemon.accounting import BY, report
+
+        if by not in BY:
+            raise UsageError(f"by must be one of {', '.join(BY)}")
+        now = self.clock()
+        cutoff = None if since is None else now - since
+        jobs = [j for j in self.store.list(states=sorted(model.TERMINAL))
+                if cutoff is None or (j.ended_at is not None and j.ended_at >= cutoff)]
+        return {"by": by, "since": model.iso(cutoff), "until": model.iso(now),
+                "rows": report(jobs, by)}
+
     # -- change ---------------------------------------------------------------------
     def cancel(self, caller: Caller, job_id: int, kill: bool = False) -> dict[str, Any]:
         """End a job; a running one gets SIGTERM and its grace, or with ``kill`` SIGKILL
