@@ -28,6 +28,7 @@ import psutil
 
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.observe.snapshot import GpuView
+from gpuwarden.procs import identity
 
 LEASE_DIR_ENV = "GPUWARDEN_LEASE_DIR"
 HOME_ENV = "GPUWARDEN_HOME"
@@ -134,16 +135,9 @@ def account(leases: Sequence[Lease], gpus: Sequence[GpuView], *, now: float,
 
 
 def pid_alive(pid: int, start_time: float) -> bool:
-    """Is the process (pid, start_time) still running? A zombie has freed its memory."""
-    try:
-        p = psutil.Process(pid)
-        if abs(p.create_time() - start_time) >= 1.0:
-            return False  # the pid was reused
-        return p.status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return False
-    except psutil.AccessDenied:
-        return True  # exists; we may not look closer
+    """Is the process (pid, start_time) still running? A zombie has freed its memory; a
+    process we may not look into counts as running (docs/design.md, invariant 7)."""
+    return identity.alive(pid, start_time)
 
 
 def pid_family(pid: int) -> frozenset[int]:

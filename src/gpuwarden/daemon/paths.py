@@ -30,12 +30,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuwarden.procs.identity import BOOT_ID_FILE as BOOT_ID_FILE
+from gpuwarden.procs.identity import PROC_STAT as PROC_STAT
+from gpuwarden.procs.identity import boot_id as boot_id  # one home: procs/identity.py
+
 HOME_ENV = "GPUWARDEN_HOME"
 SYSTEM_HOME = Path("/var/lib/gpuwarden")
 SYSTEM_SOCKET = Path("/run/gpuwarden.sock")
 SYSTEM_CONFIG = Path("/etc/gpuwarden/config.toml")
-BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
-PROC_STAT = Path("/proc/stat")
 SOCKET_NAME = "gpuwarden.sock"
 MAX_SOCKET_PATH = 107  # bytes of sun_path, less its terminating NUL
 DB_NAME = "state.db"
@@ -151,21 +153,3 @@ def resolve_paths(env: Mapping[str, str] | None = None, euid: int | None = None,
                  lock=home / LOCK_NAME, configured=False, mode=USER)
 
 
-def boot_id(path: Path = BOOT_ID_FILE, stat_path: Path = PROC_STAT) -> str:
-    """This boot's id (changes on every reboot). With a supervisor's (pid, start time)
-    it tells a live job from a pid reused after a reboot. Where the kernel has no
-    boot_id file, the boot time from /proc/stat (``btime:N``) serves, which also
-    changes per boot; ``unknown`` only when neither is readable."""
-    try:
-        value = path.read_text().strip()
-    except OSError:
-        value = ""
-    if value:
-        return value
-    try:
-        for line in stat_path.read_text().splitlines():
-            if line.startswith("btime "):
-                return "btime:" + line.split()[1]
-    except (OSError, IndexError):
-        pass
-    return "unknown"

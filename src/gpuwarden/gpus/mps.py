@@ -22,6 +22,7 @@ from typing import Any
 import psutil
 
 from gpuwarden.errors import BackendUnavailable, GpuwardenError, UsageError
+from gpuwarden.procs.identity import identify
 from gpuwarden.units import GiB, MiB, parse_size
 
 CONTROL_BINARY = "nvidia-cuda-mps-control"
@@ -353,12 +354,13 @@ def control_shell_line(command: str, pipe_dir: str, binary: str = CONTROL_BINARY
 
 
 def _alive(d: MpsDaemon) -> bool:
-    """Whether this very process (pid and start time) still runs and is not a zombie."""
+    """Whether this very process (pid and start time, procs/identity.py) still runs and
+    is not a zombie. The daemon was readable when it was found (``read_mps_state``
+    skips the others), so one unreadable now is taken for gone: its pid went to
+    another user."""
+    p = identify(d.pid, d.start_time)
     try:
-        p = psutil.Process(d.pid)
-        if d.start_time is not None and abs(p.create_time() - d.start_time) > 1.0:
-            return False
-        return p.status() != psutil.STATUS_ZOMBIE
+        return p is not None and p.status() != psutil.STATUS_ZOMBIE
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 

@@ -1,73 +1,20 @@
 """Signal a process by identity (pid + start time), TERM then KILL after a grace period.
 
-Where the kernel has pidfds, the signal goes through one opened before the identity is
-checked: a pid that is reused between the check and the signal cannot be hit."""
+Identity and signalling follow procs/identity.py: where the kernel has pidfds, the
+signal goes through one opened before the identity is checked, so a pid that is reused
+between the check and the signal cannot be hit."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import time
 
 import psutil
 
-SAME_START = 0.01  # seconds: two start times this close are the same process's
-
-
-def same_start(a: float | None, b: float | None) -> bool:
-    """Do two start times (psutil's create_time) name the same process?"""
-    return a is not None and b is not None and abs(a - b) <= SAME_START
-
-
-def _same(pid: int, start_time: float | None) -> psutil.Process | None:
-    try:
-        p = psutil.Process(pid)
-        if start_time is not None and not same_start(p.create_time(), start_time):
-            return None  # the pid was reused by another process: leave it alone
-        return p
-    except (psutil.NoSuchProcess, ValueError):
-        return None
-
-
-class _Target:
-    """One process to signal: through a pidfd opened before its identity was checked
-    (so the signal reaches that process or none), or by pid where there is no pidfd."""
-
-    def __init__(self, p: psutil.Process, fd: int | None) -> None:
-        self.proc, self.fd = p, fd
-
-    def send(self, sig: int) -> None:
-        if self.fd is None:
-            self.proc.send_signal(sig)
-            return
-        try:
-            signal.pidfd_send_signal(self.fd, sig)
-        except ProcessLookupError:
-            raise psutil.NoSuchProcess(self.proc.pid) from None
-        except PermissionError:
-            raise psutil.AccessDenied(self.proc.pid) from None
-
-    def close(self) -> None:
-        if self.fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
-            self.fd = None
-
-
-def _target(pid: int, start_time: float | None) -> _Target | None:
-    try:
-        fd: int | None = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return None
-    except (AttributeError, OSError):  # no pidfds (old kernel or Python): by pid
-        fd = None
-    p = _same(pid, start_time)  # checked after the pidfd is open: it names this process
-    if p is None:
-        if fd is not None:
-            os.close(fd)
-        return None
-    return _Target(p, fd)
+# Identity (pid + start time) and the pidfd pin: one rule, docs/design.md invariant 7.
+from gpuwarden.procs.identity import identify as _same
+from gpuwarden.procs.identity import pin as _target
+from gpuwarden.procs.identity import same_start as same_start  # for callers of this module
 
 
 def _exited(p: psutil.Process, timeout: float) -> bool:
