@@ -5,7 +5,7 @@ CUDA context allowance, or what a job uses when that is more) âˆ’ foreign peak Ã
 spike buffer). A job's budget is what its allocations may hold (what ``--mem`` means);
 the context its process creates on the GPU is booked beside it (``GpuState.context``),
 so a job that allocates exactly its budget fits where it was placed. A Place never
-asks more than the headroom of any of its GPUs, which is invariant 1 of DESIGN.md;
+asks more than the headroom of any of its GPUs (docs/design.md, invariant 1);
 ``apply`` re-checks it for every Place it books. The fit check lives here and the queue
 order in queue.py, apart, so QoS and preemption can replace either one without touching
 the other."""
