@@ -29,3 +29,37 @@ def visible(text: Any) -> str:
     """``text`` as a str, each control character written as its escape (``\\x1b``)."""
     s = text if isinstance(text, str) else str(text)
     return _CONTROL.sub(_escape, s)
+
+
+def width(text: str) -> int:
+    """Columns ``text`` takes on a terminal: East Asian wide and fullwidth characters
+    two, combining marks and zero-width characters none, the rest one. ``len`` counts
+    code points, so a table of CJK names or emoji would not line up."""
+    import unicodedata
+
+    n = 0
+    for c in text:
+        if unicodedata.combining(c) or c in "\u200b\u200c\u200d\ufeff":
+            continue
+        n += 2 if unicodedata.east_asian_width(c) in ("W", "F") else 1
+    return n
+
+
+def pad(text: str, columns: int) -> str:
+    """``text`` padded with spaces to ``columns`` terminal columns (``str.ljust`` by
+    display width)."""
+    return text + " " * max(columns - width(text), 0)
+
+
+def clip(text: str, columns: int) -> str:
+    """``text`` cut to at most ``columns`` terminal columns, ending in "…" when cut."""
+    if width(text) <= columns:
+        return text
+    out, used = [], 0
+    for c in text:
+        w = width(c)
+        if used + w > columns - 1:
+            break
+        out.append(c)
+        used += w
+    return "".join(out) + "…"

@@ -291,31 +291,45 @@ class SortType(click.ParamType):  # type: ignore[type-arg]
         return [CompletionItem(sign + k) for k in PS_SORT if (sign + k).startswith(incomplete)]
 
 
-def _ps_lines(jobs: list[dict[str, Any]], all_jobs: bool) -> list[str]:
-    from gpuwarden.printable import visible
+def _ps_lines(jobs: list[dict[str, Any]], all_jobs: bool,
+              columns: int | None = None) -> list[str]:
+    """The ``ps`` table: one row a job whatever its name holds (control characters made
+    visible), aligned by display width, the command quoted as a shell would take it.
+    WAIT is the time from submission to the start (or until now), RUN the run time (so
+    far, or to the end). ``columns``: cut each line to fit (a terminal's width); None:
+    whole lines, for a pipe."""
+    from gpuwarden.printable import clip, pad, visible, width
     from gpuwarden.units import format_bytes_short
 
     if not jobs:
         return ["No jobs" + ("" if all_jobs else " waiting or running (ps --all for ended)")]
-    rows = [("ID", "USER", "NAME", "STATE", "GPUS", "MEM", "PEAK", "TIME", "REASON / COMMAND")]
+    rows = [("ID", "USER", "NAME", "STATE", "GPUS", "MEM", "PEAK", "WAIT", "RUN",
+             "REASON / COMMAND")]
     for j in jobs:
-        if j["state"] == "running":
-            when = _age(j["started_at"])  # running for
-        elif j["started_at"] and j["ended_at"]:
-            when = _span(j["started_at"], j["ended_at"])  # ran for
-        else:
-            when = _age(j["submitted_at"])  # waiting for, or since submission
+        started, ended = j["started_at"], j["ended_at"]
+        wait = (_span(j["submitted_at"], started) if started else
+                _span(j["submitted_at"], ended) if ended else _age(j["submitted_at"]))
+        run = "" if not started else _span(started, ended) if ended else _age(started)
         what = j["reason"] or ((f"[{j['attach']}] " if j.get("attach") else "")
-                               + " ".join(j["command"]))
+                               + shlex.join(j["command"]))
         rows.append((str(j["id"]), j["user"], j["name"] or "", j["state"],
                      ",".join(map(str, j["gpus"])) or "-",
                      format_bytes_short(j["mem"]) if j["mem"] else "whole",
                      format_bytes_short(j["peak_memory"]) if j["peak_memory"] else "-",
-                     when, what))
+                     wait, run or "-", what))
     shown = [[visible(c) for c in r] for r in rows]  # names, commands, reasons
-    widths = [max(len(r[i]) for r in shown) for i in range(len(shown[0]) - 1)]
-    return [("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False))
-             + "  " + r[-1])[:200] for r in shown]
+    widths = [max(width(r[i]) for r in shown) for i in range(len(shown[0]) - 1)]
+    lines = ["  ".join(pad(c, w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1]
+             for r in shown]
+    return lines if columns is None else [clip(line, columns) for line in lines]
+
+
+def _terminal_columns() -> int | None:
+    """The terminal's width when printing to one (lines are cut to fit, as ps does),
+    else None: a pipe or a file gets whole lines."""
+    import shutil
+
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
 
 
 PS_LATEST = 100  # jobs ps shows with --all (or --state) unless --limit says
@@ -452,7 +466,7 @@ def ps(all_jobs: bool, states: tuple[str, ...], user: str | None, group: str | N
             return
         else:
             lines = _ps_columns_lines(jobs, columns) if columns and jobs else \
-                _ps_lines(jobs, history)
+                _ps_lines(jobs, history, _terminal_columns())
             if watch is not None:
                 clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
                 lines = [clear + watch_header("ps", watch), "", *lines]
