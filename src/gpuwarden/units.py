@@ -134,6 +134,16 @@ def _bounded(seconds: float, text: object) -> float:
     return seconds
 
 
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9402`` for IPv6, ``:9402`` for every address)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"invalid listen address {text!r}: expected HOST:PORT, "
+                         "e.g. 127.0.0.1:9402")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
 def format_duration(seconds: float | None) -> str:
     """Render an elapsed time compactly: 45s, 12m03s, 3h05m, 2d04h."""
     if seconds is None:

@@ -22,8 +22,6 @@ ALLOWED = {
     # the API adds the web pages' routes (and they use the API's rules): the composition
     # root is to wire both (issue 20)
     ("gpuwarden.daemon.api", "gpuwarden.web.routes"),
-    # daemon settings parse the metrics listen address: parse_listen to a lower layer
-    ("gpuwarden.daemon.config", "gpuwarden.metrics.exporter"),
     # `top` renders with the CLI's job text and doctor rules: both to a render/ package
     ("gpuwarden.tui.app", "gpuwarden.cli.doctor"),
     ("gpuwarden.tui.model", "gpuwarden.cli.jobtext"),

@@ -11,6 +11,7 @@ from gpuwarden.units import (
     MiB,
     format_bytes,
     parse_duration,
+    parse_listen,
     parse_size,
     parse_size_or_fraction,
 )
@@ -98,3 +99,18 @@ def test_cpulist_examples() -> None:
 @given(st.frozensets(st.integers(min_value=0, max_value=512), max_size=64))
 def test_cpulist_round_trip(cpus: frozenset[int]) -> None:
     assert parse_cpulist(format_cpulist(cpus)) == cpus
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("127.0.0.1:9402", ("127.0.0.1", 9402)),
+    (":9402", ("0.0.0.0", 9402)),
+    ("[::1]:9402", ("::1", 9402)),
+])
+def test_parse_listen(text: str, expected: tuple[str, int]) -> None:
+    assert parse_listen(text) == expected
+
+
+@pytest.mark.parametrize("text", ["9402", "host:", "host:port", ":0", ":65536"])
+def test_parse_listen_refuses(text: str) -> None:
+    with pytest.raises(UsageError, match="invalid listen address"):
+        parse_listen(text)

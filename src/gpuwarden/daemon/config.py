@@ -53,7 +53,7 @@ from gpuwarden.errors import UsageError
 from gpuwarden.sched.limits import Limits, UserLimits
 from gpuwarden.sched.model import QOS_CLASSES
 from gpuwarden.sched.queue import Policy
-from gpuwarden.units import parse_duration, parse_size
+from gpuwarden.units import parse_duration, parse_listen, parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -295,8 +295,6 @@ def _listen(path: Path, raw: Any, name: str) -> str | None:
         return None
     if not isinstance(raw, str):
         raise UsageError(f"{path}: {name} must be HOST:PORT")
-    from gpuwarden.metrics.exporter import parse_listen
-
     try:
         parse_listen(raw)
     except UsageError as e:

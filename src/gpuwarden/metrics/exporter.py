@@ -8,21 +8,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.errors import UsageError
+from gpuwarden.units import parse_listen as parse_listen  # its home: the parsers
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from gpuwarden.gpus.backend import Backend
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:9402`` for IPv6, ``:9402`` for every address)."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"invalid listen address {text!r}: expected HOST:PORT, "
-                         "e.g. 127.0.0.1:9402")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
 
 
 def registry_for(backend: Backend, *, cache_seconds: float, pid_labels: bool,
