@@ -78,6 +78,23 @@ def daemon_job_pids() -> dict[int, int] | None:
         return None
 
 
+def daemon_drains() -> list[dict[str, Any]]:
+    """The GPUs an admin drained (``gpu drain``), from the daemon when one answers at
+    once; none when none does. Never starts a daemon, never fails a view."""
+    from gpuwarden.daemon.client import Client
+    from gpuwarden.daemon.paths import resolve_paths
+    from gpuwarden.errors import GpuwardenError
+
+    try:
+        sock = resolve_paths().socket
+        if not sock.exists():
+            return []
+        answer = Client(str(sock), timeout=DAEMON_GLANCE).request("GET", "/v1/drains")
+        return [dict(d) for d in answer["drains"]]
+    except (GpuwardenError, OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+
+
 def watch_header(verb: str, interval: float) -> str:
     """The first line of a ``--watch`` screen: what refreshes, how often, and when this
     screen was taken (as watch(1) shows it)."""

@@ -467,6 +467,7 @@ def ps(all_jobs: bool, states: tuple[str, ...], user: str | None, group: str | N
         else:
             lines = _ps_columns_lines(jobs, columns) if columns and jobs else \
                 _ps_lines(jobs, history, _terminal_columns())
+            lines += _drained_lines(client)
             if watch is not None:
                 clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
                 lines = [clear + watch_header("ps", watch), "", *lines]
@@ -478,6 +479,17 @@ def ps(all_jobs: bool, states: tuple[str, ...], user: str | None, group: str | N
             return
         sys.stdout.flush()
         time.sleep(watch)
+
+
+def _drained_lines(client: Any) -> list[str]:
+    """A line per GPU an admin drained (``gpu drain``), under the table."""
+    from gpuwarden.cli.settings import drain_lines
+
+    try:
+        drains = client.request("GET", "/v1/drains")["drains"]
+    except UsageError:  # a daemon from before drains
+        return []
+    return drain_lines(drains)
 
 
 @click.command()

@@ -75,7 +75,7 @@ def _sim(b: Backend) -> SimBackend | None:
 
 @click.group()
 def gpu() -> None:
-    """GPU settings (root): compute mode."""
+    """GPU settings (root): compute mode; drain and undrain (admins, the daemon)."""
 
 
 @gpu.command("mode")
@@ -121,6 +121,54 @@ def mode(index: int, mode: str, yes: bool) -> None:
         if view.facts.persistence_mode is False:
             warn(f"persistence mode is off on GPU {index}: the driver may reset the compute "
                  "mode when the GPU is next idle (nvidia-smi -pm 1 keeps it)")
+
+
+# -- gpu drain ------------------------------------------------------------------
+
+
+@gpu.command("drain")
+@click.argument("index", type=click.IntRange(min=0))
+@click.option("--reason", help="Why (shown in status, ps and the wait reason of jobs).")
+def drain(index: int, reason: str | None) -> None:
+    """Admins: no new job is placed on GPU INDEX; its running jobs finish (the daemon)."""
+    from gpuwarden.cli.jobs import _client
+
+    _client().request("POST", f"/v1/gpus/{index}/drain",
+                      body={} if reason is None else {"reason": reason})
+    click.echo(f"GPU {index} drained: no new job is placed there; running jobs finish")
+
+
+@gpu.command("undrain")
+@click.argument("index", type=click.IntRange(min=0))
+def undrain(index: int) -> None:
+    """Admins: let the daemon place jobs on GPU INDEX again."""
+    from gpuwarden.cli.jobs import _client
+
+    _client().request("POST", f"/v1/gpus/{index}/undrain")
+    click.echo(f"GPU {index} undrained: jobs may be placed there again")
+
+
+@gpu.command("drains")
+@click.option("--json", "as_json", is_flag=True)
+def drains(as_json: bool) -> None:
+    """The GPUs drained in the daemon (anyone may look)."""
+    from gpuwarden.cli.jobs import _client
+
+    out = _client().request("GET", "/v1/drains")
+    if as_json:
+        emit_json(out)
+        return
+    for line in drain_lines(out["drains"]) or ["no GPU is drained"]:
+        click.echo(line)
+
+
+def drain_lines(drains: list[dict[str, Any]]) -> list[str]:
+    """``GPU 1 drained by root (ECC errors)``: one line per drained GPU (status, ps)."""
+    from gpuwarden.printable import visible
+
+    return [f"GPU {d['gpu']} drained by {visible(d['by'])}"
+            + (f" ({visible(d['reason'])})" if d.get("reason") else "")
+            + ": no new placement there" for d in drains]
 
 
 # -- mps --------------------------------------------------------------------------

@@ -249,6 +249,11 @@ def status(as_json: bool, fmt: str, processes: bool, watch: float | None,
         if watch is None:
             console.print(render(snap, find_leaks([snap]), gpus, user, pid, wide=wide,
                                  width=width))
+            from gpuwarden.cli.common import daemon_drains
+            from gpuwarden.cli.settings import drain_lines
+
+            for line in drain_lines(daemon_drains()):
+                console.print(Text(line, style="yellow"))
             return
         from rich.live import Live
 

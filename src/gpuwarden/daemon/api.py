@@ -399,6 +399,34 @@ async def clean(request: web.Request) -> web.Response:
     return web.json_response({"removed": removed})
 
 
+def _gpu_index(request: web.Request) -> int:
+    raw = request.match_info["index"]
+    if not (raw.isascii() and raw.isdigit()) or int(raw) >= 1 << 16:
+        raise UsageError(f"invalid GPU index {raw!r}")
+    return int(raw)
+
+
+async def drains(request: web.Request) -> web.Response:
+    svc, caller = request.app[SERVICE], caller_of(request)
+    return web.json_response(await _call(svc.drains, caller))
+
+
+async def drain(request: web.Request) -> web.Response:
+    """Admins: no new placement on this GPU; the body may give a reason."""
+    svc, caller = request.app[SERVICE], caller_of(request)
+    index, body = _gpu_index(request), await _body(request)
+    if body is None:
+        body = {}
+    if not isinstance(body, dict) or set(body) - {"reason"}:
+        raise UsageError("the body is an object with an optional reason")
+    return web.json_response(await _call(svc.drain, caller, index, body.get("reason")))
+
+
+async def undrain(request: web.Request) -> web.Response:
+    svc, caller = request.app[SERVICE], caller_of(request)
+    return web.json_response(await _call(svc.undrain, caller, _gpu_index(request)))
+
+
 async def accounting(request: web.Request) -> web.Response:
     """Accounting per user, group or key (``?by=``) over ``?since=`` (a duration)."""
     svc, caller = request.app[SERVICE], caller_of(request)
@@ -417,6 +445,9 @@ def make_app(service: JobService, web_store: Store | None = None,
     app[PEERS] = {}
     app.router.add_get("/v1/health", health)
     app.router.add_get("/v1/report", accounting)  # accounting (gpuwarden report)
+    app.router.add_get("/v1/drains", drains)  # drained GPUs (gpu drain)
+    app.router.add_post("/v1/gpus/{index}/drain", drain)
+    app.router.add_post("/v1/gpus/{index}/undrain", undrain)
     app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/v1/jobs", list_jobs)
     app.router.add_post("/v1/jobs", submit)

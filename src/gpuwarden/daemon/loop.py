@@ -773,7 +773,15 @@ class Scheduler:
                 foreign[uuid] += min(b for _, b in seen)  # what has persisted
         states = gpu_states(snap, uses, managed_pids, foreign, self.config.reserve,
                             contexts=contexts)
-        return self._with_cpus(states, snap, active)
+        return self._drained(self._with_cpus(states, snap, active))
+
+    def _drained(self, states: list[GpuState]) -> list[GpuState]:
+        """The GPUs an admin drained (``gpu drain``) marked so: placement skips them."""
+        drains = self.store.drains()
+        if not drains:
+            return states
+        return [dataclasses.replace(g, drained=drains[g.index]["reason"] or "")
+                if g.index in drains else g for g in states]
 
     def _with_cpus(self, states: list[GpuState], snap: Snapshot,
                    active: list[Job]) -> list[GpuState]:

@@ -95,6 +95,14 @@ _ID = {"name": "id", "in": "path", "required": True,
        "schema": {"type": "integer", "minimum": 1}}
 
 
+_INDEX = {"name": "index", "in": "path", "required": True,
+          "schema": {"type": "integer", "minimum": 0, "maximum": 65535}}
+_DRAINS = {"type": "object", "required": ["drains"], "properties": {"drains": {
+    "type": "array", "items": {"type": "object", "properties": {
+        "gpu": {"type": "integer"}, "reason": {"type": ["string", "null"]},
+        "by": {"type": "string"}, "at": {"type": "string"}}}}}}
+
+
 def _job_action(summary: str) -> dict[str, Any]:
     return {"post": {"summary": summary, "parameters": [_ID],
                      "responses": {"200": _resp(_JOB), **_ERRORS}}}
@@ -236,6 +244,21 @@ def document() -> dict[str, Any]:
                     "until": {"type": "string"},
                     "rows": {"type": "array", "items": {"type": "object"}}}}),
                     **_ERRORS}}},
+            "/v1/drains": {"get": {
+                "summary": "the drained GPUs (no new placement there), to any user",
+                "responses": {"200": _resp(_DRAINS), **_ERRORS}}},
+            "/v1/gpus/{index}/drain": {"post": {
+                "summary": "admins: no new placement on this GPU; its running jobs finish",
+                "parameters": [_INDEX],
+                "requestBody": {"required": False, "content": {"application/json": {
+                    "schema": {"type": ["object", "null"], "additionalProperties": False,
+                               "properties": {"reason": {
+                                   "type": ["string", "null"], "minLength": 1,
+                                   "maxLength": 200}}}}}},
+                "responses": {"200": _resp(_DRAINS), **_ERRORS}}},
+            "/v1/gpus/{index}/undrain": {"post": {
+                "summary": "admins: let placement use a drained GPU again",
+                "parameters": [_INDEX], "responses": {"200": _resp(_DRAINS), **_ERRORS}}},
             "/v1/job-pids": {"get": {
                 "summary": "the job id of each process of the running jobs (any user's)",
                 "responses": {"200": _resp({"type": "object", "required": ["pids"],

@@ -614,6 +614,41 @@ class JobService:
         self.wake()
         return self.view(caller, self.store.get(job.id))
 
+    def drain(self, caller: Caller, index: int, reason: Any) -> dict[str, Any]:
+        """Admins: no new placement on GPU ``index`` (its running jobs finish), as
+        ``scontrol update state=drain`` does; ``reason`` is shown in ``status`` and ``ps``
+        and in the wait reason of the jobs it keeps waiting."""
+        if not may_manage(caller, -1, self.admins, self.daemon_uid):
+            raise PermissionDenied("only root or an admin may drain a GPU")
+        if reason is not None and (not isinstance(reason, str) or not reason
+                                   or len(reason) > 200 or "\0" in reason):
+            raise UsageError("reason must be a non-empty string of at most 200 characters")
+        self._gpu_index(index)
+        self.store.drain(index, reason, caller.user, self.clock())
+        self.wake()
+        return self.drains(caller)
+
+    def undrain(self, caller: Caller, index: int) -> dict[str, Any]:
+        if not may_manage(caller, -1, self.admins, self.daemon_uid):
+            raise PermissionDenied("only root or an admin may undrain a GPU")
+        self._gpu_index(index)
+        if not self.store.undrain(index):
+            raise UsageError(f"GPU {index} is not drained")
+        self.wake()
+        return self.drains(caller)
+
+    def drains(self, caller: Caller) -> dict[str, Any]:
+        """The drained GPUs, to any local user (``status``, ``ps``, the web page)."""
+        return {"drains": [{"gpu": i, "reason": d["reason"], "by": d["by"],
+                            "at": model.iso(d["at"])}
+                           for i, d in self.store.drains().items()]}
+
+    def _gpu_index(self, index: int) -> None:
+        known = sorted(g.index for g in self.gpus())
+        if known and index not in known:
+            raise UsageError(f"no GPU with index {index} (GPUs here: "
+                             f"{', '.join(map(str, known))})")
+
     def retry(self, caller: Caller, job_id: int) -> dict[str, Any]:
         job = self._owned(caller, job_id, "retry")
         if job.state not in (model.FAILED, model.CANCELLED, model.INFEASIBLE):

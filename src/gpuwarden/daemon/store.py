@@ -268,6 +268,13 @@ MIGRATIONS: list[Migration] = [
     # ... and until when it waits for room for that ceiling.
     _sql("ALTER TABLE jobs ADD COLUMN retry_ceiling INTEGER",
          "ALTER TABLE jobs ADD COLUMN ceiling_until REAL"),
+    # 9: drained GPUs: no new placement there until undrained (gpuwarden gpu drain).
+    _sql("""CREATE TABLE IF NOT EXISTS drains (
+            gpu INTEGER PRIMARY KEY,       -- index, as placement numbers GPUs
+            reason TEXT,
+            by_user TEXT NOT NULL,
+            at REAL NOT NULL
+        )"""),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -1101,3 +1108,25 @@ class Store:
             return [(r[0], r[1]) for r in conn.execute(
                 "SELECT from_state, to_state FROM events WHERE job_id = ? AND "
                 "to_state IS NOT NULL ORDER BY id", (job_id,))]
+
+    # -- drained GPUs ------------------------------------------------------------------
+    def drain(self, gpu: int, reason: str | None, by: str, now: float) -> bool:
+        """Mark GPU ``gpu`` drained (no new placement there); False when it was already
+        (its reason and who drained it are then updated)."""
+        with self._tx(write=True) as conn:
+            had = conn.execute("SELECT 1 FROM drains WHERE gpu = ?", (gpu,)).fetchone()
+            conn.execute("INSERT OR REPLACE INTO drains (gpu, reason, by_user, at) "
+                         "VALUES (?, ?, ?, ?)", (gpu, reason, by, now))
+            return had is None
+
+    def undrain(self, gpu: int) -> bool:
+        """Let placement use GPU ``gpu`` again; False when it was not drained."""
+        with self._tx(write=True) as conn:
+            return conn.execute("DELETE FROM drains WHERE gpu = ?", (gpu,)).rowcount > 0
+
+    def drains(self) -> dict[int, dict[str, Any]]:
+        """GPU index -> {reason, by, at} of every drained GPU."""
+        with self._tx(write=False) as conn:
+            return {int(r[0]): {"reason": r[1], "by": r[2], "at": float(r[3])}
+                    for r in conn.execute("SELECT gpu, reason, by_user, at FROM drains "
+                                          "ORDER BY gpu")}

@@ -342,8 +342,11 @@ def ecc_errors(inp: Inputs) -> Iterator[Finding]:
                 rule="ecc_uncorrected", severity=CRITICAL, gpu=n, pid=None,
                 evidence=(f"GPU {n} has {f.ecc_uncorrected} volatile uncorrected ECC "
                           "error(s): data on it was corrupted and its CUDA jobs may crash"),
-                remedy=(f"drain GPU {n}, then reset it (or reboot): nvidia-smi -i {n} -r\n"
-                        f"inspect: {inspect}\nif errors recur, replace the GPU"),
+                remedy=(f"drain it (no new jobs; running ones finish): gpuwarden gpu drain {n} "
+                        "--reason 'ECC errors'\n"
+                        f"then reset it (or reboot): nvidia-smi -i {n} -r\n"
+                        f"inspect: {inspect}\nif errors recur, replace the GPU; then "
+                        f"gpuwarden gpu undrain {n}"),
             )
         if f.retired_pages_pending:
             yield Finding(

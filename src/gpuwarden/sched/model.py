@@ -55,6 +55,7 @@ class GpuState:
     foreign_users: frozenset[str] = frozenset()  # owners of those processes
     local_cpus: frozenset[int] | None = None  # CPUs near this GPU (None: unknown)
     free_cpus: frozenset[int] | None = None  # of those, not held alone by a job (--cpus)
+    drained: str | None = None  # drained by an admin: why ("" without a reason); no placement
 
 
 @dataclass(frozen=True)

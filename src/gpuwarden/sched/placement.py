@@ -200,6 +200,8 @@ def _candidates(job: QueuedJob, gpus: Sequence[GpuState]) -> list[GpuState] | No
 def _blocked(job: QueuedJob, gpu: GpuState, room: int) -> tuple[bool, str] | None:
     """Why this GPU cannot take the job now, or None when it can. The flag says the
     reason is only memory (more may free up on this GPU), for the wait reason."""
+    if gpu.drained is not None:  # running jobs finish there; nothing new starts
+        return False, "drained" + (f" ({gpu.drained})" if gpu.drained else "")
     if gpu.compute_mode == PROHIBITED:
         return False, "compute mode Prohibited"
     busy = bool(gpu.managed) or gpu.foreign_processes > 0

@@ -130,7 +130,9 @@ def overview(store: Store, *, hours: float, by: str = "job", anonymous: bool,
     live = [s for s in model.STATES if s not in model.TERMINAL]
     queue = store.list(states=live)
     ended = store.list(states=sorted(model.TERMINAL), limit=RECENT, newest=True)
-    return {"now": now, "hours": hours, "by": by, "gpus": gpus,
+    drains = [{"gpu": i, "reason": None if anonymous else d["reason"]}
+              for i, d in store.drains().items()]  # gpu drain: no new placement there
+    return {"now": now, "hours": hours, "by": by, "gpus": gpus, "drains": drains,
             "queue": [job_json(j, anonymous=anonymous) for j in queue],
             "recent": [job_json(j, anonymous=anonymous) for j in ended]}
 

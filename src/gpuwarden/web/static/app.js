@@ -178,6 +178,8 @@ function renderOverview(data) {
   // The window asked for, narrowed to where samples exist (a new daemon has minutes).
   const first = Math.min(...data.gpus.map((g) => g.t[0] ?? data.now));
   const t1 = data.now, t0 = Math.max(data.now - data.hours * 3600, first - 30);
+  // GPUs an admin drained (gpu drain): no new placement there.
+  const drained = new Map((data.drains || []).map((d) => [d.gpu, d.reason ? `drained: ${d.reason}` : "drained"]));
   const cards = data.gpus.map((gpu) => {
     const last = gpu.t.length - 1;
     const leaked = gpu.leaked[last];
@@ -185,13 +187,16 @@ function renderOverview(data) {
     return h("section", { class: "card", "data-gpu": gpu.index },
       h("h3", {}, `GPU ${gpu.index}`,
         h("span", { class: "figures" }, `${fmtBytes(gpu.used[last])} of ${fmtBytes(gpu.total)} used`),
-        leaked >= LEAK_THRESHOLD ? h("span", { class: "leak" }, `${fmtBytes(leaked)} leaked`) : null),
+        leaked >= LEAK_THRESHOLD ? h("span", { class: "leak" }, `${fmtBytes(leaked)} leaked`) : null,
+        drained.has(gpu.index) ? h("span", { class: "drained" }, drained.get(gpu.index)) : null),
       chart, legend(layers));
   });
   const main = h("div", {},
     h("h2", {}, `GPU memory, last ${data.hours} h, by ${data.by}`),
     cards.length ? h("div", { class: "gpus" }, cards)
                  : h("p", { class: "muted" }, "no samples yet: the daemon records one every history_interval"),
+    drained.size ? h("p", { class: "drained" }, [...drained].map(([i, t]) => `GPU ${i} ${t}`).join("; ")
+                                               + " (no new placement there)") : null,
     h("h2", {}, `Queue (${data.queue.length})`), jobsTable(data.queue, "queue"),
     h("h2", {}, "Recently ended"), jobsTable(data.recent, "recent"));
   return main;
