@@ -38,6 +38,7 @@ from gpuwarden.daemon.model import (
     JobSpec,
 )
 from gpuwarden.daemon.paths import Paths, boot_id, resolve_paths
+from gpuwarden.daemon.restart import Service
 from gpuwarden.daemon.store import (
     KEY_RELEASED,
     MIGRATIONS,
@@ -90,7 +91,9 @@ def test_every_spec_field_round_trips(tmp_path: Path) -> None:
             gpu_ids=(0, 2, 5), after=(dep1.id, dep2.id), timeout=3600.5, exclusive=True,
             priority=-7, requeue_on_reboot=True, qos="guaranteed", mem_limit=20 * GiB,
             grace=2.5, no_requeue=True, retries=3, checkpoint=True, mps=True, sm_percent=50,
-            mem_auto=True, cpus=4, no_numa=True, attach="ray job raysubmit_ü")
+            mem_auto=True, cpus=4, no_numa=True, attach="ray job raysubmit_ü",
+            service=Service(restart="always", limit=3, window=120.5, health_cmd="curl -f ü",
+                            health_url=None, health_interval=5.5, health_grace=0.0))
         # Every field differs from its default, so none can silently fall back to it.
         default = JobSpec(command=(), user="", uid=0, gid=0)
         for f in dataclasses.fields(JobSpec):
@@ -122,7 +125,7 @@ def test_every_transition_field_round_trips(tmp_path: Path) -> None:
         peak_memory=13 * GiB, preempting_at=15.5, preemptions=1, oom_retries=2,
         retry_mem=17 * GiB, retry_ceiling=34 * GiB, ceiling_until=99.5, not_before=30.5,
         kill_reason="over its limit", cpu_set=(2, 3), oom_tried=6 * GiB, oom_need=10 * GiB,
-        context=676 << 20)
+        context=676 << 20, restarts=4, health_failures=2)
     assert set(values) == TRANSITION_FIELDS
     with Store(db) as s:
         job, _ = s.submit(spec(), 1.0)
@@ -579,8 +582,8 @@ def test_older_database_is_upgraded(tmp_path: Path) -> None:
                          "no_requeue, retries, checkpoint, preempting_at, preemptions, "
                          "oom_retries, retry_mem, not_before, kill_reason, mps, sm_percent, "
                          "mem_auto, cpus, no_numa, cpu_set, attach, oom_tried, oom_need, context, "
-                         "allocated_peak, retry_ceiling, ceiling_until "
-                         "FROM jobs")
+                         "allocated_peak, retry_ceiling, ceiling_until, service, restarts, "
+                         "health_failures FROM jobs")
 
 
 def test_migrations_run_in_order_inside_one_transaction(tmp_path: Path) -> None:

@@ -112,6 +112,17 @@ _SUBMIT_OPTIONS = [
                  help="Hold this many CPU cores near the GPUs alone (among gpuwarden jobs)."),
     click.option("--no-numa", is_flag=True,
                  help="No CPU affinity and no NUMA memory binding."),
+    click.option("--restart", help="A service: start it again after it ends: on-failure "
+                                   "(non-zero exit, a signal, a failed health check) or "
+                                   "always (any end but cancel)."),
+    click.option("--restart-limit", help="Give it up after N restarts within a window "
+                                         "(default 5/10m)."),
+    click.option("--health-cmd", help="Health check: a shell command run as you; "
+                                      "non-zero exit is a failure."),
+    click.option("--health-url", help="Health check: an http(s) URL; not 2xx is a failure."),
+    click.option("--health-interval", help="Between health checks (default 30s)."),
+    click.option("--health-grace", help="After each start, before the first health check "
+                                        "(default 60s)."),
 ]
 
 
@@ -188,7 +199,8 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
         except UsageError as e:
             raise UsageError(f"--mem: {e}") from None
     for key in ("mem", "name", "group", "key", "timeout", "qos", "mem_limit", "grace",
-                "sm_percent", "cpus", "retries"):
+                "sm_percent", "cpus", "retries", "restart", "restart_limit", "health_cmd",
+                "health_url", "health_interval", "health_grace"):
         if opts[key] is not None:
             body[key] = opts[key]
     if opts["gpu_ids"]:
@@ -312,7 +324,10 @@ def _ps_lines(jobs: list[dict[str, Any]], all_jobs: bool,
         run = "" if not started else _span(started, ended) if ended else _age(started)
         what = j["reason"] or ((f"[{j['attach']}] " if j.get("attach") else "")
                                + shlex.join(j["command"]))
-        rows.append((str(j["id"]), j["user"], j["name"] or "", j["state"],
+        state = j["state"]
+        if j.get("service"):  # a service, and its restarts so far
+            state += f" svc:{j.get('restarts') or 0}"
+        rows.append((str(j["id"]), j["user"], j["name"] or "", state,
                      ",".join(map(str, j["gpus"])) or "-",
                      format_bytes_short(j["mem"]) if j["mem"] else "whole",
                      format_bytes_short(j["peak_memory"]) if j["peak_memory"] else "-",

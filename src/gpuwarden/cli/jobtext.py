@@ -16,6 +16,25 @@ def _b(v: Any) -> str:
     return format_bytes(v) if isinstance(v, int) else "n/a"
 
 
+def _service_text(j: Mapping[str, Any], svc: Mapping[str, Any]) -> str:
+    """A service's restart policy, restarts and health: what ``show`` says of it."""
+    from gpuwarden.units import format_duration
+
+    def d(v: Any) -> str:
+        return format_duration(v) if isinstance(v, (int, float)) else "n/a"
+
+    text = (f"restart {svc.get('restart')}, {j.get('restarts') or 0} restart(s) so far "
+            f"(limit {svc.get('restart_limit')} in {d(svc.get('restart_window'))})")
+    what = (f"command {svc['health_cmd']!r}" if svc.get("health_cmd") else
+            f"GET {svc['health_url']}" if svc.get("health_url") else None)
+    if what is None:
+        return text + "; no health check"
+    text += (f"; health: {what} every {d(svc.get('health_interval'))} after "
+             f"{d(svc.get('health_grace'))}, {j.get('health_failures') or 0} failure(s)")
+    last = [e for e in j.get("events") or () if e.get("kind") == "health_failed"]
+    return text + (f", last {last[-1].get('at')}: {last[-1].get('detail')}" if last else "")
+
+
 def job_lines(j: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Request, placement, memory, QoS, times, limits, release, then ("events", "") and
     one ("", text) per event. A ("", text) before "events" continues the line above.
@@ -48,6 +67,9 @@ def job_lines(j: Mapping[str, Any]) -> list[tuple[str, str]]:
     if j.get("retries"):
         qos += f", OOM retries {j.get('oom_retries')}/{j['retries']}"
     out.append(("qos", qos))
+    svc = j.get("service")
+    if isinstance(svc, Mapping):
+        out.append(("service", _service_text(j, svc)))
     oom = j.get("oom")
     if isinstance(oom, Mapping):
         asked = ([f"its message asked for {_b(oom['tried'])}"] if oom.get("tried") else []) \

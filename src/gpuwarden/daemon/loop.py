@@ -21,6 +21,7 @@ from gpuwarden.daemon import model
 from gpuwarden.daemon.model import Hold, Job, NewHold
 from gpuwarden.daemon.mps_jobs import MpsPool, client_env
 from gpuwarden.daemon.mps_jobs import key as mps_key
+from gpuwarden.daemon.restart import HealthChecks
 from gpuwarden.daemon.service import Config, learned_runtime, queued_view
 from gpuwarden.daemon.store import Conflict, JobNotFound
 from gpuwarden.sched.model import GUARANTEED, GpuState, Infeasible, ManagedUse, Place, Preempt, Wait
@@ -160,6 +161,7 @@ class Scheduler:
         self._last_sample = float("-inf")  # when memory history was last recorded
         self._mps_in_use: set[str] | None = None  # MPS daemons running jobs used last pass
         self._allowed_cpus: frozenset[int] | None = None  # this daemon's CPU mask
+        self.health = HealthChecks()  # services' health checks, beside the passes
 
     # -- supervisor bookkeeping --------------------------------------------------------
     def jobdir(self, job: Job) -> Path:
@@ -187,7 +189,7 @@ class Scheduler:
             self._requeue_preempted(job, detail)
             return
         if state == model.CANCELLED and job.kill_reason is not None:
-            state, reason = model.FAILED, job.kill_reason
+            state, reason = model.FAILED, job.kill_reason  # the watchdog's, a health check's
         oom: dict[str, Any] = {}  # what a final OOM asked for (``show``, ``wait``)
         if state == model.FAILED and exit_info.started:
             tail = self._output_tail(job)
@@ -202,6 +204,13 @@ class Scheduler:
                 oom = {"oom_tried": None if ask is None else ask.tried,
                        "oom_need": None if ask is None else
                        ask.need(self._context_allowance(job))}
+        svc = job.spec.service
+        if svc is not None and state != model.CANCELLED \
+                and svc.restarts_from(state == model.SUCCEEDED):
+            given_up = self._restart(job, detail, now)
+            if given_up is None:
+                return
+            reason = given_up
         self.store.transition(job.id, model.ACTIVE, state, **oom,
                               now=now, kind=state, detail=detail,
                               exit_code=exit_info.exit_code, ended_at=exit_info.ended_at,
@@ -211,6 +220,52 @@ class Scheduler:
                               hold=self._hold(job, exit_info.ended_at))
         if state == model.FAILED and job.spec.group is not None:
             self._hold_failing_group(job)
+
+    def _restart(self, job: Job, detail: str, now: float) -> str | None:
+        """Queue a service that ended again, in its place (its submission time kept) with
+        the same budget, after its backoff; None when it was. Past its restart limit it
+        is given up: one ``restart_limit`` event, and the reason it ends with returned."""
+        from gpuwarden.daemon.restart import RESTART_LIMIT, RESTARTED, backoff, recent_restarts
+        from gpuwarden.units import format_duration
+
+        svc = job.spec.service
+        assert svc is not None
+        recent = recent_restarts(job.events, now, svc.window)
+        if recent >= svc.limit:
+            why = (f"restart limit: {recent} restart(s) within {format_duration(svc.window)} "
+                   f"(--restart-limit {svc.limit}/{format_duration(svc.window)}); last end: "
+                   f"{detail}")
+            self.store.add_event(job.id, RESTART_LIMIT, why, now)
+            return why
+        delay = backoff(recent)
+        self.store.transition(
+            job.id, model.ACTIVE, model.QUEUED, now=now, kind=RESTARTED,
+            detail=f"restart {job.restarts + 1} ({svc.restart}) after {detail}; "
+                   f"in {delay:g}s", reason=f"restarting after {detail}", **FRESH_ATTEMPT,
+            attempts=job.attempts + 1, restarts=job.restarts + 1, not_before=now + delay,
+            hold=self._hold(job, now))
+        return None
+
+    def _check_health(self, active: list[Job]) -> None:
+        """Take the health-check failures found since the last pass (the checks run in
+        threads, never in the pass) and stop those services: SIGTERM, their grace,
+        SIGKILL; their end is then a failure their restart policy restarts from."""
+        from gpuwarden.daemon.restart import HEALTH_FAILED
+
+        running = [j for j in active if j.state == model.RUNNING and j.spec.service
+                   and j.preempting_at is None and j.kill_reason is None]
+        if not running and not self.health.busy:
+            return
+        now = self.clock()
+        for job, why in self.health.poll(running, now):
+            try:
+                self.store.transition(job.id, (model.RUNNING,), None, now=now,
+                                      kind=HEALTH_FAILED, detail=why,
+                                      kill_reason=f"health check failed: {why}",
+                                      health_failures=job.health_failures + 1)
+            except (Conflict, JobNotFound):
+                continue
+            self.cancel_running(job)
 
     def _hold_failing_group(self, job: Job) -> None:
         """A group whose last jobs all failed the same way is held, not burned through:
@@ -615,6 +670,7 @@ class Scheduler:
         if in_use != self._mps_in_use and self.mps.root.is_dir():  # a job left one
             self.mps.prune(in_use)
         self._mps_in_use = in_use
+        self._check_health(active)
         managed_pids: set[int] = set()
         used: dict[int, dict[str, int]] = {}  # job id -> GPU uuid -> bytes its tree uses
         for job in active:

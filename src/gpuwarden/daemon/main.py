@@ -293,6 +293,7 @@ async def serve(paths: Paths, config: Config) -> None:
     finally:
         watcher.close()
         launcher.close()
+        sched.health.close()  # services' checks in flight: not waited for
         await _close_web(metrics, public, web_pool, web_store)
         await runner.cleanup()
         passes.shutdown(wait=False)

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwarden.units import format_bytes
+
+if TYPE_CHECKING:
+    from gpuwarden.daemon.restart import Service
 
 QUEUED, HELD, RESERVED, RUNNING = "queued", "held", "reserved", "running"
 SUCCEEDED, FAILED, CANCELLED, INFEASIBLE = "succeeded", "failed", "cancelled", "infeasible"
@@ -58,6 +61,7 @@ class JobSpec:
     cpus: int | None = None  # CPU cores near its GPUs held alone (--cpus N)
     no_numa: bool = False  # no CPU affinity, no NUMA memory binding
     attach: str | None = None  # started by another launcher (e.g. "ray job ID"), not us
+    service: Service | None = None  # a restart policy and health check (--restart)
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,8 @@ class Job:
     kill_reason: str | None = None  # why gpuwarden killed it (the watchdog), if it did
     release: Hold | None = None  # the memory of its latest ended attempt
     cpu_set: tuple[int, ...] = ()  # the cores it holds alone while reserved/running
+    restarts: int = 0  # a service's restarts so far (its restart policy's)
+    health_failures: int = 0  # a service's failed health checks so far
     events: tuple[Event, ...] = ()
 
     @property
@@ -282,6 +288,9 @@ class Job:
             "cpus": s.cpus,
             "no_numa": s.no_numa,
             "attach": s.attach,
+            "service": None if s.service is None else s.service.to_json(),
+            "restarts": self.restarts,
+            "health_failures": self.health_failures,
             "cpu_set": list(self.cpu_set),
             "allocated_peak": self.allocated_peak,
             # Advice for jobs that ended normally: a failure (an OOM most of all) may

@@ -29,6 +29,14 @@ _JOB = {
         "mem_limit": {"type": ["integer", "null"]}, "request": {"type": ["integer", "null"]},
         "preemptions": {"type": "integer"}, "oom_retries": {"type": "integer"},
         "retries": {"type": "integer"}, "preempting": {"type": "boolean"},
+        "service": {"oneOf": [{"type": "object", "properties": {
+            "restart": {"enum": ["on-failure", "always"]},
+            "restart_limit": {"type": "integer"}, "restart_window": {"type": "number"},
+            "health_cmd": {"type": ["string", "null"]},
+            "health_url": {"type": ["string", "null"]},
+            "health_interval": {"type": "number"}, "health_grace": {"type": "number"}}},
+            {"type": "null"}]},
+        "restarts": {"type": "integer"}, "health_failures": {"type": "integer"},
     },
 }
 _NULL = {"type": "null"}  # the optional fields below also take null: the same as absent
@@ -69,6 +77,23 @@ _SUBMIT = {
                    "description": "the caller starts the command itself once the job is "
                                   "reserved, and reports its start and end; names the "
                                   "launcher (e.g. \"ray job ID\")"},
+        "restart": {"oneOf": [{"enum": ["on-failure", "always", "no"]}, _NULL],
+                    "description": "a service: started again after it ends (on-failure: "
+                                   "not exit 0; always: any end but cancel)"},
+        "restart_limit": {"oneOf": [{"type": "string", "pattern": "^[0-9]+/"}, _NULL],
+                          "description": "N/DURATION: given up after N restarts within "
+                                         "the window (default 5/10m; needs restart)"},
+        "health_cmd": {"oneOf": [{"type": "string", "minLength": 1, "maxLength": 4096},
+                                 _NULL],
+                       "description": "shell command run as the job's user; non-zero exit "
+                                      "is a failure (needs restart)"},
+        "health_url": {"oneOf": [{"type": "string", "pattern": "^https?://",
+                                  "maxLength": 2048}, _NULL],
+                       "description": "GET; not 2xx is a failure (needs restart)"},
+        "health_interval": {"oneOf": [{"type": "number", "exclusiveMinimum": 0},
+                                      {"type": "string"}, _NULL]},
+        "health_grace": {"oneOf": [{"type": "number", "minimum": 0}, {"type": "string"},
+                                   _NULL]},
     },
 }
 _STARTED = {"type": "object", "required": ["pid"], "additionalProperties": False,

@@ -17,6 +17,7 @@ from gpuwarden.daemon import model
 from gpuwarden.daemon.auth import Caller, admin_gids, may_manage
 from gpuwarden.daemon.envsnap import snapshot_env
 from gpuwarden.daemon.model import Job, JobSpec
+from gpuwarden.daemon.restart import SERVICE_FIELDS, Service, service_from_request
 from gpuwarden.daemon.store import Conflict, Store
 from gpuwarden.errors import PermissionDenied, UsageError
 from gpuwarden.sched.model import BESTEFFORT, GUARANTEED, QOS_CLASSES, GpuState, QueuedJob
@@ -100,7 +101,7 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *
     known = {"command", "cwd", "env", "env_keep", "name", "group", "key", "mem", "gpus",
              "gpu_ids", "after", "timeout", "exclusive", "priority", "requeue_on_reboot",
              "qos", "mem_limit", "grace", "no_requeue", "retries", "checkpoint", "mps",
-             "sm_percent", "cpus", "no_numa", "attach"}
+             "sm_percent", "cpus", "no_numa", "attach"} | SERVICE_FIELDS
     unknown = sorted(set(body) - known)
     if unknown:
         raise UsageError(f"unknown field(s): {', '.join(unknown)}")
@@ -211,8 +212,17 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *
         checkpoint=bool(body.get("checkpoint", False)),
         mps=body.get("mps") is True, sm_percent=sm_percent, mem_auto=mem_auto,
         cpus=cpus, no_numa=body.get("no_numa") is True, attach=attach,
+        service=_service(body, attach),
     )
     return spec, dropped
+
+
+def _service(body: Mapping[str, Any], attach: str | None) -> Service | None:
+    svc = service_from_request(body)
+    if svc is not None and attach is not None:
+        raise UsageError("restart: an attached job is started by its launcher, which "
+                         "restarts it or not")
+    return svc
 
 
 def _size(raw: Any, label: str) -> int | None:

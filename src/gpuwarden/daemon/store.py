@@ -68,6 +68,7 @@ from gpuwarden.daemon.model import (
     JobSpec,
     NewHold,
 )
+from gpuwarden.daemon.restart import Service
 from gpuwarden.errors import GpuwardenError, UsageError
 
 if TYPE_CHECKING:
@@ -275,6 +276,11 @@ MIGRATIONS: list[Migration] = [
             by_user TEXT NOT NULL,
             at REAL NOT NULL
         )"""),
+    # 10: services: a restart policy and health check (JSON, daemon/restart.py), the
+    # restarts so far and the failed health checks.
+    _sql("ALTER TABLE jobs ADD COLUMN service TEXT",
+         "ALTER TABLE jobs ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0",
+         "ALTER TABLE jobs ADD COLUMN health_failures INTEGER NOT NULL DEFAULT 0"),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -287,6 +293,7 @@ TRANSITION_FIELDS = frozenset({
     "not_before",
     "kill_reason",
     "cpu_set", "oom_tried", "oom_need", "context",
+    "restarts", "health_failures",  # a service's
 })
 _WAITING = (QUEUED, HELD)
 _TERMINAL_SQL = ", ".join(f"'{s}'" for s in sorted(TERMINAL))
@@ -380,6 +387,7 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event], hold: Hold | None = N
         cpus=row["cpus"],
         no_numa=bool(row["no_numa"]),
         attach=row["attach"],
+        service=Service.loads(row["service"]),
     )
     return Job(
         id=row["id"],
@@ -412,6 +420,8 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event], hold: Hold | None = N
         kill_reason=row["kill_reason"],
         release=hold,
         cpu_set=_loads_tuple(row["cpu_set"]),
+        restarts=row["restarts"],
+        health_failures=row["health_failures"],
         events=tuple(events),
     )
 
@@ -753,9 +763,13 @@ class Store:
                 "SELECT started_at - submitted_at FROM jobs WHERE started_at IS NOT NULL")]
             releases = [r[0] for r in conn.execute(
                 "SELECT released_at - exited_at FROM holds WHERE how = 'verified'")]
+            # Services not ended, or ended within a day: their restart counters.
+            services = [(r[0], r[1], r[2], r[3]) for r in conn.execute(
+                "SELECT id, user, restarts, health_failures FROM jobs WHERE service IS NOT "
+                "NULL AND (ended_at IS NULL OR ended_at > ?) ORDER BY id", (now - 86400,))]
         return {"jobs": by, "oom_retries": totals[0], "preemptions": totals[1],
                 "leaks": leaks, "oldest_wait": None if oldest is None else now - oldest,
-                "waits": waits, "releases": releases}
+                "waits": waits, "releases": releases, "services": services}
 
     def samples(self, since: float, until: float | None = None, *,
                 job_id: int | None = None) -> builtins.list[GpuSample]:
@@ -842,8 +856,9 @@ class Store:
                        job_group, job_key, mem, gpu_count, gpu_ids, after_ids, timeout,
                        exclusive, priority, requeue_on_reboot, state, submitted_at, reason,
                        qos, mem_limit, grace, no_requeue, retries, checkpoint, mps,
-                       sm_percent, mem_auto, cpus, no_numa, attach)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                       sm_percent, mem_auto, cpus, no_numa, attach, service)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,
+                           ?)""",
                 (spec.user, spec.uid, spec.gid, _json_ids(spec.groups), spec.cwd,
                  json.dumps(dict(spec.env), sort_keys=True), json.dumps(list(spec.command)),
                  spec.name, spec.group, spec.key, spec.mem, spec.gpus,
@@ -852,7 +867,8 @@ class Store:
                  int(spec.requeue_on_reboot), state, now, reason, spec.qos, spec.mem_limit,
                  spec.grace, int(spec.no_requeue), spec.retries, int(spec.checkpoint),
                  int(spec.mps), spec.sm_percent, int(spec.mem_auto), spec.cpus,
-                 int(spec.no_numa), spec.attach))
+                 int(spec.no_numa), spec.attach,
+                 None if spec.service is None else spec.service.dumps()))
             job_id = cur.lastrowid
             assert job_id is not None
             conn.execute(

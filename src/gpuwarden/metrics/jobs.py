@@ -63,6 +63,15 @@ class JobsCollector(Collector):
                                   value=st["preemptions"])
         yield CounterMetricFamily(P + "job_leaks", "Leak events (memory not back after a "
                                   "job ended)", value=st["leaks"])
+        restarts = CounterMetricFamily(P + "service_restarts", "Restarts of a service "
+                                       "(submit --restart) so far", labels=["job_id", "user"])
+        health = CounterMetricFamily(P + "service_health_failures", "Failed health checks "
+                                     "of a service so far", labels=["job_id", "user"])
+        for job_id, user, n_restarts, n_failed in st.get("services", ()):
+            restarts.add_metric([str(job_id), user], n_restarts)
+            health.add_metric([str(job_id), user], n_failed)
+        yield restarts
+        yield health
         oldest = GaugeMetricFamily(P + "queue_oldest_wait_seconds",
                                    "How long the oldest queued job has waited (0: none)")
         oldest.add_metric([], st["oldest_wait"] or 0.0)
