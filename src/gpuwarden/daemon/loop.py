@@ -21,6 +21,7 @@ from gpuwarden.daemon import model
 from gpuwarden.daemon.model import Hold, Job, NewHold
 from gpuwarden.daemon.mps_jobs import MpsPool, client_env
 from gpuwarden.daemon.mps_jobs import key as mps_key
+from gpuwarden.daemon.paths import job_dir
 from gpuwarden.daemon.restart import HealthChecks
 from gpuwarden.daemon.service import Config, learned_runtime, queued_view
 from gpuwarden.daemon.store import Conflict, JobNotFound
@@ -60,12 +61,6 @@ FRESH_ATTEMPT: Mapping[str, Any] = MappingProxyType(dict(
     cpu_set=(), context=None))
 PREEMPT_NOTICE = "preempt"  # in the attempt directory; GPUWARDEN_PREEMPT_FILE names it
 LEAK_TOLERANCE = 64 << 20  # unaccounted memory may drift this much without blame
-
-
-def job_dir(jobs_dir: Path, job: Job) -> Path:
-    """Where one attempt of a job keeps its spec, supervisor records and logs. A supervisor
-    claims its directory once, so every attempt (retry, requeue) gets a fresh one."""
-    return jobs_dir / str(job.id) / f"attempt-{job.attempts}"
 
 
 def _tree(pid: int) -> list[psutil.Process]:
