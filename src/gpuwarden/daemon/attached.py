@@ -26,13 +26,13 @@ from gpuwarden.daemon.supervisor import (
     STDERR,
     SUPERVISOR,
     SupervisorHandle,
-    _start_ticks,
     _write_json,
     alive,
     boot_id,
     read_status,
 )
 from gpuwarden.errors import PermissionDenied, UsageError
+from gpuwarden.procs.identity import start_ticks
 
 if TYPE_CHECKING:
     from gpuwarden.daemon.auth import Caller
@@ -101,7 +101,7 @@ def record_start(jobdir: Path, job_id: int, launcher: int, body: Any) -> int:
                                f"attached job {job_id}")
     try:
         _write_json(jobdir / CHILD, {"pid": pid, "start_time": start,
-                                     "start_ticks": _start_ticks(pid),
+                                     "start_ticks": start_ticks(pid),
                                      "started_at": time.time(), "warnings": []},
                     exclusive=True)
     except FileExistsError:

@@ -112,9 +112,9 @@ class Peer:
             return True
         if self.pidfd is not None:
             return not _exited(self.pidfd)
-        from gpuwarden.daemon.supervisor import _start_ticks
+        from gpuwarden.procs.identity import start_ticks
 
-        return c.start_ticks is not None and _start_ticks(c.pid) == c.start_ticks
+        return c.start_ticks is not None and start_ticks(c.pid) == c.start_ticks
 
     def close(self) -> None:
         if self.pidfd is not None:
@@ -145,13 +145,13 @@ def identify(sock: socket.socket) -> Peer:
 
     import psutil
 
-    from gpuwarden.daemon.supervisor import _start_ticks
+    from gpuwarden.procs.identity import start_ticks
 
     caller = peer_caller(sock)
     if caller.pid <= 0:
         return Peer(caller, None)
     fd = _pidfd(sock, caller.pid)
-    ticks = _start_ticks(caller.pid)
+    ticks = start_ticks(caller.pid)
     try:
         start: float | None = psutil.Process(caller.pid).create_time()
     except psutil.Error:
