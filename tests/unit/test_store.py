@@ -89,6 +89,7 @@ def test_every_spec_field_round_trips(tmp_path: Path) -> None:
             cwd="/home/bob/proj dir", env={"PATH": "/usr/bin", "X": "multi\nline=ü", "E": ""},
             name="train-ü", group="sweep-7", key="run-42", mem=14 * GiB, gpus=3,
             gpu_ids=(0, 2, 5), after=(dep1.id, dep2.id), timeout=3600.5, exclusive=True,
+            after_any=(dep2.id,), after_fail=(dep1.id,),
             priority=-7, requeue_on_reboot=True, qos="guaranteed", mem_limit=20 * GiB,
             grace=2.5, no_requeue=True, retries=3, checkpoint=True, mps=True, sm_percent=50,
             mem_auto=True, cpus=4, no_numa=True, attach="ray job raysubmit_ü",
@@ -583,7 +584,7 @@ def test_older_database_is_upgraded(tmp_path: Path) -> None:
                          "oom_retries, retry_mem, not_before, kill_reason, mps, sm_percent, "
                          "mem_auto, cpus, no_numa, cpu_set, attach, oom_tried, oom_need, context, "
                          "allocated_peak, retry_ceiling, ceiling_until, service, restarts, "
-                         "health_failures FROM jobs")
+                         "health_failures, after_any_ids, after_fail_ids FROM jobs")
 
 
 def test_migrations_run_in_order_inside_one_transaction(tmp_path: Path) -> None:

@@ -83,6 +83,10 @@ _SUBMIT_OPTIONS = [
     click.option("--key", help="Idempotency key: resubmitting it returns the existing job."),
     click.option("--after", "after", multiple=True,
                  help="Start only after this job succeeded (repeatable, or 3,5)."),
+    click.option("--after-any", "after_any", multiple=True,
+                 help="Start only after this job ended, however it ended (repeatable)."),
+    click.option("--after-fail", "after_fail", multiple=True,
+                 help="Start only after this job ended without succeeding (repeatable)."),
     click.option("--timeout", type=DURATION, help="Kill the job after this long (2h, 30m)."),
     click.option("--exclusive", is_flag=True, help="Take the GPU(s) alone."),
     click.option("--cwd", type=click.Path(file_okay=False), help="Working directory."),
@@ -142,7 +146,8 @@ def _submit_to_ray(cluster: str, command: tuple[str, ...], opts: dict[str, Any])
         raise UsageError("no command given (put it after --)")
     if opts["mem"] in (None, "auto"):
         raise UsageError("--cluster needs --mem SIZE: Ray places the job by its memory share")
-    unsupported = [k for k in ("gpu_ids", "after", "timeout", "mps", "cpus", "key")
+    unsupported = [k for k in ("gpu_ids", "after", "after_any", "after_fail", "timeout", "mps",
+                                 "cpus", "key")
                    if opts.get(k) not in (None, False, (), 0)]
     if unsupported:
         raise UsageError("not supported with --cluster: "
@@ -188,6 +193,8 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
         "gpus": opts["gpus"], "priority": opts["priority"],
         "exclusive": opts["exclusive"], "requeue_on_reboot": opts["requeue_on_reboot"],
         "after": parse_ids(opts["after"]),
+        "after_any": parse_ids(opts["after_any"]),
+        "after_fail": parse_ids(opts["after_fail"]),
         "no_requeue": opts["no_requeue"],
         "checkpoint": opts["checkpoint"], "mps": opts["mps"], "no_numa": opts["no_numa"],
     }

@@ -970,21 +970,28 @@ class Scheduler:
             log.warning("cannot write the preemption notice of job %s: %s", victim.id, e)
 
     def _dependency_block(self, job: Job) -> str | None:
-        """None when every dependency succeeded; else why it waits (or cancels it)."""
-        for dep_id in job.spec.after:
-            try:
-                dep = self.store.get(dep_id)
-            except Exception:
-                dep = None
-            if dep is None or dep.state in (model.FAILED, model.CANCELLED, model.INFEASIBLE):
-                why = (f"dependency {dep_id} was removed" if dep is None else
-                       f"dependency {dep_id} {dep.state}")
-                self.store.transition(job.id, (model.QUEUED,), model.CANCELLED,
-                                      now=self.clock(), kind="dependency_failed", detail=why,
-                                      reason=why, ended_at=self.clock())
-                return why
-            if dep.state != model.SUCCEEDED:
-                self.store.set_reason(job.id, f"waiting for job {dep_id} ({dep.state})")
+        """None when every dependency is met; else why it waits. A dependency that can
+        never be met (--after on a job that did not succeed, --after-fail on one that
+        did, one removed) cancels the job, saying which."""
+        from gpuwarden.sched.queue import dependency_state
+
+        s = job.spec
+        for kind, ids in (("after", s.after), ("after_any", s.after_any),
+                          ("after_fail", s.after_fail)):
+            for dep_id in ids:
+                try:
+                    state: str | None = self.store.get(dep_id).state
+                except JobNotFound:
+                    state = None
+                met, why = dependency_state(kind, dep_id, state)
+                if met:
+                    continue
+                if why is not None:
+                    self.store.transition(job.id, (model.QUEUED,), model.CANCELLED,
+                                          now=self.clock(), kind="dependency_failed",
+                                          detail=why, reason=why, ended_at=self.clock())
+                    return why
+                self.store.set_reason(job.id, f"waiting for job {dep_id} ({state})")
                 return "waiting"
         return None
 

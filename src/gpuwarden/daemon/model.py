@@ -45,6 +45,8 @@ class JobSpec:
     gpus: int = 1
     gpu_ids: tuple[int, ...] | None = None  # only these physical GPUs
     after: tuple[int, ...] = ()  # job ids that must succeed first
+    after_any: tuple[int, ...] = ()  # job ids that must end first, however they end
+    after_fail: tuple[int, ...] = ()  # job ids that must end without succeeding first
     timeout: float | None = None  # seconds
     exclusive: bool = False
     priority: int = 0
@@ -300,6 +302,8 @@ class Job:
             "oom_end": self.oom_end(),
             "sm_percent": s.sm_percent,
             "after": list(s.after),
+            "after_any": list(s.after_any),
+            "after_fail": list(s.after_fail),
             "timeout": s.timeout,
             "exit_code": self.exit_code,
             "submitted_at": iso(self.submitted_at),

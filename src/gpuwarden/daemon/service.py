@@ -102,7 +102,7 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *
              "gpu_ids", "after", "timeout", "exclusive", "priority", "requeue_on_reboot",
              "qos", "mem_limit", "grace", "no_requeue", "retries", "checkpoint", "mps",
              "sm_percent", "cpus", "no_numa", "attach"} | SERVICE_FIELDS
-    unknown = sorted(set(body) - known)
+    unknown = sorted(set(body) - known - set(AFTER_KINDS))
     if unknown:
         raise UsageError(f"unknown field(s): {', '.join(unknown)}")
     attach = body.get("attach")
@@ -183,12 +183,7 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *
             raise UsageError(f"no GPU with index {', '.join(map(str, bad))} "
                              f"(this machine has {gpu_count})")
         gpu_ids = tuple(sorted(set(ids)))
-    after_raw = body.get("after")
-    if after_raw is None:
-        after_raw = []
-    if not isinstance(after_raw, list):  # not false, 0 or "" for "none" either
-        raise UsageError("after must be a list of job ids")
-    after = tuple(_int(a, "after", 1, 2**63 - 1) for a in after_raw)
+    deps = {kind: _after(body.get(kind), kind) for kind in AFTER_KINDS}
     timeout = _duration(body.get("timeout"), "timeout")
     for label in ("name", "group", "key"):
         v = body.get(label)
@@ -202,7 +197,8 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *
         command=command, user=caller.user, uid=caller.uid, gid=caller.gid,
         groups=caller.groups, cwd=cwd, env=env, name=body.get("name"),
         group=body.get("group"), key=body.get("key"), mem=mem, gpus=gpus,
-        gpu_ids=gpu_ids, after=after, timeout=timeout,
+        gpu_ids=gpu_ids, after=deps["after"], after_any=deps["after_any"],
+        after_fail=deps["after_fail"], timeout=timeout,
         exclusive=bool(body.get("exclusive", False)),
         priority=_int(body.get("priority", 0), "priority", -1000, 1000),
         requeue_on_reboot=bool(body.get("requeue_on_reboot", False)),
@@ -223,6 +219,19 @@ def _service(body: Mapping[str, Any], attach: str | None) -> Service | None:
         raise UsageError("restart: an attached job is started by its launcher, which "
                          "restarts it or not")
     return svc
+
+
+AFTER_KINDS = ("after", "after_any", "after_fail")
+"""Dependencies: ids that must succeed, end however they end, or end without succeeding
+before the job may start (loop.py's ``dependency_block`` says when each is met)."""
+
+
+def _after(raw: Any, kind: str) -> tuple[int, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):  # not false, 0 or "" for "none" either
+        raise UsageError(f"{kind} must be a list of job ids")
+    return tuple(_int(a, kind, 1, 2**63 - 1) for a in raw)
 
 
 def _size(raw: Any, label: str) -> int | None:

@@ -281,6 +281,9 @@ MIGRATIONS: list[Migration] = [
     _sql("ALTER TABLE jobs ADD COLUMN service TEXT",
          "ALTER TABLE jobs ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0",
          "ALTER TABLE jobs ADD COLUMN health_failures INTEGER NOT NULL DEFAULT 0"),
+    # 11: dependencies beside --after (success): --after-any (any end), --after-fail.
+    _sql("ALTER TABLE jobs ADD COLUMN after_any_ids TEXT NOT NULL DEFAULT '[]'",
+         "ALTER TABLE jobs ADD COLUMN after_fail_ids TEXT NOT NULL DEFAULT '[]'"),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -298,8 +301,10 @@ TRANSITION_FIELDS = frozenset({
 _WAITING = (QUEUED, HELD)
 _TERMINAL_SQL = ", ".join(f"'{s}'" for s in sorted(TERMINAL))
 # Ids that a job not yet finished still waits for: they cannot be removed.
-_NEEDED_SQL = ("SELECT DISTINCT d.value FROM jobs AS w, json_each(w.after_ids) AS d "
-               f"WHERE w.state NOT IN ({_TERMINAL_SQL})")
+_NEEDED_SQL = " UNION ".join(  # --after, --after-any, --after-fail
+    f"SELECT d.value FROM jobs AS w, json_each(w.{column}) AS d "
+    f"WHERE w.state NOT IN ({_TERMINAL_SQL})"
+    for column in ("after_ids", "after_any_ids", "after_fail_ids"))
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
@@ -333,7 +338,7 @@ def _check_spec(spec: JobSpec) -> None:
             raise UsageError(f"job {label} contains a NUL character")
     ints = (spec.uid, spec.gid, spec.mem, spec.gpus, spec.priority, spec.mem_limit,
             spec.retries, spec.sm_percent, spec.cpus, *spec.groups,
-            *(spec.gpu_ids or ()), *spec.after)
+            *(spec.gpu_ids or ()), *spec.after, *spec.after_any, *spec.after_fail)
     if not _ints_ok(*ints):
         raise UsageError("a number in the job request is out of range")
 
@@ -371,6 +376,8 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event], hold: Hold | None = N
         gpus=row["gpu_count"],
         gpu_ids=None if gpu_ids is None else tuple(json.loads(gpu_ids)),
         after=_loads_tuple(row["after_ids"]),
+        after_any=_loads_tuple(row["after_any_ids"]),
+        after_fail=_loads_tuple(row["after_fail_ids"]),
         timeout=row["timeout"],
         exclusive=bool(row["exclusive"]),
         priority=row["priority"],
@@ -843,8 +850,9 @@ class Store:
                     f"({_RELEASED_SQL})", (spec.uid, spec.key)).fetchone()
                 if row is not None:
                     return self._load(conn, row["id"]), False
-            if spec.after:
-                wanted = sorted(set(spec.after))
+            deps = (*spec.after, *spec.after_any, *spec.after_fail)
+            if deps:
+                wanted = sorted(set(deps))
                 found = {r[0] for r in conn.execute(
                     "SELECT id FROM jobs WHERE id IN (SELECT value FROM json_each(?))",
                     (_json_ids(wanted),))}
@@ -871,6 +879,10 @@ class Store:
                  None if spec.service is None else spec.service.dumps()))
             job_id = cur.lastrowid
             assert job_id is not None
+            if spec.after_any or spec.after_fail:
+                conn.execute("UPDATE jobs SET after_any_ids = ?, after_fail_ids = ? "
+                             "WHERE id = ?", (_json_ids(spec.after_any),
+                                              _json_ids(spec.after_fail), job_id))
             conn.execute(
                 "INSERT INTO events (job_id, at, kind, detail, from_state, to_state) "
                 "VALUES (?, ?, 'submitted', ?, NULL, ?)",

@@ -257,3 +257,26 @@ class _Pass:
 def _mark_stopping(gpu: GpuState, victims: set[int]) -> GpuState:
     return replace(gpu, managed=tuple(replace(u, preempting=True) if u.job_id in victims
                                       else u for u in gpu.managed))
+
+
+_SUCCESS, _ENDED = frozenset({"succeeded"}), frozenset({"succeeded", "failed", "cancelled",
+                                                         "infeasible"})
+_FLAG = {"after": "--after", "after_any": "--after-any", "after_fail": "--after-fail"}
+
+
+def dependency_state(kind: str, dep_id: int, state: str | None) -> tuple[bool, str | None]:
+    """Whether a dependency of ``kind`` (after: success, after_any: any end, after_fail:
+    an end without success) on job ``dep_id`` in ``state`` (None: removed) is met, and,
+    when it can never be, why: (True, None) met, (False, None) not yet, (False, why)
+    never."""
+    if state is None:
+        return False, f"dependency {dep_id} was removed"
+    if state not in _ENDED:
+        return False, None
+    if kind == "after_any":
+        return True, None
+    if (state in _SUCCESS) == (kind == "after"):
+        return True, None
+    if kind == "after":
+        return False, f"dependency {dep_id} {state}"
+    return False, f"dependency {dep_id} {state}: {_FLAG[kind]} can never be met"
