@@ -25,8 +25,6 @@ ALLOWED = {
     # `top` renders with the CLI's job text and doctor rules: both to a render/ package
     ("gpuwarden.tui.app", "gpuwarden.cli.doctor"),
     ("gpuwarden.tui.model", "gpuwarden.cli.jobtext"),
-    # `select` uses the placement engine: select's policy to move into sched/
-    ("gpuwarden.observe.select", "gpuwarden.sched.placement"),
 }
 
 # Cycles through two packages closed by imports inside functions (issue 20).

@@ -6,10 +6,10 @@ carry another user's inference servers while 4, 5 and 7 are idle)."""
 from __future__ import annotations
 
 from gpuwarden.gpus.sim import SimBackend
-from gpuwarden.observe.select import Choice, Request, choose_gpus
 from gpuwarden.observe.snapshot import take_snapshot
 from gpuwarden.sched.model import QueuedJob
 from gpuwarden.sched.placement import DEFAULT_RESERVE, fits, gpu_states
+from gpuwarden.sched.select import Choice, Request, choose_gpus
 from tests.conftest import EXAMPLES
 from tests.unit.builders import GiB, gpu, proc, snapshot
 

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from gpuwarden.cli.select import parse_mem
 from gpuwarden.errors import UsageError
 from gpuwarden.gpus.model import GpuFacts, GpuProcessFacts
-from gpuwarden.observe.select import Choice, Rejection, Request, assess, choose_gpus
 from gpuwarden.observe.snapshot import RUNNING, GpuView, ProcessView
 from gpuwarden.procs.model import ProcInfo
+from gpuwarden.sched.select import Choice, Rejection, Request, assess, choose_gpus
 
 GiB = 1 << 30
 

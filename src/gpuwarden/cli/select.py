@@ -19,8 +19,8 @@ from gpuwarden.units import parse_size_or_fraction
 if TYPE_CHECKING:
     from gpuwarden.gpus.backend import Backend
     from gpuwarden.leases import LeaseStore
-    from gpuwarden.observe.select import Candidate, Choice, Rejection, Request
     from gpuwarden.observe.snapshot import Snapshot
+    from gpuwarden.sched.select import Candidate, Choice, Rejection, Request
 
 _MEM_HELP = ("Memory needed on each GPU: a size (20G, 512MiB) or a fraction of the GPU's "
              "total (0.5).")
@@ -35,7 +35,7 @@ def parse_mem(text: str) -> tuple[int | None, float | None]:
 
 
 def make_request(mem: str, count: int, max_util: int | None, same_numa: bool) -> Request:
-    from gpuwarden.observe.select import Request
+    from gpuwarden.sched.select import Request
 
     memory, fraction = parse_mem(mem)
     return Request(memory=memory, fraction=fraction, count=count, max_util=max_util,
@@ -70,8 +70,8 @@ def choose(b: Backend, request: Request, *, lease: tuple[int, float, float] | No
     """Snapshot, account outstanding leases, choose; with ``lease`` = (pid, start time,
     timeout) also lease the chosen GPUs to that process, all under the store's lock."""
     from gpuwarden.leases import LeaseError, new_lease
-    from gpuwarden.observe.select import Choice, choose_gpus
     from gpuwarden.observe.snapshot import take_snapshot
+    from gpuwarden.sched.select import Choice, choose_gpus
 
     store = _store(b)
     if lease is None and not store.root.is_dir():
@@ -114,7 +114,7 @@ def _candidate_json(c: Candidate) -> dict[str, Any]:
 
 
 def _result_json(request: Request, result: Choice | Rejection, use_uuid: bool) -> dict[str, Any]:
-    from gpuwarden.observe.select import Choice
+    from gpuwarden.sched.select import Choice
 
     chosen = result.gpus if isinstance(result, Choice) else ()
     return {
@@ -133,7 +133,7 @@ def _result_json(request: Request, result: Choice | Rejection, use_uuid: bool) -
 def _decided(result: Choice | Rejection) -> Choice:
     """The choice, or the rejection as a one-line error: exit 2 when the request can
     never fit here, 1 when nothing fits right now."""
-    from gpuwarden.observe.select import Choice
+    from gpuwarden.sched.select import Choice
 
     if isinstance(result, Choice):
         return result

@@ -1,8 +1,9 @@
 """Which GPUs a job should get: a pure ranking over a snapshot and the outstanding leases.
 
 ``choose_gpus`` returns a decision as a value, a ``Choice`` or a ``Rejection`` that says
-for every GPU why it was passed over, so ``select``, ``exec`` and the future scheduler
-share one policy and it can be tested without GPUs or processes."""
+for every GPU why it was passed over, so ``select`` and ``exec`` share one policy and it
+can be tested without GPUs or processes. Its GPU preference is the scheduler's
+(``placement.preference``): one placement engine."""
 
 from __future__ import annotations
 
