@@ -178,3 +178,27 @@ def test_metrics_count_restarts_and_health_failures(metered: tuple[Daemon, str])
     who = {"job_id": str(jid), "user": job["user"]}
     assert find(m, "gpuwarden_service_restarts_total", **who) == 1
     assert find(m, "gpuwarden_service_health_failures_total", **who) == 2
+
+
+def test_a_restarted_service_takes_its_gpu_again(daemon: Daemon) -> None:
+    jid = daemon.submit("--mem", "1G", "--restart", "on-failure", "--restart-limit", "2/10m",
+                        cmd=[*SIM, "--seconds", "1.5", "--exit-code", "1"])
+    assert daemon.wait_state(jid, "running", timeout=30)["gpus"] == [0]
+    # GPU 1 now fits a 1G job best (the least room left over): a fresh placement goes there.
+    other = daemon.submit("--mem", "10G", "--gpu-ids", "1",
+                          cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "10G", "--seconds", "60"])
+    daemon.wait_state(other, "running", timeout=30)
+    job = daemon.wait_state(jid, "failed", timeout=60)
+    placed = [e["detail"] for e in job["events"] if e["kind"] == "placed"]
+    assert len(placed) == 3 and all(d.startswith("GPU 0, ") for d in placed), placed
+    daemon.cli("cancel", str(other), check=True)
+
+
+def test_a_cancel_during_a_health_stop_is_no_restart() -> None:
+    from gpuwarden.daemon.model import Event
+    from gpuwarden.daemon.restart import cancel_asked
+
+    ev = [Event(1.0, "placed"), Event(2.0, "health_failed"), Event(2.1, "cancel_requested")]
+    assert cancel_asked(ev)
+    assert not cancel_asked([*ev, Event(3.0, "restarted"), Event(4.0, "placed")])
+    assert not cancel_asked(ev[:2])

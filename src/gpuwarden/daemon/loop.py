@@ -22,10 +22,19 @@ from gpuwarden.daemon.model import Hold, Job, NewHold
 from gpuwarden.daemon.mps_jobs import MpsPool, client_env
 from gpuwarden.daemon.mps_jobs import key as mps_key
 from gpuwarden.daemon.paths import job_dir
-from gpuwarden.daemon.restart import HealthChecks
+from gpuwarden.daemon.restart import HealthChecks, cancel_asked
 from gpuwarden.daemon.service import Config, learned_runtime, queued_view
 from gpuwarden.daemon.store import Conflict, JobNotFound
-from gpuwarden.sched.model import GUARANTEED, GpuState, Infeasible, ManagedUse, Place, Preempt, Wait
+from gpuwarden.sched.model import (
+    GUARANTEED,
+    GpuState,
+    Infeasible,
+    ManagedUse,
+    Place,
+    Preempt,
+    QueuedJob,
+    Wait,
+)
 from gpuwarden.sched.oom import (
     CREEP_WAIT,
     GiveUp,
@@ -200,7 +209,7 @@ class Scheduler:
                        "oom_need": None if ask is None else
                        ask.need(self._context_allowance(job))}
         svc = job.spec.service
-        if svc is not None and state != model.CANCELLED \
+        if svc is not None and state != model.CANCELLED and not cancel_asked(job.events) \
                 and svc.restarts_from(state == model.SUCCEEDED):
             given_up = self._restart(job, detail, now)
             if given_up is None:
@@ -911,7 +920,7 @@ class Scheduler:
         room_wanted = False
         by_id = {j.id: j for j in ready}
         now = self.clock()
-        for d in plan(self.last_states, [queued_view(j, self._estimate(j), now) for j in ready],
+        for d in plan(self.last_states, [self._view(j, now) for j in ready],
                       self.config.spike_buffer, now=now, policy=self.config.policy):
             job = by_id[d.job_id]
             if isinstance(d, Preempt):
@@ -927,6 +936,18 @@ class Scheduler:
                                       now=self.clock(), kind="infeasible", detail=d.reason,
                                       reason=d.reason, ended_at=self.clock())
         return room_wanted
+
+    def _view(self, job: Job, now: float) -> QueuedJob:
+        """The queued job as placement sees it; a restarted service prefers the GPUs its
+        ended attempt ran on (its latest hold names them)."""
+        view = queued_view(job, self._estimate(job), now)
+        if job.spec.service is None or not job.restarts or job.release is None:
+            return view
+        index = {g.uuid: g.index for g in self.last_states}
+        prefer = tuple(index[u] for u in job.release.gpu_uuids if u in index)
+        if len(prefer) != len(job.release.gpu_uuids):
+            return view
+        return dataclasses.replace(view, prefer=prefer)
 
     def _estimate(self, job: Job) -> float | None:
         """The job's learned run time (backfill's estimate), read from the store once per

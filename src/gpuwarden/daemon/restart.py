@@ -138,6 +138,17 @@ def recent_restarts(events: Iterable[Event], now: float, window: float) -> int:
     return sum(1 for e in events if e.kind == RESTARTED and now - e.at < window)
 
 
+def cancel_asked(events: Iterable[Event]) -> bool:
+    """Whether a cancel was asked during the latest attempt: its end is then no restart,
+    also when a health check or the watchdog was stopping it already."""
+    for e in reversed(tuple(events)):
+        if e.kind == "cancel_requested":
+            return True
+        if e.kind in ("placed", RESTARTED):
+            return False
+    return False
+
+
 def backoff(recent: int) -> float:
     """Seconds before the next start: 1 s after the first restart in the window,
     doubling with each further one, at most a minute (a crash loop costs little)."""

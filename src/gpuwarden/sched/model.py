@@ -77,6 +77,7 @@ class QueuedJob:
     estimate: float | None = None  # how long it is expected to run (learned): may be wrong
     not_before: float = 0.0  # epoch seconds; a retry waits out its backoff
     cpus: int | None = None  # CPU cores near its GPUs to hold alone (--cpus N)
+    prefer: tuple[int, ...] | None = None  # a restarted service's GPUs: taken while it fits
 
     @property
     def expected_runtime(self) -> float | None:

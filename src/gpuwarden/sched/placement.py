@@ -312,6 +312,18 @@ def _best_set(job: QueuedJob, ok: list[tuple[GpuState, int]]) -> list[tuple[GpuS
     return list(best)
 
 
+def _preferred(job: QueuedJob, ok: list[tuple[GpuState, int]],
+               ) -> list[tuple[GpuState, int]] | None:
+    """The GPUs a restarted service ran on, when it fits on all of them again: it restarts
+    in place (its neighbours and its users find it where it was); else None."""
+    if job.prefer is None or len(job.prefer) != job.count:
+        return None
+    by_index = {g.index: (g, room) for g, room in ok}
+    if not all(i in by_index for i in job.prefer):
+        return None
+    return [by_index[i] for i in job.prefer]
+
+
 def fits(job: QueuedJob, gpus: Sequence[GpuState],
          spike_buffer: float = DEFAULT_SPIKE_BUFFER) -> Place | None:
     """Where the job fits now, or None. Best fit on headroom (a job with a ceiling takes
@@ -330,7 +342,7 @@ def fits(job: QueuedJob, gpus: Sequence[GpuState],
             ok.append((gpu, room_for_budget(gpu, room)))
     if len(ok) < job.count:
         return None
-    chosen = _best_set(job, ok)
+    chosen = _preferred(job, ok) or _best_set(job, ok)
     budget = _budget(job, [room for _, room in chosen])
     cores = pick_cores(job, [g for g, _ in chosen])
     if cores is None:
