@@ -34,4 +34,4 @@ def test_pad_and_clip_by_columns() -> None:
 def test_clip_never_passes_its_columns(text: str, columns: int) -> None:
     out = clip(text, columns)
     assert width(out) <= columns
-    assert out == text or out.endswith("…") and text.startswith(out[:-1])
+    assert out == text or (out.endswith("…") and text.startswith(out[:-1]))
