@@ -116,17 +116,16 @@ _SETTLE = 1.0  # seconds a GPU's use must stay put after its holders are gone
 
 
 def _alive(pid: int, start_time: float | None) -> bool:
-    """Is this very process (pid and start time) still running (a zombie is not)?"""
+    """Is this very process (pid and start time, procs/identity.py) still running (a
+    zombie is not)? One we may not look into is not waited for."""
     import psutil
 
-    from gpuwarden.procs.terminate import same_start
+    from gpuwarden.procs.identity import identify
 
+    p = identify(pid, start_time)
     try:
-        p = psutil.Process(pid)
-        if start_time is not None and not same_start(p.create_time(), start_time):
-            return False
-        return bool(p.status() != psutil.STATUS_ZOMBIE)
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return p is not None and bool(p.status() != psutil.STATUS_ZOMBIE)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 
 
