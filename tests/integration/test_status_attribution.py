@@ -51,7 +51,13 @@ def test_status_takes_job_ids_from_the_daemon(daemon: Daemon) -> None:
                                  "--seconds", "30"], env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert impostor.stdout is not None and impostor.stdout.readline().startswith("ready")
-        jobs = {p["pid"]: p["job"] for g in d.json("status")["gpus"] for p in g["processes"]}
+        while True:  # the daemon's snapshot may be a second older than the impostor
+            jobs = {p["pid"]: p["job"] for g in d.json("status")["gpus"]
+                    for p in g["processes"]}
+            if impostor.pid in jobs:
+                break
+            assert time.monotonic() < deadline + 30, "status never showed the impostor"
+            time.sleep(0.1)
         assert jobs[impostor.pid] is None and list(jobs.values()).count(str(jid)) == 1
     finally:
         impostor.kill()

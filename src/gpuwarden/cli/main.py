@@ -1,15 +1,13 @@
-"""Entry point. Subcommands are imported only when invoked, so ``--help`` stays fast."""
+"""Entry point. Subcommands are imported only when invoked, so ``--help`` stays fast;
+``status`` with a daemon running is answered before click is imported (``fast.py``)."""
 
 from __future__ import annotations
 
-import importlib
-import os
 import sys
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-import click
-
-from gpuwarden import __version__
+if TYPE_CHECKING:
+    import click
 
 # name -> (module, attribute, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -33,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "cancel": ("gpuwarden.cli.jobs", "cancel", "Cancel jobs and their process trees."),
     "wait": ("gpuwarden.cli.jobs", "wait", "Wait for jobs; exit with their exit code."),
     "hold": ("gpuwarden.cli.jobs", "hold", "Keep queued jobs from starting."),
+    "edit": ("gpuwarden.cli.edit", "edit", "Change a queued or held job's request."),
     "release": ("gpuwarden.cli.jobs", "release", "Let held jobs start."),
     "retry": ("gpuwarden.cli.jobs", "retry", "Queue failed or cancelled jobs again."),
     "unreserve": ("gpuwarden.cli.jobs", "unreserve",
@@ -48,37 +47,20 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-class LazyGroup(click.Group):
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+def __getattr__(name: str) -> click.Group:
+    """``cli``, the click group, built on first use: ``status`` served by the daemon
+    (``cli/fast.py``) never imports click."""
+    if name == "cli":
+        from gpuwarden.cli.group import cli
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        entry = COMMANDS.get(cmd_name)
-        if entry is None:
-            return None
-        module = importlib.import_module(entry[0])
-        cmd = getattr(module, entry[1])
-        assert isinstance(cmd, click.Command)
-        return cmd
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
-        with formatter.section("Commands"):
-            formatter.write_dl(rows)
-
-
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="gpuwarden")
-@click.option("--sim", metavar="SCENARIO", envvar="GPUWARDEN_SIM",
-              help="Use the simulated backend with this scenario file (or set GPUWARDEN_SIM).")
-def cli(sim: str | None) -> None:
-    """gpuwarden: see, clean and share the GPUs of a multi-user Linux machine."""
-    if sim:
-        os.environ["GPUWARDEN_SIM"] = sim
+        return cli
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _negative(e: click.UsageError, argv: list[str] | None) -> str | None:
     """``--watch -1``: click reads ``-1`` as an unknown option; say what it is."""
+    import click
+
     if not isinstance(e, click.NoSuchOption) or not e.option_name[1:2].isdigit():
         return None
     args = sys.argv[1:] if argv is None else argv
@@ -88,6 +70,13 @@ def _negative(e: click.UsageError, argv: list[str] | None) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
+    from gpuwarden.cli.fast import served
+
+    if served(sys.argv[1:] if argv is None else argv):
+        sys.exit(0)
+    import click
+
+    from gpuwarden.cli.group import cli
     from gpuwarden.errors import GpuwardenError
 
     try:

@@ -164,11 +164,9 @@ def drains(as_json: bool) -> None:
 
 def drain_lines(drains: list[dict[str, Any]]) -> list[str]:
     """``GPU 1 drained by root (ECC errors)``: one line per drained GPU (status, ps)."""
-    from gpuwarden.printable import visible
+    from gpuwarden.cli.statusview import drain_lines as lines
 
-    return [f"GPU {d['gpu']} drained by {visible(d['by'])}"
-            + (f" ({visible(d['reason'])})" if d.get("reason") else "")
-            + ": no new placement there" for d in drains]
+    return lines(drains)
 
 
 # -- mps --------------------------------------------------------------------------

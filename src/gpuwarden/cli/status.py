@@ -16,142 +16,24 @@ from gpuwarden.cli.common import (
     watch_header,
 )
 from gpuwarden.errors import UsageError
-from gpuwarden.printable import visible
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
-    from rich.text import Text
 
     from gpuwarden.gpus.backend import Backend
     from gpuwarden.observe.leaks import Leak
     from gpuwarden.observe.snapshot import Snapshot
 
 
-def _bar(used: int, total: int, width: int = 10) -> str:
-    filled = round(width * used / total) if total else 0
-    return "█" * filled + "░" * (width - filled)
-
-
-_MODE_SHORT = {"Default": "Default", "Exclusive_Process": "Excl", "Exclusive_Thread": "ExclT",
-               "Prohibited": "Prohib"}
-
-
-_STATE_SHORT = {"running": "running", "dead": "dead", "other_namespace": "other-ns",
-                "garbage": "garbage", "zombie": "zombie", "orphan": "orphan"}
-
-
-def _flags(persistence: bool | None, mps: bool | None, mig: bool | None) -> str:
-    """Compact settings column: P persistence on, M MPS serving, G MIG enabled."""
-    return "".join(c for c, on in (("P", persistence), ("M", mps), ("G", mig)) if on) or "-"
-
-
-_PROC_COLS = ("GPU", "PID", "User", "Container", "Mem", "SM", "Time", "State", "Command")
-_PROC_MAX = (3, 10, 10, 16, 6, 4, 6, 8)  # widest each fixed column may grow
-_RIGHT = {0, 1, 4, 5}
-
-
-def _process_table(rows: list[tuple[str, ...]], width: int) -> Text:
-    """The process list as aligned plain text: a rich Table costs ~0.5 ms a row, too slow
-    for a box with thousands of GPU processes. States other than running are red."""
-    from rich.text import Text
-
-    widths = [min(max(len(c), *(len(r[i]) for r in rows)) if rows else len(c), _PROC_MAX[i])
-              for i, c in enumerate(_PROC_COLS[:-1])]
-    cmd_width = max(width - sum(widths) - len(widths) - 1, 10)
-
-    def cell(i: int, value: str) -> str:
-        if i == len(widths):
-            return value if len(value) <= cmd_width else value[: cmd_width - 1] + "…"
-        w = widths[i]
-        v = value if len(value) <= w else value[: w - 1] + "…"
-        return v.rjust(w) if i in _RIGHT else v.ljust(w)
-
-    out = Text("Processes\n", style="italic")
-    out.append(" " + " ".join(cell(i, c) for i, c in enumerate(_PROC_COLS)).rstrip() + "\n",
-               style="bold")
-    out.append(" " + "─" * (min(width, sum(widths) + len(widths) + cmd_width) - 1) + "\n")
-    state_col = len(widths) - 1
-    for r in rows:
-        head = " " + " ".join(cell(i, r[i]) for i in range(state_col)) + " "
-        out.append(head)
-        state = cell(state_col, r[state_col])
-        out.append(state, style=None if r[state_col] == "running" else "red")
-        out.append(" " + cell(len(widths), r[-1]) + "\n")
-    out.rstrip()
-    return out
-
-
 def render(snap: Snapshot, leaks: list[Leak], gpus: tuple[int, ...], user: str | None,
            pid: int | None, *, wide: bool = False, width: int = 80) -> RenderableType:
-    """Tables sized for an 80-column terminal; ``wide`` adds UUIDs, power and PCI ids."""
-    from rich import box
-    from rich.console import Group
-    from rich.markup import escape
-    from rich.table import Table
-    from rich.text import Text
+    """Tables sized for an 80-column terminal; ``wide`` adds UUIDs, power and PCI ids.
+    Drawn from the ``--json`` document (``statusview.py``), as a daemon serves it."""
+    from gpuwarden.cli.statusview import render_doc
+    from gpuwarden.observe.jsonview import snapshot_json
 
-    from gpuwarden.units import format_bytes, format_bytes_short, format_duration
-
-    def na(v: object, suffix: str = "") -> str:
-        return "n/a" if v is None else f"{v}{suffix}"
-
-    gt = Table(title=f"GPUs · {snap.backend} · driver {snap.driver_version or 'n/a'}",
-               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
-    cols = ["GPU", "Name", "Memory"]
-    if wide:
-        cols += [""]
-    cols += ["Util", "Temp"]
-    if wide:
-        cols += ["Power", "UUID"]
-    cols += ["Mode", "Flags", "NUMA:CPUs"]
-    for col in cols:
-        gt.add_column(col, no_wrap=True, overflow="ellipsis",
-                      justify="right" if col in ("Util", "Temp", "GPU") else "left")
-    shown = [g for g in snap.gpus if not gpus or g.index in gpus]
-    for g in shown:
-        f = g.facts
-        row = [f"{f.index}", escape(f.name.removeprefix("NVIDIA ")),
-               f"{format_bytes_short(f.memory_used)}/{format_bytes_short(f.memory_total)}"]
-        if wide:
-            row.append(_bar(f.memory_used, f.memory_total))
-        row += [na(f.utilization, "%"), na(f.temperature, "C")]
-        if wide:
-            power = ("n/a" if f.power_watts is None else
-                     f"{f.power_watts:.0f}W" + ("" if f.power_limit_watts is None
-                                                else f"/{f.power_limit_watts:.0f}W"))
-            row += [power, f.uuid]
-        numa = "?" if f.numa_node is None else str(f.numa_node)
-        row += [_MODE_SHORT.get(f.compute_mode or "", f.compute_mode or "n/a"),
-                _flags(f.persistence_mode, f.mps, f.mig_mode), f"{numa}:{f.cpus or 'unknown'}"]
-        gt.add_row(*row)
-    gt.caption = "Flags: P persistence mode, M MPS server, G MIG enabled"
-    gt.caption_justify = "left"
-    rows: list[tuple[str, ...]] = []
-    for g in shown:
-        for p in g.processes:
-            if (user and p.user != user) or (pid and p.pid != pid):
-                continue
-            rows.append((str(g.index), str(p.pid), p.user or "?", p.container or "",
-                         format_bytes_short(p.memory), na(p.gpu.sm_utilization, "%"),
-                         format_duration(p.elapsed), _STATE_SHORT[p.state],
-                         visible(p.command or "?")))  # another user's command line
-    count = len(rows)
-    pt = _process_table(rows, width)
-    parts: list[RenderableType] = [gt]
-    parts.append(pt if count else Text("No GPU processes" + (" match" if user or pid else ""),
-                                       style="dim"))
-    relevant = [lk for lk in leaks if lk.kind != "monitor" and (not gpus or lk.gpu in gpus)]
-    if relevant:
-        parts.append(Text(""))
-        parts.append(Text("Leaks (see `gpuwarden leaks`, reclaim with `gpuwarden reap`):",
-                          style="bold"))
-        for lk in relevant:
-            where = "-" if lk.gpu is None else str(lk.gpu)
-            parts.append(Text(f"  GPU {where} {lk.kind} {format_bytes(lk.memory)}: "
-                              f"{visible(lk.evidence)}", style="red"))
-    for warning in snap.warnings:
-        parts.append(Text(f"warning: {warning}", style="yellow"))
-    return Group(*parts)
+    doc = snapshot_json(snap, leaks, gpus=gpus, user=user, pid=pid)
+    return render_doc(doc, matching=bool(user or pid), wide=wide, width=width)
 
 
 def _snapshot(b: Backend) -> Snapshot:
@@ -216,9 +98,15 @@ def _csv(doc: dict[str, Any], processes: bool) -> None:
 @click.option("--gpu", "gpus", type=int, multiple=True, help="Only this GPU (repeatable).")
 @click.option("--user", help="Only processes of this user.")
 @click.option("--pid", type=int, help="Only this process.")
+@click.option("--fresh", is_flag=True,
+              help="Take a snapshot now, not the running daemon's latest (which a table "
+                   "says the age of, and --json gives as daemon.age).")
 def status(as_json: bool, fmt: str, processes: bool, watch: float | None,
-           gpus: tuple[int, ...], user: str | None, pid: int | None) -> None:
-    """Every GPU (memory, utilization, mode, MPS, NUMA) and every GPU process."""
+           gpus: tuple[int, ...], user: str | None, pid: int | None, fresh: bool) -> None:
+    """Every GPU (memory, utilization, mode, MPS, NUMA) and every GPU process.
+
+    With a daemon running, a one-shot status is its snapshot of the last second or so
+    (its age in a footer); --fresh, --watch and CSV take their own."""
     from gpuwarden.observe.jsonview import snapshot_json
     from gpuwarden.observe.leaks import find_leaks
 

@@ -250,6 +250,12 @@ async def serve(paths: Paths, config: Config) -> None:
         await _close_web(metrics, None, web_pool, web_store)
         raise
     app = make_app(service, web_store, web_pool)
+    from gpuwarden.daemon.auth import Caller
+    from gpuwarden.daemon.snapview import SnapshotKeeper, add_snapshot_route
+
+    me = Caller(pid=os.getpid(), uid=os.getuid(), gid=os.getgid(), user="gpuwarden", groups=())
+    add_snapshot_route(app, SnapshotKeeper(open_backend, lambda: {  # `status`, served
+        int(pid): job for pid, job in service.job_pids(me)["pids"].items()}))
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
                            keepalive_timeout=config.idle_timeout)
     await runner.setup()

@@ -297,5 +297,29 @@ def document() -> dict[str, Any]:
                                                 "additionalProperties": {
                                                     "type": "integer"}}}}),
                               **_ERRORS}}},
+            "/v1/snapshot": {"get": {
+                "summary": "the daemon's latest full snapshot as `status --json` shows it, "
+                           "to any user as that user's own status would see it (null when "
+                           "none is young enough: take one yourself)",
+                "parameters": [
+                    {"name": "gpu", "in": "query",
+                     "schema": {"type": "string", "pattern": "^[0-9]{1,5}(,[0-9]{1,5})*$"},
+                     "description": "GPU indices, separated by commas"},
+                    {"name": "user", "in": "query", "schema": {"type": "string"}},
+                    {"name": "pid", "in": "query",
+                     "schema": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1}},
+                    {"name": "leaks", "in": "query",
+                     "schema": {"type": "string", "enum": ["true", "false"]},
+                     "description": "true: leaks found in every snapshot kept"}],
+                "responses": {"200": _resp({"type": "object",
+                                            "required": ["snapshot", "gpus", "samples"],
+                                            "properties": {
+                    "snapshot": {"type": ["object", "null"]},
+                    "backend": {"type": ["string", "null"]},
+                    "taken_at": {"type": ["number", "null"]},
+                    "gpus": {"type": "array", "items": {"type": "integer"}},
+                    "samples": {"type": "integer"}, "span": {"type": "number"},
+                    "drains": {"type": "array", "items": {"type": "object"}}}}),
+                    **_ERRORS}}},
         },
     }

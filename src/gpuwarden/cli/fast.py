@@ -1,0 +1,152 @@
+"""``gpuwarden status`` answered from the daemon's snapshot (``GET /v1/snapshot``), before
+click or any backend is imported: the standard library, the HTTP client and, for the
+table, rich. Anything it does not handle, or no daemon answering within ``GLANCE``,
+goes the usual way (``cli/main.py``), which takes a snapshot here."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+GLANCE = 0.1  # seconds the daemon may take to answer before status takes its own snapshot
+
+
+def _parse(args: list[str]) -> dict[str, Any] | None:
+    """``status``'s options this path serves (``--json``, ``--format table|json``,
+    ``--gpu``, ``--user``, ``--pid``), or None for anything else (``--fresh``,
+    ``--watch``, CSV, help, a value click would refuse): the usual path then."""
+    opts: dict[str, Any] = {"json": False, "gpus": [], "user": None, "pid": None}
+    i = 0
+    while i < len(args):
+        arg, value = args[i], None
+        name, eq, inline = arg.partition("=")
+        if name in ("--format", "--gpu", "--user", "--pid"):
+            if eq:
+                value = inline
+            elif i + 1 < len(args):
+                i += 1
+                value = args[i]
+            else:
+                return None
+        elif eq or arg != "--json":
+            return None
+        if arg == "--json" or (name == "--format" and value == "json"):
+            opts["json"] = True
+        elif name == "--format":
+            if value != "table":
+                return None
+        elif name == "--user":
+            opts["user"] = value
+        else:
+            assert value is not None
+            if not (value.isascii() and value.isdigit()):
+                return None
+            if name == "--gpu":
+                opts["gpus"].append(int(value))
+            else:
+                opts["pid"] = int(value)
+        i += 1
+    return opts
+
+
+def _get(sock: str, path: str, query: dict[str, Any]) -> bytes | None:
+    """GET ``path`` on the daemon's socket, HTTP/1.1 by hand (``http.client`` costs more
+    to import than the whole answer takes): the body of a 200 answer, else None.
+    Raises OSError when no daemon answers within ``GLANCE`` seconds in all."""
+    import socket
+    from urllib.parse import quote
+
+    qs = "&".join(f"{k}={quote(str(v), safe='')}" for k, v in query.items() if v is not None)
+    deadline = time.monotonic() + GLANCE
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(GLANCE)
+        s.connect(sock)
+        s.sendall(f"GET {path}{'?' + qs if qs else ''} HTTP/1.1\r\nHost: localhost\r\n"
+                  "Connection: close\r\n\r\n".encode())
+        chunks = []
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the daemon did not answer in time")
+            s.settimeout(left)
+            chunk = s.recv(1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    head, sep, body = b"".join(chunks).partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    if not sep or lines[0].split()[1:2] != ["200"]:
+        return None
+    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
+    if "chunked" in headers.get("transfer-encoding", "") or \
+            len(body) != int(headers.get("content-length", -1)):
+        return None
+    return body
+
+
+def _emit_json(doc: Any) -> None:
+    """As ``cli.common.emit_json``: indented on a terminal, compact when piped."""
+    if sys.stdout.isatty():
+        sys.stdout.write(json.dumps(doc, indent=2, default=str))
+    else:
+        sys.stdout.write(json.dumps(doc, separators=(",", ":"), default=str))
+    sys.stdout.write("\n")
+
+
+def served(argv: list[str]) -> bool:
+    """Print ``status`` from the daemon's snapshot if ``argv`` asks for one this path
+    serves and a daemon answers in time with a young enough snapshot of the backend this
+    process would open; False (having printed nothing) otherwise."""
+    if not argv or argv[0] != "status":
+        return False
+    opts = _parse(argv[1:])
+    if opts is None:
+        return False
+    from gpuwarden.daemon.paths import resolve_paths
+
+    try:
+        sock = resolve_paths().socket
+        if not sock.exists():
+            return False
+        query = {"gpu": ",".join(map(str, opts["gpus"])) or None, "user": opts["user"],
+                 "pid": opts["pid"]}
+        body = _get(str(sock), "/v1/snapshot", query)
+        if body is None:
+            return False
+        at = body.find(b',"snapshot":')  # the last key: the document as --json prints it
+        raw = body[at + len(b',"snapshot":'):-1]
+        if at < 0 or raw == b"null":
+            return False
+        answer = json.loads(body[:at] + b"}")
+        if (answer["backend"] == "sim") != bool(os.environ.get("GPUWARDEN_SIM")):
+            return False  # not the machine this process would see
+        if any(g not in set(answer["gpus"]) for g in opts["gpus"]):
+            return False  # the usual path names the GPU that is not there
+        age = max(time.time() - float(answer["taken_at"]), 0.0)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    if opts["json"]:
+        stamp = b',"daemon":{"age":' + json.dumps(round(age, 3)).encode() + b"}}"
+        if sys.stdout.isatty():
+            _emit_json(json.loads(raw[:-1] + stamp))
+        else:  # as emit_json writes it into a pipe, without parsing it
+            sys.stdout.flush()
+            sys.stdout.buffer.write(raw[:-1] + stamp + b"\n")
+        return True
+    doc = json.loads(raw)
+    from rich.console import Console
+    from rich.text import Text
+
+    from gpuwarden.cli.statusview import drain_lines, render_doc
+
+    console = Console()
+    console.print(render_doc(doc, matching=bool(opts["user"] or opts["pid"]),
+                             wide=console.width >= 150, width=console.width))
+    for line in drain_lines(answer.get("drains") or []):
+        console.print(Text(line, style="yellow"))
+    console.print(Text(f"from the daemon's snapshot, {age:.1f} s old "
+                       "(--fresh: take one now)", style="dim"))
+    return True
