@@ -19,27 +19,73 @@ if TYPE_CHECKING:
 def registry_for(backend: Backend, *, cache_seconds: float, pid_labels: bool,
                  holders: bool = True) -> CollectorRegistry:
     """A registry with the snapshot collector over ``backend``."""
-    from prometheus_client import CollectorRegistry
-
-    from gpuwarden.metrics.collector import SnapshotCollector
+    from gpuwarden.metrics.collector import SnapshotCollector, SnapshotRegistry
     from gpuwarden.observe.snapshot import take_snapshot
 
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(lambda: take_snapshot(backend, holders=holders),
-                                        cache_seconds=cache_seconds, pid_labels=pid_labels,
-                                        holders=holders))
-    return registry
+    return SnapshotRegistry(SnapshotCollector(lambda: take_snapshot(backend, holders=holders),
+                                              cache_seconds=cache_seconds,
+                                              pid_labels=pid_labels, holders=holders))
+
+
+def wsgi_app(registry: CollectorRegistry) -> Callable[..., Any]:
+    """prometheus_client's /metrics app, except that a plain-text scrape of a snapshot
+    registry (what ``choose_encoder`` answers with ``generate_latest``) is rendered by its
+    collector: the same bytes, cheaper. OpenMetrics, ``name[]`` filters and other
+    methods go to prometheus_client as they are."""
+    import gzip
+
+    from prometheus_client import generate_latest, make_wsgi_app
+    from prometheus_client.exposition import choose_encoder, gzip_accepted
+
+    from gpuwarden.metrics.collector import SnapshotRegistry
+
+    fallback = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        if (isinstance(registry, SnapshotRegistry) and environ["REQUEST_METHOD"] == "GET"
+                and environ.get("PATH_INFO") != "/favicon.ico"
+                and "name[]" not in environ.get("QUERY_STRING", "")):
+            encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
+            if encoder is generate_latest:
+                output = registry.collector.render_text()
+                headers = [("Content-Type", content_type)]
+                if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+                    output = gzip.compress(output)
+                    headers.append(("Content-Encoding", "gzip"))
+                start_response("200 OK", headers)
+                return [output]
+        result: list[bytes] = fallback(environ, start_response)
+        return result
+
+    return app
 
 
 def start(listen: str, registry: CollectorRegistry) -> tuple[Any, threading.Thread]:
     """Serve /metrics from a background thread; returns (server, thread)."""
-    from prometheus_client import start_http_server
+    import socket
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
 
     host, port = parse_listen(listen)
     try:
-        return start_http_server(port, host, registry)
+        # The address family from the address, as prometheus_client's server does.
+        family, _, _, _, sockaddr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        Server.address_family = family
+        server = make_server(str(sockaddr[0]), port, wsgi_app(registry), Server,
+                             handler_class=Quiet)
     except OSError as e:
         raise UsageError(f"cannot listen on {listen}: {e.strerror or e}") from None
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    return server, thread
 
 
 def serve(listen: str, registry: CollectorRegistry,

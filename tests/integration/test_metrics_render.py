@@ -1,0 +1,101 @@
+"""The exporter's own text rendering writes exactly what prometheus_client's
+``generate_latest`` writes, on the 8 GPUs × 200 processes scenario and on label values
+that need escaping, scrape after scrape as series come and go; over HTTP the plain-text
+scrape is those bytes (gzip too) and OpenMetrics still comes from prometheus_client."""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gpuwarden.gpus.sim import SimBackend
+from gpuwarden.metrics.collector import SnapshotCollector
+from gpuwarden.metrics.exporter import registry_for, start
+from gpuwarden.observe.snapshot import Snapshot, take_snapshot
+from tests.integration.daemon_fixture import free_port
+from tests.unit.builders import GiB, gpu, proc, snapshot
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimBackend]:
+    d = tmp_path_factory.mktemp("render")
+    scenario = d / "8x200.json"
+    subprocess.run([sys.executable, str(ROOT / "bench" / "gen_scenario.py"), "-o",
+                    str(scenario), "--gpus", "8", "--per-gpu", "200", "--seed", "1"],
+                   check=True, stdout=subprocess.DEVNULL)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GPUWARDEN_SIM_STATE", str(d / "state"))
+    yield SimBackend.from_file(scenario)
+    mp.undo()
+
+
+def reference(c: SnapshotCollector) -> bytes:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(c)
+    return generate_latest(reg)
+
+
+@pytest.mark.parametrize(("pid_labels", "holders"), [(True, True), (False, True),
+                                                     (True, False)])
+def test_the_same_bytes_on_8_gpus_by_200_processes(backend: SimBackend, pid_labels: bool,
+                                                    holders: bool) -> None:
+    # A long cache: both renderings read one snapshot (snapshot_seconds included).
+    c = SnapshotCollector(lambda: take_snapshot(backend, holders=holders), cache_seconds=600,
+                          pid_labels=pid_labels, holders=holders)
+    first = c.render_text()
+    assert first == reference(c)
+    assert c.render_text() == first  # the second from the kept parts
+    assert first.count(b"\ngpuwarden_process_memory_bytes{") >= (1500 if pid_labels else 8)
+
+
+def test_escaped_labels_and_series_that_come_and_go() -> None:
+    odd = proc(101, 0, 2 * GiB, sm=50, user='a"b\\c', container="ctr\nx",
+               env={"GPUWARDEN_JOB": "ü 7"})
+    snaps: list[Snapshot] = [
+        snapshot([(gpu(0, used=7 * GiB, utilization=40), [odd, proc(102, 0, GiB)])]),
+        snapshot([(gpu(0, used=3 * GiB, utilization=41), [proc(102, 0, 2 * GiB),
+                                                          proc(103, 0, GiB, sm=None)])]),
+        snapshot([(gpu(0, used=7 * GiB, utilization=40), [odd])]),
+    ]
+    now = [0.0]
+    c = SnapshotCollector(lambda: snaps[int(now[0])], cache_seconds=0.5, clock=lambda: now[0])
+    for i in range(3):
+        now[0] = float(i)
+        text = c.render_text()
+        assert text == reference(c), i
+        assert (b'pid="101"' in text) == (i != 1)
+        assert (b'pid="103"' in text) == (i == 1)
+
+
+def test_over_http(backend: SimBackend) -> None:
+    registry = registry_for(backend, cache_seconds=600, pid_labels=True)
+    server, thread = start(f"127.0.0.1:{free_port()}", registry)
+    url = f"http://127.0.0.1:{server.server_port}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            plain = r.read()
+            assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        assert plain == generate_latest(registry)
+        req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.headers["Content-Encoding"] == "gzip"
+            assert gzip.decompress(r.read()) == plain
+        om = urllib.request.Request(url, headers={
+            "Accept": "application/openmetrics-text; version=1.0.0"})
+        with urllib.request.urlopen(om, timeout=10) as r:
+            body = r.read()
+        assert body.endswith(b"# EOF\n")
+        assert b"gpuwarden_process_memory_bytes{" in body
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
