@@ -1,5 +1,5 @@
 """The layer contract of docs/design.md, checked on the source: every import (top-level
-and inside functions) points to the importer's own package or to a lower layer, and the
+and inside functions) points into the importer's own unit or a lower layer, and the
 top-level imports between modules form no cycle. Known exceptions are listed below with
 the issue that removes them; a new violation fails."""
 
