@@ -399,6 +399,13 @@ async def clean(request: web.Request) -> web.Response:
     return web.json_response({"removed": removed})
 
 
+async def edit(request: web.Request) -> web.Response:
+    """Change a queued or held job's request (``gpuwarden edit``)."""
+    svc, caller = request.app[SERVICE], caller_of(request)
+    job_id, body = _job_id(request), await _body(request)
+    return web.json_response(await _call(svc.edit, caller, job_id, body))
+
+
 def _gpu_index(request: web.Request) -> int:
     raw = request.match_info["index"]
     if not (raw.isascii() and raw.isdigit()) or int(raw) >= 1 << 16:
@@ -455,6 +462,7 @@ def make_app(service: JobService, web_store: Store | None = None,
     app.router.add_get("/v1/jobs/{id}", show)
     app.router.add_delete("/v1/jobs/{id}", remove)
     app.router.add_post("/v1/jobs/{id}/cancel", cancel)
+    app.router.add_post("/v1/jobs/{id}/edit", edit)
     for verb in ("hold", "release", "retry", "unreserve"):
         app.router.add_post(f"/v1/jobs/{{id}}/{verb}", _action(verb))
     for report in ("started", "ended"):

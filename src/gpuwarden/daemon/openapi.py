@@ -101,6 +101,10 @@ _SUBMIT = {
                                    _NULL]},
     },
 }
+_EDIT = {"type": "object", "additionalProperties": False, "minProperties": 1,
+         "properties": {k: _SUBMIT["properties"][k]  # type: ignore[index]
+                        for k in ("mem", "mem_limit", "priority", "qos", "gpus", "timeout",
+                                  "name")}}
 _STARTED = {"type": "object", "required": ["pid"], "additionalProperties": False,
             "properties": {"pid": {"type": "integer", "minimum": 1}}}
 _ENDED = {"type": "object", "additionalProperties": False, "properties": {
@@ -199,6 +203,9 @@ def document() -> dict[str, Any]:
                 "parameters": [_ID, {"name": "kill", "in": "query", "required": False,
                                      "schema": {"type": "string", "enum": ["0", "1"]}}],
                 "responses": {"200": _resp(_JOB), **_ERRORS}}},
+            "/v1/jobs/{id}/edit": _report(
+                "change a queued or held job's request (owner or admin; checked as at "
+                "submit)", _EDIT),
             "/v1/jobs/{id}/hold": _job_action("keep a queued job from starting"),
             "/v1/jobs/{id}/release": _job_action("let a held job start"),
             "/v1/jobs/{id}/retry": _job_action("queue a failed or cancelled job again"),

@@ -221,6 +221,9 @@ def _service(body: Mapping[str, Any], attach: str | None) -> Service | None:
     return svc
 
 
+EDITABLE = ("mem", "mem_limit", "priority", "qos", "gpus", "timeout", "name")
+"""What ``edit`` may change in a queued or held job (checked as submit checks them)."""
+
 AFTER_KINDS = ("after", "after_any", "after_fail")
 """Dependencies: ids that must succeed, end however they end, or end without succeeding
 before the job may start (loop.py's ``dependency_block`` says when each is met)."""
@@ -349,21 +352,9 @@ class JobService:
 
     # -- submit and read ------------------------------------------------------------
     def submit(self, caller: Caller, body: Mapping[str, Any]) -> dict[str, Any]:
-        from gpuwarden.sched.placement import capacity
-
         gpus = list(self.gpus())
-        spec, dropped = spec_from_request(body, caller, len(gpus) or 1 << 16,
-                                          capacities={g.index: capacity(g) for g in gpus},
-                                          oom_retries=self.config.oom_retries,
-                                          max_grace=self.config.max_grace)
-        if spec.uid == 0 and caller.uid != 0:  # impossible by construction; kept as a guard
-            raise PermissionDenied("only root may run jobs as root")
-        if not may_manage(caller, -1, self.admins, self.daemon_uid):  # admins: any
-            from gpuwarden.sched.limits import not_allowed
-
-            why = not_allowed(spec.user, spec.priority, spec.qos, self.config.policy.limits)
-            if why is not None:  # one could preempt other users' jobs at will
-                raise PermissionDenied(why)
+        spec, dropped = self._validate(body, caller, gpus)
+        self._allowed(caller, spec)
         learned = None
         if spec.mem_auto:
             from gpuwarden.sched.history import learned_budget
@@ -391,6 +382,80 @@ class JobService:
             self.wake()
         return {**self.view(caller, job), "created": created, "dropped_env": dropped,
                 "group_held": held if created else None}
+
+    def _validate(self, body: Mapping[str, Any], caller: Caller,
+                  gpus: Sequence[GpuState]) -> tuple[JobSpec, list[str]]:
+        """``spec_from_request`` with this daemon's GPUs and settings: the one check of
+        a request's fields, for submit and edit."""
+        from gpuwarden.sched.placement import capacity
+
+        return spec_from_request(body, caller, len(gpus) or 1 << 16,
+                                 capacities={g.index: capacity(g) for g in gpus},
+                                 oom_retries=self.config.oom_retries,
+                                 max_grace=self.config.max_grace)
+
+    def _allowed(self, caller: Caller, spec: JobSpec) -> None:
+        """Refuse what the caller may not ask for: [limits] max_priority and qos for
+        users who are not admins (submit and edit)."""
+        if spec.uid == 0 and caller.uid != 0:  # impossible by construction; kept as a guard
+            raise PermissionDenied("only root may run jobs as root")
+        if not may_manage(caller, -1, self.admins, self.daemon_uid):  # admins: any
+            from gpuwarden.sched.limits import not_allowed
+
+            why = not_allowed(spec.user, spec.priority, spec.qos, self.config.policy.limits)
+            if why is not None:  # one could preempt other users' jobs at will
+                raise PermissionDenied(why)
+
+    def edit(self, caller: Caller, job_id: int, body: Any) -> dict[str, Any]:
+        """Change a queued or held job's request (owner or admin): the fields of
+        EDITABLE, checked as at submit (the same bounds, [limits] and "can never run
+        here"), the others kept. Its place in the queue (submission time) is kept."""
+        job = self._owned(caller, job_id, "edit")
+        if not isinstance(body, Mapping) or not body:
+            raise UsageError("name what to change: " + ", ".join(EDITABLE))
+        unknown = sorted(set(body) - set(EDITABLE))
+        if unknown:
+            raise UsageError(f"cannot edit {', '.join(unknown)} (editable: "
+                             f"{', '.join(EDITABLE)})")
+        if job.state not in (model.QUEUED, model.HELD):
+            raise UsageError(f"job {job_id} is {job.state}; only a queued or held job can "
+                             "be edited")
+        if body.get("mem") == "auto":
+            raise UsageError("mem: give a size (auto is learned at submit)")
+        s = job.spec
+        was: dict[str, Any] = {"mem": s.mem, "mem_limit": s.mem_limit, "priority": s.priority,
+                               "qos": s.qos, "gpus": s.gpus, "timeout": s.timeout,
+                               "name": s.name}
+        # The fields that submit checks together with the editable ones.
+        request: dict[str, Any] = {
+            "command": list(s.command), "gpu_ids": None if s.gpu_ids is None else
+            list(s.gpu_ids), "exclusive": s.exclusive, "mps": s.mps,
+            "sm_percent": s.sm_percent, "cpus": s.cpus, "no_numa": s.no_numa,
+            "key": s.key, "retries": s.retries,
+            **{k: v for k, v in was.items() if v is not None}, **body}
+        if "mem" in body and body["mem"] is not None and "mem_limit" not in body \
+                and s.mem_limit is not None and s.qos != GUARANTEED:
+            request.pop("mem_limit")  # a new budget: its old burst limit may be below it
+        gpus = list(self.gpus())
+        checked, _ = self._validate(request, caller, gpus)
+        changes = {k: getattr(checked, k) for k in EDITABLE if getattr(checked, k) != was[k]}
+        spec = dataclasses.replace(s, **changes)
+        self._allowed(caller, spec)
+        never = self._never(spec, gpus)
+        if never is not None:
+            raise UsageError(f"this job can never run here: {never}")
+        if not changes:
+            return self.view(caller, job)
+        from gpuwarden.units import format_bytes
+
+        def said(k: str, v: Any) -> str:
+            return format_bytes(v) if k in ("mem", "mem_limit") and v is not None else str(v)
+
+        detail = ", ".join(f"{k} {said(k, was[k])} -> {said(k, v)}" for k, v in changes.items())
+        job = self.store.edit(job.id, (model.QUEUED, model.HELD), changes, now=self.clock(),
+                              detail=f"by {caller.user}: {detail}")
+        self.wake()
+        return self.view(caller, job)
 
     def group_held(self, spec: JobSpec) -> str | None:
         """Why a new job of this user's group is held at submit: the group's last jobs all

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -306,6 +307,9 @@ _NEEDED_SQL = " UNION ".join(  # --after, --after-any, --after-fail
     f"WHERE w.state NOT IN ({_TERMINAL_SQL})"
     for column in ("after_ids", "after_any_ids", "after_fail_ids"))
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+# What ``edit`` may change in a waiting job: JobSpec field -> column.
+_EDIT_COLUMNS = {"mem": "mem", "mem_limit": "mem_limit", "priority": "priority",
+                 "qos": "qos", "gpus": "gpu_count", "timeout": "timeout", "name": "name"}
 
 
 def _json_ids(values: Iterable[Any]) -> str:
@@ -1136,6 +1140,32 @@ class Store:
             return [(r[0], r[1]) for r in conn.execute(
                 "SELECT from_state, to_state FROM events WHERE job_id = ? AND "
                 "to_state IS NOT NULL ORDER BY id", (job_id,))]
+
+    def edit(self, job_id: int, from_states: Iterable[str], changes: dict[str, Any], *,
+             now: float, detail: str) -> Job:
+        """Change a waiting job's request (``gpuwarden edit``): ``changes`` maps JobSpec
+        fields (see _EDIT_COLUMNS) to their new values, written with an ``edited`` event in
+        one transaction, only while the job is in one of ``from_states`` (else Conflict)."""
+        froms = _states_arg(from_states)
+        unknown = set(changes) - set(_EDIT_COLUMNS)
+        if unknown:
+            raise TypeError(f"edit() cannot set {', '.join(sorted(unknown))}")
+        edited = dataclasses.replace(JobSpec(command=("x",), user="", uid=0, gid=0), **{
+            k: v for k, v in changes.items()})
+        _check_spec(edited)
+        with self._tx(write=True) as conn:
+            row = conn.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise JobNotFound(job_id)
+            if row["state"] not in froms:
+                raise Conflict(f"job {job_id} is {row['state']}, not {'/'.join(froms)}",
+                               job_id=job_id, state=row["state"])
+            sets = ", ".join(f"{_EDIT_COLUMNS[k]} = ?" for k in sorted(changes))
+            conn.execute(f"UPDATE jobs SET {sets} WHERE id = ?",
+                         [*(changes[k] for k in sorted(changes)), job_id])
+            conn.execute("INSERT INTO events (job_id, at, kind, detail) VALUES "
+                         "(?, ?, 'edited', ?)", (job_id, now, detail))
+            return self._load(conn, job_id)
 
     # -- drained GPUs ------------------------------------------------------------------
     def drain(self, gpu: int, reason: str | None, by: str, now: float) -> bool:
