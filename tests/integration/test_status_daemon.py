@@ -117,3 +117,36 @@ def test_no_daemon_answering_means_a_snapshot_taken_here(leaky: Daemon) -> None:
             assert "daemon" not in json.loads(r.stdout)
         finally:
             stuck.close()
+
+
+def _leak_keys(doc: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return [(lk["gpu"], lk["kind"], lk["pid"], lk["memory"], lk["user"], lk["command"])
+            for lk in doc["leaks"]]
+
+
+def test_leaks_from_the_daemons_samples_at_once(leaky: Daemon) -> None:
+    _served(leaky)
+    deadline = time.monotonic() + 20
+    while True:  # the daemon needs three snapshots, a second apart
+        r = leaky.cli("leaks", "--json")
+        served = json.loads(r.stdout)
+        if "daemon" in served or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert r.returncode == 1, r.stderr  # leaks found: exit 1, as without a daemon
+    assert served["daemon"]["samples"] == 3 and served["daemon"]["span"] >= 1.5
+    alone = leaky.cli("leaks", "--json", "--samples", "3")  # sampled here: not served
+    sampled = json.loads(alone.stdout)
+    assert alone.returncode == 1 and "daemon" not in sampled
+    assert _leak_keys(served) == _leak_keys(sampled) and served["leaks"]
+    one = json.loads(leaky.cli("leaks", "--json", "--gpu", "2").stdout)
+    assert "daemon" in one
+    assert _leak_keys(one) == [k for k in _leak_keys(sampled) if k[0] in (2, None)]
+    table = leaky.cli("leaks").stdout
+    assert "Reclaim with gpuwarden reap" in table
+    assert re.search(r"from the daemon's last 3 snapshots over \d+\.\d s", table), table
+    r = subprocess.run([PY, "-X", "importtime", "-m", "gpuwarden", "leaks", "--json"],
+                       env=leaky.env, capture_output=True, text=True, timeout=60)
+    assert '"daemon"' in r.stdout
+    assert not [line for line in r.stderr.splitlines()
+                if re.search(r"\| +(pynvml|psutil|click|gpuwarden\.gpus)\b", line)]

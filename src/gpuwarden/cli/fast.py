@@ -12,18 +12,20 @@ import time
 from typing import Any
 
 GLANCE = 0.1  # seconds the daemon may take to answer before status takes its own snapshot
+SAMPLES = 3  # leaks --samples' default: the snapshots a leak must be found in
 
 
-def _parse(args: list[str]) -> dict[str, Any] | None:
-    """``status``'s options this path serves (``--json``, ``--format table|json``,
-    ``--gpu``, ``--user``, ``--pid``), or None for anything else (``--fresh``,
-    ``--watch``, CSV, help, a value click would refuse): the usual path then."""
+def _parse(args: list[str], valued: tuple[str, ...]) -> dict[str, Any] | None:
+    """The options this path serves (``--json`` and those of ``valued`` among
+    ``--format table|json``, ``--gpu``, ``--user``, ``--pid``), or None for anything
+    else (``--fresh``, ``--watch``, CSV, ``leaks --samples``, help, a value click would
+    refuse): the usual path then."""
     opts: dict[str, Any] = {"json": False, "gpus": [], "user": None, "pid": None}
     i = 0
     while i < len(args):
         arg, value = args[i], None
         name, eq, inline = arg.partition("=")
-        if name in ("--format", "--gpu", "--user", "--pid"):
+        if name in valued:
             if eq:
                 value = inline
             elif i + 1 < len(args):
@@ -96,13 +98,40 @@ def _emit_json(doc: Any) -> None:
     sys.stdout.write("\n")
 
 
+def _leaks(found: list[dict[str, Any]], opts: dict[str, Any], answer: dict[str, Any],
+           age: float) -> None:
+    """``leaks`` from the daemon's last snapshots; exits 1 when one is a leak."""
+    if opts["gpus"]:
+        found = [lk for lk in found if lk["gpu"] in opts["gpus"] or lk["gpu"] is None]
+    if opts["json"]:
+        _emit_json({"leaks": found, "daemon": {
+            "age": round(age, 3), "samples": answer["samples"],
+            "span": round(answer["span"], 3)}})
+    else:
+        from rich.console import Console
+        from rich.text import Text
+
+        from gpuwarden.cli.statusview import print_leaks
+
+        console = Console()
+        print_leaks(console, found)
+        console.print(Text(f"from the daemon's last {answer['samples']} snapshots over "
+                           f"{answer['span']:.1f} s, the latest {age:.1f} s old "
+                           "(--samples or --interval: sample now)", style="dim"))
+    if any(lk["kind"] != "monitor" for lk in found):
+        sys.stdout.flush()
+        sys.exit(1)
+
+
 def served(argv: list[str]) -> bool:
-    """Print ``status`` from the daemon's snapshot if ``argv`` asks for one this path
-    serves and a daemon answers in time with a young enough snapshot of the backend this
-    process would open; False (having printed nothing) otherwise."""
-    if not argv or argv[0] != "status":
+    """Print ``status`` (or ``leaks``) from the daemon's snapshots if ``argv`` asks for
+    one this path serves and a daemon answers in time with a young enough snapshot (for
+    ``leaks``, as many as its ``--samples``) of the backend this process would open;
+    False (having printed nothing) otherwise. ``leaks`` exits 1 on a leak, as ever."""
+    if not argv or argv[0] not in ("status", "leaks"):
         return False
-    opts = _parse(argv[1:])
+    leaks = argv[0] == "leaks"
+    opts = _parse(argv[1:], ("--gpu",) if leaks else ("--format", "--gpu", "--user", "--pid"))
     if opts is None:
         return False
     from gpuwarden.daemon.paths import resolve_paths
@@ -111,8 +140,9 @@ def served(argv: list[str]) -> bool:
         sock = resolve_paths().socket
         if not sock.exists():
             return False
-        query = {"gpu": ",".join(map(str, opts["gpus"])) or None, "user": opts["user"],
-                 "pid": opts["pid"]}
+        query = {"view": "leaks"} if leaks else {
+            "gpu": ",".join(map(str, opts["gpus"])) or None, "user": opts["user"],
+            "pid": opts["pid"]}
         body = _get(str(sock), "/v1/snapshot", query)
         if body is None:
             return False
@@ -125,9 +155,13 @@ def served(argv: list[str]) -> bool:
             return False  # not the machine this process would see
         if any(g not in set(answer["gpus"]) for g in opts["gpus"]):
             return False  # the usual path names the GPU that is not there
+        if leaks and answer["samples"] < SAMPLES:
+            return False  # not yet the consecutive samples a leak must persist over
         age = max(time.time() - float(answer["taken_at"]), 0.0)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
+    if leaks:
+        _leaks(json.loads(raw)["leaks"], opts, answer, age)
     if opts["json"]:
         stamp = b',"daemon":{"age":' + json.dumps(round(age, 3)).encode() + b"}}"
         if sys.stdout.isatty():

@@ -73,24 +73,10 @@ def leaks(as_json: bool, gpus: tuple[int, ...], samples: int, interval: float,
         _exit_if_leaks(found)
         return
     from rich.console import Console
-    from rich.markup import escape
 
-    from gpuwarden.units import format_bytes
+    from gpuwarden.cli.statusview import print_leaks
 
-    console = Console()
-    real = [lk for lk in found if lk.kind != "monitor"]
-    if not real:
-        console.print("[green]No leaks[/green]: every byte in use belongs to a live process.")
-    for lk in found:
-        style = "dim" if lk.kind == "monitor" else "bold red"
-        where = "-" if lk.gpu is None else str(lk.gpu)
-        pid = "" if lk.pid is None else f" pid {lk.pid}"
-        console.print(f"[{style}]GPU {where} {lk.kind}{pid}[/{style}] "
-                      f"{format_bytes(lk.memory) if lk.memory is not None else ''}")
-        console.print(f"  {escape(visible(lk.evidence))}", highlight=False)
-    if real:
-        console.print("\nReclaim with [bold]gpuwarden reap[/bold] (dry run) and "
-                      "[bold]gpuwarden reap --yes[/bold].")
+    print_leaks(Console(), [lk.to_json() for lk in found])
     _exit_if_leaks(found)
 
 

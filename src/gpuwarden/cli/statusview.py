@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from gpuwarden.printable import visible
 
 if TYPE_CHECKING:
-    from rich.console import RenderableType
+    from rich.console import Console, RenderableType
     from rich.text import Text
 
 
@@ -32,7 +32,7 @@ def _flags(persistence: bool | None, mps: bool | None, mig: bool | None) -> str:
 
 
 _PROC_COLS = ("GPU", "PID", "User", "Container", "Mem", "SM", "Time", "State", "Command")
-_PROC_MAX = (3, 10, 10, 16, 6, 4, 6, 8)  # widest each fixed column may grow
+_PROC_MAX = (5, 10, 10, 16, 6, 4, 6, 8)  # widest each fixed column may grow
 _RIGHT = {0, 1, 4, 5}
 
 
@@ -113,18 +113,40 @@ def render_doc(doc: dict[str, Any], *, matching: bool = False, wide: bool = Fals
                 _flags(f["persistence_mode"], f["mps"], f["mig_mode"]),
                 f"{numa}:{f['cpus'] or 'unknown'}"]
         gt.add_row(*row)
+        for m in f.get("mig_instances", []):  # each MIG instance: a device of its own
+            mrow = [f"{f['index']}/{m['gi_id']}", escape(f"└ MIG {m['profile']}"),
+                    f"{format_bytes_short(m['memory_used'])}/"
+                    f"{format_bytes_short(m['memory_total'])}"]
+            if wide:
+                mrow.append(_bar(m["memory_used"], m["memory_total"]))
+            mrow += ["", ""]
+            if wide:
+                mrow += ["", m["uuid"]]
+            mrow += ["", "", ""]
+            gt.add_row(*mrow)
     gt.caption = "Flags: P persistence mode, M MPS server, G MIG enabled"
     gt.caption_justify = "left"
     rows: list[tuple[str, ...]] = []
     for g in shown:
         for p in g["processes"]:
-            rows.append((str(g["index"]), str(p["pid"]), p["user"] or "?", p["container"] or "",
+            mig = {m["uuid"]: m["gi_id"] for m in g.get("mig_instances", [])}.get(p.get("mig"))
+            rows.append((str(g["index"]) if mig is None else f"{g['index']}/{mig}",
+                         str(p["pid"]), p["user"] or "?", p["container"] or "",
                          format_bytes_short(p["memory"]), na(p["sm_utilization"], "%"),
                          format_duration(p["elapsed"]), _STATE_SHORT[p["state"]],
                          visible(p["command"] or "?")))  # another user's command line
     count = len(rows)
     pt = _process_table(rows, width)
     parts: list[RenderableType] = [gt]
+    migs = [(f["index"], m) for f in shown for m in f.get("mig_instances", [])]
+    if migs and not wide:  # a wide table has their UUIDs in its UUID column
+        lines = Text("MIG instances (GPU/GI; CUDA_VISIBLE_DEVICES names the UUID)\n",
+                     style="italic")
+        for index, m in migs:
+            lines.append(f" {index}/{m['gi_id']} {m['profile']} {m['uuid']} "
+                         f"{len(m['processes'])} process(es)\n")
+        lines.rstrip()
+        parts.append(lines)
     parts.append(pt if count else Text("No GPU processes" + (" match" if matching else ""),
                                        style="dim"))
     relevant = [lk for lk in doc["leaks"] if lk["kind"] != "monitor"]  # GPUs: filtered
@@ -146,3 +168,24 @@ def drain_lines(drains: list[dict[str, Any]]) -> list[str]:
     return [f"GPU {d['gpu']} drained by {visible(d['by'])}"
             + (f" ({visible(d['reason'])})" if d.get("reason") else "")
             + ": no new placement there" for d in drains]
+
+
+def print_leaks(console: Console, found: list[dict[str, Any]]) -> None:
+    """``gpuwarden leaks``'s report of ``leaks --json``'s leaks."""
+    from rich.markup import escape
+
+    from gpuwarden.units import format_bytes
+
+    real = [lk for lk in found if lk["kind"] != "monitor"]
+    if not real:
+        console.print("[green]No leaks[/green]: every byte in use belongs to a live process.")
+    for lk in found:
+        style = "dim" if lk["kind"] == "monitor" else "bold red"
+        where = "-" if lk["gpu"] is None else str(lk["gpu"])
+        pid = "" if lk["pid"] is None else f" pid {lk['pid']}"
+        console.print(f"[{style}]GPU {where} {lk['kind']}{pid}[/{style}] "
+                      f"{format_bytes(lk['memory']) if lk['memory'] is not None else ''}")
+        console.print(f"  {escape(visible(lk['evidence']))}", highlight=False)
+    if real:
+        console.print("\nReclaim with [bold]gpuwarden reap[/bold] (dry run) and "
+                      "[bold]gpuwarden reap --yes[/bold].")

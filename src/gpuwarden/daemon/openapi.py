@@ -317,7 +317,11 @@ def document() -> dict[str, Any]:
                      "schema": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1}},
                     {"name": "leaks", "in": "query",
                      "schema": {"type": "string", "enum": ["true", "false"]},
-                     "description": "true: leaks found in every snapshot kept"}],
+                     "description": "true: leaks found in every snapshot kept"},
+                    {"name": "view", "in": "query",
+                     "schema": {"type": "string", "enum": ["status", "leaks"]},
+                     "description": "leaks: the document of `leaks --json` (found in "
+                                    "every snapshot kept) instead of `status --json`'s"}],
                 "responses": {"200": _resp({"type": "object",
                                             "required": ["snapshot", "gpus", "samples"],
                                             "properties": {

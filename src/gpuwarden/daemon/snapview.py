@@ -90,7 +90,8 @@ class SnapshotKeeper:
         self.linger = linger
         self.hidden = hidepid()
         self._history: list[Snapshot] = []
-        self.answers: dict[Any, bytes] = {}  # documents made for callers (``answer``)
+        self.answers: dict[Any, bytes] = {}  # documents made for callers (``document``)
+        self._recent: dict[Any, tuple[Caller, dict[str, str]]] = {}  # asked for lately
         self._asked = 0.0  # monotonic time of the last request
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -111,6 +112,26 @@ class SnapshotKeeper:
         self._wake.set()
         return list(self._history)
 
+    def document(self, caller: Caller, history: list[Snapshot],
+                 query: Mapping[str, str]) -> bytes:
+        """``_document``, made once per snapshot, caller and query: the keeper makes
+        those asked for lately as soon as it takes a snapshot, so that a client polling
+        (``watch``) finds its answer made."""
+        who = (True,) if caller.root else (False, caller.uid, caller.user, caller.gid,
+                                           caller.groups)
+        asked = (who, tuple(sorted(query.items())))
+        key = (history[-1].taken_at, len(history), asked)
+        doc = self.answers.get(key)
+        if doc is None:
+            doc = _document(caller, history, query, self.hidden)
+            if len(self.answers) >= 64:
+                self.answers.clear()
+            self.answers[key] = doc
+        if asked not in self._recent and len(self._recent) >= 16:
+            self._recent.clear()
+        self._recent[asked] = (caller, dict(query))
+        return doc
+
     def max_age(self) -> float:
         """How old the newest snapshot may be and still be served."""
         return max(3 * self.interval, 5.0)
@@ -130,7 +151,11 @@ class SnapshotKeeper:
                         if backend is None:
                             backend = self._open_backend()
                         snap = with_daemon_jobs(take_snapshot(backend), self._job_pids())
-                        self._history = [*self._history[-(KEEP - 1):], snap]
+                        history = [*self._history[-(KEEP - 1):], snap]
+                        self.answers = {}
+                        for caller, query in list(self._recent.values()):
+                            self.document(caller, history, query)
+                        self._history = history
                     except Exception:  # a GPU gone wrong: the client takes its own
                         log.warning("snapshot for status failed", exc_info=True)
                         self._history = []
@@ -156,43 +181,51 @@ def _compact(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), default=str).encode()
 
 
-def answer(caller: Caller, keeper: SnapshotKeeper, query: Mapping[str, str],
-           drains: Callable[[Caller], dict[str, Any]] | None = None) -> bytes:
-    """The body of ``GET /v1/snapshot``: every GPU index, the drained GPUs and, last,
-    ``status --json``'s document (filtered by ``gpu``, ``user``, ``pid``) byte for byte
-    as that command prints it into a pipe, so a client can pass it on unparsed; a null
-    snapshot when none is young enough. With ``leaks=true`` the leaks are those found in
-    every snapshot kept. The document is made once per snapshot, caller and query."""
-    from gpuwarden.errors import UsageError
+def _document(caller: Caller, history: list[Snapshot], query: Mapping[str, str],
+              hidden: tuple[bool, int | None]) -> bytes:
+    """``status --json``'s document for ``caller`` (``view=status``, filtered by ``gpu``,
+    ``user``, ``pid``; its leaks those of the latest snapshot, or with ``leaks=true``
+    those found in every snapshot kept), or ``leaks --json``'s (``view=leaks``: the
+    leaks found in every snapshot kept, the persistence rule of ``leaks``)."""
     from gpuwarden.observe.jsonview import snapshot_json
     from gpuwarden.observe.leaks import find_leaks
 
-    gpus = _indices(query.get("gpu"))
-    pid_raw = query.get("pid")
-    if pid_raw is not None and not (pid_raw.isascii() and pid_raw.isdigit()
-                                    and 0 < int(pid_raw) < 2**31):
+    mine = [for_caller(s, caller, hidden) for s in history]
+    if query.get("view") == "leaks":
+        return _compact({"leaks": [lk.to_json() for lk in find_leaks(mine)]})
+    pid = query.get("pid")
+    leaks = find_leaks(mine if query.get("leaks") == "true" else mine[-1:])
+    return _compact(snapshot_json(mine[-1], leaks, gpus=_indices(query.get("gpu")),
+                                  user=query.get("user") or None,
+                                  pid=int(pid) if pid else None))
+
+
+def _check(query: Mapping[str, str]) -> None:
+    from gpuwarden.errors import UsageError
+
+    _indices(query.get("gpu"))
+    pid = query.get("pid")
+    if pid is not None and not (pid.isascii() and pid.isdigit() and 0 < int(pid) < 2**31):
         raise UsageError("pid must be a process id")
-    pid = int(pid_raw) if pid_raw else None
     if query.get("leaks", "false") not in ("true", "false"):
         raise UsageError("leaks must be true or false")
+    if query.get("view", "status") not in ("status", "leaks"):
+        raise UsageError("view must be status or leaks")
+
+
+def answer(caller: Caller, keeper: SnapshotKeeper, query: Mapping[str, str],
+           drains: Callable[[Caller], dict[str, Any]] | None = None) -> bytes:
+    """The body of ``GET /v1/snapshot``: every GPU index, the drained GPUs and, last,
+    the document (``_document``) byte for byte as the command prints it into a pipe, so
+    a client can pass it on unparsed; a null snapshot when none is young enough."""
+    _check(query)
     history = keeper.history()
     if not history or time.time() - history[-1].taken_at > keeper.max_age():
         return _compact({"backend": None, "taken_at": None, "gpus": [],
                          "samples": len(history), "span": 0.0, "drains": [],
                          "snapshot": None})
+    doc = keeper.document(caller, history, query)
     last = history[-1]
-    who = (True,) if caller.root else (False, caller.uid, caller.user, caller.gid,
-                                       caller.groups)
-    key = (last.taken_at, who, tuple(sorted(query.items())))
-    doc = keeper.answers.get(key)
-    if doc is None:
-        mine = [for_caller(s, caller, keeper.hidden) for s in history]
-        leaks = find_leaks(mine if query.get("leaks") == "true" else mine[-1:])
-        doc = _compact(snapshot_json(mine[-1], leaks, gpus=gpus,
-                                     user=query.get("user") or None, pid=pid))
-        if len(keeper.answers) >= 32:
-            keeper.answers.clear()
-        keeper.answers[key] = doc
     meta = _compact({"backend": last.backend, "taken_at": last.taken_at,
                      "gpus": [g.index for g in last.gpus], "samples": len(history),
                      "span": last.taken_at - history[0].taken_at,
