@@ -57,3 +57,17 @@ def test_the_cache_keeps_a_bounded_number_of_charts() -> None:
     assert len(cache._charts) == 4 and drawn == list(range(10))
     assert cache.get((9.0, "job", 360), 60.0, lambda: [{"h": -1}]) == [{"h": 9}]
     assert cache.get((0.0, "job", 360), 60.0, lambda: [{"h": -1}]) == [{"h": -1}]
+
+
+def test_anonymous_viewers_get_no_dependency_ids_and_see_drains(tmp_path: Path) -> None:
+    with Store(tmp_path / "state.db") as store:
+        dep, _ = store.submit(JobSpec(command=("true",), user="ann", uid=1000, gid=1000), 1.0)
+        store.submit(JobSpec(command=("true",), user="ann", uid=1000, gid=1000,
+                             after=(dep.id,), after_any=(dep.id,), after_fail=(dep.id,)), 2.0)
+        store.drain(1, "ECC errors", "root", 3.0)
+        public = overview(store, hours=1, anonymous=True, now=10)
+        mine = overview(store, hours=1, anonymous=False, now=10)
+    for key in ("after", "after_any", "after_fail"):
+        assert key not in public["queue"][1] and mine["queue"][1][key] == [dep.id]
+    assert public["drains"] == [{"gpu": 1, "reason": None}]
+    assert mine["drains"] == [{"gpu": 1, "reason": "ECC errors"}]

@@ -18,7 +18,7 @@ from gpuwarden.daemon.store import Store
 from gpuwarden.errors import UsageError
 
 WINDOWS = (1, 6, 24)  # hours: the page's buttons
-PRIVATE = ("command", "cwd", "key", "env", "after")
+PRIVATE = ("command", "cwd", "key", "env", "after", "after_any", "after_fail")
 # Free text that may name paths and pids (a reason, an event's detail, what a hold saw):
 # anonymous viewers get the words' absence, not the words.
 PRIVATE_TEXT = ("reason",)
