@@ -68,11 +68,12 @@ GPU_CSV = ("index", "uuid", "name", "memory_total", "memory_used", "memory_free"
            "memory_reserved", "utilization", "temperature", "power_watts",
            "power_limit_watts", "compute_mode", "persistence_mode", "mig_mode", "mps",
            "numa_node", "cpus", "pci_bus_id", "ecc_uncorrected", "retired_pages",
-           "nvlink_peers")
+           "nvlink_peers", "mig_instances")
 PROCESS_CSV = ("gpu", "pid", "user", "command", "memory", "container", "state",
-               "sm_utilization", "elapsed", "start_time", "kinds", "job")
+               "sm_utilization", "elapsed", "start_time", "kinds", "job", "mig")
 """``status --format csv`` columns: the ``status --json`` keys, in its units (bytes,
-seconds, percent, degrees C, watts); lists space-separated, unknown values empty."""
+seconds, percent, degrees C, watts); lists space-separated (``mig_instances``: the
+instances' MIG- UUIDs), unknown values empty."""
 
 
 def _csv(doc: dict[str, Any], processes: bool) -> None:
@@ -82,7 +83,8 @@ def _csv(doc: dict[str, Any], processes: bool) -> None:
         emit_csv(PROCESS_CSV, [[g["index"], *(p[c] for c in PROCESS_CSV[1:])]
                                for g in doc["gpus"] for p in g["processes"]])
     else:
-        emit_csv(GPU_CSV, [[g[c] for c in GPU_CSV] for g in doc["gpus"]])
+        emit_csv(GPU_CSV, [[[m["uuid"] for m in g[c]] if c == "mig_instances" else g[c]
+                            for c in GPU_CSV] for g in doc["gpus"]])
 
 
 @click.command()

@@ -11,6 +11,21 @@ COMPUTE_MODES = ("Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process
 
 
 @dataclass(frozen=True)
+class MigInstanceFacts:
+    """One MIG GPU instance (with its compute instance) of a GPU in MIG mode: a device
+    of its own, with its own memory, its MIG- UUID and its own process list."""
+
+    gpu_index: int  # the GPU it is carved from
+    gi_id: int  # GPU instance id
+    ci_id: int  # compute instance id
+    profile: str  # e.g. "3g.40gb"
+    uuid: str  # "MIG-..."
+    memory_total: int
+    memory_used: int
+    memory_free: int
+
+
+@dataclass(frozen=True)
 class GpuFacts:
     """What the driver says about one GPU. Memory in bytes."""
 
@@ -39,6 +54,7 @@ class GpuFacts:
     retired_pages_pending: bool | None = None
     driver_baseline: int = 0  # memory the driver charges with no context at all
     nvlink_peers: tuple[int, ...] = ()  # indices of GPUs linked by NVLink
+    mig_instances: tuple[MigInstanceFacts, ...] = ()  # in MIG mode: its GPU instances
 
 
 @dataclass(frozen=True)
@@ -50,3 +66,4 @@ class GpuProcessFacts:
     memory: int | None  # bytes; None when the driver does not say
     kinds: tuple[str, ...] = ("compute",)  # subset of compute, graphics, mps
     sm_utilization: int | None = None  # percent over the last sample window
+    mig_uuid: str | None = None  # the MIG instance whose process list names it

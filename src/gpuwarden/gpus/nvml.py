@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from gpuwarden.errors import BackendUnavailable, GpuwardenError, PermissionDenied, UsageError
-from gpuwarden.gpus.model import COMPUTE_MODES, GpuFacts, GpuProcessFacts
+from gpuwarden.gpus.model import COMPUTE_MODES, GpuFacts, GpuProcessFacts, MigInstanceFacts
 from gpuwarden.gpus.topology import (
     format_cpulist,
     node_cpulist,
@@ -276,6 +276,7 @@ class NvmlBackend:
             retired_pages=retired,
             retired_pages_pending=pending,
             nvlink_peers=peers,
+            mig_instances=self._mig_instances(i, h) if mig is not None else (),
         )
 
     def _retired(self, i: int, h: Any) -> tuple[int | None, bool | None]:
@@ -458,17 +459,15 @@ class NvmlBackend:
         impossible pid is the observer's job, hiding it here would lose evidence."""
         out: list[GpuProcessFacts] = []
         for i, h in self._handles().items():
-            merged: dict[int, tuple[int | None, list[str]]] = {}
-            for kind, fn_name in _PROCESS_LISTS:
-                for p in self._process_list(i, h, kind, fn_name) or []:
-                    pid = int(p.pid)
-                    raw = getattr(p, "usedGpuMemory", None)
-                    mem = None if raw is None or int(raw) >= _NOT_AVAILABLE_U64 else int(raw)
-                    old_mem, kinds = merged.get(pid, (None, []))
-                    if kind not in kinds:
-                        kinds.append(kind)
-                    known = [m for m in (old_mem, mem) if m is not None]
-                    merged[pid] = (max(known) if known else None, kinds)
+            # In MIG mode each instance has its own list: a process is named with the
+            # instance it runs in; the GPU's own list adds only whom no instance lists.
+            on_mig: set[int] = set()
+            for mh, _gi, _ci, mig_uuid in self._mig_handles(i, h):
+                for pid, (mem, kinds) in sorted(self._merged(i, mh).items()):
+                    on_mig.add(pid)
+                    out.append(GpuProcessFacts(pid=pid, gpu_index=i, memory=mem,
+                                               kinds=tuple(kinds), mig_uuid=mig_uuid))
+            merged = {pid: v for pid, v in self._merged(i, h).items() if pid not in on_mig}
             if not merged:
                 continue
             sm = self._sm_utilization(i, h)
@@ -484,6 +483,70 @@ class NvmlBackend:
                     )
                 )
         return out
+
+    def _merged(self, i: int, h: Any) -> dict[int, tuple[int | None, list[str]]]:
+        """pid -> (memory, kinds) over NVML's process lists of one device handle."""
+        merged: dict[int, tuple[int | None, list[str]]] = {}
+        for kind, fn_name in _PROCESS_LISTS:
+            for p in self._process_list(i, h, kind, fn_name) or []:
+                pid = int(p.pid)
+                raw = getattr(p, "usedGpuMemory", None)
+                mem = None if raw is None or int(raw) >= _NOT_AVAILABLE_U64 else int(raw)
+                old_mem, kinds = merged.get(pid, (None, []))
+                if kind not in kinds:
+                    kinds.append(kind)
+                known = [m for m in (old_mem, mem) if m is not None]
+                merged[pid] = (max(known) if known else None, kinds)
+        return merged
+
+    # -- MIG ------------------------------------------------------------------
+
+    def _mig_handles(self, i: int, h: Any) -> list[tuple[Any, int, int, str]]:
+        """(handle, GPU instance id, compute instance id, MIG- UUID) of each MIG device
+        of a GPU in MIG mode; [] with MIG off, or where the driver or pynvml has no
+        MIG support, so such a GPU is seen exactly as before."""
+        nv = self._nv
+        needed = ("nvmlDeviceGetMigMode", "nvmlDeviceGetMaxMigDeviceCount",
+                  "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetGpuInstanceId",
+                  "nvmlDeviceGetComputeInstanceId")
+        if not all(hasattr(nv, n) for n in needed):
+            return []
+        mode = self._field(i, "mig mode", nv.nvmlDeviceGetMigMode, h)
+        if mode is None or int(mode[0]) != getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1):
+            return []
+        count = self._field(i, "mig device count", nv.nvmlDeviceGetMaxMigDeviceCount, h)
+        out: list[tuple[Any, int, int, str]] = []
+        for k in range(int(count or 0)):
+            try:
+                mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+            except nv.NVMLError:
+                continue  # NOT_FOUND: no instance in this slot
+            gi = self._field(i, "mig gpu instance id", nv.nvmlDeviceGetGpuInstanceId, mh)
+            ci = self._field(i, "mig compute instance id", nv.nvmlDeviceGetComputeInstanceId,
+                             mh)
+            uuid = self._field(i, "mig uuid", nv.nvmlDeviceGetUUID, mh)
+            if gi is None or ci is None or uuid is None:
+                continue
+            text = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+            out.append((mh, int(gi), int(ci), text))
+        return out
+
+    def _mig_instances(self, i: int, h: Any) -> tuple[MigInstanceFacts, ...]:
+        """The GPU's MIG instances with their own memory, each named by its profile
+        (the MIG device's name ends with it: "NVIDIA A100-SXM4-80GB MIG 3g.40gb")."""
+        nv = self._nv
+        out: list[MigInstanceFacts] = []
+        for mh, gi, ci, uuid in self._mig_handles(i, h):
+            m = self._field(i, "mig memory", nv.nvmlDeviceGetMemoryInfo, mh)
+            if m is None:
+                continue
+            name = self._field(i, "mig name", nv.nvmlDeviceGetName, mh)
+            text = (name.decode() if isinstance(name, bytes) else str(name or "")).strip()
+            profile = text.rsplit("MIG ", 1)[1] if "MIG " in text else "?"
+            out.append(MigInstanceFacts(
+                gpu_index=i, gi_id=gi, ci_id=ci, profile=profile, uuid=uuid,
+                memory_total=int(m.total), memory_used=int(m.used), memory_free=int(m.free)))
+        return tuple(sorted(out, key=lambda x: x.gi_id))
 
     # -- the rest of the protocol ---------------------------------------------
 

@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from gpuwarden.errors import BackendUnavailable, UsageError
-from gpuwarden.gpus.model import COMPUTE_MODES, GpuFacts, GpuProcessFacts
+from gpuwarden.gpus.model import COMPUTE_MODES, GpuFacts, GpuProcessFacts, MigInstanceFacts
 from gpuwarden.gpus.topology import parse_cpulist
 from gpuwarden.procs.live import LiveProcesses
 from gpuwarden.procs.model import Holder, ProcInfo
@@ -153,12 +153,22 @@ class SimBackend:
     def gpus(self) -> list[GpuFacts]:
         settings = self.registry.settings()
         charged: dict[int, int] = {g.index: 0 for g in self.scenario.gpus}
+        # On a GPU in MIG mode memory is charged to an instance: its own slice.
+        mig_charged: dict[str, int] = {m.uuid: 0 for g in self.scenario.gpus
+                                       for m in g.mig_instances}
+        mig_of = {(g.index, m.gi_id): m.uuid for g in self.scenario.gpus
+                  for m in g.mig_instances}
         for p in self._live_declared():
-            charged[p.gpu] += p.memory
+            if p.mig is not None:
+                mig_charged[mig_of[(p.gpu, p.mig)]] += p.memory
+            else:
+                charged[p.gpu] += p.memory
         by_uuid = {g.uuid: g.index for g in self.scenario.gpus}
         clients: set[int] = set()  # GPUs an MPS server serves a client on, as NVML sees
         for alloc in self.registry.allocations():
             for uuid, nbytes in alloc.gpus.items():
+                if uuid in mig_charged:
+                    mig_charged[uuid] += nbytes
                 if uuid in by_uuid:
                     charged[by_uuid[uuid]] += nbytes
                     if alloc.mps and not alloc.freeing:
@@ -166,7 +176,15 @@ class SimBackend:
         out: list[GpuFacts] = []
         for g in self.scenario.gpus:
             s = settings.get(g.uuid, {})
-            used = min(g.memory_total, g.driver_baseline + g.unaccounted_memory + charged[g.index])
+            migs = tuple(
+                MigInstanceFacts(
+                    gpu_index=g.index, gi_id=m.gi_id, ci_id=m.ci_id, profile=m.profile,
+                    uuid=m.uuid, memory_total=m.memory_total,
+                    memory_used=min(m.memory_total, mig_charged[m.uuid]),
+                    memory_free=m.memory_total - min(m.memory_total, mig_charged[m.uuid]))
+                for m in g.mig_instances)
+            used = min(g.memory_total, g.driver_baseline + g.unaccounted_memory + charged[g.index]
+                       + sum(m.memory_used for m in migs))
             out.append(
                 GpuFacts(
                     index=g.index,
@@ -176,7 +194,8 @@ class SimBackend:
                     memory_used=used,
                     memory_free=g.memory_total - used,
                     memory_reserved=0,
-                    utilization=g.utilization,
+                    # NVML does not report utilization on a GPU in MIG mode
+                    utilization=None if g.mig_mode else g.utilization,
                     memory_utilization=None,
                     temperature=g.temperature,
                     power_watts=g.power_watts,
@@ -194,25 +213,32 @@ class SimBackend:
                     retired_pages_pending=g.retired_pages_pending,
                     driver_baseline=g.driver_baseline,
                     nvlink_peers=g.nvlink_peers,
+                    mig_instances=migs,
                 )
             )
         return out
 
     def processes(self) -> list[GpuProcessFacts]:
+        mig_of = {(g.index, m.gi_id): m.uuid for g in self.scenario.gpus
+                  for m in g.mig_instances}
         out = [
             GpuProcessFacts(pid=p.pid, gpu_index=p.gpu, memory=p.memory, kinds=p.kinds,
-                            sm_utilization=p.sm_utilization)
+                            sm_utilization=p.sm_utilization,
+                            mig_uuid=None if p.mig is None else mig_of[(p.gpu, p.mig)])
             for p in self._live_declared()
         ]
-        by_uuid = {g.uuid: g.index for g in self.scenario.gpus}
+        by_uuid = {g.uuid: (g.index, None) for g in self.scenario.gpus} | {
+            m.uuid: (g.index, m.uuid) for g in self.scenario.gpus for m in g.mig_instances}
         for alloc in self.registry.allocations():
             if alloc.freeing:  # gone from the driver's list, not yet from its memory
                 continue
             for uuid, nbytes in sorted(alloc.gpus.items()):
                 if uuid in by_uuid:
+                    index, mig = by_uuid[uuid]
                     out.append(GpuProcessFacts(
-                        pid=alloc.pid, gpu_index=by_uuid[uuid], memory=nbytes,
-                        kinds=("compute", "mps") if alloc.mps else ("compute",)))
+                        pid=alloc.pid, gpu_index=index, memory=nbytes,
+                        kinds=("compute", "mps") if alloc.mps else ("compute",),
+                        mig_uuid=mig))
         return out
 
     def device_files(self) -> dict[str, int | None]:
@@ -242,6 +268,9 @@ class SimBackend:
         self.registry.update_settings(self._gpu(index), compute_mode=mode)
 
     def set_mps(self, index: int, active: bool) -> None:
+        if active and any(g.index == index and g.mig_mode for g in self.scenario.gpus):
+            raise UsageError(f"GPU {index} is in MIG mode: gpuwarden runs no MPS "
+                             "server on a MIG GPU")
         self.registry.update_settings(self._gpu(index), mps=active)
 
     def close(self) -> None:

@@ -25,6 +25,7 @@ def process_json(p: ProcessView) -> dict[str, Any]:
         "start_time": p.info.start_time,
         "kinds": list(p.gpu.kinds),
         "job": p.job,
+        "mig": p.gpu.mig_uuid,
     }
 
 
@@ -52,6 +53,12 @@ def gpu_json(g: GpuView, processes: Sequence[ProcessView] | None = None) -> dict
         "ecc_uncorrected": f.ecc_uncorrected,
         "retired_pages": f.retired_pages,
         "nvlink_peers": list(f.nvlink_peers),
+        "mig_instances": [
+            {"gi_id": m.gi_id, "ci_id": m.ci_id, "profile": m.profile, "uuid": m.uuid,
+             "memory_total": m.memory_total, "memory_used": m.memory_used,
+             "memory_free": m.memory_free,
+             "processes": [p.pid for p in g.processes if p.gpu.mig_uuid == m.uuid]}
+            for m in f.mig_instances],
         "processes": [process_json(p) for p in (g.processes if processes is None else processes)],
     }
 

@@ -29,7 +29,7 @@ import psutil
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.gpus.model import GpuFacts
 from gpuwarden.gpus.sim import SimBackend
-from gpuwarden.gpus.visible import visible_gpus
+from gpuwarden.gpus.visible import devices, visible_gpus
 from gpuwarden.units import GiB, parse_size
 
 
@@ -160,7 +160,8 @@ class Job:
             self.mps_caps.update(mps_limits(os.environ, len(visible)))
         # The CUDA context each GPU charges a process beside its allocations, once it
         # first allocates there (the real driver's context, per the scenario).
-        contexts = {g.uuid: g.context_memory for g in backend.scenario.gpus}
+        contexts = {g.uuid: g.context_memory for g in backend.scenario.gpus} | {
+            m.uuid: g.context_memory for g in backend.scenario.gpus for m in g.mig_instances}
         self.context = {g.uuid: contexts.get(g.uuid, 0) for g in visible}
         self._files: list[IO[bytes]] = []
 
@@ -173,7 +174,7 @@ class Job:
         """Hold ``per_gpu`` bytes on every visible GPU, or raise SimOOM like PyTorch."""
         registry = self.backend.registry
         with registry.locked():
-            facts = {g.uuid: g for g in self.backend.gpus()}
+            facts = {g.uuid: g for g in devices(self.backend.gpus())}
             for ordinal, g in enumerate(self.visible):
                 have = self.held.get(g.uuid, 0)
                 want = per_gpu - have

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import uuid as uuidlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,20 @@ _MODE_ALIASES = {m.lower(): m for m in COMPUTE_MODES} | {
     "exclusive_process": "Exclusive_Process",
     "exclusive-process": "Exclusive_Process",
 }
+
+
+MIG_PROFILE = re.compile(r"^([1-8])g\.([1-9][0-9]*)gb$")
+
+
+@dataclass(frozen=True)
+class SimMig:
+    """A MIG GPU instance (with one compute instance) of a GPU in MIG mode."""
+
+    gi_id: int
+    ci_id: int
+    profile: str  # e.g. "3g.40gb"
+    uuid: str  # "MIG-..."
+    memory_total: int
 
 
 @dataclass(frozen=True)
@@ -51,6 +66,7 @@ class SimGpu:
     retired_pages_pending: bool | None
     nvlink_peers: tuple[int, ...]
     context_memory: int = 512 << 20  # what each process's CUDA context takes here
+    mig_instances: tuple[SimMig, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,6 +88,7 @@ class SimProcess:
     kinds: tuple[str, ...] = ("compute",)
     rss: int | None = None  # host memory resident, bytes
     cpu_percent: float | None = None  # host CPU it uses, steadily (100: one core)
+    mig: int | None = None  # the GPU instance id it runs in, on a GPU in MIG mode
 
 
 @dataclass(frozen=True)
@@ -184,6 +201,18 @@ def _parse_gpu(raw: Any, pos: int) -> SimGpu:
                 f"{where}.uuid")
     peers = [_int(x, f"{where}.nvlink_peers", 0)
              for x in _list(raw.get("nvlink_peers", []), f"{where}.nvlink_peers")]
+    mig_mode = _bool(raw.get("mig_mode", False), f"{where}.mig_mode")
+    migs = tuple(_parse_mig(m, i, index, f"{where}.mig_instances")
+                 for i, m in enumerate(_list(raw.get("mig_instances", []),
+                                             f"{where}.mig_instances")))
+    if migs and not mig_mode:
+        raise ScenarioError(f"{where}.mig_instances: the GPU is not in MIG mode "
+                            "(set mig_mode to true)")
+    if len({m.gi_id for m in migs}) != len(migs):
+        raise ScenarioError(f"{where}.mig_instances: GPU instance ids must be unique")
+    if sum(m.memory_total for m in migs) > total:
+        raise ScenarioError(f"{where}.mig_instances: the instances' memory exceeds "
+                            "the GPU's memory_total")
     return SimGpu(
         index=index,
         uuid=uuid,
@@ -200,7 +229,7 @@ def _parse_gpu(raw: Any, pos: int) -> SimGpu:
         power_watts=_opt(raw.get("power_watts", 60.0), _number, f"{where}.power_watts"),
         power_limit_watts=_opt(raw.get("power_limit_watts", 400.0), _number,
                                f"{where}.power_limit_watts"),
-        mig_mode=_bool(raw.get("mig_mode", False), f"{where}.mig_mode"),
+        mig_mode=mig_mode,
         driver_baseline=_size(raw.get("driver_baseline", 0), f"{where}.driver_baseline"),
         pci_bus_id=_str(raw.get("pci_bus_id", f"00000000:{0x10 + index:02X}:00.0"),
                         f"{where}.pci_bus_id"),
@@ -210,10 +239,33 @@ def _parse_gpu(raw: Any, pos: int) -> SimGpu:
                                    f"{where}.retired_pages_pending"),
         nvlink_peers=tuple(peers),
         context_memory=_size(raw.get("context_memory", 512 << 20), f"{where}.context_memory"),
+        mig_instances=migs,
     )
 
 
-def _parse_process(raw: Any, pos: int, gpu_indices: set[int]) -> SimProcess:
+def _parse_mig(raw: Any, pos: int, gpu: int, where: str) -> SimMig:
+    where = f"{where}[{pos}]"
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{where}: expected an object")
+    profile = _str(_req(raw, "profile", where), f"{where}.profile")
+    m = MIG_PROFILE.match(profile)
+    if m is None:
+        raise ScenarioError(f"{where}.profile: {profile!r} is not a MIG profile such as "
+                            "1g.10gb or 3g.40gb")
+    gi = _int(raw.get("gi_id", pos + 1), f"{where}.gi_id", 0)
+    total = _size(raw.get("memory_total", int(m.group(2)) * 10**9), f"{where}.memory_total")
+    if total <= 0:
+        raise ScenarioError(f"{where}.memory_total: must be positive")
+    uuid = _str(raw.get("uuid") or
+                f"MIG-{uuidlib.uuid5(uuidlib.NAMESPACE_OID, f'sim-{gpu}-mig-{gi}')}",
+                f"{where}.uuid")
+    if not uuid.startswith("MIG-"):
+        raise ScenarioError(f"{where}.uuid: a MIG instance's UUID starts with MIG-")
+    return SimMig(gi_id=gi, ci_id=_int(raw.get("ci_id", 0), f"{where}.ci_id", 0),
+                  profile=profile, uuid=uuid, memory_total=total)
+
+
+def _parse_process(raw: Any, pos: int, gpus: dict[int, SimGpu]) -> SimProcess:
     where = f"processes[{pos}]"
     if not isinstance(raw, dict):
         raise ScenarioError(f"{where}: expected an object")
@@ -225,8 +277,16 @@ def _parse_process(raw: Any, pos: int, gpu_indices: set[int]) -> SimProcess:
     pid = _int(_req(raw, "pid", where), f"{where}.pid", 0 if state == "garbage" else 1,
                MAX_PID)
     gpu = _int(_req(raw, "gpu", where), f"{where}.gpu")
-    if gpu not in gpu_indices:
+    if gpu not in gpus:
         raise ScenarioError(f"{where}.gpu: no GPU with index {gpu}")
+    mig = _opt(raw.get("mig"), _count, f"{where}.mig")
+    instances = [m.gi_id for m in gpus[gpu].mig_instances]
+    if mig is None and instances:
+        raise ScenarioError(f"{where}.mig: GPU {gpu} is in MIG mode: name the GPU "
+                            f"instance id it runs in ({', '.join(map(str, instances))})")
+    if mig is not None and mig not in instances:
+        raise ScenarioError(f"{where}.mig: GPU {gpu} has no MIG instance with GPU "
+                            f"instance id {mig}")
     env = raw.get("env")
     if env is not None and not isinstance(env, dict):
         raise ScenarioError(f"{where}.env: expected an object")
@@ -263,6 +323,7 @@ def _parse_process(raw: Any, pos: int, gpu_indices: set[int]) -> SimProcess:
         kinds=tuple(kinds),
         rss=_opt(raw.get("rss"), _size, f"{where}.rss"),
         cpu_percent=_opt(raw.get("cpu_percent"), _number, f"{where}.cpu_percent"),
+        mig=mig,
     )
 
 
@@ -295,7 +356,10 @@ def parse_scenario(data: Any, path: Path) -> Scenario:
     uuids = [g.uuid for g in gpus]
     if len(set(uuids)) != len(uuids):
         raise ScenarioError(f"{path}: GPU uuids must be unique")
-    procs = tuple(_parse_process(p, i, set(indices))
+    migs = [m.uuid for g in gpus for m in g.mig_instances]
+    if len(set(migs)) != len(migs):
+        raise ScenarioError(f"{path}: MIG instance uuids must be unique")
+    procs = tuple(_parse_process(p, i, {g.index: g for g in gpus})
                   for i, p in enumerate(_list(data.get("processes", []), f"{path}: 'processes'")))
     holders = tuple(_parse_holder(h, i)
                     for i, h in enumerate(_list(data.get("holders", []), f"{path}: 'holders'")))

@@ -1,0 +1,88 @@
+"""MIG instances as devices of their own, on the simulated A100 of examples/a100-mig.json
+(a 1g.10gb and a 3g.40gb instance): ``status`` lists each under its GPU with its
+profile, memory, MIG- UUID and the processes NVML lists on it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.gpus.sim import SimBackend
+from gpuwarden.sim.scenario import ScenarioError, load_scenario
+from tests.conftest import EXAMPLES, SimMachine
+
+SCENARIO = EXAMPLES / "a100-mig.json"
+BIG, SMALL = "MIG-00000000-0000-4000-8000-00000000a102", "MIG-00000000-0000-4000-8000-00000000a109"
+
+
+def test_status_lists_both_instances_under_their_gpu(tmp_path: Path) -> None:
+    sim = SimMachine(SCENARIO, tmp_path / "state")
+    (gpu,) = sim.json("status")["gpus"]
+    assert gpu["mig_mode"] is True and gpu["utilization"] is None  # NVML: n/a in MIG mode
+    insts = {m["profile"]: m for m in gpu["mig_instances"]}
+    assert sorted(insts) == ["1g.10gb", "3g.40gb"]
+    assert insts["3g.40gb"]["uuid"] == BIG and insts["1g.10gb"]["uuid"] == SMALL
+    assert insts["3g.40gb"]["memory_total"] == 40 * 10**9
+    assert insts["1g.10gb"]["memory_used"] == 6 << 30 and insts["3g.40gb"]["memory_used"] == 0
+    assert insts["1g.10gb"]["processes"] == [424201] and insts["3g.40gb"]["processes"] == []
+    (proc,) = gpu["processes"]
+    assert proc["mig"] == SMALL
+    assert gpu["memory_used"] == 6 << 30  # the GPU's memory: its instances' together
+    table = sim.cli("status", check=True).stdout
+    lines = table.splitlines()
+    gpu_row = next(i for i, line in enumerate(lines) if "A100-SXM4-80GB" in line)
+    assert "3g.40gb" in lines[gpu_row + 1] and "1g.10gb" in lines[gpu_row + 2]
+    assert "6.0G/9.3G" in lines[gpu_row + 2]
+    assert BIG in table and SMALL in table
+    (row,) = [line for line in lines if "424201" in line]
+    assert row.split()[0] == "0/9"  # GPU/GPU instance
+    wide = sim.cli("status", env={**sim.env, "COLUMNS": "200"}, check=True).stdout
+    (big_row,) = [line for line in wide.splitlines() if "3g.40gb" in line]
+    assert BIG in big_row
+
+
+def test_a_job_on_an_instance_is_charged_to_it(tmp_path: Path) -> None:
+    sim = SimMachine(SCENARIO, tmp_path / "state")
+    job = sim.job("--mem", "2G", "--seconds", "30", gpus=BIG)
+    try:
+        (gpu,) = sim.json("status")["gpus"]
+        insts = {m["profile"]: m for m in gpu["mig_instances"]}
+        assert insts["3g.40gb"]["processes"] == [job.pid]
+        assert insts["3g.40gb"]["memory_used"] >= 2 << 30
+        assert insts["1g.10gb"]["memory_used"] == 6 << 30
+    finally:
+        sim.cleanup()
+
+
+def test_mps_is_refused_on_a_mig_gpu(tmp_path: Path) -> None:
+    b = SimBackend.from_file(SCENARIO)
+    with pytest.raises(Exception, match="MIG mode"):
+        b.set_mps(0, True)
+
+
+@pytest.mark.parametrize(("gpu", "procs", "message"), [
+    ({"mig_instances": [{"profile": "3g.40gb"}]}, [], "not in MIG mode"),
+    ({"mig_mode": True, "mig_instances": [{"profile": "3g"}]}, [], "not a MIG profile"),
+    ({"mig_mode": True, "mig_instances": [{"profile": "7g.80gb"}, {"profile": "1g.10gb"}]},
+     [], "exceeds"),
+    ({"mig_mode": True, "mig_instances": [{"profile": "1g.10gb", "uuid": "GPU-1"}]}, [],
+     "starts with MIG-"),
+    ({"mig_mode": True, "mig_instances": [{"profile": "1g.10gb"}]},
+     [{"pid": 5, "gpu": 0, "memory": "1G"}], "name the GPU instance id"),
+    ({"mig_mode": True, "mig_instances": [{"profile": "1g.10gb", "gi_id": 3}]},
+     [{"pid": 5, "gpu": 0, "memory": "1G", "mig": 4}], "no MIG instance"),
+])
+def test_bad_mig_scenarios_are_one_line_errors(tmp_path: Path, gpu: dict[str, object],
+                                               procs: list[object], message: str) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"gpus": [{"memory_total": "80GiB", **gpu}],
+                                "processes": procs}))
+    with pytest.raises(ScenarioError, match=message) as e:
+        load_scenario(path)
+    assert "\n" not in str(e.value)
+    sim = SimMachine(path, tmp_path / "state")
+    r = sim.cli("status")
+    # a scenario gpuwarden cannot use is a backend it cannot open: exit 3, one line
+    assert r.returncode == 3 and r.stderr.count("\n") == 1 and message in r.stderr
