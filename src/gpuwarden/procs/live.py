@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
+from typing import NamedTuple
 
 import psutil
 
@@ -82,13 +85,79 @@ def _alive(pid: int) -> bool:
         return False
 
 
-class LiveProcesses:
-    """The real /proc. One instance per snapshot; it caches what it reads."""
+class _Kept(NamedTuple):
+    """What one read of a process found that lasts as long as it runs, with the facts
+    that tell it is still that one: start time, uid, name and command line (an exec
+    keeps pid and start time but changes the command; a setuid changes the uid)."""
 
-    def __init__(self) -> None:
+    start: float
+    uid: int
+    name: str
+    command: str
+    nspid: tuple[int, ...] | None
+    detail: bool  # container, env and uses_torch were read
+    container: str | None
+    env: Mapping[str, str] | None
+    uses_torch: bool | None
+
+
+class KeptFacts:
+    """The lasting /proc facts of processes seen before, across snapshots: namespace
+    pids, container, environment and torch's presence are read once per process (pid
+    and start time), not once per snapshot. Bounded; a pid whose process is gone, or
+    now another's, loses its entry."""
+
+    def __init__(self, limit: int = 16384, proc: str = "/proc") -> None:
+        self.limit = limit
+        self.proc = proc
+        self._lock = threading.Lock()
+        self._kept: dict[int, _Kept] = {}
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def get(self, pid: int, start: float, uid: int, name: str, command: str,
+            detail: bool) -> _Kept | None:
+        k = self._kept.get(pid)
+        if (k is None or k.start != start or k.uid != uid or k.name != name
+                or k.command != command or (detail and not k.detail)):
+            return None
+        return k
+
+    def put(self, pid: int, kept: _Kept) -> None:
+        with self._lock:
+            self._kept.pop(pid, None)
+            self._kept[pid] = kept
+            if len(self._kept) > self.limit:
+                with contextlib.suppress(OSError):
+                    self._prune({int(n) for n in os.listdir(self.proc) if n.isdigit()})
+                while len(self._kept) > self.limit:  # oldest first
+                    del self._kept[next(iter(self._kept))]
+
+    def prune(self, alive: Iterable[int]) -> None:
+        """Forget every process whose pid is not in ``alive`` (a listing of /proc)."""
+        with self._lock:
+            self._prune(set(alive))
+
+    def _prune(self, alive: set[int]) -> None:
+        for pid in [p for p in self._kept if p not in alive]:
+            del self._kept[pid]
+
+
+KEPT = KeptFacts()
+"""Shared by every LiveProcesses of this process (the daemon's, top's and the exporter's
+snapshots each make one)."""
+
+
+class LiveProcesses:
+    """The real /proc. One instance per snapshot; it caches what it reads, and keeps the
+    lasting facts of each process across snapshots in ``kept``."""
+
+    def __init__(self, kept: KeptFacts = KEPT) -> None:
         self._pid_max = pid_max()
         self._in_child_ns = in_child_pid_namespace()
         self._cache: dict[int, ProcInfo] = {}
+        self.kept = kept
 
     @property
     def in_child_namespace(self) -> bool:
@@ -136,6 +205,16 @@ class LiveProcesses:
         pgid = _pgid(pid)
         leader_alive = None if pgid is None else (pgid == pid or _alive(pgid))
         parent_pgid = _pgid(ppid) if ppid > 0 else None
+        k = self.kept.get(pid, start, uid, name, cmd, detail)
+        if k is None:
+            k = _Kept(start, uid, name, cmd, read_nspid(pid), detail,
+                      read_container(pid) if detail else None,
+                      _read_env(pid) if detail else None,
+                      _uses_torch(pid) if detail else None)
+            self.kept.put(pid, k)
+        elif detail and not k.uses_torch:  # maps change (a library loaded since): again
+            k = k._replace(uses_torch=_uses_torch(pid))
+            self.kept.put(pid, k)
         return ProcInfo(
             pid=pid,
             exists=True,
@@ -150,10 +229,10 @@ class LiveProcesses:
             group_leader_alive=leader_alive,
             parent_pgid=parent_pgid,
             cpus_allowed=cpus,
-            container=read_container(pid) if detail else None,
-            nspid=read_nspid(pid),
-            env=_read_env(pid) if detail else None,
-            uses_torch=_uses_torch(pid) if detail else None,
+            container=k.container if detail else None,
+            nspid=k.nspid,
+            env=k.env if detail else None,
+            uses_torch=k.uses_torch if detail else None,
             rss=rss,
             cpu_time=cpu_time,
         )
@@ -171,6 +250,8 @@ class LiveProcesses:
     ) -> list[Holder]:
         """Processes holding NVIDIA device files, with user and command filled in."""
         out: list[Holder] = []
+        with contextlib.suppress(OSError):  # processes gone since: their facts go too
+            self.kept.prune(int(n) for n in os.listdir("/proc") if n.isdigit())
         for raw in scan_holders(device_files, exclude=exclude):
             info = self.info(raw.pid, detail=False)
             indices = sorted(
