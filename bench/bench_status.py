@@ -12,6 +12,10 @@ Two views of the same work, on the scenario from ``gen_scenario.py`` (or ``--sce
     is not a terminal, so rich renders 80 columns without colour). The order rotates
     every round so drift on a noisy machine hits every command alike.
 
+(c) then with a daemon running on the same scenario, ``--cli-runs`` rounds of
+    ``python -c pass``, ``status --json``, ``status`` and ``leaks --json`` answered from
+    the daemon's snapshots, and ``status --json --fresh`` (the client's own snapshot).
+
 A profile of one in-process run lists where the time goes (``hotspots``).
 
     python bench/bench_status.py [--scenario PATH] [--runs 30] [--cli-runs 15] [--json OUT]
@@ -204,6 +208,77 @@ def cli(rounds: int, env: dict[str, str], gpus: int, per_gpu: int) -> dict[str, 
             "results": out, "output": output}
 
 
+def _until_served(argv: list[str], env: dict[str, str], timeout: float = 60) -> bytes:
+    """``argv`` (a ``status --json``) once the daemon answers it from its snapshot: its
+    first answer after a quiet spell is the client's own, and starts the daemon's."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = subprocess.run(argv, env=env, capture_output=True, check=True).stdout
+        if b'"daemon":{"age"' in out:
+            return out
+        if time.monotonic() > deadline:
+            raise AssertionError("the daemon never served status")
+        time.sleep(0.2)
+
+
+def daemon_served(rounds: int, env: dict[str, str], gpus: int, per_gpu: int) -> dict[str, Any]:
+    """The same CLI with a daemon running on the same scenario: ``status --json`` and
+    ``status`` answered from its snapshot (``cli/fast.py``), beside ``python -c pass``
+    and ``status --json --fresh`` (a snapshot taken by the client, the daemon running),
+    and ``leaks --json`` (from the daemon's last snapshots), in rotating order. A run
+    the daemon did not serve (the client took its own snapshot: the daemon did not
+    answer within 100 ms) is counted in ``not_served``, not timed."""
+    py = sys.executable
+    exe = str(Path(sys.executable).parent / "gpuwarden")
+    if not os.access(exe, os.X_OK):
+        exe = shutil.which("gpuwarden") or exe
+    home = Path(tempfile.mkdtemp(prefix="gw-bench-"))  # short: a unix socket path
+    denv = {**env, "GPUWARDEN_HOME": str(home)}
+    cmds: dict[str, list[str]] = {
+        "python -c pass": [py, "-c", "pass"],
+        "status --json (daemon)": [exe, "status", "--json"],
+        "status (daemon)": [exe, "status"],
+        "leaks --json (daemon)": [exe, "leaks", "--json"],
+        "status --json --fresh (daemon running)": [exe, "status", "--json", "--fresh"],
+    }
+    served_mark = {"status --json (daemon)": b'"daemon":{"age"',
+                   "status (daemon)": b"from the daemon's snapshot",
+                   "leaks --json (daemon)": b'"daemon":{"age"'}
+    subprocess.run([exe, "daemon", "start"], env=denv, check=True, capture_output=True)
+    try:
+        doc = json.loads(_until_served(cmds["status --json (daemon)"], denv))
+        counts = [len(g["processes"]) for g in doc["gpus"]]
+        if counts != [per_gpu] * gpus:
+            raise AssertionError(f"the daemon's status shows {counts} processes per GPU")
+        names = list(cmds)
+        samples: dict[str, list[float]] = {n: [] for n in names}
+        ages: list[float] = []
+        missed = {n: 0 for n in served_mark}
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                t0 = time.perf_counter()
+                run = subprocess.run(cmds[name], env=denv, capture_output=True)
+                took = time.perf_counter() - t0
+                if run.returncode not in ((0, 1) if name.startswith("leaks") else (0,)):
+                    raise AssertionError(f"{name}: exit {run.returncode}: {run.stderr!r}")
+                if name in served_mark and served_mark[name] not in run.stdout:
+                    missed[name] += 1  # the client took its own: not this path's figure
+                    continue
+                samples[name].append(took)
+                if name == "status --json (daemon)":
+                    ages.append(json.loads(run.stdout)["daemon"]["age"])
+    finally:
+        subprocess.run([exe, "daemon", "stop"], env=denv, capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
+    out_ = {n: summarize(v) for n, v in samples.items()}
+    shown = {n: " ".join([Path(c[0]).name, *c[1:]]) for n, c in cmds.items()}
+    base = out_["python -c pass"]["median"]
+    return {"commands": shown, "results": out_, "snapshot_age": summarize(ages),
+            "not_served": missed,
+            "ratio_to_python": {n: v["median"] / base for n, v in out_.items()
+                                if n != "python -c pass"}}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--scenario", type=Path,
@@ -229,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         inproc = in_process(args.runs)
         hot = {path: _hotspots(path) for path in ("json", "table")}
         sub = cli(args.cli_runs, env, gpus, per_gpu)
+        served = daemon_served(args.cli_runs, env, gpus, per_gpu)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -249,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         "in_process": inproc,
         "hotspots": hot,
         "cli": sub,
+        "daemon": served,
         "derived": {
             "import_overhead": med["gpuwarden --help"] - med["python -c pass"],
             "status_import_overhead": med["status's imports"] - med["python -c pass"],
@@ -268,6 +345,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CLI subprocess ({args.cli_runs} rounds), median / p95:")
     for k, v in res.items():
         print(f"  {k:18s} {ms(v['median']):>10s} {ms(v['p95']):>10s}")
+    print(f"with a daemon running ({args.cli_runs} rounds), median / p95, x python -c pass:")
+    for k, v in served["results"].items():
+        ratio = served["ratio_to_python"].get(k)
+        print(f"  {k:38s} {ms(v['median']):>10s} {ms(v['p95']):>10s}"
+              + ("" if ratio is None else f" {ratio:5.1f}x"))
     d = out["derived"]
     print(f"import overhead (--help minus python -c pass): {ms(d['import_overhead'])}; "
           f"status's imports: {ms(d['status_import_overhead'])}")

@@ -98,6 +98,31 @@ def _status(s: dict[str, Any]) -> list[str]:
         "",
         f"The import baseline is `python -c \"{s['status_imports']}\"`.",
         "",
+    ]
+    if "daemon" in s:
+        dm = s["daemon"]
+        out += [
+            f"### (c) With a daemon running, {s['cli_runs']} rounds",
+            "",
+            "The same scenario with `gpuwarden daemon` running: `status` and `status "
+            "--json` are answered from the daemon's latest snapshot and `leaks --json` from "
+            "its last three (the client imports neither a backend nor click), `--fresh` "
+            "takes one in the client. Only served runs are timed; runs the daemon did not "
+            "answer within 100 ms (the client then took its own snapshot): "
+            + (", ".join(f"`{n}` {c}" for n, c in dm.get("not_served", {}).items())
+               or "none") + ". The snapshot served was "
+            f"{dm['snapshot_age']['median']:.2f} s old at the median "
+            f"(p95 {dm['snapshot_age']['p95']:.2f} s).",
+            "",
+            "| Command | median | p95 | min | × `python -c pass` |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for name, v in dm["results"].items():
+            ratio = dm["ratio_to_python"].get(name)
+            out.append(f"| `{dm['commands'][name]}` | {ms(v['median'])} | {ms(v['p95'])} | "
+                       f"{ms(v['min'])} | {'' if ratio is None else f'{ratio:.1f}×'} |")
+        out.append("")
+    out += [
         "Where the time goes, from one profiled in-process run of each path (profiling "
         "inflates many small calls, so read these as shares, not times).",
     ]
@@ -195,6 +220,12 @@ def _status_summary(status: dict[str, Any]) -> list[str]:
         f"median, `gpuwarden status` (table) {ms(res['status']['median'])}; goal "
         f"< {ms(d['target'])}: {_verdict(d['status_json_meets_target'])} / "
         f"{_verdict(d['status_table_meets_target'])}.",
+        *([f"- With a daemon running: `status --json` "
+           f"{ms(status['daemon']['results']['status --json (daemon)']['median'])}, "
+           f"`status` {ms(status['daemon']['results']['status (daemon)']['median'])} "
+           f"({status['daemon']['ratio_to_python']['status --json (daemon)']:.1f}× and "
+           f"{status['daemon']['ratio_to_python']['status (daemon)']:.1f}× "
+           "`python -c pass`), from its snapshot."] if "daemon" in status else []),
     ]
 
 
