@@ -110,7 +110,9 @@ def plan_launch(command: Sequence[str], gpus: Sequence[GpuFacts], *, base_env: M
     if not command:
         raise ValueError("empty command")
     env = dict(base_env)
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in gpus)
+    # a MIG instance is named by its MIG- UUID (CUDA has no index for it)
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(g.uuid if g.uuid.startswith("MIG-") else str(g.index)
+                                           for g in gpus)
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if mem_limit is not None:
         env[MEM_LIMIT_ENV] = str(mem_limit)

@@ -5,6 +5,7 @@ profile, memory, MIG- UUID and the processes NVML lists on it."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,53 @@ def test_bad_mig_scenarios_are_one_line_errors(tmp_path: Path, gpu: dict[str, ob
     r = sim.cli("status")
     # a scenario gpuwarden cannot use is a backend it cannot open: exit 3, one line
     assert r.returncode == 3 and r.stderr.count("\n") == 1 and message in r.stderr
+
+
+def test_a_20g_job_lands_on_the_3g40gb_instance_by_its_mig_uuid(tmp_path: Path) -> None:
+    sim = SimMachine(SCENARIO, tmp_path / "state")
+    r = sim.cli("select", "--mem", "20G", check=True)
+    assert r.stdout.strip() == BIG  # the 1g.10gb is too small; CUDA needs the MIG- UUID
+    doc = sim.json("select", "--mem", "20G")
+    (big,) = [c for c in doc["considered"] if c["mig"] == "3g.40gb"]
+    assert big["qualifies"] and big["uuid"] == BIG and big["gi_id"] == 2
+    assert not [c for c in doc["considered"] if c["mig"] is None]  # the GPU is its instances
+    out = sim.cli("exec", "--mem", "20G", "--", sys.executable, "-c",
+                  "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], "
+                  "os.environ['GPUWARDEN_MEM_TOTALS'])", check=True).stdout.split()
+    assert out == [BIG, str(40 * 10**9)]
+    # it really runs there: a simulated job given that UUID allocates in the instance
+    job = sim.job("--mem", "20G", "--seconds", "30", gpus=r.stdout.strip())
+    try:
+        (gpu,) = sim.json("status")["gpus"]
+        (inst,) = [m for m in gpu["mig_instances"] if m["profile"] == "3g.40gb"]
+        assert inst["processes"] == [job.pid]
+    finally:
+        sim.cleanup()
+
+
+def test_a_50g_job_is_refused_on_the_mig_gpu(tmp_path: Path) -> None:
+    sim = SimMachine(SCENARIO, tmp_path / "state")
+    r = sim.cli("select", "--mem", "50G")
+    assert r.returncode == 2  # never fits: no instance has 50G
+    assert "more than any GPU or MIG instance here has (largest: 37.3GiB)" in r.stderr
+    r = sim.cli("exec", "--mem", "50G", "--", "true")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+
+
+def test_mig_asks_for_an_instance_of_that_profile(tmp_path: Path) -> None:
+    sim = SimMachine(SCENARIO, tmp_path / "state")
+    assert sim.cli("select", "--mem", "2G", check=True).stdout.strip() == BIG
+    assert sim.cli("select", "--mem", "2G", "--mig", "1g.10gb",
+                   check=True).stdout.strip() == SMALL
+    r = sim.cli("select", "--mem", "5G", "--mig", "1g.10gb")  # 6G of its 9.3G in use
+    assert r.returncode == 1 and "GPU 0/9: " in r.stderr
+    r = sim.cli("select", "--mem", "1G", "--mig", "2g.20gb")
+    assert r.returncode == 2 and "no 2g.20gb MIG instance here" in r.stderr
+    assert "1g.10gb, 3g.40gb" in r.stderr
+    r = sim.cli("select", "--mem", "1G", "--mig", "big")
+    assert r.returncode == 2 and "not a MIG profile" in r.stderr
+    r = sim.cli("select", "--mem", "1G", "--count", "2")
+    assert r.returncode == 2  # CUDA gives a process one MIG instance
+    plain = SimMachine(EXAMPLES / "idle-2gpu.json", tmp_path / "plain")
+    r = plain.cli("select", "--mem", "1G", "--mig", "1g.10gb")
+    assert r.returncode == 2 and "no GPU in MIG mode" in r.stderr

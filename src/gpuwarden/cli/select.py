@@ -34,12 +34,16 @@ def parse_mem(text: str) -> tuple[int | None, float | None]:
         raise UsageError(f"--mem: {e}") from None
 
 
-def make_request(mem: str, count: int, max_util: int | None, same_numa: bool) -> Request:
+def make_request(mem: str, count: int, max_util: int | None, same_numa: bool,
+                 mig: str | None = None) -> Request:
+    from gpuwarden.gpus.model import MIG_PROFILE
     from gpuwarden.sched.select import Request
 
     memory, fraction = parse_mem(mem)
+    if mig is not None and not MIG_PROFILE.match(mig):
+        raise UsageError(f"--mig: {mig!r} is not a MIG profile such as 1g.10gb or 3g.40gb")
     return Request(memory=memory, fraction=fraction, count=count, max_util=max_util,
-                   same_numa=same_numa, user=_me())
+                   same_numa=same_numa, user=_me(), mig=mig)
 
 
 def _me() -> str | None:
@@ -110,6 +114,8 @@ def _candidate_json(c: Candidate) -> dict[str, Any]:
         "users": sorted(c.users),
         "qualifies": c.qualifies,
         "reason": c.reason,
+        "mig": c.mig,
+        "gi_id": c.gi_id,
     }
 
 
@@ -124,7 +130,7 @@ def _result_json(request: Request, result: Choice | Rejection, use_uuid: bool) -
         "uuids": [c.uuid for c in chosen],
         "request": {"memory": request.memory, "fraction": request.fraction,
                     "count": request.count, "max_util": request.max_util,
-                    "same_numa": request.same_numa},
+                    "same_numa": request.same_numa, "mig": request.mig},
         "reason": None if isinstance(result, Choice) else result.reason,
         "considered": [_candidate_json(c) for c in result.considered],
     }
@@ -150,6 +156,9 @@ def _request_options(f: Any) -> Any:
     f = click.option("--count", type=click.IntRange(min=1), default=1, show_default=True,
                      help="How many GPUs.")(f)
     f = click.option("--mem", required=True, metavar="SIZE|FRACTION", help=_MEM_HELP)(f)
+    f = click.option("--mig", metavar="PROFILE",
+                     help="A MIG instance of this profile (e.g. 3g.40gb); on a GPU in MIG "
+                          "mode each instance is a place of its own.")(f)
     return f
 
 
@@ -157,12 +166,12 @@ def _request_options(f: Any) -> Any:
 @_request_options
 @click.option("--uuid", "use_uuid", is_flag=True, help="Print GPU UUIDs instead of indices.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable schema).")
-def select(mem: str, count: int, max_util: int | None, same_numa: bool, use_uuid: bool,
-           as_json: bool) -> None:
+def select(mem: str, mig: str | None, count: int, max_util: int | None, same_numa: bool,
+           use_uuid: bool, as_json: bool) -> None:
     """Print CUDA_VISIBLE_DEVICES for the best GPUs with --mem free on each.
 
     Exit 1 with the reason when nothing fits now; 2 when it never can here."""
-    request = make_request(mem, count, max_util, same_numa)
+    request = make_request(mem, count, max_util, same_numa, mig)
     with backend() as b:
         result, _ = choose(b, request)
     if as_json:
@@ -181,13 +190,15 @@ def select(mem: str, count: int, max_util: int | None, same_numa: bool, use_uuid
               help="How long the picked memory stays reserved if the job never uses it.")
 @click.option("-v", "--verbose", is_flag=True, help="Say on stderr what was chosen and bound.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def exec_(mem: str, count: int, max_util: int | None, same_numa: bool, no_cap: bool,
-          no_bind: bool, lease_timeout: float, verbose: bool, command: Sequence[str]) -> None:
+def exec_(mem: str, mig: str | None, count: int, max_util: int | None, same_numa: bool,
+          no_cap: bool, no_bind: bool, lease_timeout: float, verbose: bool,
+          command: Sequence[str]) -> None:
     """Run COMMAND on the best GPUs: CUDA_VISIBLE_DEVICES set, PyTorch capped at --mem,
     CPUs and memory bound to the GPUs' NUMA node. The command replaces gpuwarden (same
     pid, its exit code)."""
     import psutil
 
+    from gpuwarden.gpus.visible import devices
     from gpuwarden.launch import (
         apply_affinity,
         exec_plan,
@@ -198,15 +209,15 @@ def exec_(mem: str, count: int, max_util: int | None, same_numa: bool, no_cap: b
 
     if lease_timeout <= 0:
         raise UsageError("--lease-timeout must be positive")
-    request = make_request(mem, count, max_util, same_numa)
+    request = make_request(mem, count, max_util, same_numa, mig)
     env = dict(os.environ)
     resolve_command(command, env)  # before anything is leased
     me = psutil.Process()
     with backend() as b:
         result, snap = choose(b, request, lease=(me.pid, me.create_time(), lease_timeout))
     choice = _decided(result)
-    by_index = {g.index: g.facts for g in snap.gpus}
-    facts = [by_index[i] for i in choice.indices]
+    by_uuid = {d.uuid: d for d in devices([g.facts for g in snap.gpus])}
+    facts = [by_uuid[c.uuid] for c in choice.gpus]  # a MIG instance: its own device
     plan = plan_launch(command, facts, base_env=env, host=probe_host(env),
                        mem_limit=None if no_cap else min(c.need for c in choice.gpus),
                        bind=not no_bind)

@@ -5,9 +5,12 @@ does not report its temperature."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 COMPUTE_MODES = ("Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process")
+MIG_PROFILE = re.compile(r"^([1-8])g\.([1-9][0-9]*)gb$")
+"""A MIG GPU instance profile: slices and memory, e.g. 1g.10gb, 3g.40gb."""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gpuwarden.gpus.visible import mig_device
 from gpuwarden.observe.snapshot import GpuView
 from gpuwarden.sched.placement import preference
 from gpuwarden.units import format_bytes
@@ -31,6 +32,7 @@ class Request:
     max_util: int | None = None
     same_numa: bool = False
     user: str | None = None  # who asks: their own processes are no other user's
+    mig: str | None = None  # a MIG instance of this profile (e.g. "3g.40gb") is wanted
 
     def __post_init__(self) -> None:
         if (self.memory is None) == (self.fraction is None):
@@ -68,10 +70,17 @@ class Candidate:
     nvlink_peers: tuple[int, ...]
     reason: str | None
     impossible: bool = False  # can never fit this request (total too small)
+    mig: str | None = None  # a MIG instance's profile (uuid is then its MIG- UUID)
+    gi_id: int | None = None  # its GPU instance id
 
     @property
     def qualifies(self) -> bool:
         return self.reason is None
+
+    @property
+    def label(self) -> str:
+        """``GPU 0``, or ``GPU 0/2`` for GPU 0's GPU instance 2."""
+        return f"GPU {self.index}" + ("" if self.gi_id is None else f"/{self.gi_id}")
 
 
 @dataclass(frozen=True)
@@ -84,7 +93,8 @@ class Choice:
         return tuple(c.index for c in self.gpus)
 
     def cuda_visible_devices(self, *, uuid: bool = False) -> str:
-        return ",".join(c.uuid if uuid else str(c.index) for c in self.gpus)
+        # CUDA names a MIG instance by its MIG- UUID only
+        return ",".join(c.uuid if uuid or c.mig else str(c.index) for c in self.gpus)
 
 
 @dataclass(frozen=True)
@@ -101,19 +111,40 @@ def effective_free(free: int, leased: int) -> int:
     return max(free - leased, 0)
 
 
-def assess(gpu: GpuView, request: Request, leased: int = 0) -> Candidate:
-    """Judge one GPU against the request, with ``leased`` bytes promised but not yet
-    visible to the driver."""
+def places(gpus: Sequence[GpuView]) -> list[tuple[GpuView, str | None, int | None]]:
+    """Where a job can run: each GPU, except that a GPU in MIG mode is its instances,
+    each a device of its own (view, profile, GPU instance id)."""
+    out: list[tuple[GpuView, str | None, int | None]] = []
+    for g in sorted(gpus, key=lambda g: g.index):
+        if not g.facts.mig_instances:
+            out.append((g, None, None))
+        for m in g.facts.mig_instances:
+            view = GpuView(mig_device(g.facts, m),
+                           tuple(p for p in g.processes if p.gpu.mig_uuid == m.uuid))
+            out.append((view, m.profile, m.gi_id))
+    return out
+
+
+def assess(gpu: GpuView, request: Request, leased: int = 0, mig: str | None = None,
+           gi_id: int | None = None) -> Candidate:
+    """Judge one GPU (or, with ``mig``, one MIG instance of that profile) against the
+    request, with ``leased`` bytes promised but not yet visible to the driver."""
     f = gpu.facts
     need = request.need(f.memory_total)
     free = effective_free(f.memory_free, leased)
     reason: str | None = None
     impossible = False
-    if need > f.memory_total:
+    if request.mig is not None and mig != request.mig:
+        reason = f"not a {request.mig} MIG instance"
+        impossible = True
+    elif need > f.memory_total:
         reason = f"{format_bytes(f.memory_total)} total < {format_bytes(need)}"
         impossible = True
-    elif f.mig_mode:
-        reason = "MIG enabled"
+    elif mig is not None and request.count > 1:
+        reason = "CUDA gives a process one MIG instance"
+        impossible = True
+    elif f.mig_mode and mig is None:
+        reason = "MIG enabled, no instance"
     elif f.compute_mode == "Prohibited":
         reason = "compute mode Prohibited"
     elif f.compute_mode == "Exclusive_Process" and (gpu.processes or leased > 0):
@@ -127,7 +158,8 @@ def assess(gpu: GpuView, request: Request, leased: int = 0) -> Candidate:
     return Candidate(
         index=f.index, uuid=f.uuid, numa_node=f.numa_node, total=f.memory_total, need=need,
         free=free, leased=leased, utilization=f.utilization, users=gpu.users,
-        nvlink_peers=f.nvlink_peers, reason=reason, impossible=impossible,
+        nvlink_peers=f.nvlink_peers, reason=reason, impossible=impossible, mig=mig,
+        gi_id=gi_id,
     )
 
 
@@ -176,7 +208,7 @@ def _best_set(qualified: list[Candidate], count: int, same_numa: bool,
 
 
 def _brief(cands: Sequence[Candidate]) -> str:
-    return "; ".join(f"GPU {c.index}: {c.reason}" for c in cands if c.reason)
+    return "; ".join(f"{c.label}: {c.reason}" for c in cands if c.reason)
 
 
 def choose_gpus(gpus: Sequence[GpuView], request: Request,
@@ -184,9 +216,15 @@ def choose_gpus(gpus: Sequence[GpuView], request: Request,
     """Pick ``request.count`` GPUs, or say why none fit. ``leased`` maps a GPU uuid to
     the bytes promised to jobs that the driver does not show yet (see leases.py)."""
     leased = leased or {}
-    considered = tuple(assess(g, request, leased.get(g.facts.uuid, 0))
-                       for g in sorted(gpus, key=lambda g: g.index))
+    considered = tuple(assess(g, request, leased.get(g.facts.uuid, 0), mig, gi)
+                       for g, mig, gi in places(gpus))
     n = request.count
+    if request.mig is not None and not any(c.mig == request.mig for c in considered):
+        have = sorted({c.mig for c in considered if c.mig})
+        return Rejection(f"no {request.mig} MIG instance here ("
+                         + (f"instances: {', '.join(have)}" if have else "no GPU in MIG mode has "
+                            "instances") + "; gpuwarden creates none: see `gpuwarden doctor`)",
+                         considered, impossible=True)
     plural = f"{n} GPUs" if n > 1 else "a GPU"
     if n > len(considered):
         return Rejection(f"--count {n} but this machine has {len(considered)} GPU"
@@ -195,7 +233,8 @@ def choose_gpus(gpus: Sequence[GpuView], request: Request,
     if len(possible) < n:
         largest = max((c.total for c in considered), default=0)
         if n == 1 or not possible:
-            why = (f"{request.describe()} is more than any GPU here has "
+            what = "GPU or MIG instance" if any(c.mig for c in considered) else "GPU"
+            why = (f"{request.describe()} is more than any {what} here has "
                    f"(largest: {format_bytes(largest)})")
         else:
             why = (f"only {len(possible)} GPU{'s' if len(possible) != 1 else ''} here "

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import uuid as uuidlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpuwarden.errors import BackendUnavailable
-from gpuwarden.gpus.model import COMPUTE_MODES
+from gpuwarden.gpus.model import COMPUTE_MODES, MIG_PROFILE
 from gpuwarden.gpus.topology import parse_cpulist
 from gpuwarden.units import parse_size
 
@@ -26,9 +25,6 @@ _MODE_ALIASES = {m.lower(): m for m in COMPUTE_MODES} | {
     "exclusive_process": "Exclusive_Process",
     "exclusive-process": "Exclusive_Process",
 }
-
-
-MIG_PROFILE = re.compile(r"^([1-8])g\.([1-9][0-9]*)gb$")
 
 
 @dataclass(frozen=True)
