@@ -99,3 +99,9 @@ def test_over_http(backend: SimBackend) -> None:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def test_kept_simulated_facts_make_the_same_snapshot(backend: SimBackend) -> None:
+    fresh = SimBackend(backend.scenario, backend.registry.root)
+    first = take_snapshot(fresh, now=5e9)  # every declared process's facts built
+    assert take_snapshot(fresh, now=5e9) == first  # from the kept ones

@@ -33,7 +33,10 @@ class SimProcesses:
     """The real /proc with the scenario's declared processes laid over it."""
 
     def __init__(self, scenario: Scenario, loaded_at: float,
-                 reaped: Iterable[int] = ()) -> None:
+                 reaped: Iterable[int] = (), kept: dict[int, ProcInfo] | None = None) -> None:
+        # kept: the backend's facts of declared processes whose facts do not move with
+        # time, across snapshots (as KeptFacts keeps the lasting /proc facts).
+        self._kept: dict[int, ProcInfo] = {} if kept is None else kept
         self._live = LiveProcesses()
         self._reaped = frozenset(reaped)
         self._declared: dict[int, SimProcess] = {p.pid: p for p in scenario.processes}
@@ -57,12 +60,15 @@ class SimProcesses:
             # Its container is the scenario's to say: status and leaks both name it.
             return ProcInfo(pid=pid, exists=False, container=p.container,
                             namespace_hint="another PID namespace")
+        kept = self._kept.get(pid)
+        if kept is not None:
+            return kept
         orphan = p.state == "orphan"
         start = self._loaded_at - p.started_ago
         # A steady cpu_percent since its start: two looks apart differ by that share.
         cpu_time = None if p.cpu_percent is None else \
             p.cpu_percent / 100 * max(time.time() - start, 0.0)
-        return ProcInfo(
+        info = ProcInfo(
             pid=pid,
             exists=True,
             start_time=start,
@@ -81,6 +87,9 @@ class SimProcesses:
             rss=p.rss,
             cpu_time=cpu_time,
         )
+        if cpu_time is None:  # nothing in it moves with time: the next snapshot's too
+            self._kept[pid] = info
+        return info
 
     def device_mapped(self, pid: int) -> bool | None:
         """Unknown: simulated jobs map nothing, so only open device files tell them apart."""
@@ -130,6 +139,7 @@ class SimBackend:
         self.warnings: list[str] = []
         self._loaded_at = time.time()
         self._reaped: set[int] = set()  # scenario pids reaped in this run (reap_declared)
+        self._kept: dict[int, ProcInfo] = {}  # SimProcesses' facts kept across snapshots
 
     def declared(self, pid: int) -> bool:
         """A pid the scenario file declares: no real process stands behind it, so it is
@@ -250,7 +260,7 @@ class SimBackend:
         return files
 
     def process_source(self) -> SimProcesses:
-        return SimProcesses(self.scenario, self._loaded_at, self._reaped)
+        return SimProcesses(self.scenario, self._loaded_at, self._reaped, self._kept)
 
     def driver_version(self) -> str | None:
         return self.scenario.driver_version

@@ -52,6 +52,9 @@ class _Family:
         return m
 
 
+_Line = tuple[str, int | None, str]  # name-and-labels part, int value, the whole line
+
+
 class _One(Collector):
     def __init__(self, metric: Metric) -> None:
         self.one = metric
@@ -80,8 +83,9 @@ class SnapshotCollector(Collector):
         self._lock = threading.Lock()
         self._cached: tuple[float, Snapshot, float] | None = None  # (when, snap, seconds)
         # render_text's text per family: its HELP/TYPE lines and, per row's label values,
-        # the sample line up to its value; only the last render's rows are kept.
-        self._text: dict[str, tuple[str, dict[tuple[str, ...], str]]] = {}
+        # the sample line up to its value, and the last integer value with its line;
+        # only the last render's rows are kept.
+        self._text: dict[str, tuple[str, dict[tuple[str, ...], _Line]]] = {}
         self._text_lock = threading.Lock()
 
     def snapshot(self) -> tuple[Snapshot, float]:
@@ -115,17 +119,20 @@ class SnapshotCollector(Collector):
             for family in families:
                 header, old = previous.get(family.name) or (
                     generate_latest(_One(family.metric([]))).decode(), {})
-                parts: dict[tuple[str, ...], str] = {}
+                parts: dict[tuple[str, ...], _Line] = {}
                 out.append(header)
                 for labels, value in family.rows:
-                    part = parts.get(labels) or old.get(labels)
-                    if part is None:
-                        line = generate_latest(_One(family.metric([(labels, 0.0)])))
-                        part = line.decode().splitlines()[-1].rpartition(" ")[0] + " "
-                    parts[labels] = part
-                    out.append(part)
-                    out.append(floatToGoString(value))  # type: ignore[no-untyped-call]
-                    out.append("\n")
+                    seen = parts.get(labels) or old.get(labels)
+                    if seen is None:
+                        text = generate_latest(_One(family.metric([(labels, 0.0)])))
+                        seen = (text.decode().splitlines()[-1].rpartition(" ")[0] + " ",
+                                None, "")
+                    # An int's text is its value's alone (a float's: -0.0 == 0.0).
+                    if type(value) is not int or seen[1] != value:
+                        seen = (seen[0], value if type(value) is int else None,
+                                f"{seen[0]}{floatToGoString(value)}\n")  # type: ignore[no-untyped-call]
+                    parts[labels] = seen
+                    out.append(seen[2])
                 kept[family.name] = (header, parts)
             self._text = kept
         return "".join(out).encode("utf-8")
@@ -189,24 +196,26 @@ class SnapshotCollector(Collector):
             mem_sums: dict[tuple[str, ...], int] = {}
             sm_sums: dict[tuple[str, ...], float] = {}
             owners: set[str] = set()
+            pid_labels = self.pid_labels
             for p in view.processes:
-                user = p.user or ""
+                facts, pinfo = p.gpu, p.info
+                user = pinfo.user or ""
                 if user:
                     owners.add(user)
-                env = p.info.env or {}
-                key: tuple[str, ...] = (g, user, p.container or "",
-                                        env.get("GPUWARDEN_JOB", ""))
-                if self.pid_labels:
-                    key = (*key, str(p.pid))
-                if p.memory is not None:
-                    mem_sums[key] = mem_sums.get(key, 0) + p.memory
-                    per_user[user] = per_user.get(user, 0) + p.memory
-                if p.gpu.sm_utilization is not None:
-                    sm_sums[key] = sm_sums.get(key, 0.0) + p.gpu.sm_utilization / 100
+                env = pinfo.env
+                job = env.get("GPUWARDEN_JOB", "") if env else ""
+                key: tuple[str, ...] = ((g, user, pinfo.container or "", job, str(facts.pid))
+                                        if pid_labels else (g, user, pinfo.container or "", job))
+                memory, sm = facts.memory, facts.sm_utilization
+                if memory is not None:
+                    mem_sums[key] = mem_sums.get(key, 0) + memory
+                    per_user[user] = per_user.get(user, 0) + memory
+                if sm is not None:
+                    sm_sums[key] = sm_sums.get(key, 0.0) + sm / 100
             for key, b in mem_sums.items():
-                pmem.add_metric(list(key), b)
+                pmem.add_metric(key, b)
             for key, r in sm_sums.items():
-                psm.add_metric(list(key), min(r, 1.0))
+                psm.add_metric(key, min(r, 1.0))
             users_on.add_metric([g], len(owners))
         by_kind: dict[tuple[str, str], int] = {}
         holders: dict[str, int] = {str(v.facts.index): 0 for v in snap.gpus}
