@@ -31,7 +31,7 @@ def _wait_reason(daemon: Daemon, jid: int, text: str, timeout: float = 20) -> st
 
 def test_a_drained_gpu_gets_no_placement_and_undrain_restores_it(daemon: Daemon) -> None:
     running = daemon.submit("--mem", "2G", "--gpu-ids", "0",
-                            cmd=[*SIM, "--mem", "1G", "--seconds", "3"])
+                            cmd=[*SIM, "--mem", "1G", "--seconds", "5"])
     assert daemon.wait_state(running, "running")["gpus"] == [0]
     r = daemon.cli("gpu", "drain", "0", "--reason", "ECC errors", check=True)
     assert "GPU 0 drained" in r.stdout
