@@ -9,7 +9,10 @@ import json
 import os
 import sys
 import time
-from typing import Any
+
+TYPE_CHECKING = False  # nor typing, nor urllib, nor pathlib: each costs a start-up
+if TYPE_CHECKING:
+    from typing import Any
 
 GLANCE = 0.1  # seconds the daemon may take to answer before status takes its own snapshot
 SAMPLES = 3  # leaks --samples' default: the snapshots a leak must be found in
@@ -54,14 +57,33 @@ def _parse(args: list[str], valued: tuple[str, ...]) -> dict[str, Any] | None:
     return opts
 
 
+def _quote(value: str) -> str:
+    """``urllib.parse.quote(value, safe="")``."""
+    return "".join(chr(b) if chr(b).isascii() and (chr(b).isalnum() or chr(b) in "-._~")
+                   else f"%{b:02X}" for b in value.encode("utf-8", "surrogateescape"))
+
+
+def socket_path() -> str:
+    """The daemon's socket, as ``daemon.paths.resolve_paths`` finds it; the home and
+    system modes without importing it (pathlib and dataclasses cost more than the rest
+    of this path)."""
+    home = os.environ.get("GPUWARDEN_HOME")
+    if home:
+        return os.path.join(os.getcwd(), home, "gpuwarden.sock")
+    if os.geteuid() == 0 or os.path.isfile("/etc/gpuwarden/config.toml"):
+        return "/run/gpuwarden.sock"
+    from gpuwarden.daemon.paths import resolve_paths
+
+    return str(resolve_paths().socket)
+
+
 def _get(sock: str, path: str, query: dict[str, Any]) -> bytes | None:
     """GET ``path`` on the daemon's socket, HTTP/1.1 by hand (``http.client`` costs more
     to import than the whole answer takes): the body of a 200 answer, else None.
     Raises OSError when no daemon answers within ``GLANCE`` seconds in all."""
     import socket
-    from urllib.parse import quote
 
-    qs = "&".join(f"{k}={quote(str(v), safe='')}" for k, v in query.items() if v is not None)
+    qs = "&".join(f"{k}={_quote(str(v))}" for k, v in query.items() if v is not None)
     deadline = time.monotonic() + GLANCE
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(GLANCE)
@@ -134,16 +156,14 @@ def served(argv: list[str]) -> bool:
     opts = _parse(argv[1:], ("--gpu",) if leaks else ("--format", "--gpu", "--user", "--pid"))
     if opts is None:
         return False
-    from gpuwarden.daemon.paths import resolve_paths
-
     try:
-        sock = resolve_paths().socket
-        if not sock.exists():
+        sock = socket_path()
+        if not os.path.exists(sock):
             return False
         query = {"view": "leaks"} if leaks else {
             "gpu": ",".join(map(str, opts["gpus"])) or None, "user": opts["user"],
             "pid": opts["pid"]}
-        body = _get(str(sock), "/v1/snapshot", query)
+        body = _get(sock, "/v1/snapshot", query)
         if body is None:
             return False
         at = body.find(b',"snapshot":')  # the last key: the document as --json prints it

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, NoReturn
 
+TYPE_CHECKING = False  # typing itself is not imported: cli/fast.py starts on this module
 if TYPE_CHECKING:
+    from typing import NoReturn
+
     import click
 
 # name -> (module, attribute, one-line help)
