@@ -137,3 +137,56 @@ def test_mig_asks_for_an_instance_of_that_profile(tmp_path: Path) -> None:
     plain = SimMachine(EXAMPLES / "idle-2gpu.json", tmp_path / "plain")
     r = plain.cli("select", "--mem", "1G", "--mig", "1g.10gb")
     assert r.returncode == 2 and "no GPU in MIG mode" in r.stderr
+
+
+def _mig_scenario(tmp_path: Path, instances: list[dict[str, object]],
+                  procs: list[dict[str, object]]) -> SimMachine:
+    path = tmp_path / "mig.json"
+    path.write_text(json.dumps({
+        "gpus": [{"name": "NVIDIA A100-SXM4-80GB", "memory_total": "80GiB", "cpus": "0-7",
+                  "mig_mode": True, "mig_instances": instances}],
+        "processes": procs}))
+    return SimMachine(path, tmp_path / "state")
+
+
+def _findings(sim: SimMachine) -> dict[str, list[dict[str, object]]]:
+    out: dict[str, list[dict[str, object]]] = {}
+    for f in sim.json("doctor", "--samples", "1")["findings"]:
+        out.setdefault(str(f["rule"]), []).append(f)
+    return out
+
+
+def test_doctor_lists_the_instances_and_prints_the_nvidia_smi_mig_commands(
+        tmp_path: Path) -> None:
+    found = _findings(SimMachine(SCENARIO, tmp_path / "state"))
+    (f,) = found["mig_instances"]
+    assert f["severity"] == "info" and f["gpu"] == 0
+    assert BIG in str(f["evidence"]) and SMALL in str(f["evidence"])
+    remedy = str(f["remedy"])
+    for cmd in ("nvidia-smi mig -i 0 -lgi", "nvidia-smi mig -i 0 -lgip",
+                "nvidia-smi mig -i 0 -cgi PROFILE -C", "nvidia-smi mig -i 0 -dci -gi GI",
+                "nvidia-smi mig -i 0 -dgi -gi GI", "--mig PROFILE"):
+        assert cmd in remedy
+    assert "mig_instance_full" not in found and "mig_no_instances" not in found
+
+
+def test_doctor_per_instance(tmp_path: Path) -> None:
+    sim = _mig_scenario(tmp_path, [{"profile": "3g.40gb", "gi_id": 2},
+                                   {"profile": "1g.10gb", "gi_id": 9}], [
+        {"pid": 601, "gpu": 0, "mig": 9, "user": "ann", "memory": "9.2GiB"},
+        {"pid": 602, "gpu": 0, "mig": 2, "user": "ann", "memory": "4GiB"},
+        {"pid": 603, "gpu": 0, "mig": 2, "user": "ben", "memory": "4GiB"}])
+    found = _findings(sim)
+    (full,) = found["mig_instance_full"]  # the 1g.10gb, not the GPU or the 3g.40gb
+    assert "0/9 (1g.10gb" in str(full["evidence"]) and "601" in str(full["evidence"])
+    assert "nvidia-smi mig -i 0 -dci -gi 9" in str(full["remedy"])
+    (shared,) = found["mig_shared_users"]  # ann and ben share the 3g.40gb
+    assert "0/2 (3g.40gb)" in str(shared["evidence"])
+    assert "shared_default_mode" not in found  # MIG isolates the two instances
+
+
+def test_doctor_warns_of_a_mig_gpu_without_instances(tmp_path: Path) -> None:
+    found = _findings(_mig_scenario(tmp_path, [], []))
+    (f,) = found["mig_no_instances"]
+    assert f["severity"] == "warning" and "nvidia-smi mig -i 0 -cgi" in str(f["remedy"])
+    assert "nvidia-smi -i 0 -mig 0" in str(f["remedy"])

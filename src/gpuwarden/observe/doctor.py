@@ -100,7 +100,8 @@ def shared_default_mode(inp: Inputs) -> Iterator[Finding]:
     """Default mode lets every user's job believe it owns the GPU: two jobs, one OOM."""
     for g in inp.snapshot.gpus:
         users = _users(g)
-        if g.facts.compute_mode != "Default" or g.facts.mps or len(users) < 2:
+        if g.facts.compute_mode != "Default" or g.facts.mps or len(users) < 2 \
+                or g.facts.mig_instances:  # MIG isolates its instances: see mig_instances
             continue
         full = _nearly_full(g)
         who = ", ".join(f"{u} {format_bytes(m)}" for u, m in sorted(users.items()))
@@ -368,6 +369,73 @@ def ecc_errors(inp: Inputs) -> Iterator[Finding]:
             )
 
 
+def _mig_commands(n: int) -> str:
+    """The ``nvidia-smi mig`` commands that change a GPU's instances: gpuwarden runs
+    none of them (an admin does, on an idle GPU)."""
+    return (f"list: nvidia-smi mig -i {n} -lgi  (profiles it offers: nvidia-smi mig -i {n} "
+            "-lgip)\n"
+            f"create (as root, in free slices): nvidia-smi mig -i {n} -cgi PROFILE -C\n"
+            f"destroy (as root, instance idle): nvidia-smi mig -i {n} -dci -gi GI && "
+            f"nvidia-smi mig -i {n} -dgi -gi GI\n"
+            "(gpuwarden creates and destroys no instances)")
+
+
+def mig_instances(inp: Inputs) -> Iterator[Finding]:
+    """A GPU in MIG mode runs CUDA work only in its instances: say which there are, which
+    is nearly full, and how an admin changes them."""
+    for g in inp.snapshot.gpus:
+        f, n = g.facts, g.index
+        if not f.mig_mode:
+            continue
+        if not f.mig_instances:
+            yield Finding(
+                rule="mig_no_instances", severity=WARNING, gpu=n, pid=None,
+                evidence=(f"GPU {n} is in MIG mode but has no MIG instances: no CUDA work "
+                          "can run on it"),
+                remedy=(_mig_commands(n) + "\nor leave MIG mode (as root, GPU idle): "
+                        f"nvidia-smi -i {n} -mig 0"),
+            )
+            continue
+        listed = ", ".join(f"{n}/{m.gi_id} {m.profile} {m.uuid} "
+                           f"({format_bytes(m.memory_free)} free)" for m in f.mig_instances)
+        yield Finding(
+            rule="mig_instances", severity=INFO, gpu=n, pid=None,
+            evidence=(f"GPU {n} is in MIG mode with {len(f.mig_instances)} instance(s): "
+                      f"{listed}; each is a device of its own (CUDA_VISIBLE_DEVICES=MIG-...)"),
+            remedy=("place a job on one: gpuwarden exec --mem SIZE --mig PROFILE -- CMD\n"
+                    + _mig_commands(n)),
+        )
+        for m in f.mig_instances:
+            procs = [p for p in g.processes if p.gpu.mig_uuid == m.uuid]
+            users = _users(GpuView(g.facts, tuple(procs)))
+            if len(users) >= 2:
+                who = ", ".join(f"{u} {format_bytes(b)}" for u, b in sorted(users.items()))
+                yield Finding(
+                    rule="mig_shared_users", severity=WARNING, gpu=n, pid=None,
+                    evidence=(f"MIG instance {n}/{m.gi_id} ({m.profile}) runs processes of "
+                              f"{len(users)} users ({who}): they share its memory, without "
+                              "the isolation MIG gives between instances"),
+                    remedy=("give each user an instance of their own:\n"
+                            "gpuwarden exec --mem SIZE --mig PROFILE -- CMD"),
+                )
+            if m.memory_total <= 0 or m.memory_free >= NEARLY_FULL * m.memory_total:
+                continue
+            pids = [p.pid for p in procs]
+            yield Finding(
+                rule="mig_instance_full", severity=WARNING, gpu=n, pid=None,
+                evidence=(f"MIG instance {n}/{m.gi_id} ({m.profile}, {m.uuid}) has "
+                          f"{format_bytes(m.memory_free)} of {format_bytes(m.memory_total)} "
+                          f"free ({_pct(m.memory_free, m.memory_total)}); processes: "
+                          f"{', '.join(map(str, pids)) or 'none listed'}: the next "
+                          "allocation there fails with CUDA OOM"),
+                remedy=("move work to an instance with room: gpuwarden select --mem SIZE\n"
+                        "or, as root with the instance idle, replace it by a bigger one:\n"
+                        f"nvidia-smi mig -i {n} -dci -gi {m.gi_id} && "
+                        f"nvidia-smi mig -i {n} -dgi -gi {m.gi_id} && "
+                        f"nvidia-smi mig -i {n} -cgi PROFILE -C"),
+            )
+
+
 def container_namespace(inp: Inputs) -> Iterator[Finding]:
     """From inside a container the driver's pids (host pids) do not match our /proc."""
     if inp.snapshot.in_child_namespace:
@@ -391,6 +459,7 @@ RULES: list[Rule] = [
     mps_no_memory_limit,
     alloc_conf_unset,
     ecc_errors,
+    mig_instances,
     container_namespace,
 ]
 
@@ -399,7 +468,8 @@ RULE_IDS = (
     "shared_default_mode", "residual_memory", "hidden_holder", "dead_pid", "garbage_pid",
     "other_namespace", "zombie", "orphan", "numa_mismatch", "persistence_off",
     "mps_shared_users", "mps_no_memory_limit", "alloc_conf_unset", "ecc_uncorrected",
-    "retired_pages_pending", "retired_pages", "container_namespace",
+    "retired_pages_pending", "retired_pages", "mig_no_instances", "mig_instance_full",
+    "mig_shared_users", "mig_instances", "container_namespace",
 )
 
 
