@@ -190,3 +190,32 @@ def test_doctor_warns_of_a_mig_gpu_without_instances(tmp_path: Path) -> None:
     (f,) = found["mig_no_instances"]
     assert f["severity"] == "warning" and "nvidia-smi mig -i 0 -cgi" in str(f["remedy"])
     assert "nvidia-smi -i 0 -mig 0" in str(f["remedy"])
+
+
+def test_leaks_name_the_instance(tmp_path: Path) -> None:
+    sim = _mig_scenario(tmp_path, [{"profile": "3g.40gb", "gi_id": 2,
+                                    "uuid": BIG}], [
+        {"pid": 701, "gpu": 0, "mig": 2, "state": "dead", "memory": "3GiB"}])
+    (lk,) = [lk for lk in sim.json("leaks", "--samples", "1")["leaks"] if lk["pid"] == 701]
+    assert lk["kind"] == "dead_pid" and lk["gpu"] == 0 and lk["mig"] == BIG
+    assert f"GPU 0 (MIG instance {BIG})" in lk["evidence"]
+
+
+def test_metrics_per_instance(tmp_path: Path) -> None:
+    from gpuwarden.metrics.collector import SnapshotCollector
+    from gpuwarden.observe.snapshot import take_snapshot
+
+    backend = SimBackend(load_scenario(SCENARIO), tmp_path / "state")
+    text = SnapshotCollector(lambda: take_snapshot(backend)).render_text().decode()
+    m = {name: float(value) for name, _, value in
+         (line.rpartition(" ") for line in text.splitlines() if line and line[0] != "#")}
+    assert m[f'gpuwarden_mig_instance_info{{ci="0",gi="2",gpu="0",profile="3g.40gb",'
+             f'uuid="{BIG}"}}'] == 1
+    assert m['gpuwarden_mig_memory_total_bytes{gi="2",gpu="0"}'] == 40 * 10**9
+    assert m['gpuwarden_mig_memory_used_bytes{gi="9",gpu="0"}'] == 6 << 30
+    assert m['gpuwarden_mig_memory_free_bytes{gi="2",gpu="0"}'] == 40 * 10**9
+    assert m['gpuwarden_mig_processes{gi="9",gpu="0"}'] == 1
+    assert m['gpuwarden_mig_processes{gi="2",gpu="0"}'] == 0
+    plain = SimBackend(load_scenario(EXAMPLES / "idle-2gpu.json"), tmp_path / "plain")
+    assert "gpuwarden_mig_" not in SnapshotCollector(
+        lambda: take_snapshot(plain)).render_text().decode()

@@ -169,6 +169,15 @@ class SnapshotCollector(Collector):
         umem = _g("user_memory_bytes", "GPU memory of each user's processes, over all GPUs",
                   ["user"])
         age = _g("snapshot_seconds", "How long taking the scrape's snapshot took", [])
+        mig_info = _Family("mig_instance", "Identity of each MIG instance of a GPU in MIG mode",
+                           labels=["gpu", "gi", "ci", "profile", "uuid"], info=True)
+        mig_total = _g("mig_memory_total_bytes", "Memory of each MIG instance", ["gpu", "gi"])
+        mig_used = _g("mig_memory_used_bytes", "Memory in use on each MIG instance",
+                      ["gpu", "gi"])
+        mig_free = _g("mig_memory_free_bytes", "Memory free on each MIG instance",
+                      ["gpu", "gi"])
+        mig_procs = _g("mig_processes", "Processes NVML lists on each MIG instance",
+                       ["gpu", "gi"])
 
         per_user: dict[str, int] = {}
         for view in snap.gpus:
@@ -217,6 +226,14 @@ class SnapshotCollector(Collector):
             for key, r in sm_sums.items():
                 psm.add_metric(key, min(r, 1.0))
             users_on.add_metric([g], len(owners))
+            for mi in f.mig_instances:
+                gi = str(mi.gi_id)
+                mig_info.add_metric([g, gi, str(mi.ci_id), mi.profile, mi.uuid], {})
+                mig_total.add_metric([g, gi], mi.memory_total)
+                mig_used.add_metric([g, gi], mi.memory_used)
+                mig_free.add_metric([g, gi], mi.memory_free)
+                mig_procs.add_metric([g, gi], sum(1 for p in view.processes
+                                                  if p.gpu.mig_uuid == mi.uuid))
         by_kind: dict[tuple[str, str], int] = {}
         holders: dict[str, int] = {str(v.facts.index): 0 for v in snap.gpus}
         for lk in find_leaks([snap]):
@@ -234,7 +251,9 @@ class SnapshotCollector(Collector):
             umem.add_metric([user], b)
         age.add_metric([], took)
         return [info, total, used, free, util, temp, power, ecc, mode, mps, unacc, leaked,
-                *([hidden] if self.holders else []), users_on, pmem, psm, umem, age]
+                *([hidden] if self.holders else []), users_on, pmem, psm, umem, age,
+                *([mig_info, mig_total, mig_used, mig_free, mig_procs]
+                  if any(v.facts.mig_instances for v in snap.gpus) else [])]
 
 
 class SnapshotRegistry(CollectorRegistry):

@@ -37,6 +37,7 @@ class Leak:
     command: str | None = None
     start_time: float | None = None  # with pid, identifies the process to reap
     parent: int | None = None
+    mig: str | None = None  # the MIG instance whose process list names it
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -51,26 +52,28 @@ def _process_leak(p: ProcessView, gpu: int) -> Leak | None:
     if kind is None:
         return None
     mem = format_bytes(p.memory)
+    mig = p.gpu.mig_uuid  # on a GPU in MIG mode: the instance that lists it
+    where = f"GPU {gpu}" + (f" (MIG instance {mig})" if mig else "")
     if kind == "dead_pid":
-        ev = (f"the driver charges {mem} on GPU {gpu} to pid {p.pid}, but no such process "
+        ev = (f"the driver charges {mem} on {where} to pid {p.pid}, but no such process "
               "exists: it is gone and its memory was not freed")
     elif kind == "garbage_pid":
-        ev = (f"the driver reports pid {p.pid} on GPU {gpu} with {mem}; no kernel issues that "
+        ev = (f"the driver reports pid {p.pid} on {where} with {mem}; no kernel issues that "
               "pid, so the driver and NVML library disagree on a struct version")
     elif kind == "other_namespace":
         where = (f"container {p.container}" if p.container
                  else p.info.namespace_hint or "another PID namespace")
-        ev = (f"the driver lists pid {p.pid} on GPU {gpu} with {mem}, but this /proc has no "
+        ev = (f"the driver lists pid {p.pid} on {where} with {mem}, but this /proc has no "
               f"such pid: it belongs to {where}")
     elif kind == "zombie":
-        ev = (f"pid {p.pid} ({p.describe()}) is defunct and still holds {mem} on GPU {gpu}; "
+        ev = (f"pid {p.pid} ({p.describe()}) is defunct and still holds {mem} on {where}; "
               f"its parent pid {p.info.ppid} has not reaped it")
     else:
         to = "init" if p.info.ppid == 1 else f"pid {p.info.ppid}"
         ev = (f"pid {p.pid} ({p.describe()}) was re-parented to {to} after the leader of its "
-              f"process group (pgid {p.info.pgid}) died, and still holds {mem} on GPU {gpu}")
+              f"process group (pgid {p.info.pgid}) died, and still holds {mem} on {where}")
     return Leak(gpu=gpu, kind=kind, memory=p.memory, pid=p.pid, user=p.user, evidence=ev,
-                command=p.command, start_time=p.info.start_time, parent=p.info.ppid)
+                command=p.command, start_time=p.info.start_time, parent=p.info.ppid, mig=mig)
 
 
 def _leaks_of(snap: Snapshot) -> list[Leak]:
