@@ -1,7 +1,8 @@
 """The exporter's own text rendering writes exactly what prometheus_client's
 ``generate_latest`` writes, on the 8 GPUs × 200 processes scenario and on label values
 that need escaping, scrape after scrape as series come and go; over HTTP the plain-text
-scrape is those bytes (gzip too) and OpenMetrics still comes from prometheus_client."""
+scrape is those bytes (gzip too), and an OpenMetrics scrape what prometheus_client's
+OpenMetrics encoder writes."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import gzip
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
 from gpuwarden.gpus.sim import SimBackend
 from gpuwarden.metrics.collector import SnapshotCollector
@@ -38,10 +40,11 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimBackend]:
     mp.undo()
 
 
-def reference(c: SnapshotCollector) -> bytes:
+def reference(c: SnapshotCollector, encode: Callable[[CollectorRegistry], bytes] =
+              generate_latest) -> bytes:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(c)
-    return generate_latest(reg)
+    return encode(reg)
 
 
 @pytest.mark.parametrize(("pid_labels", "holders"), [(True, True), (False, True),
@@ -54,6 +57,10 @@ def test_the_same_bytes_on_8_gpus_by_200_processes(backend: SimBackend, pid_labe
     first = c.render_text()
     assert first == reference(c)
     assert c.render_text() == first  # the second from the kept parts
+    om = c.render_text(openmetrics_latest, "om")
+    assert om == reference(c, openmetrics_latest)
+    assert om.endswith(b"# EOF\n")
+    assert c.render_text(openmetrics_latest, "om") == om
     assert first.count(b"\ngpuwarden_process_memory_bytes{") >= (1500 if pid_labels else 8)
 
 
@@ -72,6 +79,7 @@ def test_escaped_labels_and_series_that_come_and_go() -> None:
         now[0] = float(i)
         text = c.render_text()
         assert text == reference(c), i
+        assert c.render_text(openmetrics_latest, "om") == reference(c, openmetrics_latest), i
         assert (b'pid="101"' in text) == (i != 1)
         assert (b'pid="103"' in text) == (i == 1)
 
@@ -93,7 +101,8 @@ def test_over_http(backend: SimBackend) -> None:
             "Accept": "application/openmetrics-text; version=1.0.0"})
         with urllib.request.urlopen(om, timeout=10) as r:
             body = r.read()
-        assert body.endswith(b"# EOF\n")
+            assert r.headers["Content-Type"].startswith("application/openmetrics-text")
+        assert body == openmetrics_latest(registry)
         assert b"gpuwarden_process_memory_bytes{" in body
     finally:
         server.shutdown()

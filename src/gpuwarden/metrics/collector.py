@@ -53,14 +53,16 @@ class _Family:
 
 
 _Line = tuple[str, int | None, str]  # name-and-labels part, int value, the whole line
+_Text = tuple[str, dict[tuple[str, ...], _Line]]  # a family's header lines, its series
 
 
 class _One(Collector):
-    def __init__(self, metric: Metric) -> None:
+    def __init__(self, metric: Metric | None) -> None:
         self.one = metric
 
     def collect(self) -> Iterator[Metric]:
-        yield self.one
+        if self.one is not None:
+            yield self.one
 
 
 def _g(name: str, doc: str, labels: list[str]) -> _Family:
@@ -85,7 +87,7 @@ class SnapshotCollector(Collector):
         # render_text's text per family: its HELP/TYPE lines and, per row's label values,
         # the sample line up to its value, and the last integer value with its line;
         # only the last render's rows are kept.
-        self._text: dict[str, tuple[str, dict[tuple[str, ...], _Line]]] = {}
+        self._text: dict[str, tuple[str, dict[str, _Text]]] = {}  # per format, + trailer
         self._text_lock = threading.Lock()
 
     def snapshot(self) -> tuple[Snapshot, float]:
@@ -107,26 +109,30 @@ class SnapshotCollector(Collector):
         for family in self._families():
             yield family.metric()
 
-    def render_text(self) -> bytes:
-        """What ``generate_latest`` writes for a registry holding only this collector,
-        byte for byte, at a fraction of its cost: a series seen in the previous render
-        reuses its escaped name-and-labels part, only its value is formatted anew. Parts
-        of new series come from ``generate_latest`` itself, so the two cannot differ."""
+    def render_text(self, encode: Callable[[Collector], bytes] = generate_latest,
+                    fmt: str = "text") -> bytes:
+        """What ``encode`` (``generate_latest``, or the OpenMetrics one: ``fmt`` names
+        which, with its options) writes for a registry holding only this collector, byte
+        for byte, at a fraction of its cost: a series seen in the previous render reuses
+        its escaped name-and-labels part, and its whole line while an integer value
+        holds. The parts of new series and families come from ``encode`` itself, so the
+        two cannot differ."""
         families = self._families()
         out: list[str] = []
         with self._text_lock:
-            previous, kept = self._text, {}
+            trailer, previous = self._text.get(fmt) or (encode(_One(None)).decode(), {})
+            kept: dict[str, _Text] = {}
             for family in families:
                 header, old = previous.get(family.name) or (
-                    generate_latest(_One(family.metric([]))).decode(), {})
+                    encode(_One(family.metric([]))).decode().removesuffix(trailer), {})
                 parts: dict[tuple[str, ...], _Line] = {}
                 out.append(header)
                 for labels, value in family.rows:
                     seen = parts.get(labels) or old.get(labels)
                     if seen is None:
-                        text = generate_latest(_One(family.metric([(labels, 0.0)])))
-                        seen = (text.decode().splitlines()[-1].rpartition(" ")[0] + " ",
-                                None, "")
+                        text = encode(_One(family.metric([(labels, 0.0)]))).decode()
+                        line = text[len(header):len(text) - len(trailer)]
+                        seen = (line.rpartition(" ")[0] + " ", None, "")
                     # An int's text is its value's alone (a float's: -0.0 == 0.0).
                     if type(value) is not int or seen[1] != value:
                         seen = (seen[0], value if type(value) is int else None,
@@ -134,7 +140,8 @@ class SnapshotCollector(Collector):
                     parts[labels] = seen
                     out.append(seen[2])
                 kept[family.name] = (header, parts)
-            self._text = kept
+            out.append(trailer)
+            self._text[fmt] = (trailer, kept)
         return "".join(out).encode("utf-8")
 
     def _families(self) -> list[_Family]:

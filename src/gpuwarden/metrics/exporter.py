@@ -28,14 +28,17 @@ def registry_for(backend: Backend, *, cache_seconds: float, pid_labels: bool,
 
 
 def wsgi_app(registry: CollectorRegistry) -> Callable[..., Any]:
-    """prometheus_client's /metrics app, except that a plain-text scrape of a snapshot
-    registry (what ``choose_encoder`` answers with ``generate_latest``) is rendered by its
-    collector: the same bytes, cheaper. OpenMetrics, ``name[]`` filters and other
+    """prometheus_client's /metrics app, except that a scrape of a snapshot registry in
+    the text or OpenMetrics format (what ``choose_encoder`` picks from the Accept header)
+    is rendered by its collector: the same bytes, cheaper. ``name[]`` filters and other
     methods go to prometheus_client as they are."""
     import gzip
 
     from prometheus_client import generate_latest, make_wsgi_app
     from prometheus_client.exposition import choose_encoder, gzip_accepted
+    from prometheus_client.openmetrics.exposition import (
+        generate_latest as openmetrics_latest,
+    )
 
     from gpuwarden.metrics.collector import SnapshotRegistry
 
@@ -46,8 +49,11 @@ def wsgi_app(registry: CollectorRegistry) -> Callable[..., Any]:
                 and environ.get("PATH_INFO") != "/favicon.ico"
                 and "name[]" not in environ.get("QUERY_STRING", "")):
             encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
-            if encoder is generate_latest:
-                output = registry.collector.render_text()
+            base = getattr(encoder, "func", encoder)  # a functools.partial with options
+            if base is generate_latest or base is openmetrics_latest:
+                fmt = repr((base.__module__, getattr(encoder, "args", ()),
+                            sorted(getattr(encoder, "keywords", {}).items())))
+                output = registry.collector.render_text(encoder, fmt)
                 headers = [("Content-Type", content_type)]
                 if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
                     output = gzip.compress(output)
