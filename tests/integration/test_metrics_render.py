@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
 from gpuwarden.gpus.sim import SimBackend
-from gpuwarden.metrics.collector import SnapshotCollector
+from gpuwarden.metrics.collector import SnapshotCollector, render_text
 from gpuwarden.metrics.exporter import registry_for, start
 from gpuwarden.observe.snapshot import Snapshot, take_snapshot
 from tests.integration.daemon_fixture import free_port
@@ -114,3 +114,20 @@ def test_kept_simulated_facts_make_the_same_snapshot(backend: SimBackend) -> Non
     fresh = SimBackend(backend.scenario, backend.registry.root)
     first = take_snapshot(fresh, now=5e9)  # every declared process's facts built
     assert take_snapshot(fresh, now=5e9) == first  # from the kept ones
+
+
+def test_parts_render_as_one_registry_does() -> None:
+    """The daemon's /metrics: its pass histogram, the snapshot's series, the queue's."""
+    from prometheus_client import Gauge, Histogram
+
+    before, after, whole = (CollectorRegistry(auto_describe=False) for _ in range(3))
+    h = Histogram("gpuwarden_test_seconds", "A histogram", registry=before)
+    h.observe(0.3)
+    g = Gauge("gpuwarden_test_jobs", "Jobs", ["state"], registry=after)
+    g.labels("queued").set(3)
+    snap = snapshot([(gpu(0, used=3 * GiB), [proc(101, 0, GiB), proc(102, 0, 2 * GiB)])])
+    c = SnapshotCollector(lambda: snap, cache_seconds=600)
+    for part in (h, c, g):
+        whole.register(part)
+    assert render_text([before, c, after]) == generate_latest(whole)
+    assert render_text([before, c, after]) == generate_latest(whole)  # kept parts

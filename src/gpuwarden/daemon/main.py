@@ -99,10 +99,10 @@ class DaemonMetrics:
         self.backend: Any = None
 
     async def start(self, store: Any, sched: Any, pool: Executor) -> None:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        from prometheus_client import CONTENT_TYPE_LATEST
 
         from gpuwarden.gpus.backend import open_backend
-        from gpuwarden.metrics.collector import SnapshotCollector
+        from gpuwarden.metrics.collector import SnapshotCollector, render_text
         from gpuwarden.metrics.jobs import JobsCollector
         from gpuwarden.observe.snapshot import take_snapshot
         from gpuwarden.web.routes import off_loop
@@ -110,12 +110,14 @@ class DaemonMetrics:
         assert self.config.metrics_listen is not None
         self.backend = open_backend()  # its own: scrapes run on the web's threads
         backend = self.backend
-        self.registry.register(SnapshotCollector(lambda: take_snapshot(backend),
-                                                 cache_seconds=self.config.metrics_cache))
-        self.registry.register(JobsCollector(store, lambda: sched.last_running))
+        # The pass histogram (in self.registry), then the snapshot's series rendered by
+        # their collector (the same bytes as generate_latest, cheaper), then the queue's.
+        parts = (self.registry, SnapshotCollector(lambda: take_snapshot(backend),
+                                                  cache_seconds=self.config.metrics_cache),
+                 JobsCollector(store, lambda: sched.last_running))
 
         async def metrics(_: web.Request) -> web.Response:
-            body = await off_loop(pool, generate_latest, self.registry)
+            body = await off_loop(pool, render_text, parts)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
         app = web.Application(client_max_size=1 << 16)

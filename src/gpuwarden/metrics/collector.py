@@ -263,6 +263,13 @@ class SnapshotCollector(Collector):
                   if any(v.facts.mig_instances for v in snap.gpus) else [])]
 
 
+def render_text(parts: Sequence[Collector]) -> bytes:
+    """The text format of ``parts`` in order: what ``generate_latest`` writes for one
+    registry holding them all, with each snapshot collector rendering its own text."""
+    return b"".join(p.render_text() if isinstance(p, SnapshotCollector) else generate_latest(p)
+                    for p in parts)
+
+
 class SnapshotRegistry(CollectorRegistry):
     """A registry holding one snapshot collector, so the text format can be rendered by
     the collector itself (``SnapshotCollector.render_text``)."""
