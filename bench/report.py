@@ -566,9 +566,10 @@ def _metrics(mt: dict[str, Any]) -> list[str]:
         "processes keep all their facts. Left per scrape: the snapshot of 1,600 processes, "
         "the /proc holder scan (fd tables are read again every time: a closed and "
         "reused fd number leaves the count alike), the leak rules and ~3,400 lines.",
-        "- OpenMetrics scrapes (which Prometheus asks for first) still go through "
-        "prometheus_client's encoder. On a real machine each GPU process's uids, command "
-        "line and stat are still read per snapshot: these simulated processes cost less.",
+        "- OpenMetrics scrapes (which Prometheus asks for first) take the same path, byte "
+        "for byte what prometheus_client's OpenMetrics encoder writes. On a real machine "
+        "each GPU process's uids, command line and stat are still read per snapshot: "
+        "these simulated processes cost less.",
     ]
 
 
