@@ -228,10 +228,8 @@ class SnapshotCollector(Collector):
                     per_user[user] = per_user.get(user, 0) + memory
                 if sm is not None:
                     sm_sums[key] = sm_sums.get(key, 0.0) + sm / 100
-            for key, b in mem_sums.items():
-                pmem.add_metric(key, b)
-            for key, r in sm_sums.items():
-                psm.add_metric(key, min(r, 1.0))
+            pmem.rows.extend(mem_sums.items())  # the keys are the label values already
+            psm.rows.extend([(key, min(r, 1.0)) for key, r in sm_sums.items()])
             users_on.add_metric([g], len(owners))
             for mi in f.mig_instances:
                 gi = str(mi.gi_id)
