@@ -39,6 +39,7 @@ _RIGHT = {0, 1, 4, 5}
 def _process_table(rows: list[tuple[str, ...]], width: int) -> Text:
     """The process list as aligned plain text: a rich Table costs ~0.5 ms a row, too slow
     for a box with thousands of GPU processes. States other than running are red."""
+    from rich.cells import cell_len
     from rich.text import Text
 
     widths = [min(max(len(c), *(len(r[i]) for r in rows)) if rows else len(c), _PROC_MAX[i])
@@ -64,6 +65,9 @@ def _process_table(rows: list[tuple[str, ...]], width: int) -> Text:
         out.append(state, style=None if r[state_col] == "running" else "red")
         out.append(" " + cell(len(widths), r[-1]) + "\n")
     out.rstrip()
+    if all((line.isascii() and len(line) <= width) or cell_len(line) <= width
+           for line in out.plain.split("\n")):
+        out.no_wrap = True  # every line fits: rich's word wrap would cost more than the rest
     return out
 
 
