@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -219,3 +220,48 @@ def test_metrics_per_instance(tmp_path: Path) -> None:
     plain = SimBackend(load_scenario(EXAMPLES / "idle-2gpu.json"), tmp_path / "plain")
     assert "gpuwarden_mig_" not in SnapshotCollector(
         lambda: take_snapshot(plain)).render_text().decode()
+
+
+def test_the_daemon_places_a_20g_job_on_the_3g40gb_instance(tmp_path: Path) -> None:
+    from tests.integration.daemon_fixture import start_daemon
+
+    for d in start_daemon(tmp_path, SCENARIO):
+        jid = d.submit("--mem", "20G", cmd=[
+            sys.executable, "-c", "import os, subprocess, sys; "
+            "print(os.environ['CUDA_VISIBLE_DEVICES'], flush=True); "
+            "subprocess.run([sys.executable, '-m', 'gpuwarden.sim.job', '--mem', '20G', "
+            "'--seconds', '30'])"])
+        job = d.wait_state(jid, "running")
+        assert job["gpu_uuids"] == [BIG] and job["gpus"] == [0]
+        deadline = time.monotonic() + 30
+        while True:  # the job allocates in the instance CUDA_VISIBLE_DEVICES names
+            (gpu,) = d.json("status", "--fresh")["gpus"]
+            (inst,) = [m for m in gpu["mig_instances"] if m["profile"] == "3g.40gb"]
+            if inst["processes"]:
+                break
+            assert time.monotonic() < deadline, "the job never allocated in its instance"
+            time.sleep(0.2)
+        assert inst["memory_used"] >= 20 << 30
+        r = d.cli("submit", "--mem", "50G", "--", "true")
+        assert r.returncode == 2 and "37.3GiB total" in r.stderr  # refused there
+
+
+def test_placement_treats_each_instance_as_a_place(tmp_path: Path) -> None:
+    from gpuwarden.observe.snapshot import take_snapshot
+    from gpuwarden.sched.model import QueuedJob
+    from gpuwarden.sched.placement import apply, fits, gpu_states
+
+    snap = take_snapshot(SimBackend(load_scenario(SCENARIO), tmp_path / "state"))
+    states = gpu_states(snap, {}, set())
+    assert [(s.index, s.uuid, s.mig) for s in states] == [(0, BIG, "3g.40gb"),
+                                                          (0, SMALL, "1g.10gb")]
+    assert states[0].total == 40 * 10**9 and states[1].foreign_peak == 6 << 30
+    first = QueuedJob(id=1, user="ann", mem=20 << 30)
+    place = fits(first, states)
+    assert place is not None and place.gpus == (0,) and place.uuids == (BIG,)
+    after = apply(states, first, place)
+    assert [len(s.managed) for s in after] == [1, 0]  # booked on that instance only
+    assert fits(QueuedJob(id=2, user="ann", mem=20 << 30), after) is None  # 16G left
+    small = fits(QueuedJob(id=3, user="ann", mem=2 << 30), after)
+    assert small is not None and small.uuids in ((BIG,), (SMALL,))
+    assert fits(QueuedJob(id=4, user="ann", mem=1 << 30, count=2), states) is None

@@ -1043,7 +1043,7 @@ class Scheduler:
         if handle is None:
             return
         facts = {g.index: g.facts for g in snap.gpus}
-        uuids = tuple(facts[i].uuid for i in place.gpus)
+        uuids = place.uuids or tuple(facts[i].uuid for i in place.gpus)
         self.store.transition(
             job.id, (model.QUEUED,), model.RESERVED, now=self.clock(), kind="placed",
             detail=f"GPU {','.join(map(str, place.gpus))}, {format_bytes(place.budget)} "
@@ -1062,10 +1062,14 @@ class Scheduler:
             spec_from_plan,
             write_spec,
         )
+        from gpuwarden.gpus.visible import devices
         from gpuwarden.launch import plan_launch, probe_host
 
         facts = {g.index: g.facts for g in snap.gpus}
-        chosen = [facts[i] for i in place.gpus]
+        places = {d.uuid: d for d in devices([g.facts for g in snap.gpus])}
+        # a MIG instance is a device of its own, named by its MIG- UUID
+        chosen = [places[u] for u in place.uuids] if place.uuids else \
+            [facts[i] for i in place.gpus]
         budget_text = format_bytes(place.budget)
         context = self._booked_context(place.gpus)
         job = self.store.transition(

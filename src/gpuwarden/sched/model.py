@@ -56,6 +56,7 @@ class GpuState:
     local_cpus: frozenset[int] | None = None  # CPUs near this GPU (None: unknown)
     free_cpus: frozenset[int] | None = None  # of those, not held alone by a job (--cpus)
     drained: str | None = None  # drained by an admin: why ("" without a reason); no placement
+    mig: str | None = None  # a MIG instance of GPU ``index`` (profile; uuid its MIG- UUID)
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class Place:
     gpus: tuple[int, ...]
     budget: int
     cpus: tuple[int, ...] = ()  # the cores it holds alone, when it asked for some
+    uuids: tuple[str, ...] = ()  # the places' uuids, as gpus: a MIG instance's MIG- UUID
 
 
 @dataclass(frozen=True)

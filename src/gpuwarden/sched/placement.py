@@ -20,6 +20,8 @@ from dataclasses import replace
 from fractions import Fraction
 from typing import Protocol
 
+from gpuwarden.gpus.model import GpuFacts
+from gpuwarden.gpus.visible import mig_device
 from gpuwarden.observe.snapshot import RUNNING, GpuView, Snapshot
 from gpuwarden.sched.model import GpuState, ManagedUse, Place, QueuedJob
 from gpuwarden.units import MiB, format_bytes
@@ -117,14 +119,14 @@ def gpu_states(snapshot: Snapshot, managed: Mapping[str, Sequence[ManagedUse]],
     peaks = foreign_peaks or {}
     ctx = contexts or {}
     states = []
-    for view in snapshot.gpus:
+    for gpu, view, mig in _places(snapshot):
         f = view.facts
         states.append(GpuState(
             index=f.index, uuid=f.uuid, total=f.memory_total, reserve=reserve,
             numa_node=f.numa_node, nvlink_peers=f.nvlink_peers,
             compute_mode=f.compute_mode or "Default",
             managed=tuple(managed.get(f.uuid, ())),
-            context=ctx.get(f.uuid, 0),
+            context=ctx.get(f.uuid, ctx.get(gpu.uuid, 0)), mig=mig,
             foreign_peak=peaks[f.uuid] if f.uuid in peaks else
             foreign_memory(view, managed_pids),
             foreign_processes=sum(1 for p in view.processes if p.pid not in managed_pids),
@@ -133,6 +135,20 @@ def gpu_states(snapshot: Snapshot, managed: Mapping[str, Sequence[ManagedUse]],
                                     and p.state == RUNNING),
         ))
     return states
+
+
+def _places(snapshot: Snapshot) -> list[tuple[GpuFacts, GpuView, str | None]]:
+    """(GPU, place, MIG profile): each GPU is a place, except that a GPU in MIG mode is
+    its instances, each with its own memory and the processes NVML lists on it."""
+    out: list[tuple[GpuFacts, GpuView, str | None]] = []
+    for view in snapshot.gpus:
+        f = view.facts
+        if not f.mig_instances:
+            out.append((f, view, None))
+        for m in f.mig_instances:
+            out.append((f, GpuView(replace(mig_device(f, m), driver_baseline=0), tuple(
+                p for p in view.processes if p.gpu.mig_uuid == m.uuid)), m.profile))
+    return out
 
 
 # --- topology ----------------------------------------------------------------------------
@@ -204,6 +220,8 @@ def _blocked(job: QueuedJob, gpu: GpuState, room: int) -> tuple[bool, str] | Non
         return False, "drained" + (f" ({gpu.drained})" if gpu.drained else "")
     if gpu.compute_mode == PROHIBITED:
         return False, "compute mode Prohibited"
+    if gpu.mig is not None and job.count > 1:
+        return False, f"MIG instance {gpu.mig} (CUDA gives a process one)"
     busy = bool(gpu.managed) or gpu.foreign_processes > 0
     if gpu.compute_mode in _SOLO_MODES and busy:
         return False, f"{gpu.compute_mode} and in use"
@@ -347,7 +365,11 @@ def fits(job: QueuedJob, gpus: Sequence[GpuState],
     cores = pick_cores(job, [g for g, _ in chosen])
     if cores is None:
         return None
-    return Place(job.id, tuple(sorted(g.index for g, _ in chosen)), budget, cores)
+    chosen = sorted(chosen, key=lambda p: (p[0].index, p[0].uuid))
+    # A GPU's MIG instances share its index: a Place on one names it by uuid too.
+    mig = any(g.mig is not None for g, _ in chosen)
+    return Place(job.id, tuple(g.index for g, _ in chosen), budget, cores,
+                 uuids=tuple(g.uuid for g, _ in chosen) if mig else ())
 
 
 def reservation(job: QueuedJob, budget: int, *, started_at: float | None = None,
@@ -372,10 +394,11 @@ def apply(gpus: Sequence[GpuState], job: QueuedJob, place: Place,
           started_at: float | None = None) -> list[GpuState]:
     """The GPU states after booking ``place``. Raises ValueError if the Place asks more
     than a GPU's headroom: the guard of invariant 1, whatever fit policy made it."""
-    targets = set(place.gpus)
+    by_uuid = bool(place.uuids)  # a GPU's MIG instances share its index
+    targets: set[int | str] = set(place.uuids) if by_uuid else set(place.gpus)
     out = []
     for gpu in gpus:
-        if gpu.index in targets:
+        if (gpu.uuid if by_uuid else gpu.index) in targets:
             room = headroom(gpu, spike_buffer)
             if place.budget + gpu.context > room or place.budget < 0:
                 raise ValueError(f"job {job.id}: {format_bytes(place.budget)} (+ "
@@ -383,12 +406,14 @@ def apply(gpus: Sequence[GpuState], job: QueuedJob, place: Place,
                                  f"exceeds its headroom {format_bytes(room)}")
             gpu = replace(gpu, managed=(*gpu.managed, reservation(
                 job, place.budget, started_at=started_at, context=gpu.context)))
-            targets.discard(gpu.index)
+            targets.discard(gpu.uuid if by_uuid else gpu.index)
         if place.cpus and gpu.free_cpus is not None and gpu.free_cpus & set(place.cpus):
             gpu = replace(gpu, free_cpus=gpu.free_cpus - set(place.cpus))
         out.append(gpu)
     if targets:
-        raise ValueError(f"job {job.id}: placed on unknown GPU {_ids(targets)}")
+        where = (",".join(sorted(map(str, targets))) if by_uuid
+                 else _ids(t for t in targets if isinstance(t, int)))
+        raise ValueError(f"job {job.id}: placed on unknown GPU {where}")
     return out
 
 

@@ -206,7 +206,7 @@ class _Pass:
     def _slack(self, place: Place) -> int:
         """Headroom the placement leaves unused on its GPUs."""
         return sum(headroom(g, self.spike) - place.budget for g in self.state
-                   if g.index in place.gpus)
+                   if (g.uuid in place.uuids if place.uuids else g.index in place.gpus))
 
     def _delays(self, head: backfill.Reservation) -> str:
         why = f"waiting: starting now would delay job {head.job.id}, first in the queue"
