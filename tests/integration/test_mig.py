@@ -265,3 +265,30 @@ def test_placement_treats_each_instance_as_a_place(tmp_path: Path) -> None:
     small = fits(QueuedJob(id=3, user="ann", mem=2 << 30), after)
     assert small is not None and small.uuids in ((BIG,), (SMALL,))
     assert fits(QueuedJob(id=4, user="ann", mem=1 << 30, count=2), states) is None
+
+
+def test_submit_mig_asks_for_an_instance_of_that_profile(tmp_path: Path) -> None:
+    from tests.integration.daemon_fixture import start_daemon
+
+    for d in start_daemon(tmp_path, SCENARIO):
+        # the 1g.10gb has 6G of alice's in use: 1G still fits there (reserve, context)
+        jid = d.submit("--mem", "1G", "--mig", "1g.10gb", cmd=[
+            sys.executable, "-m", "gpuwarden.sim.job", "--mem", "1G", "--seconds", "30"])
+        job = d.wait_state(jid, "running")
+        assert job["gpu_uuids"] == [SMALL] and job["mig"] == "1g.10gb"
+        r = d.cli("submit", "--mem", "2G", "--mig", "1g.10gb", "--", "true")
+        waiting = d.wait_state(int(r.stdout), "queued")
+        assert "not a 1g.10gb MIG instance" in waiting["reason"]  # the 3g.40gb is no place
+        d.cli("cancel", r.stdout.strip(), check=True)
+        plain = d.submit("--mem", "2G", cmd=[
+            sys.executable, "-m", "gpuwarden.sim.job", "--mem", "1G", "--seconds", "30"])
+        assert d.wait_state(plain, "running")["gpu_uuids"] == [BIG]  # the roomier one
+        r = d.cli("submit", "--mem", "1G", "--mig", "2g.20gb", "--", "true")
+        assert r.returncode == 2 and "no 2g.20gb MIG instance here" in r.stderr
+        assert "1g.10gb, 3g.40gb" in r.stderr
+        r = d.cli("submit", "--mem", "20G", "--mig", "1g.10gb", "--", "true")
+        assert r.returncode == 2 and "9537MiB total" in r.stderr  # never fits that profile
+        r = d.cli("submit", "--mem", "1G", "--mig", "big", "--", "true")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a MIG profile" in r.stderr
+        r = d.cli("submit", "--mem", "1G", "--mig", "1g.10gb", "--mps", "--", "true")
+        assert r.returncode == 2 and "MPS" in r.stderr

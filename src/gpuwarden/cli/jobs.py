@@ -116,6 +116,9 @@ _SUBMIT_OPTIONS = [
                  help="Hold this many CPU cores near the GPUs alone (among gpuwarden jobs)."),
     click.option("--no-numa", is_flag=True,
                  help="No CPU affinity and no NUMA memory binding."),
+    click.option("--mig", metavar="PROFILE",
+                 help="A MIG instance of this profile (e.g. 3g.40gb): on a GPU in MIG mode "
+                      "each instance is a place of its own."),
     click.option("--restart", help="A service: start it again after it ends: on-failure "
                                    "(non-zero exit, a signal, a failed health check) or "
                                    "always (any end but cancel)."),
@@ -147,7 +150,7 @@ def _submit_to_ray(cluster: str, command: tuple[str, ...], opts: dict[str, Any])
     if opts["mem"] in (None, "auto"):
         raise UsageError("--cluster needs --mem SIZE: Ray places the job by its memory share")
     unsupported = [k for k in ("gpu_ids", "after", "after_any", "after_fail", "timeout", "mps",
-                                 "cpus", "key")
+                                 "cpus", "key", "mig")
                    if opts.get(k) not in (None, False, (), 0)]
     if unsupported:
         raise UsageError("not supported with --cluster: "
@@ -198,6 +201,8 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
         "no_requeue": opts["no_requeue"],
         "checkpoint": opts["checkpoint"], "mps": opts["mps"], "no_numa": opts["no_numa"],
     }
+    if opts.get("mig") is not None:
+        body["mig"] = opts["mig"]
     if opts["mem"] not in (None, "auto"):
         from gpuwarden.units import parse_size_or_fraction
 

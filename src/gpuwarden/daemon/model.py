@@ -62,6 +62,7 @@ class JobSpec:
     mem_auto: bool = False  # mem was learned from earlier runs (--mem auto)
     cpus: int | None = None  # CPU cores near its GPUs held alone (--cpus N)
     no_numa: bool = False  # no CPU affinity, no NUMA memory binding
+    mig: str | None = None  # a MIG instance of this profile (--mig 3g.40gb)
     attach: str | None = None  # started by another launcher (e.g. "ray job ID"), not us
     service: Service | None = None  # a restart policy and health check (--restart)
 
@@ -289,6 +290,7 @@ class Job:
             "mem_auto": s.mem_auto,
             "cpus": s.cpus,
             "no_numa": s.no_numa,
+            "mig": s.mig,
             "attach": s.attach,
             "service": None if s.service is None else s.service.to_json(),
             "restarts": self.restarts,

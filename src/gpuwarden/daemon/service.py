@@ -101,7 +101,7 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *
     known = {"command", "cwd", "env", "env_keep", "name", "group", "key", "mem", "gpus",
              "gpu_ids", "after", "timeout", "exclusive", "priority", "requeue_on_reboot",
              "qos", "mem_limit", "grace", "no_requeue", "retries", "checkpoint", "mps",
-             "sm_percent", "cpus", "no_numa", "attach"} | SERVICE_FIELDS
+             "sm_percent", "cpus", "no_numa", "mig", "attach"} | SERVICE_FIELDS
     unknown = sorted(set(body) - known - set(AFTER_KINDS))
     if unknown:
         raise UsageError(f"unknown field(s): {', '.join(unknown)}")
@@ -172,6 +172,14 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *
         if body.get("no_numa") is True:
             raise UsageError("cpus binds the job to cores near its GPUs; no_numa turns "
                              "binding off: choose one")
+    mig = body.get("mig")
+    if mig is not None:
+        from gpuwarden.gpus.model import MIG_PROFILE
+
+        if not isinstance(mig, str) or not MIG_PROFILE.match(mig):
+            raise UsageError(f"mig: {mig!r} is not a MIG profile such as 1g.10gb or 3g.40gb")
+        if body.get("mps") is True:
+            raise UsageError("mps and mig: gpuwarden runs no MPS server on a MIG instance")
     gpus = _int(body.get("gpus", 1), "gpus", 1, 64)
     gpu_ids = body.get("gpu_ids")
     if gpu_ids is not None:
@@ -207,7 +215,7 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *
         no_requeue=bool(body.get("no_requeue", False)) or attach is not None, retries=retries,
         checkpoint=bool(body.get("checkpoint", False)),
         mps=body.get("mps") is True, sm_percent=sm_percent, mem_auto=mem_auto,
-        cpus=cpus, no_numa=body.get("no_numa") is True, attach=attach,
+        cpus=cpus, no_numa=body.get("no_numa") is True, mig=mig, attach=attach,
         service=_service(body, attach),
     )
     return spec, dropped
@@ -289,7 +297,8 @@ def queued_view(job: Job, estimate: float | None = None, now: float = 0.0) -> Qu
                      wait_for_ceiling=now < (job.ceiling_until or 0.0), count=s.gpus,
                      gpu_ids=s.gpu_ids, exclusive=s.exclusive, priority=s.priority,
                      submitted_at=job.submitted_at, qos=s.qos, runtime=s.timeout,
-                     estimate=estimate, not_before=job.not_before or 0.0, cpus=s.cpus)
+                     estimate=estimate, not_before=job.not_before or 0.0, cpus=s.cpus,
+                     mig=s.mig)
 
 
 def learned_runtime(store: Store, job: Job) -> tuple[float | None, str | None]:
@@ -431,7 +440,7 @@ class JobService:
             "command": list(s.command), "gpu_ids": None if s.gpu_ids is None else
             list(s.gpu_ids), "exclusive": s.exclusive, "mps": s.mps,
             "sm_percent": s.sm_percent, "cpus": s.cpus, "no_numa": s.no_numa,
-            "key": s.key, "retries": s.retries,
+            "mig": s.mig, "key": s.key, "retries": s.retries,
             **{k: v for k, v in was.items() if v is not None}, **body}
         if "mem" in body and body["mem"] is not None and "mem_limit" not in body \
                 and s.mem_limit is not None and s.qos != GUARANTEED:
@@ -489,7 +498,7 @@ class JobService:
         job = QueuedJob(id=0, user=spec.user, mem=spec.mem, count=spec.gpus,
                         gpu_ids=spec.gpu_ids, exclusive=spec.exclusive,
                         priority=spec.priority, qos=spec.qos, runtime=spec.timeout,
-                        cpus=spec.cpus)
+                        cpus=spec.cpus, mig=spec.mig)
         return infeasible_reason(job, gpus) or never_within(job, self.config.policy.limits)
 
     def _claim(self, caller: Caller, job: Job) -> None:

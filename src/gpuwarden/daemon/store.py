@@ -285,6 +285,8 @@ MIGRATIONS: list[Migration] = [
     # 11: dependencies beside --after (success): --after-any (any end), --after-fail.
     _sql("ALTER TABLE jobs ADD COLUMN after_any_ids TEXT NOT NULL DEFAULT '[]'",
          "ALTER TABLE jobs ADD COLUMN after_fail_ids TEXT NOT NULL DEFAULT '[]'"),
+    # 12: a MIG instance profile the job asks for (--mig 3g.40gb).
+    _sql("ALTER TABLE jobs ADD COLUMN mig TEXT"),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -397,6 +399,7 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event], hold: Hold | None = N
         mem_auto=bool(row["mem_auto"]),
         cpus=row["cpus"],
         no_numa=bool(row["no_numa"]),
+        mig=row["mig"],
         attach=row["attach"],
         service=Service.loads(row["service"]),
     )
@@ -883,6 +886,8 @@ class Store:
                  None if spec.service is None else spec.service.dumps()))
             job_id = cur.lastrowid
             assert job_id is not None
+            if spec.mig is not None:
+                conn.execute("UPDATE jobs SET mig = ? WHERE id = ?", (spec.mig, job_id))
             if spec.after_any or spec.after_fail:
                 conn.execute("UPDATE jobs SET after_any_ids = ?, after_fail_ids = ? "
                              "WHERE id = ?", (_json_ids(spec.after_any),

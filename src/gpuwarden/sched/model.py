@@ -79,6 +79,7 @@ class QueuedJob:
     not_before: float = 0.0  # epoch seconds; a retry waits out its backoff
     cpus: int | None = None  # CPU cores near its GPUs to hold alone (--cpus N)
     prefer: tuple[int, ...] | None = None  # a restarted service's GPUs: taken while it fits
+    mig: str | None = None  # only a MIG instance of this profile (e.g. "3g.40gb")
 
     @property
     def expected_runtime(self) -> float | None:

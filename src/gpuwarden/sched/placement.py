@@ -220,6 +220,8 @@ def _blocked(job: QueuedJob, gpu: GpuState, room: int) -> tuple[bool, str] | Non
         return False, "drained" + (f" ({gpu.drained})" if gpu.drained else "")
     if gpu.compute_mode == PROHIBITED:
         return False, "compute mode Prohibited"
+    if job.mig is not None and gpu.mig != job.mig:
+        return False, f"not a {job.mig} MIG instance"
     if gpu.mig is not None and job.count > 1:
         return False, f"MIG instance {gpu.mig} (CUDA gives a process one)"
     busy = bool(gpu.managed) or gpu.foreign_processes > 0
@@ -452,6 +454,13 @@ def infeasible_reason(job: QueuedJob, gpus: Sequence[GpuState]) -> str | None:
         if not job.gpu_ids:
             return "the list of allowed GPUs is empty"
     cands = _candidates(job, gpus) or []
+    if job.mig is not None:
+        have = sorted({g.mig for g in cands if g.mig is not None})
+        cands = [g for g in cands if g.mig == job.mig]
+        if not cands:
+            return (f"no {job.mig} MIG instance here ("
+                    + (f"instances: {', '.join(have)}" if have else "no GPU in MIG mode has "
+                       "instances") + "; gpuwarden creates none: see `gpuwarden doctor`)")
     where = "this machine" if job.gpu_ids is None else f"GPUs {_ids(g.index for g in cands)}"
     usable = [g for g in cands if g.compute_mode != PROHIBITED]
     barred = [g.index for g in cands if g.compute_mode == PROHIBITED]
