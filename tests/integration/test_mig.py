@@ -292,3 +292,11 @@ def test_submit_mig_asks_for_an_instance_of_that_profile(tmp_path: Path) -> None
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a MIG profile" in r.stderr
         r = d.cli("submit", "--mem", "1G", "--mig", "1g.10gb", "--mps", "--", "true")
         assert r.returncode == 2 and "MPS" in r.stderr
+
+
+def test_an_mps_job_is_refused_on_a_mig_gpu(tmp_path: Path) -> None:
+    from tests.integration.daemon_fixture import start_daemon
+
+    for d in start_daemon(tmp_path, SCENARIO):
+        r = d.cli("submit", "--mem", "1G", "--mps", "--", "true")
+        assert r.returncode == 2 and "every GPU here is in MIG mode" in r.stderr

@@ -298,7 +298,7 @@ def queued_view(job: Job, estimate: float | None = None, now: float = 0.0) -> Qu
                      gpu_ids=s.gpu_ids, exclusive=s.exclusive, priority=s.priority,
                      submitted_at=job.submitted_at, qos=s.qos, runtime=s.timeout,
                      estimate=estimate, not_before=job.not_before or 0.0, cpus=s.cpus,
-                     mig=s.mig)
+                     mig=s.mig, mps=s.mps)
 
 
 def learned_runtime(store: Store, job: Job) -> tuple[float | None, str | None]:
@@ -498,7 +498,7 @@ class JobService:
         job = QueuedJob(id=0, user=spec.user, mem=spec.mem, count=spec.gpus,
                         gpu_ids=spec.gpu_ids, exclusive=spec.exclusive,
                         priority=spec.priority, qos=spec.qos, runtime=spec.timeout,
-                        cpus=spec.cpus, mig=spec.mig)
+                        cpus=spec.cpus, mig=spec.mig, mps=spec.mps)
         return infeasible_reason(job, gpus) or never_within(job, self.config.policy.limits)
 
     def _claim(self, caller: Caller, job: Job) -> None:

@@ -80,6 +80,7 @@ class QueuedJob:
     cpus: int | None = None  # CPU cores near its GPUs to hold alone (--cpus N)
     prefer: tuple[int, ...] | None = None  # a restarted service's GPUs: taken while it fits
     mig: str | None = None  # only a MIG instance of this profile (e.g. "3g.40gb")
+    mps: bool = False  # an MPS client: never on a MIG instance (no MPS server there)
 
     @property
     def expected_runtime(self) -> float | None:

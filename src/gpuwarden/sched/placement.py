@@ -222,6 +222,8 @@ def _blocked(job: QueuedJob, gpu: GpuState, room: int) -> tuple[bool, str] | Non
         return False, "compute mode Prohibited"
     if job.mig is not None and gpu.mig != job.mig:
         return False, f"not a {job.mig} MIG instance"
+    if job.mps and gpu.mig is not None:
+        return False, "a MIG instance (no MPS server there)"
     if gpu.mig is not None and job.count > 1:
         return False, f"MIG instance {gpu.mig} (CUDA gives a process one)"
     busy = bool(gpu.managed) or gpu.foreign_processes > 0
@@ -461,6 +463,8 @@ def infeasible_reason(job: QueuedJob, gpus: Sequence[GpuState]) -> str | None:
             return (f"no {job.mig} MIG instance here ("
                     + (f"instances: {', '.join(have)}" if have else "no GPU in MIG mode has "
                        "instances") + "; gpuwarden creates none: see `gpuwarden doctor`)")
+    if job.mps and cands and all(g.mig is not None for g in cands):
+        return "an MPS job, but every GPU here is in MIG mode (gpuwarden runs no MPS there)"
     where = "this machine" if job.gpu_ids is None else f"GPUs {_ids(g.index for g in cands)}"
     usable = [g for g in cands if g.compute_mode != PROHIBITED]
     barred = [g.index for g in cands if g.compute_mode == PROHIBITED]
