@@ -116,13 +116,19 @@ class Hold:
     def open(self) -> bool:
         return self.released_at is None
 
+    @property
+    def seconds(self) -> float | None:
+        """From the end to the release, to the millisecond: the one figure the JSON and
+        the words both give (rounded twice, they could differ in the last digit)."""
+        return None if self.released_at is None else round(self.released_at - self.exited_at, 3)
+
     def said(self) -> str:
         """The release in words (``show``, the web UI): the memory came back, or an admin
         released the hold while it was still held, or it is still reserved."""
         if self.released_at is None:
             return ("still reserved: not verified back since the end"
                     + (f"; leak: {self.leak}" if self.leak else ""))
-        took = f"{self.released_at - self.exited_at:.2f} s after the end"
+        took = f"{self.seconds:.2f} s after the end"
         if self.how is not None and self.how.startswith(CLEARED_BY):
             return (f"hold released by {self.how.removeprefix(CLEARED_BY)} {took}; the "
                     "memory was not verified back" + (f": {self.leak}" if self.leak else ""))
@@ -132,8 +138,7 @@ class Hold:
         return {"attempt": self.attempt, "gpu_uuids": list(self.gpu_uuids),
                 "budget": self.budget, "exited_at": iso(self.exited_at),
                 "released_at": iso(self.released_at),
-                "seconds": None if self.released_at is None else
-                round(self.released_at - self.exited_at, 3),
+                "seconds": self.seconds,
                 "how": self.how, "leak": self.leak, "said": self.said()}
 
 
