@@ -76,6 +76,23 @@ def test_a_guaranteed_job_preempts_a_besteffort_one_which_is_requeued(
     assert b["started_at"] >= next(e["at"] for e in v["events"] if e["kind"] == "requeued")
 
 
+def test_a_preempted_job_does_not_take_its_room_back_while_its_memory_returns(
+        fast_daemon: Daemon) -> None:
+    # The victim's memory comes back a moment after it stops (the simulated driver's lag,
+    # as the real one's). Meanwhile the job that preempted it cannot start yet, and the
+    # victim, queued again, must not be placed back in that room: it would be preempted
+    # again at once, and again (it was, dozens of times a minute).
+    d = fast_daemon
+    victim = d.submit("--mem", "4G", "--gpu-ids", "0", cmd=sim_job("4G", 600))
+    d.wait_state(victim, "running")
+    boss = d.submit("--mem", "20G", "--gpu-ids", "0", "--priority", "100",
+                    cmd=sim_job("20G", 1))
+    assert d.cli("wait", str(boss), timeout=60).returncode == 0
+    v = d.wait_state(victim, "running", timeout=30)
+    assert v["preemptions"] == 1, kinds(v)
+    d.cli("cancel", str(victim), check=True)
+
+
 def test_no_requeue_ends_a_preempted_job_cancelled(fast_daemon: Daemon) -> None:
     d = fast_daemon
     victim = d.submit("--qos", "besteffort", "--gpus", "2", "--mem", "20G", "--no-requeue",

@@ -141,16 +141,22 @@ def test_a_daemon_restart_re_adopts_a_service_and_restarts_it(daemon: Daemon) ->
     daemon.wait_state(jid, "cancelled", timeout=30)
 
 
-def test_an_oom_of_a_service_restarts_it_with_the_bigger_budget(daemon: Daemon) -> None:
-    jid = daemon.submit("--mem", "4G", "--restart", "on-failure",
-                        cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "4G", "--grow-to", "10G",
-                             "--seconds", "600"])
+def _running_after_oom_retry(daemon: Daemon, jid: int) -> dict[str, object]:
+    """The service once it runs again after its first OOM retry."""
     deadline = time.monotonic() + 30
     job = daemon.job(jid)
     while not (job["state"] == "running" and job["oom_retries"] == 1):
         assert time.monotonic() < deadline, job
         time.sleep(0.2)
         job = daemon.job(jid)
+    return job
+
+
+def test_an_oom_of_a_service_restarts_it_with_the_bigger_budget(daemon: Daemon) -> None:
+    jid = daemon.submit("--mem", "4G", "--restart", "on-failure",
+                        cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "4G", "--grow-to", "10G",
+                             "--seconds", "600"])
+    job = _running_after_oom_retry(daemon, jid)
     assert job["budget"] >= 10 * (1 << 30) and "retried" in _kinds(job), job
     assert job["restarts"] == 0  # the OOM rule's retry, not a same-budget restart
     daemon.cli("cancel", str(jid), check=True)
@@ -192,6 +198,45 @@ def test_a_restarted_service_takes_its_gpu_again(daemon: Daemon) -> None:
     placed = [e["detail"] for e in job["events"] if e["kind"] == "placed"]
     assert len(placed) == 3 and all(d.startswith("GPU 0, ") for d in placed), placed
     daemon.cli("cancel", str(other), check=True)
+
+
+def _placed_at(job: dict[str, object]) -> list[float]:
+    return [_t(e["at"]) for e in job["events"]  # type: ignore[attr-defined, index]
+            if e["kind"] == "placed"]
+
+
+def test_a_restarting_service_keeps_its_room_from_higher_priority_work(daemon: Daemon) -> None:
+    # A 10G service on GPU 0 that crashes; an 18G job of priority 100 that fits on GPU 0
+    # only in the service's room. Through every backoff and restart the service keeps it:
+    # the big job starts only once the service is given up.
+    svc = daemon.submit("--mem", "10G", "--gpu-ids", "0", "--qos", "guaranteed",
+                        "--restart", "on-failure", "--restart-limit", "2/10m",
+                        cmd=[*SIM, "--seconds", "1.5", "--exit-code", "1"])
+    daemon.wait_state(svc, "running", timeout=30)
+    big = daemon.submit("--mem", "18G", "--gpu-ids", "0", "--priority", "100",
+                        cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "18G", "--seconds", "0.2"])
+    job = daemon.wait_state(svc, "failed", timeout=60)
+    assert job["restarts"] == 2 and len(_placed_at(job)) == 3, _kinds(job)
+    done = daemon.wait_state(big, "succeeded", timeout=60)
+    assert _placed_at(done)[0] >= _t(job["ended_at"]), (job["events"], done["events"])
+
+
+def test_a_service_retried_after_an_oom_goes_before_higher_priority_work(
+        daemon: Daemon) -> None:
+    # The service grows from 4G to 10G and dies of an OOM; a 20G job of priority 100
+    # waits beside it on GPU 0 (it may not preempt a guaranteed job). The retried
+    # service (10G and more) is placed first.
+    svc = daemon.submit("--mem", "4G", "--gpu-ids", "0", "--qos", "guaranteed",
+                        "--restart", "on-failure",
+                        cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "4G", "--grow-to", "10G",
+                             "--grow-seconds", "2", "--seconds", "600"])
+    daemon.wait_state(svc, "running", timeout=30)
+    big = daemon.submit("--mem", "20G", "--gpu-ids", "0", "--priority", "100",
+                        cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "20G", "--seconds", "0.2"])
+    _running_after_oom_retry(daemon, svc)
+    assert daemon.job(big)["state"] == "queued", daemon.job(big)
+    daemon.cli("cancel", str(svc), check=True)
+    daemon.wait_state(big, "succeeded", timeout=60)
 
 
 def test_a_cancel_during_a_health_stop_is_no_restart() -> None:

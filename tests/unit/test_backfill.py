@@ -3,6 +3,7 @@ fit behind the first waiting job — rules by example, then as properties."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from gpuwarden.daemon.service import estimate_view, learned_runtime, queued_view
 from gpuwarden.daemon.store import Store
 from gpuwarden.sched import backfill
 from gpuwarden.sched.history import learned_runtime as learn
-from gpuwarden.sched.model import GpuState, Place, QueuedJob, Wait
+from gpuwarden.sched.model import GpuState, ManagedUse, Place, QueuedJob, Wait
 from gpuwarden.sched.placement import apply, fits, reservation
 from gpuwarden.sched.queue import BEST_FIT_WINDOW, Policy, plan
 from tests.unit.test_policies import NOW, by_id, g, job, scenes, use
@@ -189,6 +190,62 @@ def test_no_job_is_passed_over_by_more_than_the_window() -> None:
     assert order[:early] == [10 + i for i in range(early)]
     assert order[early] == 99 and sorted(order[early + 1:]) == list(range(10 + early, 10 + n))
     assert sum(d.budget for d in decisions if isinstance(d, Place)) == 40 * GiB
+
+
+# --- services coming back keep their room ---------------------------------------------------
+
+def back(id: int, gib: float, *, not_before: float = 0.0) -> QueuedJob:
+    """A service queued again after it ended (a restart, an OOM retry)."""
+    return dataclasses.replace(job(id, gib, at=NOW - 3600, not_before=not_before),
+                               returning=True)
+
+
+def test_a_service_coming_back_goes_ahead_of_higher_priority_work() -> None:
+    # 30G running; a priority-100 job that needs 45G and a service retried at 10G: both
+    # cannot fit, and the service, admitted before, is placed first.
+    gpus = [g(0, use(100, 30))]
+    d = by_id(plan(gpus, [job(1, 45, priority=100, at=NOW - 1), back(2, 10)], 0, now=NOW,
+                   policy=FREE))
+    assert d[2] == Place(2, (0,), 10 * GiB)
+    assert isinstance(d[1], Wait)
+
+
+def test_a_service_backing_off_keeps_its_room() -> None:
+    gpus = [g(0, use(100, 30))]
+    queue = [job(1, 45, priority=100, at=NOW - 1), back(2, 10, not_before=NOW + 1)]
+    d = by_id(plan(gpus, queue, 0, now=NOW, policy=FREE))
+    assert isinstance(d[2], Wait) and d[2].cause == "backoff"
+    assert isinstance(d[1], Wait) and d[1].cause == "room"
+    # The same job not coming back (a new submission backing off) holds nothing.
+    fresh = dataclasses.replace(queue[1], returning=False)
+    assert isinstance(by_id(plan(gpus, [queue[0], fresh], 0, now=NOW, policy=FREE))[1], Place)
+
+
+def test_a_service_coming_back_bigger_has_its_room_held_at_once() -> None:
+    # 40G running with no end known; the service's OOM retry needs 50G: it is first in
+    # line and, unlike a new job, does not let a 35G that fits now take its room.
+    gpus = [g(0, use(100, 40))]
+    d = by_id(plan(gpus, [back(1, 50), job(2, 35, at=NOW - 1)], 0, now=NOW, policy=FREE))
+    assert isinstance(d[1], Wait) and "its room is held" in d[1].reason
+    assert isinstance(d[2], Wait) and d[2].cause == "backfill"
+    # A new job in its place would let the 35G start (its start is unknown).
+    new = job(1, 50, at=NOW - 60)
+    assert isinstance(by_id(plan(gpus, [new, job(2, 35, at=NOW - 1)], 0, now=NOW,
+                                 policy=FREE))[2], Place)
+
+
+def test_memory_coming_back_from_an_ended_attempt_holds_the_room_for_the_head() -> None:
+    # A preempted job's memory is not back yet (a hold): the job that preempted it waits
+    # for that memory, and the victim, queued again, must not take the room back (else
+    # it is preempted again, and again: a livelock).
+    hold = ManagedUse(-7, 5 * GiB, qos="guaranteed", started_at=NOW - 1, ended=True)
+    gpus = [GpuState(index=0, uuid="GPU-0", total=24 * GiB, managed=(hold,))]
+    queue = [job(1, 20, priority=100, at=NOW - 1), job(2, 6, at=NOW - 60)]
+    d = by_id(plan(gpus, queue, 0, now=NOW, policy=FREE))
+    assert isinstance(d[1], Wait) and isinstance(d[2], Wait) and d[2].cause == "backfill"
+    # A job that leaves the room alone still starts.
+    d = by_id(plan(gpus, [queue[0], job(2, 4, at=NOW - 60)], 0, now=NOW, policy=FREE))
+    assert isinstance(d[2], Place)
 
 
 # --- properties -----------------------------------------------------------------------------

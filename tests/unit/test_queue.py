@@ -184,6 +184,8 @@ def queued(id: int, gpus: int = 8) -> st.SearchStrategy[QueuedJob]:
         estimate=st.one_of(st.none(), st.integers(1, 3600).map(float)),
         mem_ceiling=st.one_of(st.none(), st.none(), st.none(), SIZES),  # crept OOM retries
         wait_for_ceiling=st.booleans(),
+        not_before=st.sampled_from([0.0, 0.0, 0.0, 0.0, 1e9]),  # some back off
+        returning=st.sampled_from([False, False, False, True]),  # services coming back
     )
 
 

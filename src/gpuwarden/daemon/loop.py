@@ -815,7 +815,7 @@ class Scheduler:
             for uuid in h.gpu_uuids:
                 uses.setdefault(uuid, []).append(ManagedUse(
                     job_id=-h.id, budget=h.budget, qos=GUARANTEED, started_at=h.exited_at,
-                    context=contexts.get(uuid, 0)))
+                    context=contexts.get(uuid, 0), ended=True))
             managed_pids |= set(h.pids)  # what they leave is theirs, not foreign
         foreign: dict[str, int] = {}
         for gpu in snap.gpus:

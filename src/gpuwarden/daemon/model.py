@@ -202,6 +202,20 @@ class Job:
                 return False
         return False
 
+    @property
+    def returning(self) -> bool:
+        """Whether it is a service queued again after it ended (a restart, an OOM retry),
+        not after a preemption or a lost launch: it goes ahead of the queue and keeps its
+        room (sched/queue.py, docs/services.md)."""
+        if self.spec.service is None or self.state != QUEUED:
+            return False
+        for e in reversed(self.events):
+            if e.kind in ("restarted", "retried"):
+                return True
+            if e.kind in ("placed", "requeued"):
+                return False
+        return False
+
     def oom_end(self) -> str | None:
         """For a job that failed of an OOM: that it ran out at its limit, and what its
         message asked for (``wait``, ``show``)."""

@@ -298,7 +298,7 @@ def queued_view(job: Job, estimate: float | None = None, now: float = 0.0) -> Qu
                      gpu_ids=s.gpu_ids, exclusive=s.exclusive, priority=s.priority,
                      submitted_at=job.submitted_at, qos=s.qos, runtime=s.timeout,
                      estimate=estimate, not_before=job.not_before or 0.0, cpus=s.cpus,
-                     mig=s.mig, mps=s.mps)
+                     mig=s.mig, mps=s.mps, returning=job.returning)
 
 
 def learned_runtime(store: Store, job: Job) -> tuple[float | None, str | None]:

@@ -15,7 +15,8 @@ with it running. When the head job's start depends on a job whose end is unknown
 shadow time is unknown too, and holding room for it would block the queue for as long as
 that job runs: then jobs that fit start now, until the head job has waited
 ``starve_after``. From then on the shadow time is taken to be *now* (the blocking job
-might end any moment) and only jobs that leave the head job's room alone may start."""
+might end any moment) and only jobs that leave the head job's room alone may start. A
+service coming back (restarted, or retried after an OOM) has its room held at once."""
 
 from __future__ import annotations
 
@@ -39,8 +40,8 @@ class Reservation:
 
 def expected_end(use: ManagedUse, now: float) -> float:
     """When a running job is expected to end (inf: unknown)."""
-    if use.preempting:
-        return now  # being stopped now
+    if use.preempting or use.ended:
+        return now  # being stopped now, or its memory coming back
     if use.expected_end is not None and use.expected_end > now:
         return use.expected_end
     if use.ends_at is None:
@@ -49,8 +50,9 @@ def expected_end(use: ManagedUse, now: float) -> float:
 
 
 def starving(job: QueuedJob, now: float, starve_after: float) -> bool:
-    """Has the head job waited so long that its room is held even without a known start?"""
-    return now - job.submitted_at >= starve_after
+    """Is the head job's room held even without a known start? When it has waited
+    ``starve_after``, and at once for a service coming back: it held that room before."""
+    return job.returning or now - job.submitted_at >= starve_after
 
 
 def reserve(job: QueuedJob, gpus: Sequence[GpuState], now: float, spike_buffer: float,

@@ -15,7 +15,8 @@ class ManagedUse:
     """A reserved or running managed job's claim on one GPU. The fields past ``exclusive``
     feed the policies: who holds it (user limits), its class and priority (preemption),
     when it started, must end and is expected to end (backfill), what it uses now (over
-    its request?) and whether it is already being preempted."""
+    its request?), whether it is already being preempted, and whether it is the memory of
+    an attempt that ended (a hold: it comes back any moment, unless it leaked)."""
 
     job_id: int
     budget: int  # bytes its allocations may hold (the --mem semantics)
@@ -29,6 +30,7 @@ class ManagedUse:
     used: int | None = None  # bytes the job's processes use on this GPU now
     preempting: bool = False
     context: int = 0  # the CUDA context allowance booked beside the budget
+    ended: bool = False  # an ended attempt whose memory is not back yet: back any moment
 
     @property
     def booked(self) -> int:
@@ -79,6 +81,7 @@ class QueuedJob:
     not_before: float = 0.0  # epoch seconds; a retry waits out its backoff
     cpus: int | None = None  # CPU cores near its GPUs to hold alone (--cpus N)
     prefer: tuple[int, ...] | None = None  # a restarted service's GPUs: taken while it fits
+    returning: bool = False  # a service queued again after it ended: it keeps its room
     mig: str | None = None  # only a MIG instance of this profile (e.g. "3g.40gb")
     mps: bool = False  # an MPS client: never on a MIG instance (no MPS server there)
 

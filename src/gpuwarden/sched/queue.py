@@ -1,8 +1,10 @@
 """Queue policy: the order jobs are considered in, and one scheduling pass over them.
 
-A pass walks the queue in order (priority raised by aging, then QoS class, then
-submission time) and gives every job one decision. Every Place is booked into the GPU
-states before the next job is considered, so one pass never overbooks (invariant 1).
+A pass walks the queue in order (services coming back first, then priority raised by
+aging, then QoS class, then submission time) and gives every job one decision. Every
+Place is booked into the GPU states before the next job is considered, so one pass never
+overbooks (invariant 1); a service backing off before its restart has its room booked
+too.
 Around that core the policies of ``Policy`` apply, each in its own module:
 
 - per-user limits (``limits.py``): a job that would take its user past a limit waits;
@@ -77,11 +79,13 @@ def effective_priority(job: QueuedJob, now: float, aging: float) -> int:
 
 
 def order_key(job: QueuedJob, now: float = 0.0, aging: float = 0.0,
-              ) -> tuple[int, int, float, int]:
-    """Higher (aged) priority first, then higher QoS class, then earlier submission,
-    then lower id (a total order, so a pass is deterministic)."""
-    return (-effective_priority(job, now, aging), -QOS_RANK.get(job.qos, 1),
-            job.submitted_at, job.id)
+              ) -> tuple[bool, int, int, float, int]:
+    """A service coming back (restarted, or retried after an OOM) first: it was admitted
+    already and must not lose its room to work queued meanwhile, whatever its priority
+    (docs/services.md). Then higher (aged) priority, higher QoS class, earlier
+    submission, lower id (a total order, so a pass is deterministic)."""
+    return (not job.returning, -effective_priority(job, now, aging),
+            -QOS_RANK.get(job.qos, 1), job.submitted_at, job.id)
 
 
 def aged_order(now: float, aging: float) -> Ordering:
@@ -158,6 +162,7 @@ class _Pass:
             self.decisions.append(Infeasible(job.id, reason))
             return None
         if job.not_before > self.now:
+            self._hold_backoff(job)
             self.decisions.append(Wait(job.id, f"retry backs off until "
                                                 f"{_when(job.not_before)}", "backoff"))
             return None
@@ -179,6 +184,16 @@ class _Pass:
                 self.decisions.append(Wait(job.id, self._delays(head), "backfill"))
                 return None
         return place, head
+
+    def _hold_backoff(self, job: QueuedJob) -> None:
+        """A service backing off before its restart keeps its room through the backoff:
+        where it would be placed now is booked for the rest of the pass, so that no job
+        after it takes that room in the seconds it waits."""
+        if not job.returning:
+            return
+        place = self.fit(job, self.state, self.spike)
+        if place is not None:
+            self.state = apply(self.state, job, place, self.spike, started_at=self.now)
 
     def book(self, job: QueuedJob, place: Place, head: backfill.Reservation | None) -> None:
         self.state = apply(self.state, job, place, self.spike, started_at=self.now)
