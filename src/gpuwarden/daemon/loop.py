@@ -10,7 +10,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -70,6 +70,19 @@ FRESH_ATTEMPT: Mapping[str, Any] = MappingProxyType(dict(
     cpu_set=(), context=None))
 PREEMPT_NOTICE = "preempt"  # in the attempt directory; GPUWARDEN_PREEMPT_FILE names it
 LEAK_TOLERANCE = 64 << 20  # unaccounted memory may drift this much without blame
+
+
+def hold_baseline(seen: Sequence[tuple[float, int]], now: float) -> int | None:
+    """The memory no process accounted for while an attempt ran, from the passes'
+    samples (time, bytes): a hold is verified back once that figure did not grow. The
+    least of the last ``UNACCOUNTED_PERSIST`` seconds (a process starting or ending moves
+    it for a moment: one H200 sample was 49 GB), never below zero (NVML's two figures are
+    read apart: a sample of -237 MB kept a hold open for 5 s, another for good); the
+    latest sample when none is that recent; None when there is none."""
+    if not seen:
+        return None
+    recent = [b for t, b in seen if now - t < UNACCOUNTED_PERSIST] or [seen[-1][1]]
+    return max(0, min(recent))
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -161,7 +174,6 @@ class Scheduler:
         self._estimates: dict[int, float | None] = {}  # job id -> learned run time
         # job id -> its processes this attempt, with their start times where known
         self._seen_pids: dict[int, dict[int, float | None]] = {}
-        self._unaccounted: dict[str, int] = {}  # GPU uuid -> unaccounted bytes, last pass
         self._last_sample = float("-inf")  # when memory history was last recorded
         self._mps_in_use: set[str] | None = None  # MPS daemons running jobs used last pass
         self._allowed_cpus: frozenset[int] | None = None  # this daemon's CPU mask
@@ -304,7 +316,9 @@ class Scheduler:
             seen.setdefault(child.pid, child.start_time)
         if job.supervisor_pid is not None:  # gpuwarden's shim, or an attached job's
             seen.pop(job.supervisor_pid, None)  # launcher: not the job's GPU user
-        baseline = {u: self._unaccounted[u] for u in job.gpu_uuids if u in self._unaccounted}
+        now = self.clock()
+        baseline = {u: b for u in job.gpu_uuids
+                    if (b := hold_baseline(self._unaccounted_seen.get(u, ()), now)) is not None}
         return NewHold(gpu_uuids=job.gpu_uuids, budget=job.budget, pids=tuple(sorted(seen)),
                        baseline=baseline, exited_at=exited_at,
                        starts={p: t for p, t in seen.items() if t is not None})
@@ -701,9 +715,6 @@ class Scheduler:
         if any(j.spec.mps for j in active):
             managed_pids |= self.mps.server_pids()
         holds = self._verify_holds(snap)
-        for view in snap.gpus:
-            if view.unaccounted is not None:
-                self._unaccounted[view.facts.uuid] = view.unaccounted
         self.last_states = self._gpu_states(snap, active, managed_pids, used, holds)
         index = {v.facts.uuid: v.facts.index for v in snap.gpus}
         self.last_running = [  # limits as the driver counts (its figures hold the context)
