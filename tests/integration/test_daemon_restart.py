@@ -29,8 +29,9 @@ from gpuwarden.daemon.loop import Scheduler
 from gpuwarden.daemon.model import Job, JobSpec
 from gpuwarden.daemon.service import Config, JobService
 from gpuwarden.daemon.store import Store
-from gpuwarden.daemon.supervisor import SupervisorSpec, boot_id, read_status, write_spec
+from gpuwarden.daemon.supervisor import SupervisorSpec, read_status, write_spec
 from gpuwarden.gpus.backend import Backend, open_backend
+from gpuwarden.procs.identity import boot_id
 from tests.conftest import SRC
 from tests.integration.daemon_fixture import PY, Daemon, start_daemon
 
@@ -298,7 +299,7 @@ def test_a_crash_inside_a_launch_neither_loses_nor_repeats_the_job(
         tmp_path: Path, crash: str) -> None:
     store = Store(tmp_path / "state.db")
     sched = Scheduler(store, tmp_path / "jobs", Config(grace=1.0), _no_backend,
-                      boot_id() or "")
+                      boot_id())
     ledger = tmp_path / "ledger"
     ledger.touch()
     argv = (PY, "-I", "-c", JOB_PROGRAM, str(ledger), "0")
@@ -361,7 +362,7 @@ def test_a_job_cancelled_while_it_is_launched_does_not_run_on(
     monkeypatch.setenv("PYTHONPATH", str(SRC))
     store = Store(tmp_path / "state.db")
     config = Config(grace=1.0)
-    sched = Scheduler(store, tmp_path / "jobs", config, open_backend, boot_id() or "")
+    sched = Scheduler(store, tmp_path / "jobs", config, open_backend, boot_id())
     service = JobService(store, tmp_path / "jobs", config, wake=lambda: None,
                          gpus=lambda: sched.last_states, cancel_running=sched.cancel_running)
     me = Caller(pid=os.getpid(), uid=os.getuid(), gid=os.getgid(), user="me", groups=())

@@ -28,11 +28,10 @@ from gpuwarden.daemon.supervisor import (
     SupervisorHandle,
     _write_json,
     alive,
-    boot_id,
     read_status,
 )
 from gpuwarden.errors import PermissionDenied, UsageError
-from gpuwarden.procs.identity import start_ticks
+from gpuwarden.procs.identity import boot_id, start_ticks
 
 if TYPE_CHECKING:
     from gpuwarden.daemon.auth import Caller

@@ -25,6 +25,7 @@ from gpuwarden.daemon.paths import job_dir
 from gpuwarden.daemon.restart import HealthChecks, cancel_asked
 from gpuwarden.daemon.service import Config, learned_runtime, queued_view
 from gpuwarden.daemon.store import Conflict, JobNotFound
+from gpuwarden.procs.identity import same_boot
 from gpuwarden.sched.model import (
     GUARANTEED,
     GpuState,
@@ -97,17 +98,9 @@ def _still_running(hold: Hold) -> list[int]:
     """The ended attempt's processes that still run: the same processes (pid and start
     time) the passes saw in its tree, not zombies. A supervisor ends the whole tree, so
     these are what a lost supervisor or launcher left."""
-    from gpuwarden.daemon.supervisor import _identified
+    from gpuwarden.procs.identity import alive
 
-    out = []
-    for pid, start in sorted(hold.starts.items()):
-        p = _identified(pid, start, None)
-        try:
-            if p is not None and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.Error:
-            continue
-    return out
+    return [pid for pid, start in sorted(hold.starts.items()) if alive(pid, start)]
 
 
 def _driver_limit(cap: int | None, context: int) -> int | None:
@@ -538,7 +531,7 @@ class Scheduler:
             if st.exit is not None:
                 self._finish(job, st.exit)
                 continue
-            if job.boot_id and job.boot_id != self.boot_id:
+            if not same_boot(job.boot_id, self.boot_id):
                 self._lost_on_reboot(job)
                 continue
             if st.supervisor is not None and alive(st.supervisor):

@@ -650,7 +650,7 @@ class JobService:
         whose environment it cannot read. One walk of /proc; read-only."""
         import psutil
 
-        from gpuwarden.daemon.supervisor import _identified
+        from gpuwarden.procs.identity import identify
 
         children: dict[int, list[int]] = {}
         for p in psutil.process_iter(["ppid"]):
@@ -660,7 +660,7 @@ class JobService:
         pids: dict[str, int] = {}
         for job in self.store.active():
             if job.supervisor_pid is None or job.supervisor_start is None or \
-                    _identified(job.supervisor_pid, job.supervisor_start, None) is None:
+                    identify(job.supervisor_pid, job.supervisor_start) is None:
                 continue
             todo = [job.supervisor_pid]
             while todo:

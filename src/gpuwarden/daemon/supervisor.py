@@ -63,12 +63,20 @@ from gpuwarden.launch import (
     launch_problem,
     resolve_command,
 )
+from gpuwarden.procs.identity import alive as identity_alive
+from gpuwarden.procs.identity import (
+    boot_id,
+    identify,
+    pin,
+    running,
+    same_boot,
+    start_ticks,
+)
 
 SPEC, SUPERVISOR, CHILD, EXIT = "spec.json", "supervisor.json", "child.json", "exit.json"
 STDOUT, STDERR, LOG = "stdout", "stderr", "supervisor.log"
 DEFAULT_GRACE = 10.0
 KILL_WAIT = 5.0  # how long SIGKILLed processes may take to go before they count as stuck
-START_TOLERANCE = 1.0  # seconds; epoch start times drift when the wall clock is stepped
 POLL = 0.05
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -76,7 +84,6 @@ KILL_SIGNAL = signal.SIGUSR1  # from the daemon: cancel --kill, SIGKILL the tree
 CANCEL_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, KILL_SIGNAL})
 WATCHED = frozenset({signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
                      KILL_SIGNAL})
-_GONE = frozenset({psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD})
 
 
 class SupervisorError(GpuwardenError):
@@ -323,58 +330,14 @@ def read_status(jobdir: str | os.PathLike[str]) -> SupervisorStatus:
 
 
 # ------------------------------------------------------------------ process identity
-
-
-def boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
-
-
-def _start_ticks(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat: start time in clock ticks after boot."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return int(data[data.rindex(b")") + 2:].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _identified(pid: int, start_time: float, start_ticks: int | None) -> psutil.Process | None:
-    """The process ``pid`` if it is still the one that started at that time."""
-    try:
-        p = psutil.Process(pid)
-    except (psutil.NoSuchProcess, ValueError):
-        return None
-    if start_ticks is not None:
-        ticks = _start_ticks(pid)
-        if ticks is not None:
-            return p if ticks == start_ticks else None
-    try:
-        return p if abs(p.create_time() - start_time) < START_TOLERANCE else None
-    except psutil.NoSuchProcess:
-        return None
-    except psutil.AccessDenied:
-        return p
+# One rule for "still that process" (procs/identity.py); a supervisor is also bound to
+# the boot it started in.
 
 
 def alive(handle: SupervisorHandle) -> bool:
     """Is this supervisor still running (same boot, same process, not a zombie)?"""
-    current = boot_id()
-    if handle.boot_id is not None and current is not None and handle.boot_id != current:
-        return False
-    p = _identified(handle.pid, handle.start_time, handle.start_ticks)
-    if p is None:
-        return False
-    try:
-        return p.status() not in _GONE
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:
-        return True
+    return same_boot(handle.boot_id) and identity_alive(handle.pid, handle.start_time,
+                                                         handle.start_ticks)
 
 
 def live_supervisors(jobs_dir: str | os.PathLike[str]) -> list[psutil.Process]:
@@ -386,39 +349,29 @@ def live_supervisors(jobs_dir: str | os.PathLike[str]) -> list[psutil.Process]:
         status = read_status(claim.parent).supervisor
         if status is None:
             continue
-        p = _identified(status.pid, status.start_time, status.start_ticks)
-        try:
-            if p is not None and p.status() not in _GONE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
+        p = identify(status.pid, status.start_time, status.start_ticks)
+        if p is not None and running(p):
+            out.append(p)
     return out
 
 
 def _signal_identified(handle: SupervisorHandle, sig: int) -> bool:
-    """Send ``sig`` to the supervisor if it is still the same process; a pidfd makes the
-    identity check and the signal refer to one process even if the pid is reused."""
-    if not alive(handle):
+    """Send ``sig`` to the supervisor if it is still the same running process, through a
+    pidfd opened before the check (procs/identity.py: a reused pid is never hit)."""
+    if not same_boot(handle.boot_id):
+        return False
+    pinned = pin(handle.pid, handle.start_time, handle.start_ticks)
+    if pinned is None:
         return False
     try:
-        fd = os.pidfd_open(handle.pid)
-    except ProcessLookupError:
-        return False
-    except (AttributeError, OSError):  # no pidfd here: a plain kill right after the check
-        try:
-            os.kill(handle.pid, sig)
-        except ProcessLookupError:
+        if not running(pinned.proc):
             return False
+        pinned.send(sig)
         return True
-    try:
-        if not alive(handle):  # checked again now that fd pins the process
-            return False
-        signal.pidfd_send_signal(fd, sig)
-        return True
-    except ProcessLookupError:
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
     finally:
-        os.close(fd)
+        pinned.close()
 
 
 def cancel(jobdir: str | os.PathLike[str], kill: bool = False) -> bool:
@@ -638,16 +591,7 @@ class _Supervisor:
             return []
 
     def live_descendants(self) -> list[psutil.Process]:
-        out = []
-        for p in self.descendants():
-            try:
-                if p.status() not in _GONE:
-                    out.append(p)
-            except psutil.NoSuchProcess:
-                pass
-            except psutil.AccessDenied:
-                out.append(p)
-        return out
+        return [p for p in self.descendants() if running(p)]
 
     # -- the life of a job
     def run(self, ready_fd: int | None) -> int:
@@ -711,7 +655,7 @@ class _Supervisor:
                                       "refusing to start it again")
         me = psutil.Process(self.pid)
         data = {"job": self.spec.job, "pid": self.pid, "start_time": me.create_time(),
-                "start_ticks": _start_ticks(self.pid), "boot_id": boot_id(),
+                "start_ticks": start_ticks(self.pid), "boot_id": boot_id(),
                 "nonce": self.nonce}
         try:
             _write_json(self.jobdir / SUPERVISOR, data, exclusive=True)
@@ -837,7 +781,7 @@ class _Supervisor:
         try:
             _write_json(self.jobdir / CHILD, {"pid": pid, "start_time": start,
                                               "started_at": started_at,
-                                              "start_ticks": _start_ticks(pid),
+                                              "start_ticks": start_ticks(pid),
                                               "warnings": self.warnings}, exclusive=True)
         except OSError as e:  # the job runs on; the daemon still knows us by supervisor.json
             self.warn(f"cannot write {CHILD}: {e.strerror or e}")
