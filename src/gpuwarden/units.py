@@ -134,6 +134,43 @@ def _bounded(seconds: float, text: object) -> float:
     return seconds
 
 
+def bounded_duration(raw: object, label: str, *, positive: bool = False,
+                     most: float = MAX_DURATION, example: str = "30s") -> float:
+    """A duration someone supplied (a TOML or JSON number of seconds, or text like 30s)
+    as seconds from 0 (above 0 when ``positive``) to ``most``, or one UsageError line
+    naming ``label``. Every setting, flag and request field that takes a duration comes
+    through here, so all refuse alike."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise UsageError(f"{label} must be a duration like {example} or a number of seconds")
+    try:
+        value = parse_duration(raw)
+    except UsageError as e:
+        raise UsageError(f"{label}: {e}") from None
+    if positive and value <= 0:
+        raise UsageError(f"{label} must be positive")
+    if value > most:
+        raise UsageError(f"{label} must be at most {format_duration(most)}")
+    return value
+
+
+def bounded_size(raw: object, label: str, *, positive: bool = False,
+                 most: int | None = None, example: str = "512MiB") -> int:
+    """A size someone supplied (a number of bytes, or text like 14G) as bytes from 0
+    (above 0 when ``positive``) to ``most``, or one UsageError line naming ``label``:
+    the size counterpart of ``bounded_duration``."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise UsageError(f"{label} must be a size like {example} or a number of bytes")
+    try:
+        value = parse_size(raw)
+    except UsageError as e:
+        raise UsageError(f"{label}: {e}") from None
+    if value < 0 or (positive and value == 0):
+        raise UsageError(f"{label} must be positive")
+    if most is not None and value > most:
+        raise UsageError(f"{label} must be at most {format_bytes(most)}")
+    return value
+
+
 def parse_listen(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:9402`` for IPv6, ``:9402`` for every address)."""
     host, sep, port = text.rpartition(":")

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -9,6 +11,8 @@ from gpuwarden.gpus.topology import format_cpulist, parse_cpulist
 from gpuwarden.units import (
     GiB,
     MiB,
+    bounded_duration,
+    bounded_size,
     format_bytes,
     parse_duration,
     parse_listen,
@@ -114,3 +118,38 @@ def test_parse_listen(text: str, expected: tuple[str, int]) -> None:
 def test_parse_listen_refuses(text: str) -> None:
     with pytest.raises(UsageError, match="invalid listen address"):
         parse_listen(text)
+
+
+@pytest.mark.parametrize(("raw", "kw", "said"), [
+    (True, {}, "grace must be a duration like 30s or a number of seconds"),
+    ([5], {}, "grace must be a duration like 30s"),
+    ("soon", {}, "grace: invalid duration 'soon'"),
+    (-1, {}, "grace: invalid duration -1: must not be negative"),
+    (0, {"positive": True}, "grace must be positive"),
+    ("2h", {"most": 3600.0}, "grace must be at most 1h00m"),
+])
+def test_bounded_duration_refuses_in_one_line_naming_the_field(
+        raw: object, kw: dict[str, Any], said: str) -> None:
+    with pytest.raises(UsageError) as e:
+        bounded_duration(raw, "grace", **kw)
+    assert said in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bounded_duration_and_size_accept_what_they_bound() -> None:
+    assert bounded_duration("1h", "x", most=3600.0) == 3600.0
+    assert bounded_duration(0, "x") == 0.0
+    assert bounded_size("14G", "mem", positive=True) == 14 << 30
+    assert bounded_size(0, "reserve") == 0
+
+
+@pytest.mark.parametrize(("raw", "kw", "said"), [
+    (None, {}, "mem must be a size like 512MiB or a number of bytes"),
+    ("12X", {}, "mem: "),
+    (0, {"positive": True}, "mem must be positive"),
+    ("2G", {"most": 1 << 30}, "mem must be at most 1024MiB"),
+])
+def test_bounded_size_refuses_in_one_line_naming_the_field(
+        raw: object, kw: dict[str, Any], said: str) -> None:
+    with pytest.raises(UsageError) as e:
+        bounded_size(raw, "mem", **kw)
+    assert said in str(e.value) and "\n" not in str(e.value)

@@ -43,7 +43,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,7 +52,7 @@ from gpuwarden.errors import UsageError
 from gpuwarden.sched.limits import Limits, UserLimits
 from gpuwarden.sched.model import QOS_CLASSES
 from gpuwarden.sched.queue import Policy
-from gpuwarden.units import parse_duration, parse_listen, parse_size
+from gpuwarden.units import bounded_duration, bounded_size, parse_listen, parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -178,16 +177,8 @@ YEAR = 365 * DAY
 def _duration(path: Path, raw: dict[str, Any], name: str, default: float,
               most: float) -> float:
     """Setting ``name``: a duration from 0 to ``most`` seconds, or one line saying not."""
-    value = raw.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise UsageError(f"{path}: {name} must be a duration like 10s")
-    try:
-        seconds = parse_duration(value)
-    except UsageError as e:
-        raise UsageError(f"{path}: {name}: {e}") from None
-    if not 0 <= seconds <= most:
-        raise UsageError(f"{path}: {name} must be at most {_most(most)}")
-    return seconds
+    return bounded_duration(raw.get(name, default), f"{path}: {name}", most=most,
+                            example="10s")
 
 
 def _count(path: Path, raw: dict[str, Any], name: str, default: int) -> int:
@@ -198,25 +189,9 @@ def _count(path: Path, raw: dict[str, Any], name: str, default: int) -> int:
     return value
 
 
-def _most(seconds: float) -> str:
-    for unit, size in (("365d", YEAR), ("1d", DAY), ("1h", HOUR)):
-        if seconds == size:
-            return unit
-    return f"{seconds:g}s"
-
-
 def _size(path: Path, raw: dict[str, Any], name: str, default: int, most: int) -> int:
     """Setting ``name``: a size from 0 to ``most`` bytes, or one line saying not."""
-    value = raw.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise UsageError(f"{path}: {name} must be a size like 512MiB")
-    try:
-        nbytes = parse_size(value)
-    except UsageError as e:
-        raise UsageError(f"{path}: {name}: {e}") from None
-    if not 0 <= nbytes <= most:
-        raise UsageError(f"{path}: {name} must be at most {most >> 30}GiB")
-    return nbytes
+    return bounded_size(raw.get(name, default), f"{path}: {name}", most=most)
 
 
 def _context_memory(path: Path, raw: Any) -> int | None:
@@ -225,25 +200,11 @@ def _context_memory(path: Path, raw: Any) -> int | None:
         return None
     if isinstance(raw, bool) or not isinstance(raw, (int, str)):
         raise UsageError(f"{path}: context_memory must be \"auto\" or a size like 600MiB")
-    try:
-        value = parse_size(raw)
-    except UsageError as e:
-        raise UsageError(f"{path}: context_memory: {e}") from None
-    if not 0 <= value <= 16 << 30:
-        raise UsageError(f"{path}: context_memory must be at most 16GiB")
-    return value
+    return bounded_size(raw, f"{path}: context_memory", most=16 << 30)
 
 
 def _starve_after(path: Path, raw: Any) -> float:
-    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
-        raise UsageError(f"{path}: starve_after must be a duration like 15m")
-    try:
-        value = parse_duration(raw)
-    except UsageError as e:
-        raise UsageError(f"{path}: starve_after: {e}") from None
-    if not math.isfinite(value):
-        raise UsageError(f"{path}: starve_after must be a finite duration like 15m")
-    return value
+    return bounded_duration(raw, f"{path}: starve_after", example="15m")
 
 
 def _user_limits(path: Path, where: str, raw: Any) -> UserLimits:

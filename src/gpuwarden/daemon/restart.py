@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.errors import UsageError
-from gpuwarden.units import format_duration, parse_duration
+from gpuwarden.units import bounded_duration, format_duration
 
 if TYPE_CHECKING:
     from gpuwarden.daemon.model import Event, Job
@@ -72,18 +72,6 @@ class Service:
                    health_interval=d["health_interval"], health_grace=d["health_grace"])
 
 
-def _seconds(raw: Any, label: str, *, zero_ok: bool) -> float:
-    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
-        raise UsageError(f"{label} must be a duration like 30s or a number of seconds")
-    try:
-        value = parse_duration(raw)
-    except UsageError as e:
-        raise UsageError(f"{label}: {e}") from None
-    if not zero_ok and value <= 0:
-        raise UsageError(f"{label} must be positive")
-    return value
-
-
 def parse_limit(raw: Any) -> tuple[int, float]:
     """``N/DURATION`` (``5/10m``): at most N restarts within that window."""
     if not isinstance(raw, str) or raw.count("/") != 1:
@@ -91,7 +79,7 @@ def parse_limit(raw: Any) -> tuple[int, float]:
     count, window = raw.split("/")
     if not count.strip().isdigit() or not 1 <= int(count) <= 1000:
         raise UsageError("restart_limit: N must be a whole number from 1 to 1000")
-    return int(count), _seconds(window, "restart_limit window", zero_ok=False)
+    return int(count), bounded_duration(window, "restart_limit window", positive=True)
 
 
 SERVICE_FIELDS = frozenset({"restart", "restart_limit", "health_cmd", "health_url",
@@ -122,9 +110,9 @@ def service_from_request(body: Mapping[str, Any]) -> Service | None:
                             or any(c.isspace() or ord(c) < 32 for c in url)):
         raise UsageError("health_url must be an http:// or https:// URL")
     interval = DEFAULT_INTERVAL if body.get("health_interval") is None else \
-        _seconds(body["health_interval"], "health_interval", zero_ok=False)
+        bounded_duration(body["health_interval"], "health_interval", positive=True)
     grace = DEFAULT_GRACE if body.get("health_grace") is None else \
-        _seconds(body["health_grace"], "health_grace", zero_ok=True)
+        bounded_duration(body["health_grace"], "health_grace")
     if (body.get("health_interval") is not None or body.get("health_grace") is not None) \
             and cmd is None and url is None:
         raise UsageError("health_interval and health_grace need health_cmd or health_url")

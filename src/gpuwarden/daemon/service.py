@@ -22,7 +22,7 @@ from gpuwarden.daemon.store import Conflict, Store
 from gpuwarden.errors import PermissionDenied, UsageError
 from gpuwarden.sched.model import BESTEFFORT, GUARANTEED, QOS_CLASSES, GpuState, QueuedJob
 from gpuwarden.sched.queue import Policy
-from gpuwarden.units import parse_duration, parse_size, parse_size_or_fraction
+from gpuwarden.units import bounded_duration, bounded_size, parse_size_or_fraction
 
 MAX_LOG_CHUNK = 1 << 20
 
@@ -246,17 +246,7 @@ def _after(raw: Any, kind: str) -> tuple[int, ...]:
 
 
 def _size(raw: Any, label: str) -> int | None:
-    if raw is None:
-        return None
-    if isinstance(raw, bool) or not isinstance(raw, (int, str)):
-        raise UsageError(f"{label} must be a size like 14G or a number of bytes")
-    try:
-        size = parse_size(raw)
-    except UsageError as e:
-        raise UsageError(f"{label}: {e}") from None
-    if size <= 0:
-        raise UsageError(f"{label} must be positive")
-    return size
+    return None if raw is None else bounded_size(raw, label, positive=True, example="14G")
 
 
 def _mem(raw: Any, gpu_ids: Any, capacities: Mapping[int, int]) -> int | None:
@@ -279,14 +269,8 @@ def _mem(raw: Any, gpu_ids: Any, capacities: Mapping[int, int]) -> int | None:
 
 
 def _duration(raw: Any, label: str, *, zero_ok: bool = False) -> float | None:
-    if raw is None:
-        return None
-    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
-        raise UsageError(f"{label} must be a duration like 2h or a number of seconds")
-    value = parse_duration(raw)
-    if not (value >= 0 if zero_ok else value > 0) or not value < math.inf:
-        raise UsageError(f"{label} must be a {'' if zero_ok else 'positive, '}finite duration")
-    return value
+    return None if raw is None else bounded_duration(raw, label, positive=not zero_ok,
+                                                     example="2h")
 
 
 def queued_view(job: Job, estimate: float | None = None, now: float = 0.0) -> QueuedJob:
