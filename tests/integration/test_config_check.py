@@ -30,9 +30,12 @@ def test_the_sample_passes_and_holds_the_defaults() -> None:
 def test_every_setting_the_loader_knows_is_in_the_sample() -> None:
     text = SAMPLE.read_text()
     shown = set(re.findall(r"^#? ?(\w+) =", text, re.M))
-    missing = [k for k in (*SETTINGS, *LIMIT_SETTINGS) if k != "limits" and k not in shown]
+    tables = ("limits", "notify")
+    missing = [k for k in (*SETTINGS, *LIMIT_SETTINGS, "webhook")
+               if k not in tables and k not in shown]
     assert not missing, f"deploy/config.toml lacks {missing}"
-    assert re.search(r"^# \[limits\]", text, re.M)
+    for table in tables:
+        assert re.search(rf"^# \[{table}\]", text, re.M), table
 
 
 def test_each_problem_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -94,7 +94,8 @@ def test_every_spec_field_round_trips(tmp_path: Path) -> None:
             grace=2.5, no_requeue=True, retries=3, checkpoint=True, mps=True, sm_percent=50,
             mem_auto=True, cpus=4, no_numa=True, mig="3g.40gb", attach="ray job raysubmit_ü",
             service=Service(restart="always", limit=3, window=120.5, health_cmd="curl -f ü",
-                            health_url=None, health_interval=5.5, health_grace=0.0))
+                            health_url=None, health_interval=5.5, health_grace=0.0),
+            notify="notify-send 'job ü' \"$(jq -r .state)\"")
         # Every field differs from its default, so none can silently fall back to it.
         default = JobSpec(command=(), user="", uid=0, gid=0)
         for f in dataclasses.fields(JobSpec):
@@ -584,7 +585,7 @@ def test_older_database_is_upgraded(tmp_path: Path) -> None:
                          "oom_retries, retry_mem, not_before, kill_reason, mps, sm_percent, "
                          "mem_auto, cpus, no_numa, cpu_set, attach, oom_tried, oom_need, context, "
                          "allocated_peak, retry_ceiling, ceiling_until, service, restarts, "
-                         "health_failures, after_any_ids, after_fail_ids, mig FROM jobs")
+                         "health_failures, after_any_ids, after_fail_ids, mig, notify FROM jobs")
 
 
 def test_migrations_run_in_order_inside_one_transaction(tmp_path: Path) -> None:

@@ -116,6 +116,9 @@ _SUBMIT_OPTIONS = [
                  help="Hold this many CPU cores near the GPUs alone (among gpuwarden jobs)."),
     click.option("--no-numa", is_flag=True,
                  help="No CPU affinity and no NUMA memory binding."),
+    click.option("--notify", metavar="CMD",
+                 help="Run CMD (with /bin/sh, as you) once the job ends, however it ends, "
+                      "the job's JSON on its standard input."),
     click.option("--mig", metavar="PROFILE",
                  help="A MIG instance of this profile (e.g. 3g.40gb): on a GPU in MIG mode "
                       "each instance is a place of its own."),
@@ -150,7 +153,7 @@ def _submit_to_ray(cluster: str, command: tuple[str, ...], opts: dict[str, Any])
     if opts["mem"] in (None, "auto"):
         raise UsageError("--cluster needs --mem SIZE: Ray places the job by its memory share")
     unsupported = [k for k in ("gpu_ids", "after", "after_any", "after_fail", "timeout", "mps",
-                                 "cpus", "key", "mig")
+                                 "cpus", "key", "mig", "notify")
                    if opts.get(k) not in (None, False, (), 0)]
     if unsupported:
         raise UsageError("not supported with --cluster: "
@@ -201,8 +204,9 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
         "no_requeue": opts["no_requeue"],
         "checkpoint": opts["checkpoint"], "mps": opts["mps"], "no_numa": opts["no_numa"],
     }
-    if opts.get("mig") is not None:
-        body["mig"] = opts["mig"]
+    for name in ("mig", "notify"):
+        if opts.get(name) is not None:
+            body[name] = opts[name]
     if opts["mem"] not in (None, "auto"):
         from gpuwarden.units import parse_size_or_fraction
 

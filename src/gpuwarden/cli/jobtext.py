@@ -70,6 +70,8 @@ def job_lines(j: Mapping[str, Any]) -> list[tuple[str, str]]:
     svc = j.get("service")
     if isinstance(svc, Mapping):
         out.append(("service", _service_text(j, svc)))
+    if j.get("notify"):
+        out.append(("notify", f"{j['notify']} (run as its user once it ends)"))
     oom = j.get("oom")
     if isinstance(oom, Mapping):
         asked = ([f"its message asked for {_b(oom['tried'])}"] if oom.get("tried") else []) \

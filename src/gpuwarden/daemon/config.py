@@ -39,6 +39,10 @@
 
     [limits.users.alice]    # one user, instead of the defaults above
     max_gpus = 8
+
+    [notify]
+    webhook = "https://chat.example/hooks/gpu"  # every job's end POSTed there (its JSON,
+                                                # no environment; 3 tries, 10 s each)
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwarden.daemon.service import Config
+from gpuwarden.daemon.usercmd import checked_url
 from gpuwarden.errors import UsageError
 from gpuwarden.sched.limits import Limits, UserLimits
 from gpuwarden.sched.model import QOS_CLASSES
@@ -65,7 +70,7 @@ SETTINGS = ("admin_groups", "spike_buffer", "reserve", "context_memory", "interv
             "retry_backoff", "release_timeout", "metrics_listen", "metrics_cache",
             "history_interval", "history_retention", "web_listen",
             "max_connections_per_user", "max_connections_tcp", "request_timeout",
-            "idle_timeout", "limits")
+            "idle_timeout", "limits", "notify")
 """Every top-level setting the loader knows (deploy/config.toml shows each)."""
 LIMIT_SETTINGS = ("max_gpus", "max_memory", "max_running", "max_priority", "qos")
 """The settings of ``[limits]`` and of each ``[limits.users.NAME]``."""
@@ -166,6 +171,7 @@ def _parse(path: Path, raw: dict[str, Any]) -> Config:
         max_connections_tcp=_count(path, raw, "max_connections_tcp", 256),
         request_timeout=max(_duration(path, raw, "request_timeout", 5.0, HOUR), 0.1),
         idle_timeout=max(_duration(path, raw, "idle_timeout", 30.0, DAY), 0.1),
+        webhook=_webhook(path, raw.get("notify", {})),
     )
 
 
@@ -249,6 +255,17 @@ def _limits(path: Path, raw: Any) -> Limits:
     users = {name: _user_limits(path, f"limits.users.{name}", v)
              for name, v in users_raw.items()}
     return Limits(default=default, users=users)
+
+
+def _webhook(path: Path, raw: Any) -> str | None:
+    """``[notify] webhook``: where every job's end is POSTed; None: nowhere."""
+    if not isinstance(raw, dict):
+        raise UsageError(f"{path}: notify must be a table ([notify] webhook = URL)")
+    unknown = sorted(set(raw) - {"webhook"})
+    if unknown:
+        raise UsageError(f"{path}: notify: unknown setting(s) {', '.join(unknown)}")
+    url = raw.get("webhook")
+    return None if url is None else checked_url(url, f"{path}: notify.webhook")
 
 
 def _listen(path: Path, raw: Any, name: str) -> str | None:

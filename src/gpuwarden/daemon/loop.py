@@ -21,6 +21,7 @@ from gpuwarden.daemon import model
 from gpuwarden.daemon.model import Hold, Job, NewHold
 from gpuwarden.daemon.mps_jobs import MpsPool, client_env
 from gpuwarden.daemon.mps_jobs import key as mps_key
+from gpuwarden.daemon.notify import Notifier
 from gpuwarden.daemon.paths import job_dir
 from gpuwarden.daemon.restart import HealthChecks, cancel_asked
 from gpuwarden.daemon.service import Config, learned_runtime, queued_view
@@ -171,6 +172,8 @@ class Scheduler:
         self._mps_in_use: set[str] | None = None  # MPS daemons running jobs used last pass
         self._allowed_cpus: frozenset[int] | None = None  # this daemon's CPU mask
         self.health = HealthChecks()  # services' health checks, beside the passes
+        self.notifier = Notifier(config.webhook)  # word of each job's end, beside them
+        store.on_end = self.notifier.ended
 
     # -- supervisor bookkeeping --------------------------------------------------------
     def jobdir(self, job: Job) -> Path:
@@ -682,6 +685,9 @@ class Scheduler:
             self.mps.prune(in_use)
         self._mps_in_use = in_use
         self._check_health(active)
+        for job_id, kind, detail in self.notifier.poll():  # failures, sent meanwhile
+            with contextlib.suppress(JobNotFound):
+                self.store.add_event(job_id, kind, detail, self.clock())
         managed_pids: set[int] = set()
         used: dict[int, dict[str, int]] = {}  # job id -> GPU uuid -> bytes its tree uses
         for job in active:

@@ -302,6 +302,7 @@ async def serve(paths: Paths, config: Config) -> None:
         watcher.close()
         launcher.close()
         sched.health.close()  # services' checks in flight: not waited for
+        sched.notifier.close(wait=2.0)  # a moment for the word of jobs that just ended
         await _close_web(metrics, public, web_pool, web_store)
         await runner.cleanup()
         passes.shutdown(wait=False)

@@ -65,6 +65,7 @@ class JobSpec:
     mig: str | None = None  # a MIG instance of this profile (--mig 3g.40gb)
     attach: str | None = None  # started by another launcher (e.g. "ray job ID"), not us
     service: Service | None = None  # a restart policy and health check (--restart)
+    notify: str | None = None  # run as the user, the job's JSON on stdin, once it ends
 
 
 @dataclass(frozen=True)
@@ -312,6 +313,7 @@ class Job:
             "mig": s.mig,
             "attach": s.attach,
             "service": None if s.service is None else s.service.to_json(),
+            "notify": s.notify,
             "restarts": self.restarts,
             "health_failures": self.health_failures,
             "cpu_set": list(self.cpu_set),

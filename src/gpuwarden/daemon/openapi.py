@@ -78,6 +78,10 @@ _SUBMIT = {
         "sm_percent": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": 100}, _NULL]},
         "cpus": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": 4096}, _NULL]},
         "no_numa": {"type": "boolean"},
+        "notify": {"type": ["string", "null"], "minLength": 1, "maxLength": 4096,
+                   "description": "run with /bin/sh -c as the caller once the job ends "
+                                  "(succeeded, failed, cancelled, infeasible), the job's "
+                                  "JSON on its standard input"},
         "mig": {"type": ["string", "null"], "pattern": "^[1-8]g\\.[1-9][0-9]*gb$",
                 "description": "a MIG instance of this profile (e.g. 3g.40gb)"},
         "attach": {"type": ["string", "null"], "minLength": 1, "maxLength": 200,

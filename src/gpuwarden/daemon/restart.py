@@ -4,11 +4,7 @@ health checks, which run in threads beside the scheduling pass and never inside 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
 import threading
 import urllib.error
 import urllib.request
@@ -17,8 +13,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpuwarden.daemon.usercmd import checked_command, checked_url, run_as
 from gpuwarden.errors import UsageError
-from gpuwarden.units import bounded_duration, format_duration
+from gpuwarden.units import bounded_duration
 
 if TYPE_CHECKING:
     from gpuwarden.daemon.model import Event, Job
@@ -102,13 +99,10 @@ def service_from_request(body: Mapping[str, Any]) -> Service | None:
     cmd, url = body.get("health_cmd"), body.get("health_url")
     if cmd is not None and url is not None:
         raise UsageError("give health_cmd or health_url, not both")
-    if cmd is not None and (not isinstance(cmd, str) or not cmd.strip() or "\0" in cmd
-                            or len(cmd) > 4096):
-        raise UsageError("health_cmd must be a non-empty command of at most 4096 characters")
-    if url is not None and (not isinstance(url, str) or len(url) > 2048
-                            or not url.startswith(("http://", "https://"))
-                            or any(c.isspace() or ord(c) < 32 for c in url)):
-        raise UsageError("health_url must be an http:// or https:// URL")
+    if cmd is not None:
+        checked_command(cmd, "health_cmd")
+    if url is not None:
+        checked_url(url, "health_url")
     interval = DEFAULT_INTERVAL if body.get("health_interval") is None else \
         bounded_duration(body["health_interval"], "health_interval", positive=True)
     grace = DEFAULT_GRACE if body.get("health_grace") is None else \
@@ -145,32 +139,9 @@ def backoff(recent: int) -> float:
 
 # -- health checks -----------------------------------------------------------------------
 def _run_cmd(job: Job, svc: Service) -> str | None:
-    """Run the health command as the job's user in its cwd and environment; None when
-    it exits 0, else why not. Its whole process group goes at the timeout."""
+    """Run the health command as the job's user; None when it exits 0, else why not."""
     assert svc.health_cmd is not None
-    s = job.spec
-    as_root = os.geteuid() == 0
-    env = {**s.env, "GPUWARDEN_JOB": str(job.id)}
-    try:
-        p = subprocess.Popen(["/bin/sh", "-c", svc.health_cmd], cwd=s.cwd, env=env,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, start_new_session=True,
-                             user=s.uid if as_root else None,
-                             group=s.gid if as_root else None,
-                             extra_groups=list(s.groups) if as_root else None)
-    except OSError as e:
-        return f"health command did not start: {e}"
-    try:
-        _, err = p.communicate(timeout=svc.health_timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(OSError):
-            os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
-        return f"health command timed out after {format_duration(svc.health_timeout)}"
-    if p.returncode == 0:
-        return None
-    tail = err.decode(errors="replace").strip().splitlines()[-1:] if err else []
-    return f"health command exited {p.returncode}" + "".join(f": {t[:200]}" for t in tail)
+    return run_as(job, svc.health_cmd, timeout=svc.health_timeout, what="health command")
 
 
 def _get_url(svc: Service) -> str | None:

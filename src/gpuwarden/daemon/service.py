@@ -19,6 +19,7 @@ from gpuwarden.daemon.envsnap import snapshot_env
 from gpuwarden.daemon.model import Job, JobSpec
 from gpuwarden.daemon.restart import SERVICE_FIELDS, Service, service_from_request
 from gpuwarden.daemon.store import Conflict, Store
+from gpuwarden.daemon.usercmd import checked_command
 from gpuwarden.errors import PermissionDenied, UsageError
 from gpuwarden.sched.model import BESTEFFORT, GUARANTEED, QOS_CLASSES, GpuState, QueuedJob
 from gpuwarden.sched.queue import Policy
@@ -63,6 +64,7 @@ class Config:
     max_connections_tcp: int = 256  # open connections on web_listen, on metrics_listen
     request_timeout: float = 5.0  # seconds a connection's first head, and a body, may take
     idle_timeout: float = 30.0  # seconds a connection may wait for its next request
+    webhook: str | None = None  # [notify] webhook: every job's end POSTed there as JSON
 
     def grace_of(self, asked: float | None) -> float:
         """A job's grace (SIGTERM -> SIGKILL): its --grace, else ``grace``; never past
@@ -101,7 +103,7 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *
     known = {"command", "cwd", "env", "env_keep", "name", "group", "key", "mem", "gpus",
              "gpu_ids", "after", "timeout", "exclusive", "priority", "requeue_on_reboot",
              "qos", "mem_limit", "grace", "no_requeue", "retries", "checkpoint", "mps",
-             "sm_percent", "cpus", "no_numa", "mig", "attach"} | SERVICE_FIELDS
+             "sm_percent", "cpus", "no_numa", "mig", "attach", "notify"} | SERVICE_FIELDS
     unknown = sorted(set(body) - known - set(AFTER_KINDS))
     if unknown:
         raise UsageError(f"unknown field(s): {', '.join(unknown)}")
@@ -217,6 +219,8 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *
         mps=body.get("mps") is True, sm_percent=sm_percent, mem_auto=mem_auto,
         cpus=cpus, no_numa=body.get("no_numa") is True, mig=mig, attach=attach,
         service=_service(body, attach),
+        notify=None if body.get("notify") is None else checked_command(body["notify"],
+                                                                       "notify"),
     )
     return spec, dropped
 

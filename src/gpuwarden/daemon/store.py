@@ -45,6 +45,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -287,6 +288,8 @@ MIGRATIONS: list[Migration] = [
          "ALTER TABLE jobs ADD COLUMN after_fail_ids TEXT NOT NULL DEFAULT '[]'"),
     # 12: a MIG instance profile the job asks for (--mig 3g.40gb).
     _sql("ALTER TABLE jobs ADD COLUMN mig TEXT"),
+    # 13: a command run as the user once the job ends (--notify).
+    _sql("ALTER TABLE jobs ADD COLUMN notify TEXT"),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -333,7 +336,8 @@ def _check_spec(spec: JobSpec) -> None:
     if not spec.command or not all(isinstance(a, str) for a in spec.command):
         raise UsageError("a job needs a command (a non-empty list of strings)")
     for label, text in (("user", spec.user), ("cwd", spec.cwd), ("name", spec.name),
-                        ("group", spec.group), ("key", spec.key), ("attach", spec.attach)):
+                        ("group", spec.group), ("key", spec.key), ("attach", spec.attach),
+                        ("notify", spec.notify)):
         if text is None:
             continue
         try:
@@ -402,6 +406,7 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event], hold: Hold | None = N
         mig=row["mig"],
         attach=row["attach"],
         service=Service.loads(row["service"]),
+        notify=row["notify"],
     )
     return Job(
         id=row["id"],
@@ -468,6 +473,7 @@ class Store:
         self._migrations = list(MIGRATIONS if migrations is None else migrations)
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        self.on_end: Callable[[Job], None] | None = None  # after a job's final transition
         self._create_file()
         self._conn: sqlite3.Connection | None = None
         self._conn = self._open()
@@ -886,8 +892,9 @@ class Store:
                  None if spec.service is None else spec.service.dumps()))
             job_id = cur.lastrowid
             assert job_id is not None
-            if spec.mig is not None:
-                conn.execute("UPDATE jobs SET mig = ? WHERE id = ?", (spec.mig, job_id))
+            if spec.mig is not None or spec.notify is not None:
+                conn.execute("UPDATE jobs SET mig = ?, notify = ? WHERE id = ?",
+                             (spec.mig, spec.notify, job_id))
             if spec.after_any or spec.after_fail:
                 conn.execute("UPDATE jobs SET after_any_ids = ?, after_fail_ids = ? "
                              "WHERE id = ?", (_json_ids(spec.after_any),
@@ -973,7 +980,20 @@ class Store:
                      _json_ids(sorted(hold.pids)), json.dumps(dict(hold.baseline)),
                      hold.exited_at,
                      json.dumps({str(k): v for k, v in sorted(hold.starts.items())})))
-            return self._load(conn, job_id)
+            job = self._load(conn, job_id)
+        if to_state in TERMINAL and current not in TERMINAL:
+            self._ended(job)
+        return job
+
+    def _ended(self, job: Job) -> None:
+        """Tell ``on_end`` (the daemon's notifications) of a job's end, after its commit;
+        whatever it does wrong is logged, never the transition's failure."""
+        if self.on_end is None:
+            return
+        try:
+            self.on_end(job)
+        except Exception:
+            logging.getLogger("gpuwarden.store").exception("on_end of job %d", job.id)
 
     # -- memory holds ----------------------------------------------------------------
 
