@@ -65,14 +65,7 @@ class SimMachine:
         return r
 
     def json(self, *args: str) -> Any:
-        """``--json`` output; ``leaks`` and ``doctor`` exit 1 when they find something, and
-        their JSON is the answer then too."""
-        r = self.cli(*args, "--json")
-        ok = (0, 1) if args[:1] in (("leaks",), ("doctor",)) else (0,)
-        if r.returncode not in ok:
-            raise AssertionError(f"gpuwarden {' '.join(args)} --json -> {r.returncode}\n"
-                                 f"{r.stdout}\n{r.stderr}")
-        return json.loads(r.stdout)
+        return json_answer(self.cli(*args, "--json"), args)
 
     def job(self, *args: str, gpus: str | None = None, wait_ready: bool = True,
             **popen: Any) -> subprocess.Popen[str]:
@@ -139,6 +132,16 @@ def nobody_prefix() -> tuple[str, ...] | None:
         if probe.returncode == 0:
             return prefix
     return None
+
+
+def json_answer(r: subprocess.CompletedProcess[str], args: tuple[str, ...]) -> Any:
+    """A ``--json`` command's answer; ``leaks`` and ``doctor`` exit 1 when they find
+    something, and their JSON is the answer then too."""
+    ok = (0, 1) if args[:1] in (("leaks",), ("doctor",)) else (0,)
+    if r.returncode not in ok:
+        raise AssertionError(f"gpuwarden {' '.join(args)} --json -> {r.returncode}\n"
+                             f"{r.stdout}\n{r.stderr}")
+    return json.loads(r.stdout)
 
 
 def wait_for(pred: Any, timeout: float = 10.0, interval: float = 0.05) -> Any:

@@ -7,7 +7,12 @@ import pytest
 
 from gpuwarden.gpus.backend import Backend, open_backend
 from tests.conftest import EXAMPLES
-from tests.integration.daemon_fixture import daemon  # noqa: F401 — a fixture, used by name
+from tests.integration.daemon_fixture import (  # noqa: F401 — daemon: a fixture, used by name
+    Daemon,
+    daemon,
+    free_port,
+    start_daemon,
+)
 
 
 @pytest.fixture
@@ -21,3 +26,12 @@ def leaky(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Backend]:
     b = open_backend()
     yield b
     b.close()
+
+
+@pytest.fixture
+def metered(tmp_path: Path) -> Iterator[tuple[Daemon, str]]:
+    """A daemon serving its /metrics (each scrape at most 100 ms old), and their URL."""
+    port = free_port()
+    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json",
+                          f'metrics_listen = "127.0.0.1:{port}"\nmetrics_cache = "100ms"\n'):
+        yield d, f"http://127.0.0.1:{port}/metrics"

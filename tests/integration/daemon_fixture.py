@@ -4,7 +4,6 @@ the real CLI — the fixture the daemon tests share."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import socket
@@ -20,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import EXAMPLES, SRC
+from tests.conftest import EXAMPLES, SRC, json_answer
 
 PY = sys.executable
 STARTED: set[Path] = set()
@@ -47,14 +46,7 @@ class Daemon:
         return r
 
     def json(self, *args: str) -> Any:
-        """``--json`` output; ``leaks`` and ``doctor`` exit 1 when they find something, and
-        their JSON is the answer then too."""
-        r = self.cli(*args, "--json")
-        ok = (0, 1) if args[:1] in (("leaks",), ("doctor",)) else (0,)
-        if r.returncode not in ok:
-            raise AssertionError(f"gpuwarden {' '.join(args)} --json -> {r.returncode}\n"
-                                 f"{r.stdout}\n{r.stderr}")
-        return json.loads(r.stdout)
+        return json_answer(self.cli(*args, "--json"), args)
 
     def submit(self, *args: str, cmd: list[str] | None = None) -> int:
         command = cmd if cmd is not None else [PY, "-m", "gpuwarden.sim.job", "--seconds", "0"]

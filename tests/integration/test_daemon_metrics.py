@@ -5,24 +5,15 @@ its limit, the wait and release-time histograms and the scheduling pass duration
 from __future__ import annotations
 
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import wait_for
-from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, free_port, start_daemon
+from tests.integration.daemon_fixture import PY, Daemon
 
 GiB = 1 << 30
-
-
-@pytest.fixture
-def metered(tmp_path: Path) -> Iterator[tuple[Daemon, str]]:
-    port = free_port()
-    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json",
-                          f'metrics_listen = "127.0.0.1:{port}"\nmetrics_cache = "100ms"\n'):
-        yield d, f"http://127.0.0.1:{port}/metrics"
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

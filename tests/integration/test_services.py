@@ -5,13 +5,12 @@ failing health check restarts; cancel stops a service for good; bad values are r
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, free_port, start_daemon
+from tests.integration.daemon_fixture import PY, Daemon
 from tests.integration.test_daemon_metrics import find, scrape
 
 SIM = [PY, "-m", "gpuwarden.sim.job", "--mem", "1G"]
@@ -161,14 +160,6 @@ def test_an_oom_of_a_service_restarts_it_with_the_bigger_budget(daemon: Daemon) 
     assert job["restarts"] == 0  # the OOM rule's retry, not a same-budget restart
     daemon.cli("cancel", str(jid), check=True)
     daemon.wait_state(jid, "cancelled", timeout=30)
-
-
-@pytest.fixture
-def metered(tmp_path: Path) -> Iterator[tuple[Daemon, str]]:
-    port = free_port()
-    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json",
-                          f'metrics_listen = "127.0.0.1:{port}"\nmetrics_cache = "100ms"\n'):
-        yield d, f"http://127.0.0.1:{port}/metrics"
 
 
 def test_metrics_count_restarts_and_health_failures(metered: tuple[Daemon, str]) -> None:

@@ -75,6 +75,23 @@ def _timings(d: Daemon, u: User) -> dict[str, list[tuple[int, float]]]:
     return dict(json.loads(r.stdout))
 
 
+Timings = dict[str, list[tuple[int, float]]]
+
+
+def _timings_under(d: Daemon, u: User, stop: threading.Event,
+                   load: list[threading.Thread], *, join: float) -> Timings:
+    """``u``'s timings after a second of ``load`` (threads that run until ``stop``)."""
+    for t in load:
+        t.start()
+    try:
+        time.sleep(1.0)
+        return _timings(d, u)
+    finally:
+        stop.set()
+        for t in load:
+            t.join(timeout=join)
+
+
 def _cap_files(d: Daemon) -> None:
     pid = d.pid()
     assert pid is not None
@@ -222,17 +239,9 @@ def test_chart_flood_is_refused_and_does_not_delay_ps(users: tuple[User, User],
         stop = threading.Event()
         passes, began = _passes(metrics), time.monotonic()
 
-        threads = [threading.Thread(target=_chart_flood, args=(port, n, stop, statuses))
-                   for n in range(32)]
-        for t in threads:
-            t.start()
-        try:
-            time.sleep(1.0)
-            times = _timings(d, a)
-        finally:
-            stop.set()
-            for t in threads:
-                t.join(timeout=60)
+        times = _timings_under(d, a, stop, [
+            threading.Thread(target=_chart_flood, args=(port, n, stop, statuses))
+            for n in range(32)], join=60)
         # The pass period (interval = 100 ms) held: at least a third of the passes it
         # promises (a pass takes time of its own).
         ran, took = _passes(metrics) - passes, time.monotonic() - began
@@ -287,17 +296,9 @@ def test_listings_come_in_pages(users: tuple[User, User], tmp_path: Path) -> Non
             assert status == 400 and b"Traceback" not in body, (bad, body)
 
         stop, sizes = threading.Event(), list[int]()
-        loops = [threading.Thread(target=_list_loop, args=(d.socket, stop, sizes))
-                 for _ in range(8)]
-        for t in loops:
-            t.start()
-        try:
-            time.sleep(1.0)
-            times = _timings(d, a)
-        finally:
-            stop.set()
-            for t in loops:
-                t.join(timeout=120)
+        times = _timings_under(d, a, stop, [
+            threading.Thread(target=_list_loop, args=(d.socket, stop, sizes))
+            for _ in range(8)], join=120)
         assert sizes and set(sizes) == {1000}
         for what, runs in times.items():
             for status, seconds in runs:
