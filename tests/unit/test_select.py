@@ -132,6 +132,7 @@ def test_nothing_fits_now_names_every_gpu_and_why() -> None:
     gpus = [gpu(0, 10), gpu(1, 70, util=90), gpu(2, 70, mode="Prohibited")]
     result = choose_gpus(gpus, req(max_util=50))
     assert isinstance(result, Rejection) and not result.impossible
+    assert result.reason.startswith("no GPU with 20.0GiB free at util ≤ 50%"), result.reason
     assert "GPU 0: 10.0GiB free < 20.0GiB" in result.reason
     assert "GPU 1: util 90% > 50%" in result.reason
     assert "GPU 2: compute mode Prohibited" in result.reason

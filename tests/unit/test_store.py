@@ -874,3 +874,14 @@ def test_memory_holds_live_with_their_job(store: Store) -> None:
     assert got.release is not None and got.release.to_json()["seconds"] == 3.5
     assert [e.kind for e in got.events][-2:] == ["leak", "memory_returned"]
     assert store.clean(0, 100.0) == 1
+
+
+def test_an_edited_mem_replaces_the_budget_an_oom_retry_raised(store: Store) -> None:
+    job, _ = store.submit(spec(mem=4 * GiB), 1.0)
+    store.transition(job.id, QUEUED, QUEUED, now=2.0, kind="retried",
+                     retry_mem=10 * GiB, retry_ceiling=16 * GiB, ceiling_until=99.0)
+    kept = store.edit(job.id, [QUEUED], {"priority": 5}, now=3.0, detail="priority")
+    assert kept.request == 10 * GiB and kept.retry_ceiling == 16 * GiB
+    edited = store.edit(job.id, [QUEUED], {"mem": 6 * GiB}, now=4.0, detail="mem")
+    assert edited.request == 6 * GiB
+    assert (edited.retry_mem, edited.retry_ceiling, edited.ceiling_until) == (None, None, None)

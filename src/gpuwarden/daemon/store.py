@@ -1170,7 +1170,8 @@ class Store:
              now: float, detail: str) -> Job:
         """Change a waiting job's request (``gpuwarden edit``): ``changes`` maps JobSpec
         fields (see _EDIT_COLUMNS) to their new values, written with an ``edited`` event in
-        one transaction, only while the job is in one of ``from_states`` (else Conflict)."""
+        one transaction, only while the job is in one of ``from_states`` (else Conflict).
+        A new ``mem`` is the budget from then on, also after an OOM retry raised it."""
         froms = _states_arg(from_states)
         unknown = set(changes) - set(_EDIT_COLUMNS)
         if unknown:
@@ -1186,6 +1187,8 @@ class Store:
                 raise Conflict(f"job {job_id} is {row['state']}, not {'/'.join(froms)}",
                                job_id=job_id, state=row["state"])
             sets = ", ".join(f"{_EDIT_COLUMNS[k]} = ?" for k in sorted(changes))
+            if "mem" in changes:  # the user's new budget replaces one an OOM retry raised
+                sets += ", retry_mem = NULL, retry_ceiling = NULL, ceiling_until = NULL"
             conn.execute(f"UPDATE jobs SET {sets} WHERE id = ?",
                          [*(changes[k] for k in sorted(changes)), job_id])
             conn.execute("INSERT INTO events (job_id, at, kind, detail) VALUES "

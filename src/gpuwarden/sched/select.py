@@ -225,7 +225,7 @@ def choose_gpus(gpus: Sequence[GpuView], request: Request,
                          + (f"instances: {', '.join(have)}" if have else "no GPU in MIG mode has "
                             "instances") + "; gpuwarden creates none: see `gpuwarden doctor`)",
                          considered, impossible=True)
-    plural = f"{n} GPUs" if n > 1 else "a GPU"
+    none = f"no {n} GPUs" if n > 1 else "no GPU"
     if n > len(considered):
         return Rejection(f"--count {n} but this machine has {len(considered)} GPU"
                          f"{'s' if len(considered) != 1 else ''}", considered, impossible=True)
@@ -248,7 +248,7 @@ def choose_gpus(gpus: Sequence[GpuView], request: Request,
     chosen = _best_set(qualified, n, request.same_numa, request.user)
     if chosen is None:
         util = f" at util ≤ {request.max_util}%" if request.max_util is not None else ""
-        head = f"no {plural} with {request.describe()} free{util}"
+        head = f"{none} with {request.describe()} free{util}"
         if len(qualified) >= n:  # enough GPUs, but not on one NUMA node
             nodes = ", ".join(
                 f"node {'?' if k is None else k}: GPU {','.join(str(c.index) for c in v)}"
