@@ -43,6 +43,9 @@ def test_a_crashing_service_is_restarted_to_its_limit_then_given_up(daemon: Daem
     assert "restart on-failure, 2 restart(s) so far (limit 2 in 10m" in text, text
     ps = daemon.cli("ps", "--all", check=True).stdout
     assert "failed svc:2" in ps, ps
+    csv = daemon.cli("ps", "--all", "--format", "csv", "-o", "id,restart,restarts",
+                     check=True).stdout
+    assert f"{jid},on-failure,2" in csv.splitlines(), csv
 
 
 def test_restart_always_restarts_after_exit_0(daemon: Daemon) -> None:

@@ -280,9 +280,11 @@ def _span(start: str, end: str) -> str:
 
 PS_SORT = ("id", "submitted", "user", "mem", "state")
 PS_CSV = ("id", "user", "name", "group", "state", "gpus", "mem", "peak_memory",
-          "submitted_at", "started_at", "ended_at", "exit_code", "reason", "command")
+          "submitted_at", "started_at", "ended_at", "exit_code", "restart", "restarts",
+          "reason", "command")
 """``ps --format csv`` columns: the job JSON's keys and units (bytes, ISO 8601 UTC
-times); gpus space-separated, command quoted as a shell would."""
+times); gpus space-separated, command quoted as a shell would; restart a service's
+policy (on-failure, always; empty for a batch job) and restarts how often it restarted."""
 
 
 def _sort_key(key: str) -> Any:
@@ -386,8 +388,14 @@ def _stream_json(pages: Iterator[list[dict[str, Any]]]) -> None:
 
 
 def _ps_csv(jobs: list[dict[str, Any]], columns: Sequence[str] = PS_CSV) -> list[list[Any]]:
-    return [[shlex.join(j["command"]) if c == "command" else j.get(c) for c in columns]
-            for j in jobs]
+    def cell(j: dict[str, Any], c: str) -> Any:
+        if c == "command":
+            return shlex.join(j["command"])
+        if c == "restart":
+            return (j.get("service") or {}).get("restart")
+        return j.get(c)
+
+    return [[cell(j, c) for c in columns] for j in jobs]
 
 
 class ColumnsType(click.ParamType):  # type: ignore[type-arg]
