@@ -177,11 +177,16 @@ def test_reap_named_pid_that_holds_nothing_is_a_usage_error(sim: SimMachine) -> 
 def test_status_watch_refreshes_until_interrupted(sim: SimMachine) -> None:
     import time
 
-    p = subprocess.Popen([sys.executable, "-m", "gpuwarden", "status", "--watch", "0.2"],
+    # As from a terminal: SIGINT at its default. A shell's background job (nohup make
+    # test &) ignores SIGINT, the CLI inherits that, and Ctrl-C is then no Ctrl-C.
+    interactive = ("import runpy, signal; signal.signal(signal.SIGINT, "
+                   "signal.default_int_handler); runpy.run_module('gpuwarden', "
+                   "run_name='__main__')")
+    p = subprocess.Popen([sys.executable, "-c", interactive, "status", "--watch", "0.2"],
                          env=sim.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(2.0)
     p.send_signal(signal.SIGINT)
-    try:  # generous: a loaded CI machine once took over 10 s here (a /proc read?)
+    try:
         out, err = p.communicate(timeout=30)
     except subprocess.TimeoutExpired:
         p.kill()
