@@ -87,6 +87,16 @@ def hold_baseline(seen: Sequence[tuple[float, int]], now: float) -> int | None:
     return max(0, min(recent))
 
 
+def foreign_figure(procs_seen: Sequence[tuple[float, int]],
+                   unaccounted_seen: Sequence[tuple[float, int]], now: float) -> int:
+    """What placement charges a GPU for memory that is not its jobs': the peak of foreign
+    processes' memory over the samples given (``PEAK_WINDOW``), plus the memory no process
+    accounts for that persisted, by the same rule as a hold's baseline: a moment's
+    in-flight memory is not charged, and a negative sample never adds headroom."""
+    peak = max((b for _, b in procs_seen), default=0)
+    return peak + (hold_baseline(unaccounted_seen, now) or 0)
+
+
 def _tree(pid: int) -> list[psutil.Process]:
     try:
         root = psutil.Process(pid)
@@ -834,13 +844,13 @@ class Scheduler:
             hist = [(t, b) for t, b in self._peaks.get(uuid, []) if now - t < PEAK_WINDOW]
             hist.append((now, procs))
             self._peaks[uuid] = hist[-600:]
-            foreign[uuid] = max(b for _, b in hist)
+            seen: list[tuple[float, int]] = []
             if unaccounted is not None:
                 seen = [(t, b) for t, b in self._unaccounted_seen.get(uuid, [])
                         if now - t < UNACCOUNTED_PERSIST]
                 seen.append((now, unaccounted))
                 self._unaccounted_seen[uuid] = seen[-600:]
-                foreign[uuid] += min(b for _, b in seen)  # what has persisted
+            foreign[uuid] = foreign_figure(hist, seen, now)
         states = gpu_states(snap, uses, managed_pids, foreign, self.config.reserve,
                             contexts=contexts)
         return self._drained(self._with_cpus(states, snap, active))

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from gpuwarden.daemon.restart import RESTARTED
 from gpuwarden.units import format_bytes
 
 if TYPE_CHECKING:
@@ -211,7 +212,7 @@ class Job:
         if self.spec.service is None or self.state != QUEUED:
             return False
         for e in reversed(self.events):
-            if e.kind in ("restarted", "retried"):
+            if e.kind in (RESTARTED, "retried"):
                 return True
             if e.kind in ("placed", "requeued"):
                 return False
