@@ -52,7 +52,7 @@ def test_ps_filters_by_state_sorts_and_prints_csv(daemon: Daemon) -> None:
     out = daemon.cli("ps", "--all", "--format", "csv", check=True).stdout
     assert out.splitlines()[0] == ("id,user,name,group,state,gpus,mem,peak_memory,"
                                    "submitted_at,started_at,ended_at,exit_code,restart,"
-                                   "restarts,reason,command")
+                                   "restarts,task,reason,command")
     rows = {int(r["id"]): r for r in _rows(out)}
     assert set(rows) == {done, running, held, waiting}
     assert rows[held]["mem"] == str(3 << 30) and rows[held]["state"] == "held"

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from gpuwarden.daemon import model
+from gpuwarden.daemon.arrays import Array, Member
 from gpuwarden.daemon.model import (
     CANCELLED,
     FAILED,
@@ -95,12 +96,15 @@ def test_every_spec_field_round_trips(tmp_path: Path) -> None:
             mem_auto=True, cpus=4, no_numa=True, mig="3g.40gb", attach="ray job raysubmit_ü",
             service=Service(restart="always", limit=3, window=120.5, health_cmd="curl -f ü",
                             health_url=None, health_interval=5.5, health_grace=0.0),
-            notify="notify-send 'job ü' \"$(jq -r .state)\"")
+            notify="notify-send 'job ü' \"$(jq -r .state)\"",
+            array=Member(0, 4, 2))  # the array's id is the store's: set below
         # Every field differs from its default, so none can silently fall back to it.
         default = JobSpec(command=(), user="", uid=0, gid=0)
         for f in dataclasses.fields(JobSpec):
             assert getattr(full, f.name) != getattr(default, f.name), f.name
-        job, created = s.submit(full, 1700000000.25)
+        job, created = s.submit(dataclasses.replace(full, array=None), 1700000000.25,
+                                array=Array((4,), 2))
+        full = dataclasses.replace(full, array=Member(job.id, 4, 2))
         assert created
         assert job.spec == full
         assert job.state == QUEUED
@@ -585,7 +589,8 @@ def test_older_database_is_upgraded(tmp_path: Path) -> None:
                          "oom_retries, retry_mem, not_before, kill_reason, mps, sm_percent, "
                          "mem_auto, cpus, no_numa, cpu_set, attach, oom_tried, oom_need, context, "
                          "allocated_peak, retry_ceiling, ceiling_until, service, restarts, "
-                         "health_failures, after_any_ids, after_fail_ids, mig, notify FROM jobs")
+                         "health_failures, after_any_ids, after_fail_ids, mig, notify, "
+                         "array_id, array_index, array_limit FROM jobs")
 
 
 def test_migrations_run_in_order_inside_one_transaction(tmp_path: Path) -> None:

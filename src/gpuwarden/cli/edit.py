@@ -7,10 +7,11 @@ from typing import Any
 import click
 
 from gpuwarden.cli.common import DURATION, emit_json
+from gpuwarden.cli.jobs import JOB
 
 
 @click.command()
-@click.argument("job_id", type=click.IntRange(min=1))
+@click.argument("job", type=JOB)
 @click.option("--mem", help="Memory per GPU (14G, or a fraction such as 0.5 of a GPU).")
 @click.option("--mem-limit", help="How far a burstable job may grow past --mem.")
 @click.option("--priority", type=int, help="Higher starts first (-1000 to 1000).")
@@ -19,20 +20,22 @@ from gpuwarden.cli.common import DURATION, emit_json
 @click.option("--timeout", type=DURATION, help="Kill the job after this long (2h, 30m).")
 @click.option("--name", help="Its name.")
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
-def edit(job_id: int, as_json: bool, **opts: Any) -> None:
+def edit(job: str, as_json: bool, **opts: Any) -> None:
     """Change a queued or held job (yours, or any as an admin): the same checks as submit
     (bounds, [limits], whether it could ever run here); it keeps its place in the queue."""
-    from gpuwarden.cli.jobs import _client
+    from gpuwarden.cli.jobs import _client, one_job
     from gpuwarden.errors import UsageError
 
     body = {k: v for k, v in opts.items() if v is not None}
     if not body:
         raise UsageError("name what to change: --mem, --mem-limit, --priority, --qos, "
                          "--gpus, --timeout or --name")
-    job = _client().request("POST", f"/v1/jobs/{job_id}/edit", body=body)
+    client = _client()
+    job_id = one_job(client, job)
+    edited = client.request("POST", f"/v1/jobs/{job_id}/edit", body=body)
     if as_json:
-        emit_json(job)
+        emit_json(edited)
         return
-    edits = [e for e in job["events"] if e["kind"] == "edited"]
+    edits = [e for e in edited["events"] if e["kind"] == "edited"]
     click.echo(f"job {job_id} edited {edits[-1]['detail']}" if edits else
                f"job {job_id}: nothing changed")

@@ -26,26 +26,49 @@ def _client() -> Any:
     return connect()
 
 
-def parse_ids(specs: Sequence[str]) -> list[int]:
-    """Job ids from ``3``, ``3,5`` and ``7-9`` forms."""
-    out: list[int] = []
-    for spec in specs:
-        for part in spec.split(","):
-            part = part.strip()
-            try:
-                if "-" in part:
-                    lo, hi = (int(x) for x in part.split("-", 1))
-                    if lo < 1 or hi < lo or hi - lo > 100_000:
-                        raise ValueError
-                    out.extend(range(lo, hi + 1))
-                elif part:
-                    n = int(part)
-                    if n < 1:
-                        raise ValueError
-                    out.append(n)
-            except ValueError:
-                raise UsageError(f"invalid job id or range {part!r}") from None
-    return out
+def resolve_ids(client: Any, specs: Sequence[str]) -> tuple[list[int], bool]:
+    """The job ids that ``specs`` name (an array's id: each of its tasks; ``12_7``: one
+    task), asked of the daemon, and whether any named nothing (each said on stderr)."""
+    from gpuwarden.daemon.arrays import parse_refs
+
+    parse_refs(specs)  # a bad one is an error before the daemon is asked
+    out = client.request("POST", "/v1/resolve", body={"refs": list(specs)})
+    for ref in out["missing"]:
+        click.echo(f"gpuwarden: error: no job {ref}", err=True)
+    return out["ids"], bool(out["missing"])
+
+
+class JobRef(click.ParamType):  # type: ignore[type-arg]
+    """One job: its id, or an array's task as ``12_7``."""
+
+    name = "ID"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        from gpuwarden.daemon.arrays import parse_refs
+
+        text = str(value)
+        try:
+            refs = parse_refs([text])
+        except UsageError as e:
+            self.fail(str(e), param, ctx)
+        if len(refs) != 1 or "," in text:
+            self.fail(f"{text!r} is not one job (an id, or a task such as 12_7)", param, ctx)
+        return text
+
+
+JOB = JobRef()
+
+
+def one_job(client: Any, ref: str) -> int:
+    """The job id of a JOB argument: ``12_7`` asked of the daemon; an id as it is (an
+    array's id names its first task here)."""
+    if "_" not in ref:
+        return int(ref)
+    ids, missing = resolve_ids(client, [ref])
+    if missing or not ids:
+        raise SystemExit(2)
+    return ids[0]
 
 
 def read_directives(command: Sequence[str]) -> list[str]:
@@ -82,7 +105,8 @@ _SUBMIT_OPTIONS = [
     click.option("--group", help="A group, for `cancel --group` and `ps`."),
     click.option("--key", help="Idempotency key: resubmitting it returns the existing job."),
     click.option("--after", "after", multiple=True,
-                 help="Start only after this job succeeded (repeatable, or 3,5)."),
+                 help="Start only after this job succeeded (repeatable, or 3,5; an "
+                      "array's id: each of its tasks)."),
     click.option("--after-any", "after_any", multiple=True,
                  help="Start only after this job ended, however it ended (repeatable)."),
     click.option("--after-fail", "after_fail", multiple=True,
@@ -116,6 +140,10 @@ _SUBMIT_OPTIONS = [
                  help="Hold this many CPU cores near the GPUs alone (among gpuwarden jobs)."),
     click.option("--no-numa", is_flag=True,
                  help="No CPU affinity and no NUMA memory binding."),
+    click.option("--array", metavar="INDICES[%N]",
+                 help="An array: one job a task (0-99, 1,3,5-9, 0-20:5), each with "
+                      "GPUWARDEN_ARRAY_INDEX; %N: at most N at once. Prints the array's "
+                      "id; a task is ID_INDEX (12_7)."),
     click.option("--notify", metavar="CMD",
                  help="Run CMD (with /bin/sh, as you) once the job ends, however it ends, "
                       "the job's JSON on its standard input."),
@@ -153,7 +181,7 @@ def _submit_to_ray(cluster: str, command: tuple[str, ...], opts: dict[str, Any])
     if opts["mem"] in (None, "auto"):
         raise UsageError("--cluster needs --mem SIZE: Ray places the job by its memory share")
     unsupported = [k for k in ("gpu_ids", "after", "after_any", "after_fail", "timeout", "mps",
-                                 "cpus", "key", "mig", "notify")
+                                 "cpus", "key", "mig", "notify", "array")
                    if opts.get(k) not in (None, False, (), 0)]
     if unsupported:
         raise UsageError("not supported with --cluster: "
@@ -198,15 +226,18 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
         "env": dict(os.environ), "env_keep": list(opts["env_keep"]),
         "gpus": opts["gpus"], "priority": opts["priority"],
         "exclusive": opts["exclusive"], "requeue_on_reboot": opts["requeue_on_reboot"],
-        "after": parse_ids(opts["after"]),
-        "after_any": parse_ids(opts["after_any"]),
-        "after_fail": parse_ids(opts["after_fail"]),
+        # Job ids, ranges and tasks (12_7); an array's id stands for each of its tasks.
+        "after": [], "after_any": [], "after_fail": [],
         "no_requeue": opts["no_requeue"],
         "checkpoint": opts["checkpoint"], "mps": opts["mps"], "no_numa": opts["no_numa"],
     }
-    for name in ("mig", "notify"):
+    for name in ("mig", "notify", "array"):
         if opts.get(name) is not None:
             body[name] = opts[name]
+    if opts.get("array") is not None:
+        from gpuwarden.daemon.arrays import parse_array
+
+        parse_array(opts["array"])  # here, before a daemon is asked (or started)
     if opts["mem"] not in (None, "auto"):
         from gpuwarden.units import parse_size_or_fraction
 
@@ -225,7 +256,17 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
         except ValueError:
             raise UsageError(f"invalid --gpu-ids {opts['gpu_ids']!r}") from None
     _check_launchable(command, body["cwd"])
-    job = _client().request("POST", "/v1/jobs", body=body)
+    from gpuwarden.daemon.arrays import parse_refs
+
+    for kind in ("after", "after_any", "after_fail"):
+        parse_refs(opts[kind])  # a bad one is an error before a daemon is asked
+    client = _client()
+    for kind in ("after", "after_any", "after_fail"):
+        if opts[kind]:
+            body[kind], missing = resolve_ids(client, opts[kind])
+            if missing:
+                raise SystemExit(2)
+    job = client.request("POST", "/v1/jobs", body=body)
     if job.get("dropped_env"):
         warn("not passed to the job (they look like credentials): "
              + ", ".join(job["dropped_env"]) + "; keep one with --env-keep NAME")
@@ -235,6 +276,10 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
         emit_json(job)
     else:
         click.echo(job["id"])
+        if job.get("tasks") and job.get("created"):
+            limit = job["array"]["limit"]
+            warn(f"array {job['id']}: {job['tasks']} tasks (the first {job['array']['task']})"
+                 + ("" if limit is None else f", at most {limit} at once"))
         if job["state"] == "infeasible":
             warn(f"job {job['id']} can never run here: {job['reason']}")
         if job.get("group_held"):
@@ -281,10 +326,11 @@ def _span(start: str, end: str) -> str:
 PS_SORT = ("id", "submitted", "user", "mem", "state")
 PS_CSV = ("id", "user", "name", "group", "state", "gpus", "mem", "peak_memory",
           "submitted_at", "started_at", "ended_at", "exit_code", "restart", "restarts",
-          "reason", "command")
+          "task", "reason", "command")
 """``ps --format csv`` columns: the job JSON's keys and units (bytes, ISO 8601 UTC
 times); gpus space-separated, command quoted as a shell would; restart a service's
-policy (on-failure, always; empty for a batch job) and restarts how often it restarted."""
+policy (on-failure, always; empty for a batch job) and restarts how often it restarted;
+task an array's task (12_7), empty for a job of no array."""
 
 
 def _sort_key(key: str) -> Any:
@@ -345,7 +391,8 @@ def _ps_lines(jobs: list[dict[str, Any]], all_jobs: bool,
         state = j["state"]
         if j.get("service"):  # a service, and its restarts so far
             state += f" svc:{j.get('restarts') or 0}"
-        rows.append((str(j["id"]), j["user"], j["name"] or "", state,
+        task = (j.get("array") or {}).get("task")  # as squeue shows them: 12_7
+        rows.append((task or str(j["id"]), j["user"], j["name"] or "", state,
                      ",".join(map(str, j["gpus"])) or "-",
                      format_bytes_short(j["mem"]) if j["mem"] else "whole",
                      format_bytes_short(j["peak_memory"]) if j["peak_memory"] else "-",
@@ -393,6 +440,8 @@ def _ps_csv(jobs: list[dict[str, Any]], columns: Sequence[str] = PS_CSV) -> list
             return shlex.join(j["command"])
         if c == "restart":
             return (j.get("service") or {}).get("restart")
+        if c == "task":
+            return (j.get("array") or {}).get("task")
         return j.get(c)
 
     return [[cell(j, c) for c in columns] for j in jobs]
@@ -450,6 +499,8 @@ def _ps_columns_lines(jobs: list[dict[str, Any]], columns: Sequence[str]) -> lis
                    "reserved, running, succeeded, failed, cancelled, infeasible.")
 @click.option("--user", help="Only this user's jobs.")
 @click.option("--group", help="Only this group's jobs.")
+@click.option("--array", "array", type=click.IntRange(min=1), metavar="ID",
+              help="Only the tasks of this array.")
 @click.option("--sort", "sort", type=SortType(), default="id", show_default=True,
               help=f"Order by {', '.join(PS_SORT)}; -KEY for descending.")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]),
@@ -467,7 +518,7 @@ def _ps_columns_lines(jobs: list[dict[str, Any]], columns: Sequence[str]) -> lis
               help=f"The latest N jobs (0: every one). Default: {PS_LATEST} in a table "
                    "with --all or --state, every job otherwise (and in JSON and CSV).")
 def ps(all_jobs: bool, states: tuple[str, ...], user: str | None, group: str | None,
-       sort: str, fmt: str, as_json: bool, columns: tuple[str, ...] | None,
+       array: int | None, sort: str, fmt: str, as_json: bool, columns: tuple[str, ...] | None,
        watch: float | None, limit: int | None) -> None:
     """The queue: everyone's waiting and running jobs (--all: ended ones too)."""
     from gpuwarden.cli.common import emit_csv, watch_header
@@ -481,7 +532,7 @@ def ps(all_jobs: bool, states: tuple[str, ...], user: str | None, group: str | N
         raise UsageError("-o chooses the columns of the table or the CSV; JSON has them all")
     client = _client()
     query = {"all": "1" if all_jobs else None, "user": user, "group": group,
-             "state": ",".join(states) or None}
+             "state": ",".join(states) or None, "array": array}
     history = all_jobs or bool(states)
     latest = limit if limit is not None else PS_LATEST if history and fmt == "table" else 0
     if fmt == "json" and watch is None and not latest and sort == "id":
@@ -532,13 +583,15 @@ def _drained_lines(client: Any) -> list[str]:
 
 
 @click.command()
-@click.argument("job_id", type=int)
+@click.argument("job", type=JOB)
 @click.option("--json", "as_json", is_flag=True)
-def show(job_id: int, as_json: bool) -> None:
-    """One job: its request, placement, declared vs peak memory, and its events."""
+def show(job: str, as_json: bool) -> None:
+    """One job (an id, or an array's task such as 12_7): its request, placement,
+    declared vs peak memory, and its events."""
     from gpuwarden.cli.jobtext import job_lines
 
-    j = _client().request("GET", f"/v1/jobs/{job_id}")
+    client = _client()
+    j = client.request("GET", f"/v1/jobs/{one_job(client, job)}")
     if as_json:
         emit_json(j)
         return
@@ -556,7 +609,7 @@ def show(job_id: int, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("job_id", type=int)
+@click.argument("job", type=JOB)
 @click.option("-f", "--follow", is_flag=True,
               help="Keep printing until the job ends (a rerun's output follows under a "
                    "'==> job J attempt N of M <==' line).")
@@ -566,12 +619,13 @@ def show(job_id: int, as_json: bool) -> None:
                    "default: the latest).")
 @click.option("--all", "all_attempts", is_flag=True,
               help="Every run's output in turn, each under such a line.")
-def logs(job_id: int, follow: bool, use_stderr: bool, attempt: int | None,
+def logs(job: str, follow: bool, use_stderr: bool, attempt: int | None,
          all_attempts: bool) -> None:
     """A job's stdout (or --stderr). Only its owner or an admin may read it."""
     if attempt is not None and all_attempts:
         raise UsageError("--attempt and --all: choose one")
     client = _client()
+    job_id = one_job(client, job)
     out = sys.stdout.buffer
     stream = "stderr" if use_stderr else "stdout"
     # Pinned to one attempt once known, so a retry during -f never mixes two outputs.
@@ -635,13 +689,14 @@ def _done(verb: str, job: dict[str, Any], killed: bool = False) -> str:
     return f"job {jid} {state}"
 
 
-def _each(verb: str, ids: Sequence[int], as_json: bool,
+def _each(verb: str, specs: Sequence[str], as_json: bool,
           query: dict[str, Any] | None = None) -> None:
     from gpuwarden.daemon.client import DaemonUnavailable
     from gpuwarden.errors import GpuwardenError
 
     client = _client()
-    results, failed = [], False
+    ids, failed = resolve_ids(client, specs)
+    results: list[Any] = []
     for job_id in ids:
         try:
             results.append(client.request("POST", f"/v1/jobs/{job_id}/{verb}", query=query))
@@ -668,10 +723,11 @@ def _each(verb: str, ids: Sequence[int], as_json: bool,
 def cancel(ids: tuple[str, ...], group: str | None, kill: bool, as_json: bool) -> None:
     """Cancel jobs (ids, ranges like 3-7, or --group): a running job's whole process tree
     gets SIGTERM, then SIGKILL after the grace period (--kill: SIGKILL at once)."""
-    targets = sorted(set(parse_ids(ids)))
-    if not targets and not group:
-        raise UsageError("name job ids, ranges or --group")
-    body: dict[str, Any] = {"ids": targets, "kill": kill}
+    from gpuwarden.daemon.arrays import parse_refs
+
+    if not parse_refs(ids) and not group:
+        raise UsageError("name job ids, ranges, array tasks (12_7) or --group")
+    body: dict[str, Any] = {"refs": list(ids), "kill": kill}
     if group:
         body["group"] = group
     out = _client().request("POST", "/v1/cancel", body=body)  # one request, for any number
@@ -685,7 +741,10 @@ def cancel(ids: tuple[str, ...], group: str | None, kill: bool, as_json: bool) -
     for e in out["errors"]:
         click.echo(f"gpuwarden: error: {about(e['id'], e['error'])}", err=True)
     if out["missing"]:
-        click.echo(f"gpuwarden: error: no job {_ranges(out['missing'])}", err=True)
+        ints = [m for m in out["missing"] if isinstance(m, int)]
+        named = ([_ranges(ints)] if ints else []) + \
+            [m for m in out["missing"] if not isinstance(m, int)]
+        click.echo(f"gpuwarden: error: no job {','.join(named)}", err=True)
     if out["errors"] or out["missing"]:
         raise SystemExit(2)
 
@@ -709,7 +768,7 @@ def _simple(verb: str, doc: str) -> click.Command:
     @click.argument("ids", nargs=-1, required=True)
     @click.option("--json", "as_json", is_flag=True)
     def cmd(ids: tuple[str, ...], as_json: bool) -> None:
-        _each(verb, parse_ids(ids), as_json)
+        _each(verb, ids, as_json)
     return cmd
 
 
@@ -730,7 +789,10 @@ def wait(ids: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
     client = _client()
     deadline = None if timeout is None else time.monotonic() + timeout
     done: list[dict[str, Any]] = []
-    for job_id in parse_ids(ids):
+    targets, missing = resolve_ids(client, ids)
+    if missing:
+        raise SystemExit(2)
+    for job_id in targets:
         while True:  # asks at least once: a job that has ended is not a timeout
             left = 30.0 if deadline is None else max(min(30.0, deadline - time.monotonic()), 0)
             job = client.request("GET", f"/v1/jobs/{job_id}/wait", query={"timeout": left},
@@ -763,9 +825,12 @@ def rm(ids: tuple[str, ...]) -> None:
     """Remove ended jobs and their logs. A job that is waiting or running is refused:
     cancel it first."""
     client = _client()
-    for job_id in parse_ids(ids):
+    targets, missing = resolve_ids(client, ids)
+    for job_id in targets:
         client.request("DELETE", f"/v1/jobs/{job_id}")
         click.echo(f"job {job_id} removed")
+    if missing:
+        raise SystemExit(2)
 
 
 @click.command()

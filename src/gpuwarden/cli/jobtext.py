@@ -70,6 +70,12 @@ def job_lines(j: Mapping[str, Any]) -> list[tuple[str, str]]:
     svc = j.get("service")
     if isinstance(svc, Mapping):
         out.append(("service", _service_text(j, svc)))
+    arr = j.get("array")
+    if isinstance(arr, Mapping):
+        out.append(("array", f"task {arr.get('task')} (index {arr.get('index')} of array "
+                             f"{arr.get('id')}"
+                    + ("" if arr.get("limit") is None else
+                       f", at most {arr['limit']} tasks at once") + ")"))
     if j.get("notify"):
         out.append(("notify", f"{j['notify']} (run as its user once it ends)"))
     oom = j.get("oom")

@@ -277,7 +277,8 @@ async def list_jobs(request: web.Request) -> web.Response:
     jobs = await _call(svc.list, caller, all_jobs=_flag(request, "all"),
                        user=request.query.get("user") or None,
                        group=request.query.get("group") or None, states=states or None,
-                       limit=limit + 1, before=before, after=after)
+                       limit=limit + 1, before=before, after=after,
+                       array=_int_query(request, "array", 1, 2**63 - 1))
     more = len(jobs) > limit
     if more:  # the one past the page: the next after it, or the one before it
         jobs = jobs[:limit] if after is not None else jobs[1:]
@@ -322,9 +323,10 @@ async def cancel_many(request: web.Request) -> web.Response:
     """Many jobs in one request (``cancel 1-100000``, ``cancel --group``)."""
     svc, caller = request.app[SERVICE], caller_of(request)
     body = await _body(request)
-    if not isinstance(body, dict) or set(body) - {"ids", "group", "kill"}:
-        raise UsageError("the body is an object with ids, group and kill")
+    if not isinstance(body, dict) or set(body) - {"ids", "refs", "group", "kill"}:
+        raise UsageError("the body is an object with ids, refs, group and kill")
     ids, group, kill = body.get("ids") or [], body.get("group"), body.get("kill", False)
+    refs = body.get("refs") or []
     if not isinstance(ids, list) or not all(
             isinstance(i, int) and not isinstance(i, bool) and 0 < i < 2**63 for i in ids):
         raise UsageError("ids must be a list of job ids")
@@ -332,9 +334,18 @@ async def cancel_many(request: web.Request) -> web.Response:
         raise UsageError("group must be a group name")
     if not isinstance(kill, bool):
         raise UsageError("kill must be true or false")
-    if not ids and group is None:
+    if not ids and not refs and group is None:
         raise UsageError("name job ids or a group")
-    return web.json_response(await _call(svc.cancel_many, caller, ids, group, kill))
+    return web.json_response(await _call(svc.cancel_many, caller, ids, group, kill, refs))
+
+
+async def resolve(request: web.Request) -> web.Response:
+    """The job ids that references such as ``3-7`` and ``12_7`` name (daemon/arrays.py)."""
+    svc, caller = request.app[SERVICE], caller_of(request)
+    body = await _body(request)
+    if not isinstance(body, dict) or set(body) != {"refs"}:
+        raise UsageError("the body is an object with refs")
+    return web.json_response(await _call(svc.resolve, caller, body["refs"]))
 
 
 async def wait(request: web.Request) -> web.Response:
@@ -472,6 +483,7 @@ def make_app(service: JobService, web_store: Store | None = None,
     app.router.add_post("/v1/clean", clean)
     app.router.add_get("/v1/job-pids", job_pids)
     app.router.add_post("/v1/cancel", cancel_many)
+    app.router.add_post("/v1/resolve", resolve)
     from gpuwarden.web.routes import add_web_routes
 
     add_web_routes(app, web_store or service.store, anonymous=False,  # `gpuwarden web`

@@ -23,6 +23,7 @@ _SECRET_PREFIX = re.compile(r"^(GITHUB_|GH_|KRB5|WANDB_API|GOOGLE_APPLICATION_CR
 # Never carried over: they describe the submitting shell or are set for the job by gpuwarden.
 _SESSION_ONLY = frozenset({
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUWARDEN_MEM_LIMIT", "GPUWARDEN_JOB",
+    "GPUWARDEN_ARRAY_ID", "GPUWARDEN_ARRAY_INDEX",
     "TERM_SESSION_ID", "WINDOWID", "DISPLAY", "XAUTHORITY", "SHLVL", "OLDPWD", "_",
 })
 

@@ -137,12 +137,16 @@ def _report_file(path: Path, uid: int, gid: int) -> None:
 
 
 def job_env(job: Job, budget: int, jobdir: Path) -> dict[str, str]:
-    """The job's environment on top of its snapshot: its id and budget, the preemption
+    """The job's environment on top of its snapshot: its id and budget (and array task),
+    the preemption
     notice file of checkpoint-friendly jobs, and expandable segments for PyTorch's
     allocator (fragmentation otherwise makes a job OOM below its budget) unless the
     user chose allocator settings."""
     env = {**job.spec.env, "GPUWARDEN_JOB": str(job.id), "GPUWARDEN_BUDGET": str(budget),
            "GPUWARDEN_QOS": job.spec.qos}
+    if job.spec.array is not None:  # as Slurm's SLURM_ARRAY_JOB_ID and _TASK_ID
+        env["GPUWARDEN_ARRAY_ID"] = str(job.spec.array.array_id)
+        env["GPUWARDEN_ARRAY_INDEX"] = str(job.spec.array.index)
     if job.spec.checkpoint:
         env["GPUWARDEN_PREEMPT_FILE"] = str(jobdir / PREEMPT_NOTICE)
     if job.request is not None and "PYTORCH_CUDA_ALLOC_CONF" not in env \
@@ -925,6 +929,7 @@ class Scheduler:
     def _schedule(self, snap: Snapshot) -> bool:
         """Plan and carry out one pass. Returns whether a job waits for room (the
         watchdog is stricter then)."""
+        from gpuwarden.daemon.arrays import throttle
         from gpuwarden.sched.queue import plan
 
         queued = self.store.list(states=[model.QUEUED])
@@ -935,6 +940,8 @@ class Scheduler:
             blocked = self._dependency_block(job)
             if blocked is None:
                 ready.append(job)
+        ready, throttled = throttle(ready, self.store.active())
+        self.store.set_reasons(throttled)
         if not ready:
             return False
         room_wanted = False

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from gpuwarden.daemon.arrays import Member
 from gpuwarden.daemon.restart import RESTARTED
 from gpuwarden.units import format_bytes
 
@@ -67,6 +68,7 @@ class JobSpec:
     attach: str | None = None  # started by another launcher (e.g. "ray job ID"), not us
     service: Service | None = None  # a restart policy and health check (--restart)
     notify: str | None = None  # run as the user, the job's JSON on stdin, once it ends
+    array: Member | None = None  # a task of an array (--array), set when it is stored
 
 
 @dataclass(frozen=True)
@@ -315,6 +317,9 @@ class Job:
             "attach": s.attach,
             "service": None if s.service is None else s.service.to_json(),
             "notify": s.notify,
+            "array": None if s.array is None else {
+                "id": s.array.array_id, "index": s.array.index, "limit": s.array.limit,
+                "task": s.array.ref()},
             "restarts": self.restarts,
             "health_failures": self.health_failures,
             "cpu_set": list(self.cpu_set),

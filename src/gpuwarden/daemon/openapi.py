@@ -37,6 +37,10 @@ _JOB = {
             "health_interval": {"type": "number"}, "health_grace": {"type": "number"}}},
             {"type": "null"}]},
         "restarts": {"type": "integer"}, "health_failures": {"type": "integer"},
+        "array": {"oneOf": [{"type": "object", "properties": {
+            "id": {"type": "integer"}, "index": {"type": "integer"},
+            "limit": {"type": ["integer", "null"]}, "task": {"type": "string"}}},
+            {"type": "null"}]},
     },
 }
 _NULL = {"type": "null"}  # the optional fields below also take null: the same as absent
@@ -78,6 +82,11 @@ _SUBMIT = {
         "sm_percent": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": 100}, _NULL]},
         "cpus": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": 4096}, _NULL]},
         "no_numa": {"type": "boolean"},
+        "array": {"type": ["string", "null"], "minLength": 1, "maxLength": 1000,
+                  "pattern": "^[0-9][0-9,:-]*(%[0-9]+)?$",
+                  "description": "an array: one job a task, e.g. 0-99%8 (at most 8 at "
+                                 "once); the answer is the first task, whose id is the "
+                                 "array's, and tasks counts them"},
         "notify": {"type": ["string", "null"], "minLength": 1, "maxLength": 4096,
                    "description": "run with /bin/sh -c as the caller once the job ends "
                                   "(succeeded, failed, cancelled, infeasible), the job's "
@@ -121,6 +130,8 @@ _ENDED = {"type": "object", "additionalProperties": False, "properties": {
     "survivors": {"type": "array", "items": {"type": "integer", "minimum": 1}},
     "output": {"type": "string", "description": "the tail of the output (CUDA OOM "
                                                 "detection; what logs shows)"}}}
+_REFS = {"type": "array", "minItems": 1, "maxItems": 10_000, "items": {
+    "type": "string", "pattern": "^[0-9][0-9,_ -]*$", "maxLength": 200000}}
 
 
 def _resp(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
@@ -183,7 +194,10 @@ def document() -> dict[str, Any]:
                     {"name": "after", "in": "query",
                      "schema": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
                      "description": "the first jobs with larger ids; the next page is "
-                                    "after the last id of this one (not with before)"}],
+                                    "after the last id of this one (not with before)"},
+                    {"name": "array", "in": "query",
+                     "schema": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+                     "description": "only the tasks of this array (its id)"}],
                     "responses": {"200": _resp({"type": "object", "required": ["jobs", "more"],
                                                 "properties": {
                         "jobs": {"type": "array", "items": _JOB,
@@ -251,18 +265,32 @@ def document() -> dict[str, Any]:
                            "waiting and running jobs of a group (kill: SIGKILL at once)",
                 "requestBody": {"required": True, "content": {"application/json": {
                     "schema": {"type": "object", "additionalProperties": False,
-                               "anyOf": [{"required": ["ids"]}, {"required": ["group"]}],
+                               "anyOf": [{"required": ["ids"]}, {"required": ["refs"]},
+                                         {"required": ["group"]}],
                                "properties": {
                                    "ids": {"type": "array", "minItems": 1, "items": {
                                        "type": "integer", "minimum": 1,
                                        "maximum": 2**63 - 1}},
+                                   "refs": _REFS,
                                    "group": _LABEL, "kill": {"type": "boolean"}}}}}},
                 "responses": {"200": _resp({"type": "object", "properties": {
                     "jobs": {"type": "array", "items": _JOB},
                     "errors": {"type": "array", "items": {
                         "type": "object", "properties": {"id": {"type": "integer"},
                                                          "error": {"type": "string"}}}},
-                    "missing": {"type": "array", "items": {"type": "integer"}}}}),
+                    "missing": {"type": "array", "items": {
+                        "type": ["integer", "string"]}}}}),
+                    **_ERRORS}}},
+            "/v1/resolve": {"post": {
+                "summary": "the job ids that references name: ids, ranges (3-7), an "
+                           "array's id (each of its tasks) and tasks (12_7)",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"type": "object", "additionalProperties": False,
+                               "required": ["refs"], "properties": {"refs": _REFS}}}}},
+                "responses": {"200": _resp({"type": "object", "properties": {
+                    "ids": {"type": "array", "items": {"type": "integer"}},
+                    "missing": {"type": "array", "items": {
+                        "type": ["integer", "string"]}}}}),
                     **_ERRORS}}},
             "/v1/clean": {"post": {
                 "summary": "remove ended jobs older than a duration",

@@ -103,7 +103,7 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *
     known = {"command", "cwd", "env", "env_keep", "name", "group", "key", "mem", "gpus",
              "gpu_ids", "after", "timeout", "exclusive", "priority", "requeue_on_reboot",
              "qos", "mem_limit", "grace", "no_requeue", "retries", "checkpoint", "mps",
-             "sm_percent", "cpus", "no_numa", "mig", "attach", "notify"} | SERVICE_FIELDS
+             "sm_percent", "cpus", "no_numa", "mig", "attach", "notify", "array"} | SERVICE_FIELDS
     unknown = sorted(set(body) - known - set(AFTER_KINDS))
     if unknown:
         raise UsageError(f"unknown field(s): {', '.join(unknown)}")
@@ -349,8 +349,13 @@ class JobService:
 
     # -- submit and read ------------------------------------------------------------
     def submit(self, caller: Caller, body: Mapping[str, Any]) -> dict[str, Any]:
+        from gpuwarden.daemon.arrays import parse_array
+
         gpus = list(self.gpus())
         spec, dropped = self._validate(body, caller, gpus)
+        array = None if body.get("array") is None else parse_array(body["array"])
+        if array is not None and spec.attach is not None:
+            raise UsageError("a job another launcher starts (attach) cannot be an array")
         self._allowed(caller, spec)
         learned = None
         if spec.mem_auto:
@@ -369,7 +374,7 @@ class JobService:
         held = self.group_held(spec)
         job, created = self.store.submit(spec, self.clock(),
                                          state=model.QUEUED if held is None else model.HELD,
-                                         reason=held)
+                                         reason=held, array=array)
         if created and learned is not None:
             self.store.add_event(job.id, "budget_learned", f"mem auto: {learned}", self.clock())
             job = self.store.get(job.id)
@@ -378,7 +383,8 @@ class JobService:
         if created:
             self.wake()
         return {**self.view(caller, job), "created": created, "dropped_env": dropped,
-                "group_held": held if created else None}
+                "group_held": held if created else None,
+                "tasks": None if array is None else len(array.indices)}
 
     def _validate(self, body: Mapping[str, Any], caller: Caller,
                   gpus: Sequence[GpuState]) -> tuple[JobSpec, list[str]]:
@@ -549,11 +555,11 @@ class JobService:
     def list(self, caller: Caller, *, all_jobs: bool, user: str | None,
              group: str | None, states: Sequence[str] | None = None,
              limit: int | None = None, before: int | None = None,
-             after: int | None = None) -> list[dict[str, Any]]:
+             after: int | None = None, array: int | None = None) -> list[dict[str, Any]]:
         """``states`` (``ps --state``) names the states shown, ended ones too; without
         it, the waiting and running jobs (with ``all_jobs``, every job). One page of
         at most ``limit``: the first above ``after``, else the latest below ``before``
-        (or the latest of all); in id order either way."""
+        (or the latest of all); in id order either way. ``array``: its tasks alone."""
         if states is not None:
             unknown = [s for s in states if s not in model.STATES]
             if unknown:
@@ -562,7 +568,7 @@ class JobService:
         elif not all_jobs:
             states = [s for s in model.STATES if s not in model.TERMINAL]
         jobs = self.store.list(states=states, user=user, group=group, limit=limit,
-                               before=before, after=after,
+                               before=before, after=after, array=array,
                                newest=limit is not None and after is None)
         return [self.view(caller, j) for j in sorted(jobs, key=lambda j: j.id)]
 
@@ -589,12 +595,31 @@ class JobService:
         self.wake()
         return self.view(caller, job)
 
+    def resolve(self, caller: Caller, refs: Any) -> dict[str, Any]:
+        """The job ids that references name (``3-7``, ``12`` for every task of array 12,
+        ``12_7`` one task), and those that name nothing: what the CLI acts on. Any user
+        may ask (``ps`` shows every job to everyone)."""
+        from gpuwarden.daemon.arrays import parse_refs
+
+        if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs) \
+                or len(refs) > 10_000:
+            raise UsageError("refs must be a list of at most 10000 strings such as 3, "
+                             "3-7 or 12_7")
+        ids, missing = self.store.resolve(parse_refs(refs))
+        return {"ids": ids,
+                "missing": [r if isinstance(r, int) else f"{r[0]}_{r[1]}" for r in missing]}
+
     def cancel_many(self, caller: Caller, ids: Sequence[int], group: str | None,
-                    kill: bool = False) -> dict[str, Any]:
-        """``cancel 1-100000`` and ``cancel --group`` in one request: the jobs named by id
-        (read in one query), and the caller's waiting and running jobs of ``group``. Each
-        job that cannot be cancelled (not the caller's, already ended) is an error of its
-        own; ids that name no job are listed once, in ``missing``."""
+                    kill: bool = False, refs: Any = ()) -> dict[str, Any]:
+        """``cancel 1-100000``, ``cancel 12_7`` and ``cancel --group`` in one request: the
+        jobs named by id or reference (``resolve``; read in one query), and the caller's
+        waiting and running jobs of ``group``. Each job that cannot be cancelled (not the
+        caller's, already ended) is an error of its own; ids and references that name no
+        job are listed once, in ``missing``."""
+        named: list[str | int] = []
+        if refs:
+            resolved = self.resolve(caller, refs)
+            ids, named = [*ids, *resolved["ids"]], resolved["missing"]
         jobs = {j.id: j for j in self.store.list(ids=ids, with_events=False)} if ids else {}
         if group is not None:
             waiting = [s for s in model.STATES if s not in model.TERMINAL]
@@ -613,7 +638,7 @@ class JobService:
         if done:
             self.wake()
         return {"jobs": done, "errors": errors,
-                "missing": sorted(set(ids) - set(jobs))}
+                "missing": [*sorted(set(ids) - set(jobs)), *named]}
 
     def _cancel(self, caller: Caller, job: Job, kill: bool) -> Job:
         job_id = job.id

@@ -54,6 +54,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpuwarden.daemon.arrays import Array, Member, Ref
 from gpuwarden.daemon.model import (
     ACTIVE,
     CANCELLED,
@@ -290,6 +291,12 @@ MIGRATIONS: list[Migration] = [
     _sql("ALTER TABLE jobs ADD COLUMN mig TEXT"),
     # 13: a command run as the user once the job ends (--notify).
     _sql("ALTER TABLE jobs ADD COLUMN notify TEXT"),
+    # 14: arrays (--array 0-99%8): the array's id (its first task's), the task's index
+    # and the array's limit on tasks at once.
+    _sql("ALTER TABLE jobs ADD COLUMN array_id INTEGER",
+         "ALTER TABLE jobs ADD COLUMN array_index INTEGER",
+         "ALTER TABLE jobs ADD COLUMN array_limit INTEGER",
+         "CREATE INDEX jobs_array ON jobs (array_id, array_index)"),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -407,6 +414,8 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event], hold: Hold | None = N
         attach=row["attach"],
         service=Service.loads(row["service"]),
         notify=row["notify"],
+        array=None if row["array_id"] is None else Member(
+            row["array_id"], row["array_index"], row["array_limit"]),
     )
     return Job(
         id=row["id"],
@@ -662,7 +671,7 @@ class Store:
              group: str | None = None, ids: Iterable[int] | None = None,
              limit: int | None = None, *, with_events: bool = True,
              newest: bool = False, before: int | None = None,
-             after: int | None = None) -> list[Job]:
+             after: int | None = None, array: int | None = None) -> list[Job]:
         """Jobs matching every given filter, ordered by id (the first ``limit``; the
         last ``limit``, newest first, with ``newest``), only ids below ``before`` and
         above ``after`` where given (a page's cursor). ``with_events=False`` skips the
@@ -686,6 +695,9 @@ class Store:
             id_list = [i for i in ids if _ints_ok(i)]
             where.append("id IN (SELECT value FROM json_each(?))")
             args.append(_json_ids(id_list))
+        if array is not None:
+            where.append("array_id = ?")
+            args.append(array if _ints_ok(array) else -1)
         sql = "SELECT * FROM jobs"
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -847,12 +859,14 @@ class Store:
             return out
 
     def submit(self, spec: JobSpec, now: float, *, state: str = QUEUED,
-               reason: str | None = None) -> tuple[Job, bool]:
+               reason: str | None = None, array: Array | None = None) -> tuple[Job, bool]:
         """Store a new job (``queued``, or ``held``/``infeasible`` decided at submit
-        time) with its ``submitted`` event. Returns (job, created): when ``spec.key``
-        names this user's job that is queued, held, reserved, running or succeeded,
-        that job comes back with created=False and nothing is written. Raises
-        DependencyNotFound when ``after`` names a job that does not exist."""
+        time) with its ``submitted`` event; with ``array``, one such job a task, in one
+        transaction, the first task's id the array's. Returns (job, created), the job
+        the first task: when ``spec.key`` names this user's job that is queued, held,
+        reserved, running or succeeded, that job comes back with created=False and
+        nothing is written. Raises DependencyNotFound when ``after`` names a job that
+        does not exist."""
         _check_spec(spec)
         if state not in (QUEUED, HELD, INFEASIBLE):
             raise ValueError(f"a job cannot be submitted as {state}")
@@ -872,38 +886,74 @@ class Store:
                 missing = [i for i in wanted if i not in found]
                 if missing:
                     raise DependencyNotFound(missing)
-            cur = conn.execute(
-                """INSERT INTO jobs (user, uid, gid, groups, cwd, env, command, name,
-                       job_group, job_key, mem, gpu_count, gpu_ids, after_ids, timeout,
-                       exclusive, priority, requeue_on_reboot, state, submitted_at, reason,
-                       qos, mem_limit, grace, no_requeue, retries, checkpoint, mps,
-                       sm_percent, mem_auto, cpus, no_numa, attach, service)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,
-                           ?)""",
-                (spec.user, spec.uid, spec.gid, _json_ids(spec.groups), spec.cwd,
-                 json.dumps(dict(spec.env), sort_keys=True), json.dumps(list(spec.command)),
-                 spec.name, spec.group, spec.key, spec.mem, spec.gpus,
-                 None if spec.gpu_ids is None else _json_ids(spec.gpu_ids),
-                 _json_ids(spec.after), spec.timeout, int(spec.exclusive), spec.priority,
-                 int(spec.requeue_on_reboot), state, now, reason, spec.qos, spec.mem_limit,
-                 spec.grace, int(spec.no_requeue), spec.retries, int(spec.checkpoint),
-                 int(spec.mps), spec.sm_percent, int(spec.mem_auto), spec.cpus,
-                 int(spec.no_numa), spec.attach,
-                 None if spec.service is None else spec.service.dumps()))
-            job_id = cur.lastrowid
-            assert job_id is not None
-            if spec.mig is not None or spec.notify is not None:
-                conn.execute("UPDATE jobs SET mig = ?, notify = ? WHERE id = ?",
-                             (spec.mig, spec.notify, job_id))
-            if spec.after_any or spec.after_fail:
-                conn.execute("UPDATE jobs SET after_any_ids = ?, after_fail_ids = ? "
-                             "WHERE id = ?", (_json_ids(spec.after_any),
-                                              _json_ids(spec.after_fail), job_id))
-            conn.execute(
-                "INSERT INTO events (job_id, at, kind, detail, from_state, to_state) "
-                "VALUES (?, ?, 'submitted', ?, NULL, ?)",
-                (job_id, now, reason if state != QUEUED else None, state))
-            return self._load(conn, job_id), True
+            if array is None:
+                return self._load(conn, self._insert(conn, spec, now, state, reason)), True
+            first: int | None = None
+            for index in array.indices:
+                job_id = self._insert(conn, spec, now, state, reason)
+                first = job_id if first is None else first
+                conn.execute("UPDATE jobs SET array_id = ?, array_index = ?, array_limit = ? "
+                             "WHERE id = ?", (first, index, array.limit, job_id))
+            assert first is not None
+            return self._load(conn, first), True
+
+    @staticmethod
+    def _insert(conn: sqlite3.Connection, spec: JobSpec, now: float, state: str,
+                reason: str | None) -> int:
+        cur = conn.execute(
+            """INSERT INTO jobs (user, uid, gid, groups, cwd, env, command, name,
+                   job_group, job_key, mem, gpu_count, gpu_ids, after_ids, timeout,
+                   exclusive, priority, requeue_on_reboot, state, submitted_at, reason,
+                   qos, mem_limit, grace, no_requeue, retries, checkpoint, mps,
+                   sm_percent, mem_auto, cpus, no_numa, attach, service)
+               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,
+                       ?)""",
+            (spec.user, spec.uid, spec.gid, _json_ids(spec.groups), spec.cwd,
+             json.dumps(dict(spec.env), sort_keys=True), json.dumps(list(spec.command)),
+             spec.name, spec.group, spec.key, spec.mem, spec.gpus,
+             None if spec.gpu_ids is None else _json_ids(spec.gpu_ids),
+             _json_ids(spec.after), spec.timeout, int(spec.exclusive), spec.priority,
+             int(spec.requeue_on_reboot), state, now, reason, spec.qos, spec.mem_limit,
+             spec.grace, int(spec.no_requeue), spec.retries, int(spec.checkpoint),
+             int(spec.mps), spec.sm_percent, int(spec.mem_auto), spec.cpus,
+             int(spec.no_numa), spec.attach,
+             None if spec.service is None else spec.service.dumps()))
+        job_id = cur.lastrowid
+        assert job_id is not None
+        if spec.mig is not None or spec.notify is not None:
+            conn.execute("UPDATE jobs SET mig = ?, notify = ? WHERE id = ?",
+                         (spec.mig, spec.notify, job_id))
+        if spec.after_any or spec.after_fail:
+            conn.execute("UPDATE jobs SET after_any_ids = ?, after_fail_ids = ? "
+                         "WHERE id = ?", (_json_ids(spec.after_any),
+                                          _json_ids(spec.after_fail), job_id))
+        conn.execute(
+            "INSERT INTO events (job_id, at, kind, detail, from_state, to_state) "
+            "VALUES (?, ?, 'submitted', ?, NULL, ?)",
+            (job_id, now, reason if state != QUEUED else None, state))
+        return job_id
+
+    def resolve(self, refs: Sequence[Ref]) -> tuple[builtins.list[int], builtins.list[Ref]]:
+        """The job ids that references name (daemon/arrays.py): an id names its job, or
+        every task when it is an array's id; ``(array, index)`` one task. Returns the
+        ids, sorted, and the references that name nothing, in their order, once each."""
+        plain = sorted({r for r in refs if isinstance(r, int) and _ints_ok(r)})
+        found: set[int] = set()
+        named: set[Ref] = set()
+        with self._tx(write=False) as conn:
+            for row in conn.execute(
+                    "SELECT id, array_id FROM jobs WHERE id IN (SELECT value FROM json_each(?))"
+                    " OR array_id IN (SELECT value FROM json_each(?))",
+                    (_json_ids(plain), _json_ids(plain))):
+                found.add(row["id"])
+                named.update(i for i in (row["id"], row["array_id"]) if i is not None)
+            for ref in {r for r in refs if isinstance(r, tuple) and _ints_ok(*r)}:
+                row = conn.execute("SELECT id FROM jobs WHERE array_id = ? AND array_index = ?",
+                                   ref).fetchone()
+                if row is not None:
+                    found.add(row["id"])
+                    named.add(ref)
+        return sorted(found), list(dict.fromkeys(r for r in refs if r not in named))
 
     def ids_above(self, floor: int) -> int | None:
         """Make every job id issued from now on exceed ``floor`` (the highest job
@@ -1082,6 +1132,17 @@ class Store:
                     "INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, 'waiting', ?)",
                     (job_id, now, reason))
             return True
+
+    def set_reasons(self, reasons: dict[int, str]) -> None:
+        """``set_reason`` for many jobs in one transaction (an array's throttled tasks,
+        thousands at a time), with no events."""
+        rows = [(why, job_id, *_WAITING, why) for job_id, why in reasons.items()
+                if _ints_ok(job_id)]
+        if not rows:
+            return
+        with self._tx(write=True) as conn:
+            conn.executemany("UPDATE jobs SET reason = ? WHERE id = ? AND state IN (?, ?) "
+                             "AND reason IS NOT ?", rows)
 
     def delete(self, job_id: int) -> Job:
         """Remove a finished job and its events; returns it (so its directory can go
