@@ -375,7 +375,7 @@ def _ps_lines(jobs: list[dict[str, Any]], all_jobs: bool,
     far, or to the end). ``columns``: cut each line to fit (a terminal's width); None:
     whole lines, for a pipe."""
     from gpuwarden.printable import clip, pad, visible, width
-    from gpuwarden.units import format_bytes_short
+    from gpuwarden.units import GiB, format_bytes_short
 
     if not jobs:
         return ["No jobs" + ("" if all_jobs else " waiting or running (ps --all for ended)")]
@@ -388,6 +388,8 @@ def _ps_lines(jobs: list[dict[str, Any]], all_jobs: bool,
         run = "" if not started else _span(started, ended) if ended else _age(started)
         what = j["reason"] or ((f"[{j['attach']}] " if j.get("attach") else "")
                                + shlex.join(j["command"]))
+        if j.get("fair_share"):  # fair share is on: what orders equal jobs of users
+            what += f"  [fair share {j['fair_share']['usage'] / GiB / 3600:.1f} GiB·h]"
         state = j["state"]
         if j.get("service"):  # a service, and its restarts so far
             state += f" svc:{j.get('restarts') or 0}"

@@ -35,6 +35,16 @@ def _service_text(j: Mapping[str, Any], svc: Mapping[str, Any]) -> str:
     return text + (f", last {last[-1].get('at')}: {last[-1].get('detail')}" if last else "")
 
 
+def fair_text(user: Any, fair: Mapping[str, Any]) -> str:
+    """A user's fair-share usage (byte-seconds) as GiB-hours, and how fast it fades."""
+    from gpuwarden.units import GiB, format_duration
+
+    usage = fair.get("usage") or 0.0
+    halflife = fair.get("halflife") or 0.0
+    return (f"{user} used {usage / GiB / 3600:.2f} GiB·h lately (half of it gone every "
+            f"{format_duration(halflife)})")
+
+
 def job_lines(j: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Request, placement, memory, QoS, times, limits, release, then ("events", "") and
     one ("", text) per event. A ("", text) before "events" continues the line above.
@@ -70,6 +80,10 @@ def job_lines(j: Mapping[str, Any]) -> list[tuple[str, str]]:
     svc = j.get("service")
     if isinstance(svc, Mapping):
         out.append(("service", _service_text(j, svc)))
+    fair = j.get("fair_share")
+    if isinstance(fair, Mapping):
+        out.append(("fair share", fair_text(j.get("user"), fair)
+                    + ": at equal priority and QoS, jobs of users who used less go first"))
     arr = j.get("array")
     if isinstance(arr, Mapping):
         out.append(("array", f"task {arr.get('task')} (index {arr.get('index')} of array "

@@ -1,14 +1,19 @@
 """``gpuwarden report``: what the ended jobs of a period used, per user (or group, or
-key), as ``sacct`` and jobstats tell Slurm users. Pure: jobs in, figures out."""
+key), as ``sacct`` and jobstats tell Slurm users (pure: jobs in, figures out); and the
+users' fair-share usage the queue is ordered by (``FairUsage``)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from typing import Any
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from gpuwarden.daemon.model import Job
 from gpuwarden.units import GiB
+
+if TYPE_CHECKING:
+    from gpuwarden.daemon.store import Store
 
 BY = ("user", "group", "key")
 NONE_LABEL = "-"  # the row of jobs without a group (or key)
@@ -91,3 +96,29 @@ def report(jobs: Iterable[Job], by: str = "user") -> list[dict[str, Any]]:
 COLUMNS = ("jobs", "succeeded", "failed", "cancelled", "infeasible", "gpu_hours",
            "reserved_gib_hours", "used_gib_hours", "ooms", "preemptions", "wait_p50",
            "wait_p95")
+
+
+class FairUsage:
+    """Each user's decayed usage (sched/fairshare.py) from the store, read again at most
+    every ``FAIR_REFRESH`` seconds: the pass orders by it and ``ps``/``show`` show it, and
+    it changes slowly. Empty when fair share is off."""
+
+    FAIR_REFRESH = 1.0
+
+    def __init__(self, store: Store, halflife: float, clock: Callable[[], float]) -> None:
+        self.store, self.halflife, self.clock = store, halflife, clock
+        self._at: float | None = None
+        self._usage: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def get(self) -> dict[str, float]:
+        if self.halflife <= 0:
+            return {}
+        from gpuwarden.sched.fairshare import horizon, usage
+
+        now = self.clock()
+        with self._lock:
+            if self._at is None or not 0 <= now - self._at < self.FAIR_REFRESH:
+                spans = self.store.usage_spans(now - horizon(self.halflife))
+                self._usage, self._at = usage(spans, now, self.halflife), now
+            return self._usage

@@ -9,6 +9,8 @@
     grace = "10s"           # SIGTERM -> SIGKILL when a job is cancelled or preempted
     max_grace = "5m"        # the longest --grace a job may ask for (and at least grace)
     aging = "1h"            # waiting this long raises a job's priority by one ("0": off)
+    fairshare_halflife = "7d"  # at equal priority and QoS, users who used less go first;
+                            # a use weighs half after this long (off by default, "0")
     backfill = true         # later jobs may start if they cannot delay the first waiting one
     starve_after = "15m"    # until the first waiting job has waited this long, jobs that
                             # fit start before it when its start is unknown ("0": never)
@@ -66,7 +68,8 @@ else:  # pragma: no cover
 
 
 SETTINGS = ("admin_groups", "spike_buffer", "reserve", "context_memory", "interval", "grace",
-            "max_grace", "aging", "backfill", "starve_after", "preemption", "oom_retries",
+            "max_grace", "aging", "fairshare_halflife", "backfill", "starve_after",
+            "preemption", "oom_retries",
             "retry_backoff", "release_timeout", "metrics_listen", "metrics_cache",
             "history_interval", "history_retention", "web_listen",
             "max_connections_per_user", "max_connections_tcp", "request_timeout",
@@ -142,6 +145,7 @@ def _parse(path: Path, raw: dict[str, Any]) -> Config:
             or not 0 <= oom_retries <= 100:
         raise UsageError(f"{path}: oom_retries must be a whole number from 0 to 100")
     policy = Policy(aging=_duration(path, raw, "aging", 3600.0, YEAR),
+                    fairshare_halflife=_duration(path, raw, "fairshare_halflife", 0.0, YEAR),
                     backfill=raw.get("backfill", True), preemption=raw.get("preemption", True),
                     limits=_limits(path, raw.get("limits", {})),
                     starve_after=_starve_after(path, raw.get("starve_after", "15m")))

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from gpuwarden.daemon import model
+from gpuwarden.daemon.accounting import FairUsage
 from gpuwarden.daemon.model import Hold, Job, NewHold
 from gpuwarden.daemon.mps_jobs import MpsPool, client_env
 from gpuwarden.daemon.mps_jobs import key as mps_key
@@ -169,6 +170,7 @@ class Scheduler:
         self.spawn = spawn  # starts a supervisor (the daemon's fork server); None: fresh
         self.jobs_dir = jobs_dir
         self.config = config
+        self.fair_usage = FairUsage(store, config.policy.fairshare_halflife, clock)
         self.backend = backend
         self.boot_id = boot_id
         self.clock = clock
@@ -947,7 +949,11 @@ class Scheduler:
         room_wanted = False
         by_id = {j.id: j for j in ready}
         now = self.clock()
-        for d in plan(self.last_states, [self._view(j, now) for j in ready],
+        fair = self.fair_usage.get()
+        views = [self._view(j, now) for j in ready]
+        if fair:
+            views = [dataclasses.replace(v, fair_usage=fair.get(v.user, 0.0)) for v in views]
+        for d in plan(self.last_states, views,
                       self.config.spike_buffer, now=now, policy=self.config.policy):
             job = by_id[d.job_id]
             if isinstance(d, Preempt):

@@ -333,6 +333,9 @@ class JobService:
         self.clock = clock
         self.admins = admin_gids(config.admin_groups)
         self.daemon_uid = os.geteuid()
+        from gpuwarden.daemon.accounting import FairUsage
+
+        self.fair_usage = FairUsage(store, config.policy.fairshare_halflife, clock)
 
     def _may(self, caller: Caller, job: Job) -> bool:
         return may_manage(caller, job.spec.uid, self.admins, self.daemon_uid)
@@ -345,7 +348,15 @@ class JobService:
         return job
 
     def view(self, caller: Caller, job: Job) -> dict[str, Any]:
-        return job.to_json(with_env=self._may(caller, job))
+        """The job's JSON for this caller: its environment only to its owner or an admin;
+        a waiting job's fair share where that is on (``fair_share``: its user's decayed
+        usage in byte-seconds, and the half-life)."""
+        out = job.to_json(with_env=self._may(caller, job))
+        halflife = self.config.policy.fairshare_halflife
+        if halflife > 0 and job.state in (model.QUEUED, model.HELD):
+            out["fair_share"] = {"usage": self.fair_usage.get().get(job.spec.user, 0.0),
+                                 "halflife": halflife}
+        return out
 
     # -- submit and read ------------------------------------------------------------
     def submit(self, caller: Caller, body: Mapping[str, Any]) -> dict[str, Any]:

@@ -62,6 +62,8 @@ from gpuwarden.daemon.model import (
     HELD,
     INFEASIBLE,
     QUEUED,
+    RESERVED,
+    RUNNING,
     STATES,
     SUCCEEDED,
     TERMINAL,
@@ -73,6 +75,7 @@ from gpuwarden.daemon.model import (
 )
 from gpuwarden.daemon.restart import Service
 from gpuwarden.errors import GpuwardenError, UsageError
+from gpuwarden.sched.fairshare import Span
 
 if TYPE_CHECKING:
     from gpuwarden.daemon.history import GpuSample
@@ -1132,6 +1135,19 @@ class Store:
                     "INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, 'waiting', ?)",
                     (job_id, now, reason))
             return True
+
+    def usage_spans(self, since: float) -> builtins.list[Span]:
+        """The memory jobs held since ``since`` (fair share, sched/fairshare.py): each
+        running job's budget over its GPUs from its start, and each ended job's from its
+        last attempt's start to its end."""
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                "SELECT user, budget, json_array_length(gpus) AS n, started_at, ended_at, "
+                "state FROM jobs WHERE started_at IS NOT NULL AND budget IS NOT NULL AND "
+                "(state IN (?, ?) OR (ended_at IS NOT NULL AND ended_at >= ?))",
+                (RESERVED, RUNNING, since)).fetchall()
+        return [Span(r["user"], r["budget"] * max(r["n"], 1), r["started_at"],
+                     None if r["state"] in ACTIVE else r["ended_at"]) for r in rows]
 
     def set_reasons(self, reasons: dict[int, str]) -> None:
         """``set_reason`` for many jobs in one transaction (an array's throttled tasks,

@@ -84,6 +84,7 @@ class QueuedJob:
     returning: bool = False  # a service queued again after it ended: it keeps its room
     mig: str | None = None  # only a MIG instance of this profile (e.g. "3g.40gb")
     mps: bool = False  # an MPS client: never on a MIG instance (no MPS server there)
+    fair_usage: float = 0.0  # its user's decayed usage, byte-seconds (sched/fairshare.py)
 
     @property
     def expected_runtime(self) -> float | None:

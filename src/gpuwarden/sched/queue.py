@@ -1,7 +1,8 @@
 """Queue policy: the order jobs are considered in, and one scheduling pass over them.
 
 A pass walks the queue in order (services coming back first, then priority raised by
-aging, then QoS class, then submission time) and gives every job one decision. Every
+aging, then QoS class, then its user's fair-share usage, then submission time) and gives
+every job one decision. Every
 Place is booked into the GPU states before the next job is considered, so one pass never
 overbooks (invariant 1); a service backing off before its restart has its room booked
 too.
@@ -62,9 +63,11 @@ windows pack tighter and make small jobs wait longer (bench/RESULTS.md, section 
 class Policy:
     """What a pass may do beyond placing jobs that fit. ``aging``: seconds of waiting
     that raise a job's priority by one (0: no aging). ``starve_after``: seconds the first
-    waiting job, when its start is unknown, lets jobs that fit go first (0: never)."""
+    waiting job, when its start is unknown, lets jobs that fit go first (0: never).
+    ``fairshare_halflife``: how fast a user's usage fades in the queue's order."""
 
     aging: float = 0.0
+    fairshare_halflife: float = 0.0  # seconds; 0: no fair share (sched/fairshare.py)
     backfill: bool = True
     preemption: bool = True
     limits: limits.Limits = field(default_factory=limits.Limits)
@@ -79,13 +82,14 @@ def effective_priority(job: QueuedJob, now: float, aging: float) -> int:
 
 
 def order_key(job: QueuedJob, now: float = 0.0, aging: float = 0.0,
-              ) -> tuple[bool, int, int, float, int]:
+              ) -> tuple[bool, int, int, float, float, int]:
     """A service coming back (restarted, or retried after an OOM) first: it was admitted
     already and must not lose its room to work queued meanwhile, whatever its priority
-    (docs/services.md). Then higher (aged) priority, higher QoS class, earlier
+    (docs/services.md). Then higher (aged) priority, higher QoS class, less fair-share
+    usage of its user (sched/fairshare.py; 0 for all when it is off), earlier
     submission, lower id (a total order, so a pass is deterministic)."""
     return (not job.returning, -effective_priority(job, now, aging),
-            -QOS_RANK.get(job.qos, 1), job.submitted_at, job.id)
+            -QOS_RANK.get(job.qos, 1), job.fair_usage, job.submitted_at, job.id)
 
 
 def aged_order(now: float, aging: float) -> Ordering:
