@@ -579,18 +579,9 @@ def test_older_database_is_upgraded(tmp_path: Path) -> None:
         assert s.submit(spec(key="k", uid=1000), 2.0) == (s.get(job.id), False)
         conn = sqlite3.connect(db)
         with closing(conn), pytest.raises(sqlite3.IntegrityError):  # a constraint now
-            conn.execute("INSERT INTO jobs SELECT NULL, user, uid, gid, groups, cwd, env, "
-                         "command, name, job_group, job_key, mem, gpu_count, gpu_ids, "
-                         "after_ids, timeout, exclusive, priority, requeue_on_reboot, "
-                         "state, submitted_at, started_at, ended_at, gpus, gpu_uuids, "
-                         "budget, peak_memory, exit_code, reason, supervisor_pid, "
-                         "supervisor_start, boot_id, attempts, qos, mem_limit, grace, "
-                         "no_requeue, retries, checkpoint, preempting_at, preemptions, "
-                         "oom_retries, retry_mem, not_before, kill_reason, mps, sm_percent, "
-                         "mem_auto, cpus, no_numa, cpu_set, attach, oom_tried, oom_need, context, "
-                         "allocated_peak, retry_ceiling, ceiling_until, service, restarts, "
-                         "health_failures, after_any_ids, after_fail_ids, mig, notify, "
-                         "array_id, array_index, array_limit FROM jobs")
+            columns = [r[1] for r in conn.execute("PRAGMA table_info(jobs)") if r[1] != "id"]
+            conn.execute(f"INSERT INTO jobs ({', '.join(columns)}) "  # the same job again
+                         f"SELECT {', '.join(columns)} FROM jobs")
 
 
 def test_migrations_run_in_order_inside_one_transaction(tmp_path: Path) -> None:

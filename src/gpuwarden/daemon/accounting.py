@@ -47,15 +47,19 @@ def _label(job: Job, by: str) -> str:
 
 
 def usage_row(job: Job) -> dict[str, float | int]:
-    """One ended job's figures: GPU-hours (run time x its GPUs), memory reserved (its
+    """One ended job's figures over all its attempts (a requeue, an OOM retry or a
+    restart each ran on GPUs too): GPU-hours (run time x its GPUs), memory reserved (its
     budget per GPU x its GPUs x run time) and used (its peak per GPU likewise) in GiB-h,
     its OOMs and its preemptions."""
     hours = run_seconds(job) / 3600
     count = len(job.gpus) or job.spec.gpus
     ran = hours > 0
-    return {"gpu_hours": hours * count if ran else 0.0,
-            "reserved_gib_hours": (job.budget or 0) / GiB * count * hours,
-            "used_gib_hours": (job.peak_memory or 0) / GiB * count * hours,
+    before = job.earlier
+    return {"gpu_hours": (hours * count if ran else 0.0) + before.gpu_seconds / 3600,
+            "reserved_gib_hours": (job.budget or 0) / GiB * count * hours
+            + before.reserved / GiB / 3600,
+            "used_gib_hours": (job.peak_memory or 0) / GiB * count * hours
+            + before.used / GiB / 3600,
             "ooms": sum(1 for e in job.events if e.kind == "oom"),
             "preemptions": job.preemptions}
 

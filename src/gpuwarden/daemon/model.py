@@ -82,6 +82,16 @@ class Event:
 
 
 @dataclass(frozen=True)
+class AttemptUse:
+    """What a job's earlier attempts used, summed: GPU-seconds, and byte-seconds of
+    memory reserved (budget) and used (peak) over their GPUs (``gpuwarden report``)."""
+
+    gpu_seconds: float = 0.0
+    reserved: float = 0.0
+    used: float = 0.0
+
+
+@dataclass(frozen=True)
 class NewHold:
     """What an ending attempt leaves reserved (``Store.transition(hold=...)``)."""
 
@@ -180,6 +190,7 @@ class Job:
     cpu_set: tuple[int, ...] = ()  # the cores it holds alone while reserved/running
     restarts: int = 0  # a service's restarts so far (its restart policy's)
     health_failures: int = 0  # a service's failed health checks so far
+    earlier: AttemptUse = field(default_factory=lambda: AttemptUse())  # ended attempts
     events: tuple[Event, ...] = ()
 
     @property

@@ -67,6 +67,7 @@ from gpuwarden.daemon.model import (
     STATES,
     SUCCEEDED,
     TERMINAL,
+    AttemptUse,
     Event,
     Hold,
     Job,
@@ -300,6 +301,12 @@ MIGRATIONS: list[Migration] = [
          "ALTER TABLE jobs ADD COLUMN array_index INTEGER",
          "ALTER TABLE jobs ADD COLUMN array_limit INTEGER",
          "CREATE INDEX jobs_array ON jobs (array_id, array_index)"),
+    # 15: what a job's earlier attempts used (a requeue, an OOM retry, a restart, a
+    # retry clears the attempt's own fields): GPU-seconds, and byte-seconds reserved
+    # (budget) and used (peak) over its GPUs, for `report`.
+    _sql("ALTER TABLE jobs ADD COLUMN earlier_gpu_seconds REAL NOT NULL DEFAULT 0",
+         "ALTER TABLE jobs ADD COLUMN earlier_reserved REAL NOT NULL DEFAULT 0",
+         "ALTER TABLE jobs ADD COLUMN earlier_used REAL NOT NULL DEFAULT 0"),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -453,8 +460,23 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event], hold: Hold | None = N
         cpu_set=_loads_tuple(row["cpu_set"]),
         restarts=row["restarts"],
         health_failures=row["health_failures"],
+        earlier=AttemptUse(row["earlier_gpu_seconds"], row["earlier_reserved"],
+                           row["earlier_used"]),
         events=tuple(events),
     )
+
+
+def _keep_attempt_use(row: sqlite3.Row, state: str, now: float, sets: list[str],
+                      args: list[Any]) -> tuple[list[str], list[Any]]:
+    """Add what the attempt being cleared used (its start to its end, or to now while it
+    still runs) to the job's earlier attempts' figures, in the same UPDATE."""
+    end = row["ended_at"] if state in TERMINAL and row["ended_at"] is not None else now
+    seconds = max(end - row["started_at"], 0.0)
+    gpus = max(len(json.loads(row["gpus"] or "[]")), 1)
+    return ([*sets, "earlier_gpu_seconds = earlier_gpu_seconds + ?",
+             "earlier_reserved = earlier_reserved + ?", "earlier_used = earlier_used + ?"],
+            [*args, seconds * gpus, seconds * gpus * (row["budget"] or 0),
+             seconds * gpus * (row["peak_memory"] or 0)])
 
 
 def _states_arg(states: str | Iterable[str]) -> tuple[str, ...]:
@@ -1005,8 +1027,8 @@ class Store:
         if not _ints_ok(job_id):
             raise JobNotFound(job_id)
         with self._tx(write=True) as conn:
-            row = conn.execute("SELECT state, attempts FROM jobs WHERE id = ?",
-                               (job_id,)).fetchone()
+            row = conn.execute("SELECT state, attempts, started_at, ended_at, gpus, budget, "
+                               "peak_memory FROM jobs WHERE id = ?", (job_id,)).fetchone()
             if row is None:
                 raise JobNotFound(job_id)
             current = row["state"]
@@ -1015,6 +1037,9 @@ class Store:
                                job_id=job_id, state=current)
             if to_state is None:
                 to_state = args[0] = current
+            if "started_at" in fields and fields["started_at"] is None \
+                    and row["started_at"] is not None:  # an attempt's figures are cleared
+                sets, args = _keep_attempt_use(row, current, now, sets, args)
             try:
                 conn.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ? AND state = ?",
                              [*args, job_id, current])
