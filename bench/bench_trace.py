@@ -33,6 +33,7 @@ import heapq
 import json
 import math
 import random
+import statistics
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -322,6 +323,123 @@ def window_sweep(n: int, gpus: int, gib: int, seed: int, hours: float,
     return out
 
 
+# -- the H200 peer sets, as a family ------------------------------------------------------
+# One H200 as section 7 of bench/RESULTS.md measured it: its memory, what was in use before
+# any job, the CUDA context each torch process took, and about 0.6 s from a job's process
+# start to its work (0.3 s) and from its work's end to its memory back (0.3 s), plus a
+# teardown that grows with what it held (the 50 GiB job of set c freed its memory ~0.3 s
+# after a 20 GiB one that ended with it).
+H200_TOTAL = 150_754_820_096
+H200_BASELINE = 644_939_776
+H200_CONTEXT = 676 * MiB
+START_S, END_S, TEARDOWN_S_PER_GIB = 0.3, 0.3, 0.006
+GPUSCHED_POLL, GPUSCHED_MARGIN = 1.0, 512 * MiB
+SIZES_GIB = (10, 12, 15, 20, 25, 30, 35, 40, 45, 50, 60, 70)  # set c's
+DURATIONS_S = (10, 12, 18, 20, 25, 35, 40, 45)
+
+
+SET_C = [(70, 12), (10, 45), (40, 18), (20, 10), (60, 10), (15, 35), (30, 18), (10, 20),
+         (50, 10), (25, 20), (35, 12), (10, 25), (45, 12), (12, 40)]  # GiB, s (section 7)
+
+
+def peer_set(seed: int, n: int = 14) -> list[tuple[int, float]]:
+    """A set drawn as set c was: n honest jobs, (bytes, seconds), sizes and durations
+    from set c's, submitted at once in this order."""
+    rng = random.Random(seed)
+    return [(rng.choice(SIZES_GIB) * GiB, float(rng.choice(DURATIONS_S))) for _ in range(n)]
+
+
+def _held_for(mem: int, seconds: float) -> float:
+    return START_S + seconds + END_S + mem / GiB * TEARDOWN_S_PER_GIB
+
+
+def h200_gpuwarden(jobs: list[tuple[int, float]], *, backfill: bool = True) -> float:
+    """The makespan ``sched.queue.plan`` gives the set on the modelled H200, each job's
+    memory back when its process has torn down (no runtimes: nobody gives --timeout)."""
+    state = [GpuState(index=0, uuid="GPU-0", total=H200_TOTAL, reserve=RESERVE,
+                      context=H200_CONTEXT, foreign_peak=H200_BASELINE)]
+    views = {i: QueuedJob(id=i, user="u", mem=m, submitted_at=i * 0.01)
+             for i, (m, _) in enumerate(jobs)}
+    queued, ends, now = list(views), [], 0.0
+    policy = Policy(aging=3600.0, backfill=backfill, preemption=False)
+    while queued or ends:
+        for d in plan(state, [views[i] for i in queued], 0.1, now=now, policy=policy):
+            if isinstance(d, Place):
+                state = apply(state, views[d.job_id], d, 0.1, started_at=now)
+                heapq.heappush(ends, (now + _held_for(*jobs[d.job_id]), d.job_id))
+                queued.remove(d.job_id)
+        now = ends[0][0]
+        done = set()
+        while ends and ends[0][0] <= now:
+            done.add(heapq.heappop(ends)[1])
+        state = release(state, done)
+    return now
+
+
+def _no_teardown(jobs: list[tuple[int, float]]) -> float:
+    """The same, every memory back at once when the work ends: what makes set c chaotic."""
+    global TEARDOWN_S_PER_GIB
+    kept, TEARDOWN_S_PER_GIB = TEARDOWN_S_PER_GIB, 0.0
+    try:
+        return h200_gpuwarden(jobs)
+    finally:
+        TEARDOWN_S_PER_GIB = kept
+
+
+def h200_gpusched(jobs: list[tuple[int, float]], seed: int) -> float:
+    """gpusched as section 7 ran it: every ``--poll`` second, the jobs in file order,
+    each started when NVML's free memory less its 512 MiB margin holds its declaration."""
+    rng = random.Random(seed + 101)
+    free = H200_TOTAL - H200_BASELINE
+    queued, ends, held, now = list(range(len(jobs))), [], {}, 0.0
+    while queued or ends:
+        for i in list(queued):
+            mem, seconds = jobs[i]
+            if mem + GPUSCHED_MARGIN <= free:
+                free -= mem + H200_CONTEXT
+                held[i] = mem + H200_CONTEXT
+                queued.remove(i)
+                heapq.heappush(ends, (now + _held_for(mem, seconds), i))
+        t = ends[0][0]
+        while ends and ends[0][0] <= t:
+            free += held.pop(heapq.heappop(ends)[1])
+        now = t + rng.uniform(0, GPUSCHED_POLL)  # its next poll after that end
+    return now
+
+
+def peer_family(seeds: int) -> dict[str, Any]:
+    """gpuwarden's policy (best-fit windows 1, 2, the default 4, 8; backfill off) and
+    gpusched's on ``seeds`` sets drawn like set c, on the modelled H200: one measured set
+    swings ±12 s with a 0.3 s change in when memory comes back, so a policy is judged on
+    the family, not on one draw."""
+    from gpuwarden.sched import queue
+
+    sets = [peer_set(s) for s in range(seeds)]
+    gs = [h200_gpusched(j, s) for s, j in enumerate(sets)]
+    default = queue.BEST_FIT_WINDOW
+    set_c = [(g * GiB, float(t)) for g, t in SET_C]
+    out: dict[str, Any] = {"seeds": seeds, "jobs": 14, "teardown_s_per_gib": TEARDOWN_S_PER_GIB,
+                           "gpusched_mean_s": statistics.mean(gs), "policies": {},
+                           "set_c": {"gpuwarden_s": h200_gpuwarden(set_c),
+                                     "gpuwarden_no_teardown_s": _no_teardown(set_c),
+                                     "gpusched_s": h200_gpusched(set_c, 0)}}
+    try:
+        for name, window, backfill in (("window 1", 1, True), ("window 2", 2, True),
+                                       (f"window {default} (default)", default, True),
+                                       ("window 8", 8, True), ("backfill off", default, False)):
+            queue.BEST_FIT_WINDOW = window
+            gw = [h200_gpuwarden(j, backfill=backfill) for j in sets]
+            ratios = [a / b for a, b in zip(gw, gs, strict=True)]
+            out["policies"][name] = {
+                "mean_s": statistics.mean(gw), "ratio_mean": statistics.mean(ratios),
+                "ratio_p10": percentile(ratios, 10), "ratio_p50": percentile(ratios, 50),
+                "ratio_p90": percentile(ratios, 90), "wins": sum(r < 1 for r in ratios),
+                "worst": max(ratios)}
+    finally:
+        queue.BEST_FIT_WINDOW = default
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, default=8)
@@ -330,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--stream-hours", type=float, default=24.0)
     ap.add_argument("--queued", type=int, default=10_000)
+    ap.add_argument("--family", type=int, default=200,
+                    help="sets drawn like the H200's set c, for the peer-set family")
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args(argv)
     from gpuwarden.sched.queue import BEST_FIT_WINDOW, DEFAULT_STARVE_AFTER
@@ -370,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     result["window"] = window_sweep(args.jobs, args.gpus, args.gib, args.seed,
                                     args.stream_hours)
     result["decision"] = decision_time(args.gpus, args.gib, args.queued, args.seed)
+    result["peer_family"] = peer_family(args.family)
     args.json.write_text(json.dumps(result, indent=1))
     return 0
 

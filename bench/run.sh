@@ -51,6 +51,16 @@ trap 'rm -rf "$tmp"' EXIT
 cd "$repo"
 mkdir -p bench/results
 
+# When a result file was written: a file as committed carries its commit's time (a fresh
+# clone's files all bear the checkout's), one changed since, its own.
+stamp() {
+    if git ls-files --error-unmatch "$1" >/dev/null 2>&1 && git diff --quiet HEAD -- "$1"; then
+        TZ=UTC git log -1 --format=%cd --date=format-local:'%Y-%m-%d %H:%M UTC' -- "$1"
+    else
+        date -u -r "$1" '+%Y-%m-%d %H:%M UTC'
+    fi
+}
+
 commands=(--command "bench/run.sh ${*:-}  # which ran, with ${py#"$repo"/}:")
 report_args=()
 for name in "${all[@]}"; do
@@ -72,9 +82,9 @@ for name in "${all[@]}"; do
         mv "$tmp/$name.json" "$out"
         commands+=(--command "python ${cmd[*]} --json $out")
     elif [ -f "$out" ] && { [ "$name" = mixed ] || [ "$name" = peers ]; }; then
-        commands+=(--command "# $out from the GPU machine ($(date -u -r "$out" '+%Y-%m-%d %H:%M UTC'); mixed: PYTHON=python3 bench/run.sh mixed, peers: scripts/gpu-bench.sh)")
+        commands+=(--command "# $out from the GPU machine ($(stamp "$out"); mixed: PYTHON=python3 bench/run.sh mixed, peers: scripts/gpu-bench.sh)")
     elif [ -f "$out" ]; then
-        commands+=(--command "# $out kept from an earlier run ($(date -u -r "$out" '+%Y-%m-%d %H:%M UTC'))")
+        commands+=(--command "# $out kept from an earlier run ($(stamp "$out"))")
     else
         continue
     fi
