@@ -472,7 +472,10 @@ def merge(paths: list[Path]) -> dict[str, Any]:
         data = json.loads(p.read_text())
         runs = merged.get("runs", {})
         sets = merged.get("sets", {})
+        versions = {**merged.get("versions", {}),  # a tool left out of this run keeps its
+                    **{k: v for k, v in data.get("versions", {}).items() if v is not None}}
         merged.update({k: v for k, v in data.items() if k not in ("runs", "sets", "status")})
+        merged["versions"] = versions
         rev = data.get("versions", {}).get("gpuwarden")
         for s, tools in data.get("runs", {}).items():
             if "gpuwarden" in tools and rev:

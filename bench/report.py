@@ -696,7 +696,8 @@ def _family(f: dict[str, Any]) -> list[str]:
            "durations), the same two models, several best-fit windows. bench/bench_trace.py.",
            "",
            f"- Set c, modelled: gpuwarden {c['gpuwarden_s']:.1f} s, gpusched "
-           f"{c['gpusched_s']:.1f} s (section 7 measured 77.0 s and 64.5 s at 2bdbd49). "
+           f"{c['gpusched_s']:.1f} s (section 7 gives what the H200 measured: 77.0 s and "
+           "64.5 s at 2bdbd49, the model's case, and 65.0 s and 65.6 s at d6d7e6e). "
            "With every job's memory back the moment its work ends, gpuwarden's is "
            f"{c['gpuwarden_no_teardown_s']:.1f} s: the 50 GiB job's memory coming back "
            "0.3 s after the 20 GiB one's lets a 25 GiB job start into the first room, "
