@@ -61,10 +61,10 @@ def emit_csv(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
 DAEMON_GLANCE = 1.0  # seconds a view waits for the daemon's answer before doing without
 
 
-def daemon_job_pids() -> dict[int, int] | None:
-    """pid -> job id of the running jobs, from the daemon when one answers at once (one
-    request); None when none does. Never starts a daemon, never fails a view."""
-    from gpuwarden.daemon.client import Client
+def _glance(path: str) -> Any:
+    """The daemon's answer to GET ``path`` when one answers at once; None when none does
+    (no socket: the HTTP client is not even imported, a standalone view's start-up).
+    Never starts a daemon, never fails a view."""
     from gpuwarden.daemon.paths import resolve_paths
     from gpuwarden.errors import GpuwardenError
 
@@ -72,26 +72,29 @@ def daemon_job_pids() -> dict[int, int] | None:
         sock = resolve_paths().socket
         if not sock.exists():
             return None
-        answer = Client(str(sock), timeout=DAEMON_GLANCE).request("GET", "/v1/job-pids")
-        return {int(pid): int(job) for pid, job in answer["pids"].items()}
+        from gpuwarden.daemon.client import Client
+
+        return Client(str(sock), timeout=DAEMON_GLANCE).request("GET", path)
     except (GpuwardenError, OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def daemon_drains() -> list[dict[str, Any]]:
-    """The GPUs an admin drained (``gpu drain``), from the daemon when one answers at
-    once; none when none does. Never starts a daemon, never fails a view."""
-    from gpuwarden.daemon.client import Client
-    from gpuwarden.daemon.paths import resolve_paths
-    from gpuwarden.errors import GpuwardenError
-
+def daemon_job_pids() -> dict[int, int] | None:
+    """pid -> job id of the running jobs, from the daemon (one request); None when none
+    answers."""
+    answer = _glance("/v1/job-pids")
     try:
-        sock = resolve_paths().socket
-        if not sock.exists():
-            return []
-        answer = Client(str(sock), timeout=DAEMON_GLANCE).request("GET", "/v1/drains")
+        return {int(pid): int(job) for pid, job in answer["pids"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def daemon_drains() -> list[dict[str, Any]]:
+    """The GPUs an admin drained (``gpu drain``), from the daemon; none when none answers."""
+    answer = _glance("/v1/drains")
+    try:
         return [dict(d) for d in answer["drains"]]
-    except (GpuwardenError, OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return []
 
 
