@@ -39,8 +39,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, str
         job = d.submit("--mem", "4G", "--name", "trainer", "--gpus", "1",
                        cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "3G", "--seconds", "3"])
         assert d.cli("wait", str(job), timeout=60).returncode == 0
-        blocker = d.submit("--mem", "1G", "--name", "blocker",
-                           cmd=[PY, "-c", "import time; time.sleep(600)"])
+        blocker = d.submit("--mem", "1G", "--name", "blocker", "--restart", "on-failure",
+                           "--health-cmd", "true # SECRET-HEALTH", "--notify",
+                           "echo SECRET-NOTIFY", cmd=[PY, "-c", "import time; time.sleep(600)"])
         d.submit("--mem", "1G", "--name", "later", "--after", str(blocker),
                  cmd=[PY, "-c", "print('SECRET-TOKEN')"])
         d.wait_state(blocker, "running")
@@ -68,6 +69,8 @@ def test_the_public_feed_has_the_history_and_no_command_lines(
                                                                 ("later", "queued")]
     everything = json.dumps(data)
     assert "SECRET-TOKEN" not in everything and "command" not in data["queue"][1]
+    assert "SECRET-NOTIFY" not in everything and "SECRET-HEALTH" not in everything
+    assert data["queue"][0]["service"]["restart"] == "on-failure"
     page = get(f"{base}/ui/data/jobs/{job}")
     assert page["budget"] == 4 * GiB and page["job"]["state"] == "succeeded"
     assert max(page["timeline"]["used"]) >= 3 * GiB
@@ -163,6 +166,8 @@ def test_the_page_renders_the_scenarios_numbers_in_chromium(
         assert "leaked" in legend
         rows = driver.find_elements(By.CSS_SELECTOR, "#queue tbody tr[data-job]")
         assert [r.find_elements(By.TAG_NAME, "td")[2].text for r in rows] == ["blocker", "later"]
+        assert [r.find_elements(By.TAG_NAME, "td")[3].text for r in rows] == [
+            "running · service, 0 restarts", "queued"]
         if shots:
             driver.save_screenshot(str(Path(shots) / "web-overview.png"))
         driver.find_element(By.CSS_SELECTOR, "#hours button[data-hours='1']").click()

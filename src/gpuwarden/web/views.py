@@ -1,7 +1,8 @@
 """What the web page shows, as JSON built from the daemon's store: the overview (memory
 history per GPU, leak periods, the queue) and one job's page. Anonymous viewers (the
-public ``web_listen`` address) see no command lines, working directories or keys, nor
-reasons and event details: those can hold paths, pids and secrets."""
+public ``web_listen`` address) see no command lines (the job's, its --notify, its health
+check), working directories or keys, nor reasons and event details: those can hold
+paths, pids and secrets."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from gpuwarden.daemon.store import Store
 from gpuwarden.errors import UsageError
 
 WINDOWS = (1, 6, 24)  # hours: the page's buttons
-PRIVATE = ("command", "cwd", "key", "env", "after", "after_any", "after_fail")
+PRIVATE = ("command", "cwd", "key", "env", "after", "after_any", "after_fail", "notify")
+# A service's health check is a command line or a URL (which may carry a token).
+PRIVATE_SERVICE = ("health_cmd", "health_url")
 # Free text that may name paths and pids (a reason, an event's detail, what a hold saw):
 # anonymous viewers get the words' absence, not the words.
 PRIVATE_TEXT = ("reason",)
@@ -34,6 +37,9 @@ def job_json(job: Job, *, anonymous: bool) -> dict[str, Any]:
         for name in PRIVATE_TEXT:
             out[name] = None
         out["events"] = [{**e, "detail": None} for e in out.get("events", [])]
+        if isinstance(out.get("service"), dict):
+            out["service"] = {k: None if k in PRIVATE_SERVICE else v
+                              for k, v in out["service"].items()}
         release = out.get("memory_release")
         if isinstance(release, dict):  # how it ended and what held it: pids, names
             out["memory_release"] = {k: None if k in RELEASE_TEXT else v

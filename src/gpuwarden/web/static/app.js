@@ -150,7 +150,16 @@ function paintSwatches(root) {
 // -- pages ---------------------------------------------------------------------------
 
 function jobLink(job) {
-  return h("a", { href: `#job/${job.id}` }, String(job.id));
+  // An array's task as the CLI names it (12_7), its job id beside it.
+  const task = job.array ? job.array.task : null;
+  return h("a", { href: `#job/${job.id}` }, task ? `${task} (${job.id})` : String(job.id));
+}
+
+function stateText(j) {
+  // A service says so, with its restarts, as `ps` marks it (svc:N).
+  if (!j.service) return j.state;
+  const n = j.restarts || 0;
+  return `${j.state} · service, ${n} restart${n === 1 ? "" : "s"}`;
 }
 
 function jobsTable(jobs, id) {
@@ -160,7 +169,7 @@ function jobsTable(jobs, id) {
   if (showCommand) head.push("command");
   const rows = jobs.map((j) => h("tr", { "data-job": j.id },
     h("td", {}, jobLink(j)), h("td", {}, j.user), h("td", {}, j.name || "–"),
-    h("td", { class: `state-${j.state}` }, j.state), h("td", {}, j.qos),
+    h("td", { class: `state-${j.state}` }, stateText(j)), h("td", {}, j.qos),
     h("td", { class: "num" }, j.priority), h("td", {}, j.gpus.length ? j.gpus.join(",") : "–"),
     h("td", { class: "num" }, j.mem === null ? "whole" : fmtBytes(j.budget ?? j.request)),
     h("td", { class: "num" }, fmtBytes(j.peak_memory)), h("td", {}, fmtWhen(j.submitted_at)),
@@ -250,6 +259,17 @@ function renderJob(data) {
     const r = j.memory_release;
     facts.push(["release", r.said || (r.released_at ? `${r.seconds} s after the end (${r.how})`
                                                     : `not yet${r.leak ? ": " + r.leak : ""}`)]);
+  }
+  if (j.service) {
+    const s = j.service;
+    const check = s.health_url || s.health_cmd;
+    facts.push(["service", `restart ${s.restart}, ${j.restarts || 0} restarts (at most ` +
+      `${s.restart_limit} in ${s.restart_window} s), ${j.health_failures || 0} failed health ` +
+      `checks` + (check ? ` · health: ${check} every ${s.health_interval} s` : "")]);
+  }
+  if (j.array) {
+    facts.push(["array", `task ${j.array.task} of array ${j.array.id}` +
+      (j.array.limit === null ? "" : `, at most ${j.array.limit} at once`)]);
   }
   if (j.command) facts.push(["command", j.command.join(" ")]);
   return h("div", { id: "job", "data-job": j.id },
