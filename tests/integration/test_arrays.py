@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpuwarden.daemon.client import Client
 from tests.conftest import wait_for
 from tests.integration.daemon_fixture import PY, Daemon
 
@@ -70,6 +71,10 @@ def test_tasks_are_named_and_acted_on_one_by_one_or_all_at_once(daemon: Daemon) 
                      check=True).stdout
     assert csv.splitlines()[1:] == [f"{ids[i]},{a}_{i}" for i in sorted(ids)]
 
+    # Through the API too, a dependency on the array's id waits for each task.
+    dep = Client(str(daemon.socket)).request("POST", "/v1/jobs", body={
+        "command": ["true"], "cwd": "/", "mem": "1G", "after": [a]})
+    assert dep["after"] == sorted(ids.values())
     daemon.cli("hold", str(a), check=True)  # the array's id: every task
     assert {daemon.job(j)["state"] for j in ids.values()} == {"held"}
     daemon.cli("release", f"{a}_3", check=True)  # one task
@@ -84,6 +89,7 @@ def test_tasks_are_named_and_acted_on_one_by_one_or_all_at_once(daemon: Daemon) 
     assert {daemon.job(j)["state"] for j in ids.values()} == {"cancelled"}
     assert len(r.stderr.strip().splitlines()) == 1 and "already cancelled" in r.stderr
     daemon.cli("cancel", str(blocker), check=True)
+    assert daemon.wait_state(dep["id"], "cancelled")["reason"].startswith("dependency")
 
 
 def test_bad_arrays_and_references_are_one_line_errors(daemon: Daemon) -> None:

@@ -367,6 +367,7 @@ class JobService:
         array = None if body.get("array") is None else parse_array(body["array"])
         if array is not None and spec.attach is not None:
             raise UsageError("a job another launcher starts (attach) cannot be an array")
+        spec = self._every_task(spec)
         self._allowed(caller, spec)
         learned = None
         if spec.mem_auto:
@@ -396,6 +397,19 @@ class JobService:
         return {**self.view(caller, job), "created": created, "dropped_env": dropped,
                 "group_held": held if created else None,
                 "tasks": None if array is None else len(array.indices)}
+
+    def _every_task(self, spec: JobSpec) -> JobSpec:
+        """Dependencies on an array's id wait for each of its tasks (daemon/arrays.py);
+        ids that name no job stay, for the store to refuse."""
+        def every(ids: tuple[int, ...]) -> tuple[int, ...]:
+            if not ids:
+                return ids
+            found, missing = self.store.resolve(list(ids))
+            return tuple(sorted({*found, *(m for m in missing if isinstance(m, int))}))
+
+        return dataclasses.replace(spec, after=every(spec.after),
+                                   after_any=every(spec.after_any),
+                                   after_fail=every(spec.after_fail))
 
     def _validate(self, body: Mapping[str, Any], caller: Caller,
                   gpus: Sequence[GpuState]) -> tuple[JobSpec, list[str]]:
