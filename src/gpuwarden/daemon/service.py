@@ -626,9 +626,10 @@ class JobService:
         may ask (``ps`` shows every job to everyone)."""
         from gpuwarden.daemon.arrays import parse_refs
 
-        if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs) \
-                or len(refs) > 10_000:
-            raise UsageError("refs must be a list of at most 10000 strings such as 3, "
+        if not isinstance(refs, list) or not refs or len(refs) > 10_000 \
+                or not all(isinstance(r, str) and r[:1].isascii() and r[:1].isdigit()
+                           for r in refs):
+            raise UsageError("refs must be a list of 1 to 10000 strings such as 3, "
                              "3-7 or 12_7")
         ids, missing = self.store.resolve(parse_refs(refs))
         return {"ids": ids,
