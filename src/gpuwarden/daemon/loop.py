@@ -139,10 +139,9 @@ def _report_file(path: Path, uid: int, gid: int) -> None:
 
 def job_env(job: Job, budget: int, jobdir: Path) -> dict[str, str]:
     """The job's environment on top of its snapshot: its id and budget (and array task),
-    the preemption
-    notice file of checkpoint-friendly jobs, and expandable segments for PyTorch's
-    allocator (fragmentation otherwise makes a job OOM below its budget) unless the
-    user chose allocator settings."""
+    the preemption notice file of checkpoint-friendly jobs, and expandable segments for
+    PyTorch's allocator (fragmentation otherwise makes a job OOM below its budget) unless
+    the user chose allocator settings."""
     env = {**job.spec.env, "GPUWARDEN_JOB": str(job.id), "GPUWARDEN_BUDGET": str(budget),
            "GPUWARDEN_QOS": job.spec.qos}
     if job.spec.array is not None:  # as Slurm's SLURM_ARRAY_JOB_ID and _TASK_ID
