@@ -336,6 +336,24 @@ def test_list_filters_and_order(store: Store) -> None:
     assert set(counts) == set(STATES)
 
 
+def test_a_listing_without_environments_reads_them_from_no_row(store: Store) -> None:
+    """The pass lists queued jobs without their environments (kilobytes each); a job so
+    listed refuses to be read for one, and every other field is the full listing's."""
+    env = {f"VAR{i}": "x" * 100 for i in range(30)}
+    job, _ = store.submit(spec(env=env, name="n", mem=3 << 30), 1.0)
+    light, full = store.list(with_env=False)[0], store.list()[0]
+    assert full.spec.env == env and store.get(job.id).spec.env == env
+    with pytest.raises(RuntimeError, match="without its environment"):
+        dict(light.spec.env)
+    with pytest.raises(RuntimeError):
+        light.spec.env.get("VAR1")
+    assert dataclasses.replace(light.spec, env=env) == full.spec
+    assert light.events == full.events and light.to_json() == full.to_json()
+    # a transition reads the whole job again: what a launch starts from
+    moved = store.transition(light.id, QUEUED, RESERVED, now=2.0, kind="placed")
+    assert moved.spec.env == env
+
+
 def test_events_are_ordered_and_notes_change_no_state(store: Store) -> None:
     job, _ = store.submit(spec(), 1.0)
     store.add_event(job.id, "note", "first", 5.0)

@@ -310,7 +310,8 @@ class Scheduler:
                f"({same}); held until released")
         now = self.clock()
         for waiting in self.store.list(states=[model.QUEUED], user=job.spec.user,
-                                       group=job.spec.group, with_events=False):
+                                       group=job.spec.group, with_events=False,
+                                       with_env=False):
             if waiting.spec.uid != job.spec.uid:
                 continue
             with contextlib.suppress(Conflict, JobNotFound):
@@ -933,7 +934,8 @@ class Scheduler:
         from gpuwarden.daemon.arrays import throttle
         from gpuwarden.sched.queue import plan
 
-        queued = self.store.list(states=[model.QUEUED])
+        # Without environments: a launch reads its job again (``store.transition``).
+        queued = self.store.list(states=[model.QUEUED], with_env=False)
         ready: list[Job] = []
         for job in queued:
             if job.spec.attach is not None and self._waiting_launcher(job) is None:
@@ -941,7 +943,8 @@ class Scheduler:
             blocked = self._dependency_block(job)
             if blocked is None:
                 ready.append(job)
-        ready, throttled = throttle(ready, self.store.active())
+        ready, throttled = throttle(ready, self.store.list(
+            states=sorted(model.ACTIVE), with_env=False, with_events=False))
         self.store.set_reasons(throttled)
         if not ready:
             return False

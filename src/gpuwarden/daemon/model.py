@@ -3,6 +3,7 @@ the interface: ``show --json`` prints it, ``ps --json`` prints a list of them.""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,30 @@ SUCCEEDED, FAILED, CANCELLED, INFEASIBLE = "succeeded", "failed", "cancelled", "
 STATES = (QUEUED, HELD, RESERVED, RUNNING, SUCCEEDED, FAILED, CANCELLED, INFEASIBLE)
 TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED, INFEASIBLE})
 ACTIVE = frozenset({RESERVED, RUNNING})  # jobs that hold GPU budget
+
+
+class _EnvNotRead(Mapping[str, str]):
+    """The environment of a job listed without it (``Store.list(with_env=False)``):
+    reading it fails loudly, so no job can start, or show, with an empty environment
+    by mistake."""
+
+    def _refuse(self) -> RuntimeError:
+        return RuntimeError("this job was listed without its environment; read it again")
+
+    def __getitem__(self, key: str) -> str:
+        raise self._refuse()
+
+    def __iter__(self) -> Iterator[str]:
+        raise self._refuse()
+
+    def __len__(self) -> int:
+        raise self._refuse()
+
+    def __repr__(self) -> str:
+        return "ENV_NOT_READ"
+
+
+ENV_NOT_READ: Mapping[str, str] = _EnvNotRead()
 
 
 def iso(ts: float | None) -> str | None:
@@ -39,7 +64,7 @@ class JobSpec:
     gid: int
     groups: tuple[int, ...] = ()
     cwd: str = "/"
-    env: dict[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
     name: str | None = None
     group: str | None = None
     key: str | None = None

@@ -607,7 +607,7 @@ class JobService:
             raise UsageError(f"by must be one of {', '.join(BY)}")
         now = self.clock()
         cutoff = None if since is None else now - since
-        jobs = [j for j in self.store.list(states=sorted(model.TERMINAL))
+        jobs = [j for j in self.store.list(states=sorted(model.TERMINAL), with_env=False)
                 if cutoff is None or (j.ended_at is not None and j.ended_at >= cutoff)]
         return {"by": by, "since": model.iso(cutoff), "until": model.iso(now),
                 "rows": report(jobs, by)}
@@ -807,7 +807,8 @@ class JobService:
     def clean(self, caller: Caller, older_than: float) -> int:
         cutoff = self.clock() - older_than
         removed = 0
-        for job in self.store.list(states=sorted(model.TERMINAL)):
+        for job in self.store.list(states=sorted(model.TERMINAL), with_events=False,
+                                   with_env=False):
             if job.ended_at is not None and job.ended_at < cutoff and self._may(caller, job):
                 try:
                     self.store.delete(job.id)

@@ -58,6 +58,7 @@ from gpuwarden.daemon.arrays import Array, Member, Ref
 from gpuwarden.daemon.model import (
     ACTIVE,
     CANCELLED,
+    ENV_NOT_READ,
     FAILED,
     HELD,
     INFEASIBLE,
@@ -395,7 +396,8 @@ def _row_to_job(row: sqlite3.Row, events: Sequence[Event], hold: Hold | None = N
         gid=row["gid"],
         groups=_loads_tuple(row["groups"]),
         cwd=row["cwd"],
-        env={} if row["env"] == "{}" else dict(json.loads(row["env"])),
+        env=ENV_NOT_READ if row["env"] is None
+        else {} if row["env"] == "{}" else dict(json.loads(row["env"])),
         name=row["name"],
         group=row["job_group"],
         key=row["job_key"],
@@ -508,6 +510,7 @@ class Store:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self.on_end: Callable[[Job], None] | None = None  # after a job's final transition
+        self._light_columns: str | None = None  # the listing without environments
         self._create_file()
         self._conn: sqlite3.Connection | None = None
         self._conn = self._open()
@@ -678,6 +681,16 @@ class Store:
             "(SELECT value FROM json_each(?)) GROUP BY job_id)", (_json_ids(ids),))
         return {r["job_id"]: _row_to_hold(r) for r in rows}
 
+    def _columns_but_env(self) -> str:
+        """The jobs table's columns, env read as NULL (it is NOT NULL in the table, so
+        NULL says: not read)."""
+        if self._light_columns is None:
+            with self._tx(write=False) as conn:
+                names = [r[1] for r in conn.execute("PRAGMA table_info(jobs)")]
+            self._light_columns = ", ".join("NULL AS env" if n == "env" else f'"{n}"'
+                                            for n in names)
+        return self._light_columns
+
     def _load(self, conn: sqlite3.Connection, job_id: int) -> Job:
         row = conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
@@ -695,12 +708,14 @@ class Store:
     def list(self, states: Iterable[str] | None = None, user: str | None = None,
              group: str | None = None, ids: Iterable[int] | None = None,
              limit: int | None = None, *, with_events: bool = True,
-             newest: bool = False, before: int | None = None,
+             with_env: bool = True, newest: bool = False, before: int | None = None,
              after: int | None = None, array: int | None = None) -> list[Job]:
         """Jobs matching every given filter, ordered by id (the first ``limit``; the
         last ``limit``, newest first, with ``newest``), only ids below ``before`` and
         above ``after`` where given (a page's cursor). ``with_events=False`` skips the
-        history (the scheduler does not need it)."""
+        history (the scheduler does not need it); ``with_env=False`` the environments
+        (a user's is kilobytes: 10,000 queued jobs' were most of a pass's time and of
+        the daemon's memory), each job's ``spec.env`` then ``ENV_NOT_READ``."""
         where: list[str] = []
         args: list[Any] = []
         for bound, op in ((before, "<"), (after, ">")):
@@ -723,7 +738,7 @@ class Store:
         if array is not None:
             where.append("array_id = ?")
             args.append(array if _ints_ok(array) else -1)
-        sql = "SELECT * FROM jobs"
+        sql = f"SELECT {'*' if with_env else self._columns_but_env()} FROM jobs"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC" if newest else " ORDER BY id"

@@ -110,7 +110,8 @@ def charts(store: Store, *, hours: float, by: str, now: float,
     """Per GPU: its memory over the window, stacked ``by`` job or user, and leak periods."""
     samples = store.samples(now - hours * 3600)
     ids = sorted({jid for s in samples for jid in s.jobs})
-    owners = {j.id: j.user for j in store.list(ids=ids)} if ids else {}
+    owners = {j.id: j.user for j in store.list(ids=ids, with_events=False, with_env=False)
+              } if ids else {}
     return [{"index": s.index, "uuid": s.uuid, "total": s.total, "t": s.t,
              "used": s.used, "leaked": s.leaked, "layers": s.layers,
              "leak_periods": leak_periods(s.t, s.leaked)}
@@ -134,8 +135,9 @@ def overview(store: Store, *, hours: float, by: str = "job", anonymous: bool,
     gpus = draw() if cache is None else cache.get((hours, by, points),
                                                    hours * 3600 / points, draw)
     live = [s for s in model.STATES if s not in model.TERMINAL]
-    queue = store.list(states=live)
-    ended = store.list(states=sorted(model.TERMINAL), limit=RECENT, newest=True)
+    queue = store.list(states=live, with_env=False)  # the page never shows one
+    ended = store.list(states=sorted(model.TERMINAL), limit=RECENT, newest=True,
+                       with_env=False)
     drains = [{"gpu": i, "reason": None if anonymous else d["reason"]}
               for i, d in store.drains().items()]  # gpu drain: no new placement there
     return {"now": now, "hours": hours, "by": by, "gpus": gpus, "drains": drains,
