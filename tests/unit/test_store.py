@@ -9,6 +9,8 @@ import shutil
 import signal
 import sqlite3
 import stat
+import subprocess
+import sys
 import tempfile
 import threading
 from collections import Counter
@@ -352,6 +354,31 @@ def test_a_listing_without_environments_reads_them_from_no_row(store: Store) -> 
     # a transition reads the whole job again: what a launch starts from
     moved = store.transition(light.id, QUEUED, RESERVED, now=2.0, kind="placed")
     assert moved.spec.env == env
+
+
+def test_a_second_store_in_the_process_keeps_the_first_ones_locks(tmp_path: Path) -> None:
+    """The daemon opens the database twice (its pass and its web threads). Opening the
+    file outside SQLite and closing it would drop every POSIX lock the process holds on
+    it; the next process to close a connection would then think itself the last one,
+    checkpoint and delete the WAL under the daemon, whose later commits nobody else
+    would see, and that a crash would lose."""
+    path = tmp_path / "state.db"
+    first = Store(path)
+    first.submit(spec(name="one"), 1.0)
+    second = Store(path)
+    reader = [sys.executable, "-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+              "print(c.execute('SELECT count(*) FROM jobs').fetchone()[0]); c.close()",
+              str(path)]
+    try:
+        assert subprocess.run(reader, capture_output=True, text=True,
+                              check=True).stdout.strip() == "1"
+        first.submit(spec(name="two"), 2.0)
+        assert subprocess.run(reader, capture_output=True, text=True,
+                              check=True).stdout.strip() == "2"
+        assert [j.spec.name for j in second.list()] == ["one", "two"]
+    finally:
+        second.close()
+        first.close()
 
 
 def test_events_are_ordered_and_notes_change_no_state(store: Store) -> None:

@@ -518,10 +518,15 @@ class Store:
     # -- connection ----------------------------------------------------------------
 
     def _create_file(self) -> None:
-        """Create the database owner-only: it holds job environments."""
+        """Create the database owner-only (it holds job environments), and only create
+        it: closing a descriptor of a file this process has open in SQLite drops every
+        POSIX lock the process holds on it (the daemon opens two stores), and the next
+        process to close a connection would delete the WAL under the daemon's writes."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            fd = os.open(self.path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            return
         except OSError as e:
             raise StoreError(f"cannot open state database {self.path}: "
                              f"{e.strerror or e}") from None
