@@ -4,6 +4,7 @@ its limit, the wait and release-time histograms and the scheduling pass duration
 
 from __future__ import annotations
 
+import gzip
 import urllib.request
 from pathlib import Path
 
@@ -16,9 +17,14 @@ from tests.integration.daemon_fixture import PY, Daemon
 GiB = 1 << 30
 
 
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        text = r.read().decode()
+def scrape(url: str, gzipped: bool = False) -> dict[tuple[str, tuple[tuple[str, str], ...]],
+                                                  float]:
+    """The scrape's samples; ``gzipped``: as Prometheus asks (``Accept-Encoding: gzip``)."""
+    req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"} if gzipped else {})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.headers.get("Content-Encoding") == ("gzip" if gzipped else None)
+        body = r.read()
+        text = (gzip.decompress(body) if gzipped else body).decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for fam in text_string_to_metric_families(text) for s in fam.samples}
 
@@ -62,6 +68,10 @@ def test_daemon_metrics_cover_gpus_and_the_queue(metered: tuple[Daemon, str]) ->
     # The exporter's series are there too, with the job's id on its process.
     assert find(m, "gpuwarden_process_memory_bytes", job_id=str(running)) == 3.5 * GiB
     assert find(m, "gpuwarden_gpu_memory_total_bytes", gpu="0") == 24 * GiB
+    zipped = scrape(url, gzipped=True)
+    assert find(zipped, "gpuwarden_process_memory_bytes", job_id=str(running)) == 3.5 * GiB
+    assert {k for k in zipped if not k[0].startswith("gpuwarden_placement_pass")} == \
+        {k for k in m if not k[0].startswith("gpuwarden_placement_pass")}
     assert d.cli("cancel", str(running)).returncode == 0
     assert d.wait_state(held, "cancelled")["reason"] == f"dependency {running} cancelled"
 

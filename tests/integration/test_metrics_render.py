@@ -84,6 +84,28 @@ def test_escaped_labels_and_series_that_come_and_go() -> None:
         assert (b'pid="103"' in text) == (i == 1)
 
 
+def test_a_family_equal_to_the_last_keeps_its_text_and_minus_zero_is_zero() -> None:
+    """A family's rows equal to the last render's reuse its text: 0.0 and -0.0 are equal,
+    so both render as 0.0 (generate_latest of the collector too), and a family that
+    changes beside unchanged ones is rendered anew."""
+    snaps = [snapshot([(gpu(0, used=GiB, power_watts=-0.0), [proc(101, 0, GiB)])]),
+             snapshot([(gpu(0, used=GiB, power_watts=0.0), [proc(101, 0, GiB)])]),
+             snapshot([(gpu(0, used=GiB, power_watts=0.0), [proc(101, 0, 2 * GiB)])])]
+    now = [0.0]
+    c = SnapshotCollector(lambda: snaps[int(now[0])], cache_seconds=0.5, clock=lambda: now[0])
+    texts = []
+    for i in range(3):
+        now[0] = float(i)
+        texts.append(c.render_text())
+        assert texts[-1] == reference(c), i
+        assert b"gpuwarden_gpu_power_watts{gpu=\"0\"} 0.0\n" in texts[-1]
+    before, after = texts[1].split(b"\n"), texts[2].split(b"\n")
+    changed = {a.rpartition(b" ")[0] for a, b in zip(before, after, strict=True) if a != b}
+    assert changed == {b"gpuwarden_snapshot_seconds", b'gpuwarden_user_memory_bytes{user="alice"}',
+                       b'gpuwarden_process_memory_bytes{container="",gpu="0",job_id="",'
+                       b'pid="101",user="alice"}'}
+
+
 def test_over_http(backend: SimBackend) -> None:
     registry = registry_for(backend, cache_seconds=600, pid_labels=True)
     server, thread = start(f"127.0.0.1:{free_port()}", registry)

@@ -100,9 +100,10 @@ class DaemonMetrics:
 
     async def start(self, store: Any, sched: Any, pool: Executor) -> None:
         from prometheus_client import CONTENT_TYPE_LATEST
+        from prometheus_client.exposition import gzip_accepted
 
         from gpuwarden.gpus.backend import open_backend
-        from gpuwarden.metrics.collector import SnapshotCollector, render_text
+        from gpuwarden.metrics.collector import SnapshotCollector, gzip_scrape, render_text
         from gpuwarden.metrics.jobs import JobsCollector
         from gpuwarden.observe.snapshot import take_snapshot
         from gpuwarden.web.routes import off_loop
@@ -116,9 +117,14 @@ class DaemonMetrics:
                                                   cache_seconds=self.config.metrics_cache),
                  JobsCollector(store, lambda: sched.last_running))
 
-        async def metrics(_: web.Request) -> web.Response:
-            body = await off_loop(pool, render_text, parts)
-            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        async def metrics(request: web.Request) -> web.Response:
+            headers = {"Content-Type": CONTENT_TYPE_LATEST}
+            if gzip_accepted(request.headers.get("Accept-Encoding", "")):
+                headers["Content-Encoding"] = "gzip"
+                body = await off_loop(pool, lambda: gzip_scrape(render_text(parts)))
+            else:
+                body = await off_loop(pool, render_text, parts)
+            return web.Response(body=body, headers=headers)
 
         app = web.Application(client_max_size=1 << 16)
         app.router.add_get("/metrics", metrics)

@@ -33,11 +33,13 @@ class _Family:
 
     def __init__(self, name: str, doc: str, labels: list[str], info: bool = False) -> None:
         self.name, self.doc, self.labels, self.info = PREFIX + name, doc, labels, info
-        self.rows: list[tuple[tuple[str, ...], float]] = []
+        self.rows: list[_Row] = []
 
     def add_metric(self, labels: Sequence[str], value: float | dict[str, str]) -> None:
         # An info row's value is its extra labels; ours has none, and it renders as 1.
-        self.rows.append((tuple(labels), 1.0 if isinstance(value, dict) else value))
+        # -0.0 is 0.0 (it is ==, and its text would differ): equal rows, equal text.
+        self.rows.append((tuple(labels), 1.0 if isinstance(value, dict)
+                          else 0.0 if value == 0 and type(value) is float else value))
 
     def metric(self, rows: Sequence[tuple[tuple[str, ...], float]] | None = None) -> Metric:
         m: GaugeMetricFamily | InfoMetricFamily
@@ -52,8 +54,10 @@ class _Family:
         return m
 
 
+_Row = tuple[tuple[str, ...], float]
 _Line = tuple[str, int | None, str]  # name-and-labels part, int value, the whole line
-_Text = tuple[str, dict[tuple[str, ...], _Line]]  # a family's header lines, its series
+# A family's header lines, its series, and its rows with the text they rendered as.
+_Text = tuple[str, dict[tuple[str, ...], _Line], list[_Row], str]
 
 
 class _One(Collector):
@@ -84,9 +88,9 @@ class SnapshotCollector(Collector):
         self.clock = clock
         self._lock = threading.Lock()
         self._cached: tuple[float, Snapshot, float] | None = None  # (when, snap, seconds)
-        # render_text's text per family: its HELP/TYPE lines and, per row's label values,
-        # the sample line up to its value, and the last integer value with its line;
-        # only the last render's rows are kept.
+        # render_text's text per family: its HELP/TYPE lines, per row's label values the
+        # sample line up to its value and the last integer value with its line, and the
+        # rows with the text they made; only the last render's are kept.
         self._text: dict[str, tuple[str, dict[str, _Text]]] = {}  # per format, + trailer
         self._text_lock = threading.Lock()
 
@@ -115,7 +119,9 @@ class SnapshotCollector(Collector):
         which, with its options) writes for a registry holding only this collector, byte
         for byte, at a fraction of its cost: a series seen in the previous render reuses
         its escaped name-and-labels part, and its whole line while an integer value
-        holds. The parts of new series and families come from ``encode`` itself, so the
+        holds; a family whose rows are all as they were (most, most of the time: a
+        process's memory moves in allocator chunks, idle ones stay at 0% SM) its whole
+        text. The parts of new series and families come from ``encode`` itself, so the
         two cannot differ."""
         families = self._families()
         out: list[str] = []
@@ -123,10 +129,15 @@ class SnapshotCollector(Collector):
             trailer, previous = self._text.get(fmt) or (encode(_One(None)).decode(), {})
             kept: dict[str, _Text] = {}
             for family in families:
-                header, old = previous.get(family.name) or (
+                was = previous.get(family.name)
+                if was is not None and was[2] == family.rows:  # equal values, equal text
+                    out += (was[0], was[3])
+                    kept[family.name] = was
+                    continue
+                header, old = (was[0], was[1]) if was is not None else (
                     encode(_One(family.metric([]))).decode().removesuffix(trailer), {})
                 parts: dict[tuple[str, ...], _Line] = {}
-                out.append(header)
+                body: list[str] = []
                 for labels, value in family.rows:
                     seen = parts.get(labels) or old.get(labels)
                     if seen is None:
@@ -138,8 +149,10 @@ class SnapshotCollector(Collector):
                         seen = (seen[0], value if type(value) is int else None,
                                 f"{seen[0]}{floatToGoString(value)}\n")  # type: ignore[no-untyped-call]
                     parts[labels] = seen
-                    out.append(seen[2])
-                kept[family.name] = (header, parts)
+                    body.append(seen[2])
+                text = "".join(body)
+                out += (header, text)
+                kept[family.name] = (header, parts, family.rows, text)
             out.append(trailer)
             self._text[fmt] = (trailer, kept)
         return "".join(out).encode("utf-8")
@@ -266,6 +279,16 @@ def render_text(parts: Sequence[Collector]) -> bytes:
     registry holding them all, with each snapshot collector rendering its own text."""
     return b"".join(p.render_text() if isinstance(p, SnapshotCollector) else generate_latest(p)
                     for p in parts)
+
+
+def gzip_scrape(body: bytes) -> bytes:
+    """A scrape compressed for ``Accept-Encoding: gzip`` (Prometheus always asks for it)
+    at gzip's fastest level: 8 GPUs × 200 processes (410 KB of text) take 1.4 ms and
+    63 KB there, against 10.6 ms and 47 KB at the default level 9, which alone was a
+    whole per cent of a core at one scrape a second."""
+    import gzip
+
+    return gzip.compress(body, compresslevel=1, mtime=0)
 
 
 class SnapshotRegistry(CollectorRegistry):

@@ -32,15 +32,13 @@ def wsgi_app(registry: CollectorRegistry) -> Callable[..., Any]:
     the text or OpenMetrics format (what ``choose_encoder`` picks from the Accept header)
     is rendered by its collector: the same bytes, cheaper. ``name[]`` filters and other
     methods go to prometheus_client as they are."""
-    import gzip
-
     from prometheus_client import generate_latest, make_wsgi_app
     from prometheus_client.exposition import choose_encoder, gzip_accepted
     from prometheus_client.openmetrics.exposition import (
         generate_latest as openmetrics_latest,
     )
 
-    from gpuwarden.metrics.collector import SnapshotRegistry
+    from gpuwarden.metrics.collector import SnapshotRegistry, gzip_scrape
 
     fallback = make_wsgi_app(registry)
 
@@ -56,7 +54,7 @@ def wsgi_app(registry: CollectorRegistry) -> Callable[..., Any]:
                 output = registry.collector.render_text(encoder, fmt)
                 headers = [("Content-Type", content_type)]
                 if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
-                    output = gzip.compress(output)
+                    output = gzip_scrape(output)
                     headers.append(("Content-Encoding", "gzip"))
                 start_response("200 OK", headers)
                 return [output]
