@@ -33,13 +33,17 @@ otherwise. task-spooler runs with a private ``TS_SOCKET`` and ``TMPDIR``.
    ``Scheduler.tick`` (the daemon's pass) and its parts — ``store.list`` of the queued
    jobs, ``plan`` (the placement pass, pure) and the ``set_reason`` writes — plus ``plan``
    over the same jobs on idle GPUs.
+4. **Memory after many jobs.** The daemon's resident memory fresh, while ``--ended``
+   trivial jobs (one array, ``--mem 1GiB``) pass through it, after they have all ended
+   and after ``gpuwarden ps --all --json`` has listed every one; then its CPU while
+   idle. The issue's goal: within 2× of fresh and under 80 MB, idle under 1% of a core.
 
 Every daemon, supervisor, job and ts server started here is stopped on success, error or
 signal.
 
     python bench/bench_daemon.py [--rounds 100] [--jobs 100] [--throughput-rounds 2]
-                                 [--queued 10000] [--submitters 50] [--interval 500ms]
-                                 [--json OUT]
+                                 [--queued 10000] [--submitters 50] [--ended 10000]
+                                 [--interval 500ms] [--json OUT]
 """
 
 from __future__ import annotations
@@ -649,6 +653,55 @@ def queue(n: int, submitters: int, interval: str | None, repeat: int) -> dict[st
     return out
 
 
+# -------------------------------------------------- 4. memory after many ended jobs
+
+
+def _rss(proc: psutil.Process) -> int:
+    return int(proc.memory_info().rss)
+
+
+def memory(n: int, interval: str | None) -> dict[str, Any]:
+    """The daemon's resident memory fresh, while ``n`` trivial jobs (one array, packed
+    by memory) pass through it, once they have all ended, and after ``ps --all --json``
+    has listed them all (through the API's pages), then its CPU while idle."""
+    out: dict[str, Any] = {"jobs": n}
+    with daemon(interval) as d:
+        assert d.pid is not None
+        proc = psutil.Process(d.pid)
+        time.sleep(3)  # past the start-up's first passes
+        out["fresh"] = _rss(proc)
+        t0 = time.monotonic()
+        d.client.request("POST", "/v1/jobs", body=d.body(
+            ["true"], mem=PACK_MEM, array=f"0-{n - 1}"))
+        peak, left = out["fresh"], n
+        with contextlib.closing(_ro(d.paths.db)) as conn:
+            while left:
+                if time.monotonic() - t0 > 3600:
+                    raise RuntimeError(f"{left} of {n} jobs not ended after an hour")
+                time.sleep(1)
+                peak = max(peak, _rss(proc))
+                left = conn.execute("SELECT count(*) FROM jobs WHERE state NOT IN "
+                                    "(SELECT value FROM json_each(?))",
+                                    (json.dumps(TERMINAL),)).fetchone()[0]
+            out["states"] = {r[0]: r[1] for r in conn.execute(
+                "SELECT state, count(*) FROM jobs GROUP BY state")}
+        out["run_wall"] = time.monotonic() - t0
+        out["peak_while_running"] = peak
+        time.sleep(5)
+        out["after_jobs"] = _rss(proc)
+        t = time.monotonic()
+        listed = subprocess.run([*_gw_cli(), "ps", "--all", "--json"], env=d.env,
+                                capture_output=True, timeout=600, check=True)
+        out["ps_all_json"] = {"seconds": time.monotonic() - t, "bytes": len(listed.stdout),
+                              "jobs": len(json.loads(listed.stdout))}
+        time.sleep(2)
+        out["after_ps"] = _rss(proc)
+        c0, w0 = sum(proc.cpu_times()[:2]), time.monotonic()
+        time.sleep(10)
+        out["idle_cpu"] = (sum(proc.cpu_times()[:2]) - c0) / (time.monotonic() - w0)
+    return out
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -662,6 +715,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.queued != 10000 or args.submitters != 50:
         notes.append(f"scaled: {args.queued:,} queued jobs by {args.submitters} submitters "
                      "(the issue asks for 10,000 by 50).")
+    if args.ended != 10000:
+        notes.append(f"scaled: memory after {args.ended:,} jobs (the issue asks for 10,000).")
     t = time.perf_counter()
     lat = latency(args.rounds, interval, tsp)
     t_lat = time.perf_counter() - t
@@ -674,6 +729,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     big = queue(args.queued, args.submitters, interval, args.repeat)
     t_q = time.perf_counter() - t
     print(f"queue: {t_q:.0f} s", file=sys.stderr)
+    t = time.perf_counter()
+    mem = memory(args.ended, interval)
+    t_m = time.perf_counter() - t
+    print(f"memory: {t_m:.0f} s", file=sys.stderr)
     ip = big["in_process"]
     return {
         "machine": facts,
@@ -682,12 +741,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                    or f"{Config().interval:g}s (the daemon's default)",
                    "rounds": args.rounds, "jobs": args.jobs,
                    "throughput_rounds": args.throughput_rounds, "queued": args.queued,
+                   "ended": args.ended,
                    "submitters": args.submitters, "repeat": args.repeat,
                    "pack_mem": PACK_MEM, "pack_slots": PACK_SLOTS},
-        "durations": {"latency": t_lat, "throughput": t_thr, "queue": t_q},
+        "durations": {"latency": t_lat, "throughput": t_thr, "queue": t_q, "memory": t_m},
         "latency": lat,
         "throughput": thr,
         "queue": big,
+        "memory": mem,
         "goals": {
             "target_p50": TARGET_P50, "target_pass_per_job": TARGET_PASS_PER_JOB,
             "api_p50_under_target": lat["results"]["api"]["p50"] < TARGET_P50,
@@ -698,6 +759,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "plan_per_job": ip["plan_full"]["p50"] / ip["queued"],
             "plan_idle_per_job": ip["plan_idle"]["p50"] / ip["queued"],
             "tick_per_job": ip["tick"]["p50"] / ip["queued"],
+            "memory_after_within_2x": max(mem["after_jobs"], mem["after_ps"])
+            <= 2 * mem["fresh"],
+            "memory_after_under_80mb": max(mem["after_jobs"], mem["after_ps"]) < 80e6,
+            "idle_cpu_under_1pct": mem["idle_cpu"] < 0.01,
         },
         "notes": notes,
     }
@@ -719,6 +784,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="jobs in the big queue (default 10000)")
     ap.add_argument("--submitters", type=int, default=50,
                     help="concurrent submitting processes (default 50)")
+    ap.add_argument("--ended", type=int, default=10000,
+                    help="jobs run through the daemon for its memory (default 10000)")
     ap.add_argument("--repeat", type=int, default=3,
                     help="repetitions of each in-process measurement (default 3)")
     ap.add_argument("--interval", default=None,
@@ -740,6 +807,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"queue: submit p50/p99 {ms(qq['submit']['p50'])}/{ms(qq['submit']['p99'])}; "
           f"plan {g['plan_per_job'] * 1e6:.1f} µs/job, tick {g['tick_per_job'] * 1e6:.1f} "
           "µs/job", file=sys.stderr)
+    mm = out["memory"]
+    print(f"memory: fresh {mm['fresh'] / 1e6:.0f} MB, after {mm['jobs']:,} jobs "
+          f"{mm['after_jobs'] / 1e6:.0f} MB, after ps --all --json {mm['after_ps'] / 1e6:.0f} "
+          f"MB (peak while running {mm['peak_while_running'] / 1e6:.0f} MB); idle CPU "
+          f"{mm['idle_cpu'] * 100:.2f}%", file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0

@@ -7,7 +7,8 @@ processes (bench/gen_scenario.py), as Prometheus would scrape it.
     ``generate_latest`` of the same collector, the same bytes.
 (b) A real exporter process scraped over HTTP: p50/p99 of the full request, cache at the
     default 1 s and scrapes 1 s apart (every scrape takes a fresh snapshot), then the
-    exporter's CPU time over that period as a share of one core.
+    exporter's CPU time over that period as a share of one core; once asking for plain
+    text, once with the headers Prometheus sends (OpenMetrics preferred, gzip).
 
     python bench/bench_metrics.py --json bench/results/metrics.json
 """
@@ -15,6 +16,7 @@ processes (bench/gen_scenario.py), as Prometheus would scrape it.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -68,10 +70,49 @@ def in_process(scenario: Path, runs: int) -> dict[str, Any]:
             size = len(body)
         out[name] = {"p50": statistics.median(times), "p99": pct(times, 0.99),
                      "bytes": size, "series": body.count(b"\n") - body.count(b"\n#")}
+    out.update(render_only(backend, runs))
     return out
 
 
-def over_http(scenario: Path, scrapes: int, interval: float) -> dict[str, Any]:
+def render_only(backend: Any, runs: int) -> dict[str, Any]:
+    """The rendering alone, from snapshots taken beforehand: the same snapshot every
+    time (nothing changed: each family's text is kept), and two that differ in every
+    process's memory and SM share taken in turn (every per-process series changed)."""
+    from dataclasses import replace
+
+    from gpuwarden.metrics.collector import SnapshotCollector
+    from gpuwarden.observe.snapshot import take_snapshot
+
+    a = take_snapshot(backend, holders=True)
+    b = replace(a, gpus=tuple(replace(g, processes=tuple(
+        replace(p, gpu=replace(p.gpu, memory=(p.gpu.memory or 0) + (1 << 20),
+                               sm_utilization=((p.gpu.sm_utilization or 0) + 1) % 100))
+        for p in g.processes)) for g in a.gpus))
+    out: dict[str, Any] = {}
+    for name, snaps in (("render only, nothing changed", (a, a)),
+                        ("render only, every process's figures changed", (a, b))):
+        turns = itertools.cycle(snaps)
+        collector = SnapshotCollector(lambda t=turns: next(t), cache_seconds=0)  # type: ignore[misc]
+        collector.render_text()
+        times, body = [], b""
+        for _ in range(runs):
+            t = time.perf_counter()
+            body = collector.render_text()
+            times.append(time.perf_counter() - t)
+        out[name] = {"p50": statistics.median(times), "p99": pct(times, 0.99),
+                     "bytes": len(body), "series": body.count(b"\n") - body.count(b"\n#")}
+    return out
+
+
+# What Prometheus (2.x) sends with every scrape: it prefers OpenMetrics, and gzip.
+PROMETHEUS_HEADERS = {
+    "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+              "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "Accept-Encoding": "gzip"}
+
+
+def over_http(scenario: Path, scrapes: int, interval: float,
+              headers: dict[str, str]) -> dict[str, Any]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -94,7 +135,9 @@ def over_http(scenario: Path, scrapes: int, interval: float) -> dict[str, Any]:
         times = []
         for _ in range(scrapes):
             t = time.perf_counter()
-            urllib.request.urlopen(url, timeout=10).read()
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                        timeout=10) as r:
+                size = len(r.read())
             took = time.perf_counter() - t
             times.append(took)
             time.sleep(max(interval - took, 0))
@@ -103,7 +146,8 @@ def over_http(scenario: Path, scrapes: int, interval: float) -> dict[str, Any]:
     finally:
         proc.terminate()
         proc.wait(10)
-    return {"scrapes": scrapes, "interval": interval, "p50": statistics.median(times),
+    return {"scrapes": scrapes, "interval": interval, "headers": headers, "bytes": size,
+            "p50": statistics.median(times),
             "p99": pct(times, 0.99), "max": max(times), "cpu_share": cpu / wall}
 
 
@@ -122,15 +166,18 @@ def main() -> int:
     result = {"scenario": "bench/gen_scenario.py --gpus 8 --per-gpu 200 --seed 1",
               "cpus": os.cpu_count(), "loadavg": Path("/proc/loadavg").read_text().strip(),
               "in_process": in_process(scenario, args.runs),
-              "http": over_http(scenario, args.scrapes, args.interval)}
+              "http": over_http(scenario, args.scrapes, args.interval, {}),
+              "http_prometheus": over_http(scenario, args.scrapes, args.interval,
+                                           PROMETHEUS_HEADERS)}
     for name, r in result["in_process"].items():
         print(f"collect+render {name}: p50 {r['p50'] * 1000:.1f} ms, p99 "
               f"{r['p99'] * 1000:.1f} ms, {r['series']} series, {r['bytes']} bytes",
               file=sys.stderr)
-    h = result["http"]
-    print(f"HTTP scrape every {h['interval']:g}s: p50 {h['p50'] * 1000:.1f} ms, p99 "
-          f"{h['p99'] * 1000:.1f} ms; exporter CPU {h['cpu_share'] * 100:.1f}% of a core",
-          file=sys.stderr)
+    for how in ("http", "http_prometheus"):
+        h = result[how]
+        print(f"{how} scrape every {h['interval']:g}s: p50 {h['p50'] * 1000:.1f} ms, p99 "
+              f"{h['p99'] * 1000:.1f} ms, {h['bytes']} bytes; exporter CPU "
+              f"{h['cpu_share'] * 100:.1f}% of a core", file=sys.stderr)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1))

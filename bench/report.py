@@ -268,6 +268,49 @@ def _daemon_summary(dm: dict[str, Any]) -> list[str]:
         f"goal < {ms(g['target_pass_per_job'])} per job: "
         f"{_verdict(g['plan_per_job'] < g['target_pass_per_job'])} (pass alone), "
         f"{_verdict(g['tick_per_job'] < g['target_pass_per_job'])} (whole tick).",
+        *_memory_summary(dm),
+    ]
+
+
+def _memory_summary(dm: dict[str, Any]) -> list[str]:
+    mm = dm.get("memory")
+    if mm is None:
+        return []
+    after = max(mm["after_jobs"], mm["after_ps"])
+    return [f"- Daemon memory: {_mb(mm['fresh'])} fresh, {_mb(after)} after {mm['jobs']:,} "
+            f"jobs and `ps --all --json` (**{after / mm['fresh']:.2f}×**); goal within 2× "
+            f"and < 80 MB: {_verdict(dm['goals']['memory_after_within_2x'])}, "
+            f"{_verdict(dm['goals']['memory_after_under_80mb'])}; idle CPU "
+            f"{mm['idle_cpu'] * 100:.2f}% of a core (goal < 1%: "
+            f"{_verdict(dm['goals']['idle_cpu_under_1pct'])})."]
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.0f} MB"
+
+
+def _memory(dm: dict[str, Any]) -> list[str]:
+    mm = dm.get("memory")
+    if mm is None:
+        return []
+    return [
+        "", "### (d) Memory after many jobs", "",
+        f"**What this measures.** The daemon's resident memory (RSS) fresh, then while "
+        f"{mm['jobs']:,} `true` jobs submitted as one array "
+        f"(`--mem {dm['config']['pack_mem']}`) pass through it, 5 s after the last one "
+        "ended, and 2 s after `gpuwarden ps --all --json` listed every job through the "
+        "API's pages; then its CPU over 10 s idle.",
+        "",
+        "| | |", "|---|---:|",
+        f"| fresh (3 s after start) | {_mb(mm['fresh'])} |",
+        f"| peak while the jobs ran (sampled every second) | {_mb(mm['peak_while_running'])} |",
+        f"| all {mm['jobs']:,} ended ({mm['run_wall']:.0f} s) | {_mb(mm['after_jobs'])} |",
+        f"| after `ps --all --json` ({mm['ps_all_json']['jobs']:,} jobs, "
+        f"{mm['ps_all_json']['bytes'] / 1e6:.1f} MB, {mm['ps_all_json']['seconds']:.1f} s) "
+        f"| {_mb(mm['after_ps'])} |",
+        f"| idle CPU afterwards | {mm['idle_cpu'] * 100:.2f}% of a core |",
+        "| job states at the end | " + ", ".join(f"{k} {v:,}" for k, v in
+                                                  sorted(mm["states"].items())) + " |",
     ]
 
 
@@ -451,11 +494,13 @@ def _daemon(dm: dict[str, Any]) -> list[str]:
         f"daemon's whole pass {_verdict(g['tick_per_job'] < g['target_pass_per_job'])} "
         f"({_us(g['tick_per_job'])}).",
     ]
+    out += _memory(dm)
     d = dm["durations"]
     notes = dm["notes"] or [f"no scaling needed: {q['queued']:,} jobs by {q['submitters']} "
                             "submitters, as the issue asks."]
     notes.append(f"run time: latency {d['latency']:.0f} s, throughput {d['throughput']:.0f} s, "
-                 f"queue {d['queue']:.0f} s.")
+                 f"queue {d['queue']:.0f} s" + (f", memory {d['memory']:.0f} s."
+                                                 if "memory" in d else "."))
     out += ["", *[f"- {x}" for x in notes]]
     return out
 
