@@ -99,6 +99,7 @@ def test_a_family_equal_to_the_last_keeps_its_text_and_minus_zero_is_zero() -> N
         texts.append(c.render_text())
         assert texts[-1] == reference(c), i
         assert b"gpuwarden_gpu_power_watts{gpu=\"0\"} 0.0\n" in texts[-1]
+        assert c.render_text() is texts[-1]  # the cached snapshot's bytes, not rendered again
     before, after = texts[1].split(b"\n"), texts[2].split(b"\n")
     changed = {a.rpartition(b" ")[0] for a, b in zip(before, after, strict=True) if a != b}
     assert changed == {b"gpuwarden_snapshot_seconds", b'gpuwarden_user_memory_bytes{user="alice"}',

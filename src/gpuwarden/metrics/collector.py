@@ -93,6 +93,9 @@ class SnapshotCollector(Collector):
         # rows with the text they made; only the last render's are kept.
         self._text: dict[str, tuple[str, dict[str, _Text]]] = {}  # per format, + trailer
         self._text_lock = threading.Lock()
+        # Per format, the last render's snapshot and bytes: several scrapers within the
+        # cache's lifetime (an HA pair of Prometheus servers) cost one render.
+        self._rendered: dict[str, tuple[Snapshot, bytes]] = {}
 
     def snapshot(self) -> tuple[Snapshot, float]:
         """The snapshot for this scrape and how long taking it took."""
@@ -110,7 +113,7 @@ class SnapshotCollector(Collector):
         return iter(())  # no fixed set to check at registration: it depends on the GPUs
 
     def collect(self) -> Iterator[Metric]:
-        for family in self._families():
+        for family in self._families(*self.snapshot()):
             yield family.metric()
 
     def render_text(self, encode: Callable[[Collector], bytes] = generate_latest,
@@ -123,7 +126,12 @@ class SnapshotCollector(Collector):
         process's memory moves in allocator chunks, idle ones stay at 0% SM) its whole
         text. The parts of new series and families come from ``encode`` itself, so the
         two cannot differ."""
-        families = self._families()
+        snap, took = self.snapshot()
+        with self._text_lock:
+            last = self._rendered.get(fmt)
+            if last is not None and last[0] is snap:  # a cached snapshot: the same bytes
+                return last[1]
+        families = self._families(snap, took)
         out: list[str] = []
         with self._text_lock:
             trailer, previous = self._text.get(fmt) or (encode(_One(None)).decode(), {})
@@ -155,12 +163,13 @@ class SnapshotCollector(Collector):
                 kept[family.name] = (header, parts, family.rows, text)
             out.append(trailer)
             self._text[fmt] = (trailer, kept)
-        return "".join(out).encode("utf-8")
+            rendered = "".join(out).encode("utf-8")
+            self._rendered[fmt] = (snap, rendered)
+        return rendered
 
-    def _families(self) -> list[_Family]:
+    def _families(self, snap: Snapshot, took: float) -> list[_Family]:
         from gpuwarden.observe.leaks import find_leaks
 
-        snap, took = self.snapshot()
         info = _Family("gpu", "Identity of each GPU",
                        labels=["gpu", "uuid", "name", "pci_bus_id"], info=True)
         total = _g("gpu_memory_total_bytes", "Memory of each GPU", ["gpu"])
