@@ -280,6 +280,9 @@ async def serve(paths: Paths, config: Config) -> None:
     os.chmod(sock, 0o666)  # every local user may connect; each request is authorized
     log.info("gpuwarden daemon %s serving on %s", os.getpid(), sock)
 
+    from gpuwarden.daemon.heap import HeapTrimmer
+
+    trimmer = HeapTrimmer()
     watcher = ExitWatcher(loop, nudge)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -301,6 +304,7 @@ async def serve(paths: Paths, config: Config) -> None:
                 pids = await in_pass(
                     lambda: {j.supervisor_pid for j in store.active() if j.supervisor_pid})
                 watcher.watch(pids)
+                await in_pass(trimmer.maybe_trim)  # what passes and pages freed
             except Exception as e:
                 log_repeated(log, logging.ERROR, f"pass:{type(e).__name__}",
                              "scheduling pass failed; trying again", exc_info=True)
