@@ -572,8 +572,9 @@ def _in_process(d: Daemon, db_copy: Path, repeat: int) -> dict[str, Any]:
 def queue(n: int, submitters: int, interval: str | None, repeat: int) -> dict[str, Any]:
     out: dict[str, Any] = {"queued": n, "submitters": submitters}
     with daemon(interval) as d:
+        # Above every queued job's priority: a higher one would preempt them.
         holders = [int(d.client.request("POST", "/v1/jobs", body=d.body(
-            ["sleep", "3600"], name="hold"))["id"]) for _ in range(2)]
+            ["sleep", "3600"], name="hold", priority=10))["id"]) for _ in range(2)]
         deadline = time.monotonic() + 60
         while any(d.client.request("GET", f"/v1/jobs/{h}")["state"] != "running"
                   for h in holders):
