@@ -415,23 +415,67 @@ def run_one(tool: str, set_name: str, jobs: list[dict[str, Any]], work: Path,
 
 # --- one-shot views --------------------------------------------------------------------------
 
-def status_times(runs: int) -> dict[str, Any]:
-    """One-shot views, each as a user runs it (wall time, median of ``runs``)."""
-    cmds = {"gpuwarden status": [PY, "-m", "gpuwarden", "status"],
-            "gpuwarden status --json": [PY, "-m", "gpuwarden", "status", "--json"],
-            "nvidia-smi": ["nvidia-smi"],
-            "nvitop -1": [PY, "-c", "import sys; from nvitop.cli import main; "
-                                    "sys.argv = ['nvitop', '-1']; sys.exit(main())"]}
+def _crowd(total: int) -> list[subprocess.Popen[bytes]]:
+    """Idle processes until the machine has about ``total``: a shared machine's many,
+    which every view of its processes walks."""
+    have = sum(1 for d in os.listdir("/proc") if d.isdigit())
+    return [subprocess.Popen(["sleep", "3600"], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for _ in range(max(0, total - have))]
+
+
+# What marks an answer the daemon gave from its snapshot (else the client took its own).
+SERVED = {"status": b"from the daemon's snapshot", "json": b'"daemon":{"age"'}
+
+
+def status_times(runs: int, work: Path) -> dict[str, Any]:
+    """One-shot views, each as a user runs it (wall time, median of ``runs``): the
+    interpreter alone, gpuwarden's standalone, then with a private daemon running
+    (answered from its snapshot; a run it did not serve is not timed), nvidia-smi and
+    nvitop."""
+    gw = [PY, "-m", "gpuwarden"]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("GPUWARDEN_", "CUDA_VISIBLE"))} | {"COLUMNS": "120"}
+    standalone = {"python3 -c pass": [PY, "-c", "pass"],
+                  "gpuwarden status": [*gw, "status"],
+                  "gpuwarden status --json": [*gw, "status", "--json"],
+                  "gpuwarden leaks --json": [*gw, "leaks", "--json"],
+                  "nvidia-smi": ["nvidia-smi"],
+                  "nvitop -1": [PY, "-c", "import sys; from nvitop.cli import main; "
+                                          "sys.argv = ['nvitop', '-1']; sys.exit(main())"]}
+    served = {"gpuwarden status (daemon)": ([*gw, "status"], SERVED["status"]),
+              "gpuwarden status --json (daemon)": ([*gw, "status", "--json"], SERVED["json"]),
+              "gpuwarden leaks --json (daemon)": ([*gw, "leaks", "--json"], SERVED["json"])}
     out: dict[str, Any] = {}
-    for name, cmd in cmds.items():
-        times, code = [], None
-        for _ in range(runs):
+
+    def timed(name: str, cmd: list[str], environ: dict[str, str],
+              mark: bytes | None = None) -> None:
+        times, code, missed = [], None, 0
+        while len(times) < runs and missed < 5 * runs:
             t = time.perf_counter()
-            r = subprocess.run(cmd, capture_output=True, env=dict(os.environ, COLUMNS="120"),
-                               timeout=60)
-            times.append(time.perf_counter() - t)
+            r = subprocess.run(cmd, capture_output=True, env=environ, timeout=60)
+            took = time.perf_counter() - t
             code = r.returncode
-        out[name] = {"median_s": statistics.median(times), "min_s": min(times), "exit": code}
+            if mark is not None and mark not in r.stdout:
+                missed += 1
+                time.sleep(0.2)
+                continue
+            times.append(took)
+        if times:
+            out[name] = {"median_s": statistics.median(times), "min_s": min(times),
+                         "exit": code, "not_served": missed}
+
+    for name, cmd in standalone.items():
+        timed(name, cmd, env)
+    home = work / "status-home"
+    home.mkdir()
+    denv = env | {"GPUWARDEN_HOME": str(home)}
+    _run([*gw, "daemon", "start"], denv, check=True)
+    try:
+        for name, (cmd, mark) in served.items():
+            timed(name, cmd, denv, mark)
+    finally:
+        _run([*gw, "daemon", "stop"], denv)
     return out
 
 
@@ -510,6 +554,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gs-poll", type=float, default=1.0)
     ap.add_argument("--gw-args", default="", help="extra `gpuwarden submit` options")
     ap.add_argument("--status-runs", type=int, default=5, help="0: skip the one-shot views")
+    ap.add_argument("--status-procs", type=int, default=2000,
+                    help="processes on the machine while the views are timed (idle ones "
+                         "are started up to this many; default 2000)")
     ap.add_argument("--keep", type=Path, help="copy the work tree (logs, result files) here")
     ap.add_argument("--merge", type=Path, nargs="+", help="join these result files instead")
     args = ap.parse_args(argv)
@@ -531,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         "sets": {}, "runs": {}}
     work = Path(tempfile.mkdtemp(prefix="gw-peers-"))
     try:
-        for s in args.sets.split(","):
+        for s in [x for x in args.sets.split(",") if x]:  # --sets "": the views alone
             jobs = scaled(all_sets[s]["jobs"], args.time_scale)
             lb = lower_bound(jobs, facts["gpu_memory"])
             result["sets"][s] = {"title": all_sets[s]["title"], "jobs": jobs, "lower_bound": lb}
@@ -556,7 +603,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"   {brief}", file=sys.stderr, flush=True)
                 args.json.write_text(json.dumps(result, indent=1))
         if args.status_runs:
-            result["status"] = status_times(args.status_runs)
+            crowd = _crowd(args.status_procs)
+            try:
+                result["status_processes"] = sum(1 for d in os.listdir("/proc")
+                                                 if d.isdigit())
+                result["status"] = status_times(args.status_runs, work)
+            finally:
+                for p in crowd:
+                    p.kill()
+                for p in crowd:
+                    p.wait()
     finally:
         if args.keep:
             shutil.copytree(work, args.keep, dirs_exist_ok=True, copy_function=_copy_regular,

@@ -1011,9 +1011,33 @@ def _peers(pr: dict[str, Any]) -> list[str]:
                 *[f"| `{n}` | {x['median_s'] * 1000:.0f} ms | {x['min_s'] * 1000:.0f} ms |"
                   for n, x in st.items()],
                 "",
+                *_status_goals(st, pr.get("status_processes")),
                 "- `gpuwarden status` does more than `nvidia-smi` (processes joined with /proc: "
                 "users, containers, leak classes); `nvitop -1` is the other one-shot view "
                 "people use. The leak scan next to `fuser` is section 2."]
+    return out
+
+
+def _status_goals(st: dict[str, Any], processes: int | None) -> list[str]:
+    """Issue 22's goals for the one-shot views on the GPU machine, where measured."""
+    py = st.get("python3 -c pass", {}).get("median_s")
+    alone = st.get("gpuwarden status", {}).get("median_s")
+    nvitop = st.get("nvitop -1", {}).get("median_s")
+    out = []
+    if alone is not None:
+        out.append(f"- Standalone `status` {alone * 1000:.0f} ms"
+                   + (f" with {processes:,} processes on the machine" if processes else "")
+                   + f"; goal ≤ 150 ms: {_verdict(alone <= 0.150)}.")
+    served = {n: v["median_s"] for n, v in st.items() if n.endswith("(daemon)")}
+    if served and py is not None:
+        worst = max(served.values())
+        words = ", ".join(f"`{n.removeprefix('gpuwarden ').removesuffix(' (daemon)')}` "
+                          f"{v * 1000:.0f} ms" for n, v in served.items())
+        out.append(f"- With a daemon running: {words}, against {py * 1000:.0f} ms for the "
+                   f"interpreter alone; goal ≤ interpreter + 30 ms: "
+                   f"{_verdict(worst <= py + 0.030)}"
+                   + (f"; {nvitop / worst:.1f}× faster than `nvitop -1` (goal ≥ 3×: "
+                      f"{_verdict(nvitop >= 3 * worst)})" if nvitop else "") + ".")
     return out
 
 
