@@ -694,7 +694,7 @@ def memory(n: int, interval: str | None) -> dict[str, Any]:
         listed = subprocess.run([*_gw_cli(), "ps", "--all", "--json"], env=d.env,
                                 capture_output=True, timeout=600, check=True)
         out["ps_all_json"] = {"seconds": time.monotonic() - t, "bytes": len(listed.stdout),
-                              "jobs": len(json.loads(listed.stdout))}
+                              "listed": len(json.loads(listed.stdout)["jobs"])}
         time.sleep(2)
         out["after_ps"] = _rss(proc)
         c0, w0 = sum(proc.cpu_times()[:2]), time.monotonic()

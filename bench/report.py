@@ -305,8 +305,9 @@ def _memory(dm: dict[str, Any]) -> list[str]:
         f"| fresh (3 s after start) | {_mb(mm['fresh'])} |",
         f"| peak while the jobs ran (sampled every second) | {_mb(mm['peak_while_running'])} |",
         f"| all {mm['jobs']:,} ended ({mm['run_wall']:.0f} s) | {_mb(mm['after_jobs'])} |",
-        f"| after `ps --all --json` ({mm['ps_all_json']['jobs']:,} jobs, "
-        f"{mm['ps_all_json']['bytes'] / 1e6:.1f} MB, {mm['ps_all_json']['seconds']:.1f} s) "
+        "| after `ps --all --json` ("
+        + (f"{mm['ps_all_json']['listed']:,} jobs, " if "listed" in mm["ps_all_json"] else "")
+        + f"{mm['ps_all_json']['bytes'] / 1e6:.1f} MB, {mm['ps_all_json']['seconds']:.1f} s) "
         f"| {_mb(mm['after_ps'])} |",
         f"| idle CPU afterwards | {mm['idle_cpu'] * 100:.2f}% of a core |",
         "| job states at the end | " + ", ".join(f"{k} {v:,}" for k, v in
