@@ -415,13 +415,14 @@ def run_one(tool: str, set_name: str, jobs: list[dict[str, Any]], work: Path,
 
 # --- one-shot views --------------------------------------------------------------------------
 
-def _crowd(total: int) -> list[subprocess.Popen[bytes]]:
-    """Idle processes until the machine has about ``total``: a shared machine's many,
-    which every view of its processes walks."""
+def _crowd(total: int, into: list[subprocess.Popen[bytes]]) -> None:
+    """Idle processes into ``into`` until the machine has about ``total``: a shared
+    machine's many, which every view of its processes walks. Into the caller's list,
+    so that those started before a failure are stopped too."""
     have = sum(1 for d in os.listdir("/proc") if d.isdigit())
-    return [subprocess.Popen(["sleep", "3600"], stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for _ in range(max(0, total - have))]
+    for _ in range(max(0, total - have)):
+        into.append(subprocess.Popen(["sleep", "3600"], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
 
 # What marks an answer the daemon gave from its snapshot (else the client took its own).
@@ -603,8 +604,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"   {brief}", file=sys.stderr, flush=True)
                 args.json.write_text(json.dumps(result, indent=1))
         if args.status_runs:
-            crowd = _crowd(args.status_procs)
+            crowd: list[subprocess.Popen[bytes]] = []
             try:
+                _crowd(args.status_procs, crowd)
                 result["status_processes"] = sum(1 for d in os.listdir("/proc")
                                                  if d.isdigit())
                 result["status"] = status_times(args.status_runs, work)
