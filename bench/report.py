@@ -772,7 +772,9 @@ def _family(f: dict[str, Any]) -> list[str]:
            "",
            f"- Set c, modelled: gpuwarden {c['gpuwarden_s']:.1f} s, gpusched "
            f"{c['gpusched_s']:.1f} s (section 7 gives what the H200 measured: 77.0 s and "
-           "64.5 s at 2bdbd49, the model's case, and 65.0 s and 65.6 s at d6d7e6e). "
+           "64.5 s at 2bdbd49, the model's case, 65.0 s and 65.6 s at d6d7e6e, and 76.8 s "
+           "and 63.4 s again at 27c7453, where dbcea9f's source measured 76.7 s in the same "
+           "call). "
            "With every job's memory back the moment its work ends, gpuwarden's is "
            f"{c['gpuwarden_no_teardown_s']:.1f} s: the 50 GiB job's memory coming back "
            "0.3 s after the 20 GiB one's lets a 25 GiB job start into the first room, "
