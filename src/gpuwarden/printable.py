@@ -35,6 +35,8 @@ def width(text: str) -> int:
     """Columns ``text`` takes on a terminal: East Asian wide and fullwidth characters
     two, combining marks and zero-width characters none, the rest one. ``len`` counts
     code points, so a table of CJK names or emoji would not line up."""
+    if text.isascii():
+        return len(text)
     import unicodedata
 
     n = 0

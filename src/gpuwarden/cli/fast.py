@@ -1,6 +1,6 @@
 """``gpuwarden status`` answered from the daemon's snapshot (``GET /v1/snapshot``), before
-click or any backend is imported: the standard library, the HTTP client and, for the
-table, rich. Anything it does not handle, or no daemon answering within ``GLANCE``,
+click or any backend is imported: the standard library and the plain renderer of
+``cli/statusview.py``. Anything it does not handle, or no daemon answering within ``GLANCE``,
 goes the usual way (``cli/main.py``), which takes a snapshot here."""
 
 from __future__ import annotations
@@ -130,16 +130,14 @@ def _leaks(found: list[dict[str, Any]], opts: dict[str, Any], answer: dict[str, 
             "age": round(age, 3), "samples": answer["samples"],
             "span": round(answer["span"], 3)}})
     else:
-        from rich.console import Console
-        from rich.text import Text
+        from gpuwarden.cli.ink import for_stream
+        from gpuwarden.cli.statusview import emit, leak_lines
 
-        from gpuwarden.cli.statusview import print_leaks
-
-        console = Console()
-        print_leaks(console, found)
-        console.print(Text(f"from the daemon's last {answer['samples']} snapshots over "
-                           f"{answer['span']:.1f} s, the latest {age:.1f} s old "
-                           "(--samples or --interval: sample now)", style="dim"))
+        ink, width = for_stream(sys.stdout)
+        emit([*leak_lines(found, width, ink), ink(
+            f"from the daemon's last {answer['samples']} snapshots over "
+            f"{answer['span']:.1f} s, the latest {age:.1f} s old "
+            "(--samples or --interval: sample now)", "dim")])
     if any(lk["kind"] != "monitor" for lk in found):
         sys.stdout.flush()
         sys.exit(1)
@@ -191,16 +189,12 @@ def served(argv: list[str]) -> bool:
             sys.stdout.buffer.write(raw[:-1] + stamp + b"\n")
         return True
     doc = json.loads(raw)
-    from rich.console import Console
-    from rich.text import Text
+    from gpuwarden.cli.ink import for_stream
+    from gpuwarden.cli.statusview import drain_lines, emit, render_doc
 
-    from gpuwarden.cli.statusview import drain_lines, render_doc
-
-    console = Console()
-    console.print(render_doc(doc, matching=bool(opts["user"] or opts["pid"]),
-                             wide=console.width >= 150, width=console.width))
-    for line in drain_lines(answer.get("drains") or []):
-        console.print(Text(line, style="yellow"))
-    console.print(Text(f"from the daemon's snapshot, {age:.1f} s old "
-                       "(--fresh: take one now)", style="dim"))
+    ink, width = for_stream(sys.stdout)
+    emit([*render_doc(doc, matching=bool(opts["user"] or opts["pid"]), wide=width >= 150,
+                      width=width, ink=ink),
+          *(ink(line, "yellow") for line in drain_lines(answer.get("drains") or [])),
+          ink(f"from the daemon's snapshot, {age:.1f} s old (--fresh: take one now)", "dim")])
     return True

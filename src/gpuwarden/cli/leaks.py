@@ -72,11 +72,13 @@ def leaks(as_json: bool, gpus: tuple[int, ...], samples: int, interval: float,
         emit_json({"leaks": [lk.to_json() for lk in found]})
         _exit_if_leaks(found)
         return
-    from rich.console import Console
+    import sys
 
-    from gpuwarden.cli.statusview import print_leaks
+    from gpuwarden.cli.ink import for_stream
+    from gpuwarden.cli.statusview import emit, leak_lines
 
-    print_leaks(Console(), [lk.to_json() for lk in found])
+    ink, width = for_stream(sys.stdout)
+    emit(leak_lines([lk.to_json() for lk in found], width, ink))
     _exit_if_leaks(found)
 
 

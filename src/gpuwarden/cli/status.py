@@ -18,22 +18,22 @@ from gpuwarden.cli.common import (
 from gpuwarden.errors import UsageError
 
 if TYPE_CHECKING:
-    from rich.console import RenderableType
-
+    from gpuwarden.cli.ink import Ink
     from gpuwarden.gpus.backend import Backend
     from gpuwarden.observe.leaks import Leak
     from gpuwarden.observe.snapshot import Snapshot
 
 
 def render(snap: Snapshot, leaks: list[Leak], gpus: tuple[int, ...], user: str | None,
-           pid: int | None, *, wide: bool = False, width: int = 80) -> RenderableType:
-    """Tables sized for an 80-column terminal; ``wide`` adds UUIDs, power and PCI ids.
-    Drawn from the ``--json`` document (``statusview.py``), as a daemon serves it."""
+           pid: int | None, ink: Ink, width: int) -> list[str]:
+    """The screen's lines for ``width`` columns (150 or more add UUIDs and power). Drawn
+    from the ``--json`` document (``statusview.py``), as a daemon serves it."""
     from gpuwarden.cli.statusview import render_doc
     from gpuwarden.observe.jsonview import snapshot_json
 
     doc = snapshot_json(snap, leaks, gpus=gpus, user=user, pid=pid)
-    return render_doc(doc, matching=bool(user or pid), wide=wide, width=width)
+    return render_doc(doc, matching=bool(user or pid), wide=width >= 150, width=width,
+                      ink=ink)
 
 
 def _snapshot(b: Backend) -> Snapshot:
@@ -131,39 +131,33 @@ def status(as_json: bool, fmt: str, processes: bool, watch: float | None,
             else:
                 emit_json(doc)
             return
-        from rich.console import Console, Group
-        from rich.text import Text
+        from gpuwarden.cli.ink import for_stream, rows
+        from gpuwarden.cli.statusview import emit
 
-        console = Console()
-        wide, width = console.width >= 150, console.width
+        ink, width = for_stream(sys.stdout)
         if watch is None:
-            console.print(render(snap, find_leaks([snap]), gpus, user, pid, wide=wide,
-                                 width=width))
             from gpuwarden.cli.common import daemon_drains
             from gpuwarden.cli.settings import drain_lines
 
-            for line in drain_lines(daemon_drains()):
-                console.print(Text(line, style="yellow"))
+            emit([*render(snap, find_leaks([snap]), gpus, user, pid, ink, width),
+                  *(ink(line, "yellow") for line in drain_lines(daemon_drains()))])
             return
-        from rich.live import Live
-
         history = [snap]
-
-        def screen() -> RenderableType:
-            return Group(Text(watch_header("status", watch), style="bold"),
-                         render(snap, find_leaks(history), gpus, user, pid, wide=wide,
-                                width=width))
-
-        if not console.is_terminal:  # piped: every screen in turn (Live shows only the last)
-            while True:
-                console.print(screen())
-                sys.stdout.flush()
-                time.sleep(watch)
-                snap = _snapshot(b)
-                history = [*history[-2:], snap]
-        with Live(screen(), console=console, screen=False, auto_refresh=False) as live:
-            while True:
-                time.sleep(watch)
-                snap = _snapshot(b)
-                history = [*history[-2:], snap]  # leaks must persist over 3 samples
-                live.update(screen(), refresh=True)
+        terminal = sys.stdout.isatty()
+        while True:
+            screen = [ink(watch_header("status", watch), "bold"),
+                      *render(snap, find_leaks(history), gpus, user, pid, ink, width)]
+            if terminal:  # redrawn in place, cut to the terminal's height, as watch(1) does
+                height = rows(sys.stdout)
+                if len(screen) > height - 1:
+                    screen = [*screen[:height - 2],
+                              ink(f"… {len(screen) - height + 2} more lines", "dim")]
+                # home, each line over the last screen's, the rest erased: no flicker
+                sys.stdout.write("\x1b[H" + "".join(f"{line}\x1b[K\n" for line in screen)
+                                 + "\x1b[J")
+            else:
+                emit(screen)  # piped: every screen in turn
+            sys.stdout.flush()
+            time.sleep(watch)
+            snap = _snapshot(b)
+            history = [*history[-2:], snap]  # leaks must persist over 3 samples

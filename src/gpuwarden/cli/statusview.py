@@ -1,16 +1,16 @@
-"""``status``'s tables, drawn from its ``--json`` document: the same whether this
-process took the snapshot or the daemon served it (``cli/fast.py``). Imports rich and
-the standard library only, no backend."""
+"""``status``'s and ``leaks``'s screens, drawn from their ``--json`` documents: the same
+whether this process took the snapshot or the daemon served it (``cli/fast.py``). Plain
+lines styled by ``cli/ink.py``: the standard library only, neither rich nor a backend,
+so that a served ``status`` costs little more than the interpreter's start-up."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from gpuwarden.printable import visible
-
-if TYPE_CHECKING:
-    from rich.console import Console, RenderableType
-    from rich.text import Text
+from gpuwarden.cli.ink import Ink
+from gpuwarden.printable import clip, pad, visible
+from gpuwarden.printable import width as width_of
 
 
 def _bar(used: int, total: int, width: int = 10) -> str:
@@ -31,64 +31,66 @@ def _flags(persistence: bool | None, mps: bool | None, mig: bool | None) -> str:
     return "".join(c for c, on in (("P", persistence), ("M", mps), ("G", mig)) if on) or "-"
 
 
-_PROC_COLS = ("GPU", "PID", "User", "Container", "Mem", "SM", "Time", "State", "Command")
+def _table(head: list[str], body: list[list[str]], right: set[int], width: int,
+           ink: Ink, *, gap: int = 2, clip_last: bool = False,
+           style: Callable[[int, str], str | None] | None = None) -> list[str]:
+    """Aligned columns ``gap`` spaces apart behind a one-space margin, a rule under the bold
+    header; when too wide for ``width``, the widest columns give way a column at a time
+    (their cells cut with "…"), or with ``clip_last`` the last column alone (a command
+    line). A rich Table costs ~0.5 ms a row: too slow for a box with thousands of GPU
+    processes, and importing rich costs more than drawing the screen. ``style(column,
+    value)`` styles a body cell."""
+    cols = len(head)
+    widths = [max(width_of(head[i]), *(width_of(r[i]) for r in body)) for i in range(cols)]
+    over = 1 + sum(widths) + gap * (cols - 1) - width
+    if over > 0 and clip_last:
+        widths[-1] = max(widths[-1] - over, 10)
+    while over > 0 and not clip_last and max(widths) > 1:
+        widest = max(range(cols), key=lambda i: widths[i])
+        widths[widest] -= 1
+        over -= 1
+
+    def line(cells: list[str], styled: bool) -> str:
+        out = []
+        for i, value in enumerate(cells):
+            v = clip(value, widths[i])
+            v = (" " * (widths[i] - width_of(v)) + v if i in right else
+                 v if i == cols - 1 else pad(v, widths[i]))
+            out.append(ink(v, style(i, value)) if styled and style else v)
+        return " " + sep.join(out).rstrip()
+
+    sep = " " * gap
+    return [ink(line(head, False), "bold"),
+            " " + "─" * min(sum(widths) + gap * (cols - 1), width - 1),
+            *(line(r, True) for r in body)]
+
+
+_PROC_COLS = ["GPU", "PID", "User", "Container", "Mem", "SM", "Time", "State", "Command"]
 _PROC_MAX = (5, 10, 10, 16, 6, 4, 6, 8)  # widest each fixed column may grow
-_RIGHT = {0, 1, 4, 5}
+_PROC_RIGHT = {0, 1, 4, 5}
 
 
-def _process_table(rows: list[tuple[str, ...]], width: int) -> Text:
-    """The process list as aligned plain text: a rich Table costs ~0.5 ms a row, too slow
-    for a box with thousands of GPU processes. States other than running are red."""
-    from rich.cells import cell_len
-    from rich.text import Text
+def _wrapped(text: str, width: int, indent: str, hang: str) -> list[str]:
+    """``text`` wrapped to ``width`` columns, its first line indented by ``indent`` and
+    the rest by ``hang``."""
+    import textwrap
 
-    widths = [min(max(len(c), *(len(r[i]) for r in rows)) if rows else len(c), _PROC_MAX[i])
-              for i, c in enumerate(_PROC_COLS[:-1])]
-    cmd_width = max(width - sum(widths) - len(widths) - 1, 10)
-
-    def cell(i: int, value: str) -> str:
-        if i == len(widths):
-            return value if len(value) <= cmd_width else value[: cmd_width - 1] + "…"
-        w = widths[i]
-        v = value if len(value) <= w else value[: w - 1] + "…"
-        return v.rjust(w) if i in _RIGHT else v.ljust(w)
-
-    out = Text("Processes\n", style="italic")
-    out.append(" " + " ".join(cell(i, c) for i, c in enumerate(_PROC_COLS)).rstrip() + "\n",
-               style="bold")
-    out.append(" " + "─" * (min(width, sum(widths) + len(widths) + cmd_width) - 1) + "\n")
-    state_col = len(widths) - 1
-    for r in rows:
-        head = " " + " ".join(cell(i, r[i]) for i in range(state_col)) + " "
-        out.append(head)
-        state = cell(state_col, r[state_col])
-        out.append(state, style=None if r[state_col] == "running" else "red")
-        out.append(" " + cell(len(widths), r[-1]) + "\n")
-    out.rstrip()
-    if all((line.isascii() and len(line) <= width) or cell_len(line) <= width
-           for line in out.plain.split("\n")):
-        out.no_wrap = True  # every line fits: rich's word wrap would cost more than the rest
-    return out
+    return textwrap.wrap(text, width=max(width, len(hang) + 10), initial_indent=indent,
+                         subsequent_indent=hang, break_on_hyphens=False) or [indent]
 
 
 def render_doc(doc: dict[str, Any], *, matching: bool = False, wide: bool = False,
-               width: int = 80) -> RenderableType:
-    """``status --json``'s document (its filters applied) as tables sized for an
-    80-column terminal; ``wide`` adds UUIDs and power. ``matching``: a user or pid
-    filter chose the processes."""
-    from rich import box
-    from rich.console import Group
-    from rich.markup import escape
-    from rich.table import Table
-    from rich.text import Text
-
+               width: int = 80, ink: Ink | None = None) -> list[str]:
+    """``status --json``'s document (its filters applied) as the lines of its screen,
+    sized for ``width`` columns; ``wide`` adds UUIDs and power. ``matching``: a user or
+    pid filter chose the processes."""
     from gpuwarden.units import format_bytes, format_bytes_short, format_duration
+
+    ink = ink or Ink(False)
 
     def na(v: object, suffix: str = "") -> str:
         return "n/a" if v is None else f"{v}{suffix}"
 
-    gt = Table(title=f"GPUs · {doc['backend']} · driver {doc['driver_version'] or 'n/a'}",
-               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
     cols = ["GPU", "Name", "Memory"]
     if wide:
         cols += [""]
@@ -96,12 +98,11 @@ def render_doc(doc: dict[str, Any], *, matching: bool = False, wide: bool = Fals
     if wide:
         cols += ["Power", "UUID"]
     cols += ["Mode", "Flags", "NUMA:CPUs"]
-    for col in cols:
-        gt.add_column(col, no_wrap=True, overflow="ellipsis",
-                      justify="right" if col in ("Util", "Temp", "GPU") else "left")
+    gpu_right = {i for i, c in enumerate(cols) if c in ("Util", "Temp", "GPU")}
     shown = doc["gpus"]
+    body: list[list[str]] = []
     for f in shown:
-        row = [f"{f['index']}", escape(f["name"].removeprefix("NVIDIA ")),
+        row = [f"{f['index']}", visible(f["name"].removeprefix("NVIDIA ")),
                f"{format_bytes_short(f['memory_used'])}/{format_bytes_short(f['memory_total'])}"]
         if wide:
             row.append(_bar(f["memory_used"], f["memory_total"]))
@@ -116,9 +117,9 @@ def render_doc(doc: dict[str, Any], *, matching: bool = False, wide: bool = Fals
         row += [_MODE_SHORT.get(mode or "", mode or "n/a"),
                 _flags(f["persistence_mode"], f["mps"], f["mig_mode"]),
                 f"{numa}:{f['cpus'] or 'unknown'}"]
-        gt.add_row(*row)
+        body.append(row)
         for m in f.get("mig_instances", []):  # each MIG instance: a device of its own
-            mrow = [f"{f['index']}/{m['gi_id']}", escape(f"└ MIG {m['profile']}"),
+            mrow = [f"{f['index']}/{m['gi_id']}", visible(f"└ MIG {m['profile']}"),
                     f"{format_bytes_short(m['memory_used'])}/"
                     f"{format_bytes_short(m['memory_total'])}"]
             if wide:
@@ -127,44 +128,50 @@ def render_doc(doc: dict[str, Any], *, matching: bool = False, wide: bool = Fals
             if wide:
                 mrow += ["", m["uuid"]]
             mrow += ["", "", ""]
-            gt.add_row(*mrow)
-    gt.caption = "Flags: P persistence mode, M MPS server, G MIG enabled"
-    gt.caption_justify = "left"
-    rows: list[tuple[str, ...]] = []
-    for g in shown:
-        for p in g["processes"]:
-            mig = {m["uuid"]: m["gi_id"] for m in g.get("mig_instances", [])}.get(p.get("mig"))
-            rows.append((str(g["index"]) if mig is None else f"{g['index']}/{mig}",
-                         str(p["pid"]), p["user"] or "?", p["container"] or "",
-                         format_bytes_short(p["memory"]), na(p["sm_utilization"], "%"),
-                         format_duration(p["elapsed"]), _STATE_SHORT[p["state"]],
-                         visible(p["command"] or "?")))  # another user's command line
-    count = len(rows)
-    pt = _process_table(rows, width)
-    parts: list[RenderableType] = [gt]
+            body.append(mrow)
+    title = f"GPUs · {doc['backend']} · driver {doc['driver_version'] or 'n/a'}"
+    out = [ink(clip(visible(title), width), "italic"),
+           *_table(cols, body, gpu_right, width, ink),
+           ink(clip("Flags: P persistence mode, M MPS server, G MIG enabled", width), "dim")]
     migs = [(f["index"], m) for f in shown for m in f.get("mig_instances", [])]
     if migs and not wide:  # a wide table has their UUIDs in its UUID column
-        lines = Text("MIG instances (GPU/GI; CUDA_VISIBLE_DEVICES names the UUID)\n",
-                     style="italic")
-        for index, m in migs:
-            lines.append(f" {index}/{m['gi_id']} {m['profile']} {m['uuid']} "
-                         f"{len(m['processes'])} process(es)\n")
-        lines.rstrip()
-        parts.append(lines)
-    parts.append(pt if count else Text("No GPU processes" + (" match" if matching else ""),
-                                       style="dim"))
+        out.append(ink("MIG instances (GPU/GI; CUDA_VISIBLE_DEVICES names the UUID)", "italic"))
+        out += [clip(f" {index}/{m['gi_id']} {m['profile']} {m['uuid']} "
+                     f"{len(m['processes'])} process(es)", width) for index, m in migs]
+    procs: list[list[str]] = []
+    for g in shown:
+        mig_of = {m["uuid"]: m["gi_id"] for m in g.get("mig_instances", [])}
+        for p in g["processes"]:
+            mig = mig_of.get(p.get("mig"))
+            procs.append([str(g["index"]) if mig is None else f"{g['index']}/{mig}",
+                          str(p["pid"]), visible(p["user"] or "?"),
+                          visible(p["container"] or ""), format_bytes_short(p["memory"]),
+                          na(p["sm_utilization"], "%"), format_duration(p["elapsed"]),
+                          _STATE_SHORT[p["state"]],
+                          visible(p["command"] or "?")])  # another user's command line
+    if procs:
+        for row in procs:  # the fixed columns' widest, so the command keeps its room
+            for i, most in enumerate(_PROC_MAX):
+                row[i] = clip(row[i], most)
+        out += ["", ink("Processes", "italic")]
+        out += _table(_PROC_COLS, procs, _PROC_RIGHT, width, ink, gap=1, clip_last=True,
+                      style=lambda i, v: "red" if i == 7 and v != "running" else None)
+    else:
+        out += ["", ink("No GPU processes" + (" match" if matching else ""), "dim")]
     relevant = [lk for lk in doc["leaks"] if lk["kind"] != "monitor"]  # GPUs: filtered
     if relevant:
-        parts.append(Text(""))
-        parts.append(Text("Leaks (see `gpuwarden leaks`, reclaim with `gpuwarden reap`):",
-                          style="bold"))
+        out.append("")
+        out += [ink(x, "bold") for x in _wrapped(
+            "Leaks (see `gpuwarden leaks`, reclaim with `gpuwarden reap`):", width, "", "")]
         for lk in relevant:
             where = "-" if lk["gpu"] is None else str(lk["gpu"])
-            parts.append(Text(f"  GPU {where} {lk['kind']} {format_bytes(lk['memory'])}: "
-                              f"{visible(lk['evidence'])}", style="red"))
+            out += [ink(x, "red") for x in _wrapped(
+                f"GPU {where} {lk['kind']} {format_bytes(lk['memory'])}: "
+                f"{visible(lk['evidence'])}", width, "  ", "    ")]
     for warning in doc["warnings"]:
-        parts.append(Text(f"warning: {warning}", style="yellow"))
-    return Group(*parts)
+        out += [ink(x, "yellow") for x in _wrapped(f"warning: {visible(warning)}", width,
+                                                   "", "  ")]
+    return out
 
 
 def drain_lines(drains: list[dict[str, Any]]) -> list[str]:
@@ -174,22 +181,30 @@ def drain_lines(drains: list[dict[str, Any]]) -> list[str]:
             + ": no new placement there" for d in drains]
 
 
-def print_leaks(console: Console, found: list[dict[str, Any]]) -> None:
+def leak_lines(found: list[dict[str, Any]], width: int = 80,
+               ink: Ink | None = None) -> list[str]:
     """``gpuwarden leaks``'s report of ``leaks --json``'s leaks."""
-    from rich.markup import escape
-
     from gpuwarden.units import format_bytes
 
+    ink = ink or Ink(False)
     real = [lk for lk in found if lk["kind"] != "monitor"]
-    if not real:
-        console.print("[green]No leaks[/green]: every byte in use belongs to a live process.")
+    out = [] if real else [ink("No leaks", "green") +
+                           ": every byte in use belongs to a live process."]
     for lk in found:
-        style = "dim" if lk["kind"] == "monitor" else "bold red"
         where = "-" if lk["gpu"] is None else str(lk["gpu"])
         pid = "" if lk["pid"] is None else f" pid {lk['pid']}"
-        console.print(f"[{style}]GPU {where} {lk['kind']}{pid}[/{style}] "
-                      f"{format_bytes(lk['memory']) if lk['memory'] is not None else ''}")
-        console.print(f"  {escape(visible(lk['evidence']))}", highlight=False)
+        mem = "" if lk["memory"] is None else f" {format_bytes(lk['memory'])}"
+        out.append(ink(f"GPU {where} {lk['kind']}{pid}",
+                       "dim" if lk["kind"] == "monitor" else "bold red") + mem)
+        out += _wrapped(visible(lk["evidence"]), width, "  ", "  ")
     if real:
-        console.print("\nReclaim with [bold]gpuwarden reap[/bold] (dry run) and "
-                      "[bold]gpuwarden reap --yes[/bold].")
+        out += ["", *_wrapped("Reclaim with `gpuwarden reap` (a dry run), then "
+                              "`gpuwarden reap --yes`.", width, "", "")]
+    return out
+
+
+def emit(lines: list[str]) -> None:
+    """Write a screen's lines to stdout."""
+    import sys
+
+    sys.stdout.write("".join(line + "\n" for line in lines))
