@@ -43,6 +43,11 @@ def test_scan_finds_holders_and_their_devices(tmp_path: Path) -> None:
         assert not holders[cuda.pid].is_monitor
         assert holders[monitor.pid].is_monitor
         assert holders[cuda.pid].user and holders[cuda.pid].command
+        # A re-check looks at the pids named alone: one that exited is simply not there.
+        again = LiveProcesses().holders(files, only=[monitor.pid, 2 ** 22 + 1])
+        assert [h.pid for h in again] == [monitor.pid] and again[0].is_monitor
+        assert {h.pid for h in scan_holders(files, only=[cuda.pid, os.getpid()])} == \
+            {cuda.pid, os.getpid()}
     finally:
         mine.close()
         for p in (cuda, monitor):

@@ -38,11 +38,12 @@ def _with_sampling(f: Any) -> Any:
 def _find(b: Backend, samples: int, interval: float, threshold: int | None,
           gpus: tuple[int, ...]) -> tuple[Any, list[Leak]]:
     from gpuwarden.observe.leaks import DEFAULT_THRESHOLD, find_leaks
-    from gpuwarden.observe.sampling import sample
+    from gpuwarden.observe.sampling import sample_suspects
 
-    snaps = sample(b, samples, interval)
+    threshold = DEFAULT_THRESHOLD if threshold is None else threshold
+    snaps = sample_suspects(b, samples, interval, threshold)
     check_gpu_indices(gpus, [g.index for g in snaps[-1].gpus])
-    found = find_leaks(snaps, DEFAULT_THRESHOLD if threshold is None else threshold)
+    found = find_leaks(snaps, threshold)
     if gpus:
         found = [lk for lk in found if lk.gpu in gpus or lk.gpu is None]
     return snaps[-1], found

@@ -4,7 +4,7 @@ simulated backend, otherwise NVML."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Protocol
 
 from gpuwarden.gpus.model import GpuFacts, GpuProcessFacts
@@ -25,8 +25,12 @@ class ProcessSource(Protocol):
         ...
 
     def holders(
-        self, device_files: Mapping[str, int | None], exclude: Iterable[int] = ()
-    ) -> list[Holder]: ...
+        self, device_files: Mapping[str, int | None], exclude: Iterable[int] = (),
+        only: Collection[int] | None = None,
+    ) -> list[Holder]:
+        """Processes holding one of ``device_files``; ``only``: look at these pids alone
+        (a re-check of the holders an earlier scan found), not all of /proc."""
+        ...
 
 
 class Backend(Protocol):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import pwd
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
 
@@ -96,12 +96,13 @@ class SimProcesses:
         return None
 
     def holders(
-        self, device_files: Mapping[str, int | None], exclude: Iterable[int] = ()
+        self, device_files: Mapping[str, int | None], exclude: Iterable[int] = (),
+        only: Collection[int] | None = None,
     ) -> list[Holder]:
-        out = self._live.holders(device_files, exclude)
+        out = self._live.holders(device_files, exclude, only)
         excluded = set(exclude)
         for h in self._holders:
-            if h.pid in excluded:
+            if h.pid in excluded or (only is not None and h.pid not in only):
                 continue
             indices = sorted(
                 {int(d[len("/dev/nvidia"):]) for d in h.devices

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -158,8 +158,12 @@ def with_daemon_jobs(snap: Snapshot, jobs: Mapping[int, int] | None) -> Snapshot
 
 
 def take_snapshot(backend: Backend, *, holders: bool = True, detail: bool = True,
-                  now: float | None = None) -> Snapshot:
-    """Query the backend once and join its facts with /proc."""
+                  now: float | None = None, known: Mapping[int, ProcInfo] | None = None,
+                  holder_pids: Collection[int] | None = None) -> Snapshot:
+    """Query the backend once and join its facts with /proc. A re-check of an earlier
+    snapshot's suspects (``observe/sampling.py``) passes ``known``, the /proc facts of
+    the pids it need not read again, and ``holder_pids``, the only pids whose open
+    device files it looks at; the driver's figures are always read anew."""
     taken_at = time.time() if now is None else now
     facts = backend.gpus()
     procs = backend.processes()
@@ -168,7 +172,9 @@ def take_snapshot(backend: Backend, *, holders: bool = True, detail: bool = True
     for p in procs:
         if p.gpu_index not in by_gpu:
             continue
-        info = source.info(p.pid, detail=detail)
+        info = known.get(p.pid) if known is not None else None
+        if info is None:
+            info = source.info(p.pid, detail=detail)
         elapsed = None if info.start_time is None else max(taken_at - info.start_time, 0.0)
         by_gpu[p.gpu_index].append(ProcessView(p, info, process_state(info), elapsed))
     views = tuple(
@@ -184,7 +190,8 @@ def take_snapshot(backend: Backend, *, holders: bool = True, detail: bool = True
         listed = {p.pid for p in procs}
         # Only for holders the driver does not list: is it a CUDA program or a monitor?
         held = tuple(h if h.pid in listed else replace(h, device_mapped=source.device_mapped(h.pid))
-                     for h in source.holders(backend.device_files(), exclude=(me,)))
+                     for h in source.holders(backend.device_files(), exclude=(me,),
+                                             only=holder_pids))
     return Snapshot(
         taken_at=taken_at,
         backend=backend.name,

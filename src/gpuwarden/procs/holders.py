@@ -19,9 +19,11 @@ def scan_holders(
     *,
     proc: str = "/proc",
     exclude: Iterable[int] = (),
+    only: Iterable[int] | None = None,
 ) -> list[RawHolder]:
-    """Every process with one of ``device_files`` open. Processes that vanish or deny
-    access mid-scan are skipped (their fds cannot be read without root anyway)."""
+    """Every process (of ``only``, when given) with one of ``device_files`` open.
+    Processes that vanish or deny access mid-scan are skipped (their fds cannot be read
+    without root anyway)."""
     if not device_files:
         return []
     wanted = set(device_files)
@@ -31,7 +33,7 @@ def scan_holders(
     readlink = os.readlink
     out: list[RawHolder] = []
     try:
-        entries = os.listdir(proc)
+        entries = os.listdir(proc) if only is None else [str(p) for p in sorted(set(only))]
     except OSError:
         return []
     for name in entries:

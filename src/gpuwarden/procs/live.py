@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -246,13 +246,16 @@ class LiveProcesses:
         return device_mapped(pid)
 
     def holders(
-        self, device_files: Mapping[str, int | None], exclude: Iterable[int] = ()
+        self, device_files: Mapping[str, int | None], exclude: Iterable[int] = (),
+        only: Collection[int] | None = None,
     ) -> list[Holder]:
-        """Processes holding NVIDIA device files, with user and command filled in."""
+        """Processes (of ``only``, when given) holding NVIDIA device files, with user
+        and command filled in."""
         out: list[Holder] = []
-        with contextlib.suppress(OSError):  # processes gone since: their facts go too
-            self.kept.prune(int(n) for n in os.listdir("/proc") if n.isdigit())
-        for raw in scan_holders(device_files, exclude=exclude):
+        if only is None:
+            with contextlib.suppress(OSError):  # processes gone since: their facts go too
+                self.kept.prune(int(n) for n in os.listdir("/proc") if n.isdigit())
+        for raw in scan_holders(device_files, exclude=exclude, only=only):
             info = self.info(raw.pid, detail=False)
             indices = sorted(
                 {i for d in raw.devices if (i := device_files.get(d)) is not None}
