@@ -5,11 +5,11 @@ Two views of the same work, on the scenario from ``gen_scenario.py`` (or ``--sce
 (a) in-process, phase by phase, ``--runs`` times: open the backend (read and validate
     the scenario), ``take_snapshot`` (join every GPU process with its facts, scan
     /proc for device-file holders), ``find_leaks``, then the two renderings the CLI
-    does: ``emit_json(snapshot_json(...))`` and the rich tables at 80 columns.
+    does: ``emit_json(snapshot_json(...))`` and the tables at 80 columns.
 (b) the CLI as a user runs it, as a subprocess, ``--cli-runs`` rounds of:
     ``python -c pass`` (interpreter start-up), ``gpuwarden --help`` (start-up plus the
     CLI's imports), ``gpuwarden status --json`` and ``gpuwarden status`` (table; stdout
-    is not a terminal, so rich renders 80 columns without colour). The order rotates
+    is not a terminal, so the table has 80 columns and no colour). The order rotates
     every round so drift on a noisy machine hits every command alike.
 
 (c) then with a daemon running on the same scenario, ``--cli-runs`` rounds of
@@ -52,7 +52,7 @@ STATUS_IMPORTS = ("import gpuwarden.cli.main, gpuwarden.cli.status, gpuwarden.cl
 
 def _env(scenario: Path, state: Path, pycache: Path) -> dict[str, str]:
     """The subprocesses' environment: the scenario, a private sim state directory, no
-    COLUMNS/LINES (so rich renders 80 columns), and bytecode cached under ``pycache``:
+    COLUMNS/LINES (so the table has 80 columns), and bytecode cached under ``pycache``:
     this environment may set PYTHONDONTWRITEBYTECODE, which would recompile gpuwarden on
     every run, whereas an installed package has its bytecode. The prefix keeps the
     .pyc files out of the source tree."""
@@ -67,9 +67,8 @@ def _env(scenario: Path, state: Path, pycache: Path) -> dict[str, str]:
 def _in_process_once(*, json_out: bool = True, table: bool = True) -> dict[str, float]:
     """One one-shot status, phase by phase (seconds), rendering JSON and/or the table.
     Reads GPUWARDEN_SIM from the environment."""
-    from rich.console import Console
-
     from gpuwarden.cli.common import emit_json
+    from gpuwarden.cli.ink import Ink
     from gpuwarden.cli.status import render
     from gpuwarden.gpus.backend import open_backend
     from gpuwarden.observe.jsonview import snapshot_json
@@ -89,7 +88,7 @@ def _in_process_once(*, json_out: bool = True, table: bool = True) -> dict[str, 
             emit_json(snapshot_json(snap, leaks))
     t4 = time.perf_counter()
     if table:
-        Console(file=io.StringIO(), width=80).print(render(snap, leaks, (), None, None))
+        io.StringIO().write("\n".join(render(snap, leaks, (), None, None, Ink(False), 80)))
     t5 = time.perf_counter()
     b.close()
     t.update(open_backend=t1 - t0, take_snapshot=t2 - t1, find_leaks=t3 - t2, json=t4 - t3,

@@ -61,7 +61,7 @@ def _status(s: dict[str, Any]) -> list[str]:
         "opening the simulated backend (reading and validating the scenario), "
         "`take_snapshot` (joining every GPU process with its process facts and scanning "
         "/proc for device-file holders), `find_leaks`, and the two renderings — "
-        "`emit_json(snapshot_json(...))` and the rich tables at 80 columns. "
+        "`emit_json(snapshot_json(...))` and the tables at 80 columns. "
         "(b) The CLI as a user runs it, as a subprocess, wall time including interpreter "
         "start-up and imports; `python -c pass`, `gpuwarden --help` and a bare import of "
         "every module `status` loads are the baselines that separate start-up and import "
@@ -75,7 +75,7 @@ def _status(s: dict[str, Any]) -> list[str]:
     ]
     names = {"open_backend": "open backend (load scenario)", "take_snapshot": "take_snapshot",
              "find_leaks": "find_leaks", "json": "JSON (snapshot_json + emit_json)",
-             "table": "table (render + rich print, 80 cols)",
+             "table": "table (render + write, 80 cols)",
              "total_json": "**total, --json path**", "total_table": "**total, table path**"}
     for key, label in names.items():
         v = inproc[key]

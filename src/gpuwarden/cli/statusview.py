@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuwarden.cli.ink import Ink
-from gpuwarden.printable import clip, pad, visible
+from gpuwarden.printable import clip, visible
 from gpuwarden.printable import width as width_of
 
 
@@ -31,17 +31,31 @@ def _flags(persistence: bool | None, mps: bool | None, mig: bool | None) -> str:
     return "".join(c for c, on in (("P", persistence), ("M", mps), ("G", mig)) if on) or "-"
 
 
+def _fit(value: str, columns: int) -> tuple[str, int]:
+    """``value`` cut to ``columns`` terminal columns, and the columns it then takes.
+    ASCII, nearly every cell, goes by ``len`` and slicing: a table of thousands of
+    processes is ~15,000 cells."""
+    if value.isascii():
+        if len(value) <= columns:
+            return value, len(value)
+        return value[:columns - 1] + "…", columns
+    value = clip(value, columns)
+    return value, width_of(value)
+
+
 def _table(head: list[str], body: list[list[str]], right: set[int], width: int,
-           ink: Ink, *, gap: int = 2, clip_last: bool = False,
+           ink: Ink, *, gap: int = 2, most: tuple[int, ...] = (), clip_last: bool = False,
            style: Callable[[int, str], str | None] | None = None) -> list[str]:
     """Aligned columns ``gap`` spaces apart behind a one-space margin, a rule under the bold
-    header; when too wide for ``width``, the widest columns give way a column at a time
-    (their cells cut with "…"), or with ``clip_last`` the last column alone (a command
-    line). A rich Table costs ~0.5 ms a row: too slow for a box with thousands of GPU
-    processes, and importing rich costs more than drawing the screen. ``style(column,
-    value)`` styles a body cell."""
+    header; column ``i`` at most ``most[i]`` wide. When too wide for ``width``, the widest
+    columns give way a column at a time (their cells cut with "…"), or with
+    ``clip_last`` the last column alone (a command line). A rich Table costs ~0.5 ms a
+    row: too slow for a box with thousands of GPU processes, and importing rich costs
+    more than drawing the screen. ``style(column, value)`` styles a body cell."""
     cols = len(head)
-    widths = [max(width_of(head[i]), *(width_of(r[i]) for r in body)) for i in range(cols)]
+    widths = [max(width_of(head[i]), *(len(c) if c.isascii() else width_of(c)
+                                       for c in (r[i] for r in body))) for i in range(cols)]
+    widths = [min(w, most[i]) if i < len(most) else w for i, w in enumerate(widths)]
     over = 1 + sum(widths) + gap * (cols - 1) - width
     if over > 0 and clip_last:
         widths[-1] = max(widths[-1] - over, 10)
@@ -49,13 +63,14 @@ def _table(head: list[str], body: list[list[str]], right: set[int], width: int,
         widest = max(range(cols), key=lambda i: widths[i])
         widths[widest] -= 1
         over -= 1
+    last = cols - 1
 
     def line(cells: list[str], styled: bool) -> str:
         out = []
         for i, value in enumerate(cells):
-            v = clip(value, widths[i])
-            v = (" " * (widths[i] - width_of(v)) + v if i in right else
-                 v if i == cols - 1 else pad(v, widths[i]))
+            v, n = _fit(value, widths[i])
+            if i != last:
+                v = " " * (widths[i] - n) + v if i in right else v + " " * (widths[i] - n)
             out.append(ink(v, style(i, value)) if styled and style else v)
         return " " + sep.join(out).rstrip()
 
@@ -150,11 +165,9 @@ def render_doc(doc: dict[str, Any], *, matching: bool = False, wide: bool = Fals
                           _STATE_SHORT[p["state"]],
                           visible(p["command"] or "?")])  # another user's command line
     if procs:
-        for row in procs:  # the fixed columns' widest, so the command keeps its room
-            for i, most in enumerate(_PROC_MAX):
-                row[i] = clip(row[i], most)
         out += ["", ink("Processes", "italic")]
-        out += _table(_PROC_COLS, procs, _PROC_RIGHT, width, ink, gap=1, clip_last=True,
+        out += _table(_PROC_COLS, procs, _PROC_RIGHT, width, ink, gap=1, most=_PROC_MAX,
+                      clip_last=True,  # the fixed columns' widest: the command keeps room
                       style=lambda i, v: "red" if i == 7 and v != "running" else None)
     else:
         out += ["", ink("No GPU processes" + (" match" if matching else ""), "dim")]
