@@ -10,9 +10,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -27,6 +26,7 @@ from gpuwarden.daemon.paths import job_dir
 from gpuwarden.daemon.restart import HealthChecks, cancel_asked
 from gpuwarden.daemon.service import Config, learned_runtime, queued_view
 from gpuwarden.daemon.store import Conflict, JobNotFound
+from gpuwarden.jobs import lifecycle
 from gpuwarden.procs.identity import same_boot
 from gpuwarden.sched.model import (
     GUARANTEED,
@@ -66,11 +66,6 @@ UNACCOUNTED_PERSIST = 3.0
 # the two waits this long for the name before it takes the launcher for gone.
 CLAIM_WAIT = 30.0
 REPORTS = "reports"  # beside jobs/: one allocator report file per attempt (the cap hook's)
-# Fields that describe one attempt: cleared when a job is queued again.
-FRESH_ATTEMPT: Mapping[str, Any] = MappingProxyType(dict(
-    gpus=(), gpu_uuids=(), budget=None, supervisor_pid=None, supervisor_start=None,
-    boot_id=None, started_at=None, exit_code=None, preempting_at=None, kill_reason=None,
-    cpu_set=(), context=None))
 PREEMPT_NOTICE = "preempt"  # in the attempt directory; GPUWARDEN_PREEMPT_FILE names it
 LEAK_TOLERANCE = 64 << 20  # unaccounted memory may drift this much without blame
 
@@ -252,7 +247,8 @@ class Scheduler:
         """Queue a service that ended again, in its place (its submission time kept) with
         the same budget, after its backoff; None when it was. Past its restart limit it
         is given up: one ``restart_limit`` event, and the reason it ends with returned."""
-        from gpuwarden.daemon.restart import RESTART_LIMIT, RESTARTED, backoff, recent_restarts
+        from gpuwarden.daemon.restart import backoff, recent_restarts
+        from gpuwarden.jobs.lifecycle import RESTART_LIMIT, RESTARTED
         from gpuwarden.units import format_duration
 
         svc = job.spec.service
@@ -268,7 +264,7 @@ class Scheduler:
         self.store.transition(
             job.id, model.ACTIVE, model.QUEUED, now=now, kind=RESTARTED,
             detail=f"restart {job.restarts + 1} ({svc.restart}) after {detail}; "
-                   f"in {delay:g}s", reason=f"restarting after {detail}", **FRESH_ATTEMPT,
+                   f"in {delay:g}s", reason=f"restarting after {detail}", **model.FRESH_ATTEMPT,
             attempts=job.attempts + 1, restarts=job.restarts + 1, not_before=now + delay,
             hold=self._hold(job, now))
         return None
@@ -277,7 +273,7 @@ class Scheduler:
         """Take the health-check failures found since the last pass (the checks run in
         threads, never in the pass) and stop those services: SIGTERM, their grace,
         SIGKILL; their end is then a failure their restart policy restarts from."""
-        from gpuwarden.daemon.restart import HEALTH_FAILED
+        from gpuwarden.jobs.lifecycle import HEALTH_FAILED
 
         running = [j for j in active if j.state == model.RUNNING and j.spec.service
                    and j.preempting_at is None and j.kill_reason is None]
@@ -453,7 +449,7 @@ class Scheduler:
             return
         self.store.transition(job.id, model.ACTIVE, model.QUEUED, now=now, kind="requeued",
                               detail=f"after preemption {job.preemptions + 1}; {detail}",
-                              reason="requeued after preemption", **FRESH_ATTEMPT,
+                              reason="requeued after preemption", **model.FRESH_ATTEMPT,
                               attempts=job.attempts + 1, preemptions=job.preemptions + 1,
                               hold=self._hold(job, now))
 
@@ -506,7 +502,7 @@ class Scheduler:
                     + ", "
                     + (f"in {decision.delay:g}s (the same budget: backing off)"
                        if decision.delay > 0 else "as soon as it fits")),
-            reason="retrying after a CUDA OOM", **FRESH_ATTEMPT,
+            reason="retrying after a CUDA OOM", **model.FRESH_ATTEMPT,
             attempts=job.attempts + 1, oom_retries=job.oom_retries + 1,
             retry_mem=decision.budget, retry_ceiling=decision.ceiling,
             ceiling_until=None if decision.ceiling is None else now + CREEP_WAIT,
@@ -555,11 +551,7 @@ class Scheduler:
                 continue
             if st.supervisor is not None and alive(st.supervisor):
                 if job.supervisor_pid is None:
-                    self.store.transition(job.id, (model.RESERVED,), model.RESERVED,
-                                          now=self.clock(), kind="adopted",
-                                          supervisor_pid=st.supervisor.pid,
-                                          supervisor_start=st.supervisor.start_time,
-                                          boot_id=self.boot_id)
+                    self._adopt(job, st.supervisor)
                 continue
             if st.supervisor is None and job.state == model.RESERVED:
                 # Reserved, not launched as far as we know. A supervisor the last daemon
@@ -570,15 +562,11 @@ class Scheduler:
                     self.store.transition(job.id, (model.RESERVED,), model.QUEUED,
                                           now=self.clock(), kind="requeued",
                                           detail="the daemon stopped before launching it",
-                                          **FRESH_ATTEMPT, attempts=job.attempts + 1)
+                                          **model.FRESH_ATTEMPT, attempts=job.attempts + 1)
                     continue
                 st = self._status(job)  # a supervisor won: adopt it, or collect its end
                 if st.exit is None and st.supervisor is not None and alive(st.supervisor):
-                    self.store.transition(job.id, (model.RESERVED,), model.RESERVED,
-                                          now=self.clock(), kind="adopted",
-                                          supervisor_pid=st.supervisor.pid,
-                                          supervisor_start=st.supervisor.start_time,
-                                          boot_id=self.boot_id)
+                    self._adopt(job, st.supervisor)
                     continue
             st = self._status(job)
             if st.exit is not None:
@@ -590,6 +578,13 @@ class Scheduler:
                                       reason="supervisor lost", ended_at=self.clock(),
                                       hold=self._hold(job, self.clock()))
 
+    def _adopt(self, job: Job, supervisor: SupervisorHandle) -> None:
+        """Record a reserved job's running supervisor, found where the pass that
+        launched it could not record it (a restart, a launch cut short)."""
+        self.store.transition(job.id, (model.RESERVED,), model.RESERVED, now=self.clock(),
+                              kind=lifecycle.ADOPTED, supervisor_pid=supervisor.pid,
+                              supervisor_start=supervisor.start_time, boot_id=self.boot_id)
+
     def _settle_unlaunched(self, job: Job, st: SupervisorStatus) -> None:
         """A reserved job whose launch did not complete: the pass that placed it failed
         before recording the supervisor (a full disk, a failed spawn whose failure could
@@ -599,16 +594,12 @@ class Scheduler:
 
         if st.supervisor is not None:
             if alive(st.supervisor):
-                self.store.transition(job.id, (model.RESERVED,), model.RESERVED,
-                                      now=self.clock(), kind="adopted",
-                                      supervisor_pid=st.supervisor.pid,
-                                      supervisor_start=st.supervisor.start_time,
-                                      boot_id=self.boot_id)
+                self._adopt(job, st.supervisor)
             return  # a dead one: its exit.json, or the lost-supervisor rule, settles it
         if self._void_attempt(job):
             self.store.transition(job.id, (model.RESERVED,), model.QUEUED, now=self.clock(),
                                   kind="requeued", detail="its launch did not complete",
-                                  **FRESH_ATTEMPT, attempts=job.attempts + 1)
+                                  **model.FRESH_ATTEMPT, attempts=job.attempts + 1)
 
     def _void_attempt(self, job: Job) -> bool:
         """Make sure no supervisor ever runs this attempt of a job: create its
@@ -644,7 +635,7 @@ class Scheduler:
         if job.spec.requeue_on_reboot:
             self.store.transition(job.id, (model.RESERVED, model.RUNNING), model.QUEUED,
                                   now=now, kind="requeued", detail="the machine rebooted",
-                                  **FRESH_ATTEMPT, attempts=job.attempts + 1)
+                                  **model.FRESH_ATTEMPT, attempts=job.attempts + 1)
         else:
             self.store.transition(job.id, (model.RESERVED, model.RUNNING), model.FAILED,
                                   now=now, kind="lost", detail="lost on reboot",
@@ -1142,7 +1133,7 @@ class Scheduler:
             log.warning("launching job %s failed before it started (%s); queued again",
                         job.id, e)
             self.store.transition(job.id, (model.RESERVED,), model.QUEUED, now=self.clock(),
-                                  kind="requeued", detail=str(e), **FRESH_ATTEMPT,
+                                  kind="requeued", detail=str(e), **model.FRESH_ATTEMPT,
                                   attempts=job.attempts + 1)
             return
         except Exception as e:

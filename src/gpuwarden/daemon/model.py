@@ -6,21 +6,32 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.daemon.arrays import Member
-from gpuwarden.daemon.restart import RESTARTED
+from gpuwarden.jobs import lifecycle
 from gpuwarden.units import format_bytes
 
 if TYPE_CHECKING:
     from gpuwarden.daemon.restart import Service
 
-QUEUED, HELD, RESERVED, RUNNING = "queued", "held", "reserved", "running"
-SUCCEEDED, FAILED, CANCELLED, INFEASIBLE = "succeeded", "failed", "cancelled", "infeasible"
-STATES = (QUEUED, HELD, RESERVED, RUNNING, SUCCEEDED, FAILED, CANCELLED, INFEASIBLE)
-TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED, INFEASIBLE})
-ACTIVE = frozenset({RESERVED, RUNNING})  # jobs that hold GPU budget
+# The states as the daemon's modules name them (model.QUEUED), from the one table of
+# states and events (jobs/lifecycle.py).
+QUEUED, HELD, RESERVED, RUNNING = (lifecycle.QUEUED, lifecycle.HELD, lifecycle.RESERVED,
+                                   lifecycle.RUNNING)
+SUCCEEDED, FAILED, CANCELLED, INFEASIBLE = (lifecycle.SUCCEEDED, lifecycle.FAILED,
+                                            lifecycle.CANCELLED, lifecycle.INFEASIBLE)
+STATES, TERMINAL, ACTIVE = lifecycle.STATES, lifecycle.TERMINAL, lifecycle.ACTIVE
+RESTARTED = lifecycle.RESTARTED
 
+# Fields that describe one attempt: cleared whenever a job is queued again (an OOM or
+# user retry, a requeue, a restart), so nothing of the last attempt (its GPUs, its
+# supervisor, a watchdog's kill reason) is taken for the next one's.
+FRESH_ATTEMPT: Mapping[str, Any] = MappingProxyType(dict(
+    gpus=(), gpu_uuids=(), budget=None, supervisor_pid=None, supervisor_start=None,
+    boot_id=None, started_at=None, exit_code=None, preempting_at=None, kill_reason=None,
+    cpu_set=(), context=None))
 
 class _EnvNotRead(Mapping[str, str]):
     """The environment of a job listed without it (``Store.list(with_env=False)``):

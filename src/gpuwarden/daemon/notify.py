@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from gpuwarden.daemon.usercmd import run_as
+from gpuwarden.jobs.lifecycle import NOTIFY_FAILED, WEBHOOK_FAILED
 
 if TYPE_CHECKING:
     from gpuwarden.daemon.model import Job
@@ -30,7 +31,6 @@ WEBHOOK_TIMEOUT = 10.0  # seconds one POST may take
 WEBHOOK_DELAYS = (1.0, 4.0)  # before the second and third tries
 WORKERS = 2
 MAX_WAITING = 10_000  # notifications queued at most; past it new ones are dropped
-NOTIFY_FAILED, WEBHOOK_FAILED = "notify_failed", "webhook_failed"
 
 
 def job_document(job: Job) -> bytes:

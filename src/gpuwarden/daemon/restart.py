@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuwarden.daemon.usercmd import checked_command, checked_url, run_as
 from gpuwarden.errors import UsageError
+from gpuwarden.jobs.lifecycle import RESTARTED
 from gpuwarden.units import bounded_duration
 
 if TYPE_CHECKING:
@@ -27,7 +28,6 @@ DEFAULT_INTERVAL, DEFAULT_GRACE = 30.0, 60.0  # --health-interval, --health-grac
 BACKOFF_FIRST, BACKOFF_CAP = 1.0, 60.0  # seconds: 1 s, doubling, at most a minute
 HEALTH_TIMEOUT = 10.0  # the longest one check may take (less when the interval is shorter)
 HEALTH_WORKERS = 4  # checks running at once, whatever the number of services
-RESTARTED, RESTART_LIMIT, HEALTH_FAILED = "restarted", "restart_limit", "health_failed"
 
 
 @dataclass(frozen=True)

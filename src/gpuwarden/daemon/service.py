@@ -791,9 +791,8 @@ class JobService:
                              "retry it there")
         job = self.store.transition(
             job.id, (job.state,), model.QUEUED, now=self.clock(), kind="retried",
-            detail=f"by {caller.user}", reason=None, exit_code=None, started_at=None,
-            ended_at=None, gpus=(), gpu_uuids=(), budget=None, supervisor_pid=None,
-            supervisor_start=None, boot_id=None, attempts=job.attempts + 1)
+            detail=f"by {caller.user}", reason=None, ended_at=None, **model.FRESH_ATTEMPT,
+            attempts=job.attempts + 1)
         self.wake()
         return self.view(caller, job)
 

@@ -77,6 +77,7 @@ from gpuwarden.daemon.model import (
 )
 from gpuwarden.daemon.restart import Service
 from gpuwarden.errors import GpuwardenError, UsageError
+from gpuwarden.jobs import lifecycle
 from gpuwarden.sched.fairshare import Span
 
 if TYPE_CHECKING:
@@ -916,7 +917,7 @@ class Store:
         nothing is written. Raises DependencyNotFound when ``after`` names a job that
         does not exist."""
         _check_spec(spec)
-        if state not in (QUEUED, HELD, INFEASIBLE):
+        if state not in lifecycle.SUBMITTED_AS:
             raise ValueError(f"a job cannot be submitted as {state}")
         with self._tx(write=True) as conn:
             if spec.key is not None:
@@ -1036,6 +1037,7 @@ class Store:
         froms = _states_arg(from_states)
         if to_state is not None and to_state not in STATES:
             raise ValueError(f"unknown job state: {to_state}")
+        lifecycle.check(kind, froms, to_state)
         unknown = set(fields) - TRANSITION_FIELDS
         if unknown:
             raise TypeError(f"transition() cannot set {', '.join(sorted(unknown))}")
@@ -1108,6 +1110,7 @@ class Store:
                    detail: str) -> bool:
         """Release a hold (memory verified back, or cleared) and note it on its job.
         False when it was closed already."""
+        lifecycle.check_note(kind)
         with self._tx(write=True) as conn:
             row = conn.execute("SELECT job_id FROM holds WHERE id = ? AND released_at IS "
                                "NULL", (hold_id,)).fetchone()
@@ -1133,6 +1136,7 @@ class Store:
 
     def add_event(self, job_id: int, kind: str, detail: str | None, now: float) -> Event:
         """Append an event that changes no state (a note: oom seen, leak found)."""
+        lifecycle.check_note(kind)
         if not _ints_ok(job_id):
             raise JobNotFound(job_id)
         with self._tx(write=True) as conn:
