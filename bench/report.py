@@ -1020,6 +1020,10 @@ def _peers(pr: dict[str, Any]) -> list[str]:
                   for n, x in st.items()],
                 "",
                 *_status_goals(st, pr.get("status_processes")),
+                *(["- Every Python view ran with its bytecode cached (a private "
+                   "`PYTHONPYCACHEPREFIX`, after one untimed run), as an installed package "
+                   "has it: this image's packages come without .pyc files."]
+                  if pr.get("status_bytecode_cached") else []),
                 "- `gpuwarden status` does more than `nvidia-smi` (processes joined with /proc: "
                 "users, containers, leak classes); `nvitop -1` is the other one-shot view "
                 "people use. The leak scan next to `fuser` is section 2."]
@@ -1031,11 +1035,15 @@ def _status_goals(st: dict[str, Any], processes: int | None) -> list[str]:
     py = st.get("python3 -c pass", {}).get("median_s")
     alone = st.get("gpuwarden status", {}).get("median_s")
     nvitop = st.get("nvitop -1", {}).get("median_s")
+    leaks = st.get("gpuwarden leaks --json", {}).get("median_s")
     out = []
     if alone is not None:
         out.append(f"- Standalone `status` {alone * 1000:.0f} ms"
                    + (f" with {processes:,} processes on the machine" if processes else "")
                    + f"; goal ≤ 150 ms: {_verdict(alone <= 0.150)}.")
+    if leaks is not None:
+        out.append(f"- Standalone `leaks --json` {leaks * 1000:.0f} ms; goal ≤ 300 ms: "
+                   f"{_verdict(leaks <= 0.300)}.")
     served = {n: v["median_s"] for n, v in st.items() if n.endswith("(daemon)")}
     if served and py is not None:
         worst = max(served.values())

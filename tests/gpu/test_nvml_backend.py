@@ -144,3 +144,21 @@ def test_driver_version_and_idempotent_close() -> None:
     assert version and version[0].isdigit()
     b.close()
     b.close()
+
+
+@pytest.mark.gpu
+def test_local_cpus_are_what_nvml_affinity_says(backend: NvmlBackend) -> None:
+    """The backend reads a GPU's local CPUs from sysfs (a file read, where NVML's
+    affinity call takes milliseconds): the same CPUs NVML names."""
+    import pynvml
+
+    from gpuwarden.gpus.nvml import cpu_mask_to_cpulist
+    from gpuwarden.gpus.topology import parse_cpulist
+
+    for g in backend.gpus():
+        h = pynvml.nvmlDeviceGetHandleByIndex(g.index)
+        words = max(1, ((os.cpu_count() or 1) + 63) // 64) + 1
+        mask = pynvml.nvmlDeviceGetCpuAffinity(h, words)
+        nvml = cpu_mask_to_cpulist([int(w) for w in mask], 64)
+        print(f"GPU {g.index}: backend {g.cpus}, NVML {nvml}")
+        assert g.cpus and parse_cpulist(g.cpus) == parse_cpulist(nvml)

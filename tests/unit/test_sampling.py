@@ -4,8 +4,10 @@ when nothing is suspicious, and /proc read again only for the suspects."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -46,8 +48,8 @@ def _apply(b: SimBackend, event: tuple[object, ...]) -> None:
                 state="dead")))
 
 
-def _found(sampler: Callable[..., list[object]], script: list[list[tuple[object, ...]]]
-           ) -> list[tuple[object, ...]]:
+def _found(sampler: Callable[..., list[object]], script: list[list[tuple[object, ...]]],
+           monitors: bool = False) -> list[tuple[object, ...]]:
     b = SimBackend.from_file(LEAKY)
     steps = iter(script)
 
@@ -58,13 +60,32 @@ def _found(sampler: Callable[..., list[object]], script: list[list[tuple[object,
     snaps = sampler(b, len(script) + 1, 0.0, DEFAULT_THRESHOLD, sleep=between) \
         if sampler is sample_suspects else sampler(b, len(script) + 1, 0.0, sleep=between)
     return [(lk.gpu, lk.kind, lk.pid, lk.memory, lk.user)
-            for lk in find_leaks(snaps, DEFAULT_THRESHOLD)]  # type: ignore[arg-type]
+            for lk in find_leaks(snaps, DEFAULT_THRESHOLD)  # type: ignore[arg-type]
+            if (lk.kind == "monitor") == monitors]
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(_event, max_size=4), min_size=1, max_size=4))
 def test_the_same_findings_as_full_samples(script: list[list[tuple[object, ...]]]) -> None:
     assert _found(sample_suspects, script) == _found(sample, script)
+    # Monitors, never leaks: those that persisted, or all the first sample saw when
+    # nothing else was suspicious.
+    assert set(_found(sample_suspects, script, True)) >= set(_found(sample, script, True))
+
+
+def test_monitors_alone_are_no_reason_to_wait(tmp_path: Path) -> None:
+    scenario = json.loads(LEAKY.read_text())
+    scenario["processes"] = [p for p in scenario["processes"] if p.get("state") is None]
+    scenario["holders"] = [h for h in scenario["holders"] if h["command"] == "nvtop"]
+    for g in scenario["gpus"]:
+        g.pop("unaccounted_memory", None)
+    path = tmp_path / "monitored.json"
+    path.write_text(json.dumps(scenario))
+    waits: list[float] = []
+    snaps = sample_suspects(SimBackend.from_file(path), 3, 0.5, DEFAULT_THRESHOLD,
+                            sleep=waits.append)
+    assert len(snaps) == 1 and waits == []
+    assert [lk.kind for lk in find_leaks(snaps)] == ["monitor"]
 
 
 def test_nothing_suspicious_is_one_snapshot_and_no_wait() -> None:

@@ -30,10 +30,12 @@ def sample_suspects(backend: Backend, samples: int, interval: float, threshold: 
     does not show cannot be one: with nothing suspicious, the first snapshot is the
     answer at once; otherwise each later sample reads the driver's figures anew, and
     /proc and the open device files only for the suspects' pids (the other processes
-    keep the facts the first read, which no finding can rest on)."""
+    keep the facts the first read, which no finding can rest on). A monitor (NVML alone
+    open: nvidia-smi, an exporter, this daemon) is no leak and no reason to wait: when
+    it is all there is, it is reported as the first sample found it."""
     first = take_snapshot(backend)
     suspects = find_leaks([first], threshold)
-    if samples <= 1 or not suspects:
+    if samples <= 1 or all(lk.kind == "monitor" for lk in suspects):
         return [first]
     pids = {lk.pid for lk in suspects if lk.pid is not None}
     known = {p.pid: p.info for g in first.gpus for p in g.processes if p.pid not in pids}
