@@ -29,8 +29,8 @@ from gpuwarden.daemon.loop import Scheduler
 from gpuwarden.daemon.model import Job, JobSpec
 from gpuwarden.daemon.service import Config, JobService
 from gpuwarden.daemon.store import Store
-from gpuwarden.daemon.supervisor import SupervisorSpec, read_status, write_spec
 from gpuwarden.gpus.backend import Backend, open_backend
+from gpuwarden.jobs.jobdir import SupervisorHandle, SupervisorSpec, read_status, write_spec
 from gpuwarden.procs.identity import boot_id
 from tests.conftest import SRC
 from tests.integration.daemon_fixture import PY, Daemon, start_daemon
@@ -257,7 +257,8 @@ def test_kill_9_at_random_moments_loses_and_duplicates_no_job(
 LATE_SUPERVISOR = """\
 import sys
 from pathlib import Path
-from gpuwarden.daemon.supervisor import _daemonize, _refuse_if_started, load_spec
+from gpuwarden.daemon.supervisor import _daemonize, _refuse_if_started
+from gpuwarden.jobs.jobdir import load_spec
 d = Path(sys.argv[1])
 spec = load_spec(d)
 _refuse_if_started(d)
@@ -371,7 +372,7 @@ def test_a_job_cancelled_while_it_is_launched_does_not_run_on(
                           now=time.time())
     spawn = supervisor.spawn_supervisor
 
-    def spawn_and_cancel(jobdir: str | os.PathLike[str]) -> supervisor.SupervisorHandle:
+    def spawn_and_cancel(jobdir: str | os.PathLike[str]) -> SupervisorHandle:
         handle = spawn(jobdir)
         assert service.cancel(me, job.id)["state"] == "cancelled"  # in the store alone
         return handle

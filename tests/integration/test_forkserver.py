@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from gpuwarden.daemon.forkserver import ForkServer
-from gpuwarden.daemon.supervisor import SupervisorError, SupervisorSpec, read_status, write_spec
+from gpuwarden.jobs.jobdir import SupervisorError, SupervisorSpec, read_status, write_spec
 from tests.conftest import wait_for
 from tests.integration.test_supervisor import JOB_ENV, launcher_env
 

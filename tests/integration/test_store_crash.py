@@ -49,6 +49,7 @@ def _worker(db: str, report_path: str, seed: int) -> None:  # pragma: no cover -
         JobSpec,
     )
     from gpuwarden.daemon.store import Conflict, Store
+    from gpuwarden.jobs.lifecycle import TRANSITIONS
 
     nxt = {QUEUED: (RESERVED, RESERVED, HELD, CANCELLED, INFEASIBLE), HELD: (QUEUED, CANCELLED),
            RESERVED: (RUNNING, RUNNING, QUEUED, FAILED, CANCELLED),
@@ -97,9 +98,11 @@ def _worker(db: str, report_path: str, seed: int) -> None:  # pragma: no cover -
                     fields = dict(ended_at=now, exit_code=rng.randrange(3), reason=to)
                 elif to == QUEUED:
                     fields = dict(reason=None, ended_at=None, exit_code=None, gpus=())
+                event = next(e for e, c in sorted(TRANSITIONS.items())  # the table's word
+                             if job.state in c.sources and c.target == to)
                 try:
-                    view[job.id] = store.transition(job.id, job.state, to, now=now, kind=to,
-                                                    detail=str(seed), **fields)
+                    view[job.id] = store.transition(job.id, job.state, to, now=now,
+                                                    kind=event, detail=str(seed), **fields)
                 except Conflict:  # retry while a newer job holds the key
                     continue
                 say(f"T {job.id} {job.state} {to}")
@@ -113,7 +116,7 @@ def _worker(db: str, report_path: str, seed: int) -> None:  # pragma: no cover -
                 del view[job.id]
                 say(f"D {job.id}")
         elif r < 0.9:
-            store.add_event(job.id, "note", "n", now)
+            store.add_event(job.id, "edited", "n", now)
         elif r < 0.95:
             store.set_peak(job.id, rng.randrange(1 << 34))
         else:

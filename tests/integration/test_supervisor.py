@@ -23,7 +23,9 @@ import psutil
 import pytest
 
 import gpuwarden
-from gpuwarden.daemon.supervisor import (
+from gpuwarden.daemon.supervisor import alive, cancel, spawn_supervisor, spec_from_plan
+from gpuwarden.gpus.model import GpuFacts
+from gpuwarden.jobs.jobdir import (
     CHILD,
     EXIT,
     SUPERVISOR,
@@ -31,14 +33,9 @@ from gpuwarden.daemon.supervisor import (
     SupervisorError,
     SupervisorHandle,
     SupervisorSpec,
-    alive,
-    cancel,
     read_status,
-    spawn_supervisor,
-    spec_from_plan,
     write_spec,
 )
-from gpuwarden.gpus.model import GpuFacts
 from gpuwarden.launch import Host, plan_launch
 
 SRC = Path(gpuwarden.__file__).resolve().parent.parent

@@ -42,3 +42,26 @@ def holder(pid: int, devices: tuple[str, ...], gpus: tuple[int, ...], **kw: Any)
     return Holder(pid=pid, devices=devices, gpu_indices=gpus, user=kw.get("user", "bob"),
                   command=kw.get("command", "python nb.py"), start_time=kw.get("start", 5.0),
                   uses_uvm=any(d.endswith("uvm") for d in devices))
+
+
+# The legal way from queued to each state (jobs/lifecycle.py), for tests that need a job
+# in some state: (event, to) steps.
+_PATH = {"queued": (), "held": (("held", "held"),), "reserved": (("placed", "reserved"),),
+         "running": (("placed", "reserved"), ("started", "running")),
+         "succeeded": (("placed", "reserved"), ("started", "running"),
+                       ("succeeded", "succeeded")),
+         "failed": (("placed", "reserved"), ("started", "running"), ("failed", "failed")),
+         "cancelled": (("cancelled", "cancelled"),), "infeasible": (("infeasible", "infeasible"),)}
+
+
+def move(store: Any, job_id: int, state: str, now: float, **fields: Any) -> Any:
+    """Take a queued job to ``state`` by the events the daemon would record; ``fields``
+    are set by the last one. Returns the job as committed."""
+    job = store.get(job_id)
+    at = "queued"
+    for event, to in _PATH[state]:
+        last = to == state
+        job = store.transition(job_id, (at,), to, now=now, kind=event,
+                               **(fields if last else {}))
+        at = to
+    return job

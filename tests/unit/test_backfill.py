@@ -117,7 +117,7 @@ def _run(store: Store, spec: JobSpec, start: float, end: float, state: str = SUC
     job, _ = store.submit(spec, start - 1)
     store.transition(job.id, QUEUED, RESERVED, now=start, kind="placed")
     store.transition(job.id, RESERVED, RUNNING, now=start, kind="started", started_at=start)
-    store.transition(job.id, RUNNING, state, now=end, kind="ended", ended_at=end)
+    store.transition(job.id, RUNNING, state, now=end, kind=state, ended_at=end)
     return job.id
 
 

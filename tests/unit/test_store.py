@@ -55,6 +55,8 @@ from gpuwarden.daemon.store import (
     StoreError,
 )
 from gpuwarden.errors import GpuwardenError, UsageError
+from gpuwarden.jobs.lifecycle import TRANSITIONS, IllegalTransition
+from tests.unit.builders import move
 
 GiB = 1 << 30
 
@@ -137,7 +139,8 @@ def test_every_transition_field_round_trips(tmp_path: Path) -> None:
     assert set(values) == TRANSITION_FIELDS
     with Store(db) as s:
         job, _ = s.submit(spec(), 1.0)
-        moved = s.transition(job.id, QUEUED, FAILED, now=21.0, kind="exited",
+        move(s, job.id, RUNNING, 2.0)
+        moved = s.transition(job.id, RUNNING, FAILED, now=21.0, kind="failed",
                              detail="exit 137", **values)
     with Store(db) as s:
         got = s.get(job.id)
@@ -145,18 +148,18 @@ def test_every_transition_field_round_trips(tmp_path: Path) -> None:
     for name, value in values.items():
         assert getattr(got, name) == value, name
     assert got.state == FAILED
-    assert [(e.kind, e.detail) for e in got.events] == [("submitted", None),
-                                                         ("exited", "exit 137")]
+    assert [(e.kind, e.detail) for e in got.events] == [
+        ("submitted", None), ("placed", None), ("started", None), ("failed", "exit 137")]
 
 
 def test_to_json_shape(store: Store) -> None:
     job, _ = store.submit(spec(name="t", mem=2 * GiB), 1700000000.0)
-    job = store.transition(job.id, QUEUED, RESERVED, now=1700000001.0, kind="reserved",
+    job = store.transition(job.id, QUEUED, RESERVED, now=1700000001.0, kind="placed",
                            detail="GPU 1", gpus=(1,), budget=2 * GiB)
     job = store.transition(job.id, RESERVED, RUNNING, now=1700000002.0, kind="started",
                            started_at=1700000002.0)
     store.set_peak(job.id, GiB)
-    job = store.transition(job.id, RUNNING, SUCCEEDED, now=1700000003.5, kind="exited",
+    job = store.transition(job.id, RUNNING, SUCCEEDED, now=1700000003.5, kind="succeeded",
                            exit_code=0, ended_at=1700000003.5)
     out = store.get(job.id).to_json()
     required = {"id", "user", "name", "state", "command", "gpus", "mem", "peak_memory",
@@ -172,8 +175,8 @@ def test_to_json_shape(store: Store) -> None:
         assert datetime.fromisoformat(out[key]).timestamp() > 0, key
     assert out["ended_at"].startswith("2023-11-14T22:13:23.500")
     assert [set(e) for e in out["events"]] == [{"at", "kind", "detail"}] * 4
-    assert [e["kind"] for e in out["events"]] == ["submitted", "reserved", "started",
-                                                  "exited"]
+    assert [e["kind"] for e in out["events"]] == ["submitted", "placed", "started",
+                                                  "succeeded"]
     assert out["events"][1]["detail"] == "GPU 1"
     assert "env" not in out
 
@@ -186,7 +189,7 @@ def test_key_returns_the_existing_job(store: Store, state: str) -> None:
     job, created = store.submit(spec(key="k"), 1.0)
     assert created
     if state != QUEUED:
-        job = store.transition(job.id, QUEUED, state, now=2.0, kind=state)
+        job = move(store, job.id, state, 2.0)
     events_before = len(store.get(job.id).events)
     again, created = store.submit(spec(key="k", command=("other",)), 3.0)
     assert not created
@@ -200,7 +203,7 @@ def test_key_returns_the_existing_job(store: Store, state: str) -> None:
 def test_finished_without_success_releases_the_key(store: Store, state: str) -> None:
     assert {FAILED, CANCELLED, INFEASIBLE} == KEY_RELEASED
     old, _ = store.submit(spec(key="k"), 1.0)
-    store.transition(old.id, QUEUED, state, now=2.0, kind=state)
+    move(store, old.id, state, 2.0)
     new, created = store.submit(spec(key="k"), 3.0)
     assert created and new.id != old.id
     assert store.submit(spec(key="k"), 4.0) == (new, False)
@@ -228,11 +231,11 @@ def test_keys_are_per_user(store: Store) -> None:
 
 def test_compare_and_set(store: Store) -> None:
     job, _ = store.submit(spec(), 1.0)
-    moved = store.transition(job.id, (QUEUED, HELD), RESERVED, now=2.0, kind="reserved",
+    moved = store.transition(job.id, QUEUED, RESERVED, now=2.0, kind="placed",
                              gpus=(0,), budget=GiB)
     assert moved.state == RESERVED and moved.gpus == (0,) and moved.budget == GiB
     with pytest.raises(Conflict) as err:
-        store.transition(job.id, QUEUED, RESERVED, now=3.0, kind="reserved", gpus=(1,))
+        store.transition(job.id, QUEUED, RESERVED, now=3.0, kind="placed", gpus=(1,))
     assert err.value.state == RESERVED and err.value.job_id == job.id
     assert "is reserved, not queued" in str(err.value)
     assert isinstance(err.value, GpuwardenError)
@@ -244,27 +247,26 @@ def test_compare_and_set(store: Store) -> None:
 def test_transition_errors(store: Store) -> None:
     job, _ = store.submit(spec(), 1.0)
     with pytest.raises(JobNotFound) as err:
-        store.transition(job.id + 1, QUEUED, RESERVED, now=2.0, kind="x")
+        store.transition(job.id + 1, QUEUED, RESERVED, now=2.0, kind="placed")
     assert err.value.exit_code == 2 and isinstance(err.value, UsageError)
     with pytest.raises(TypeError, match="state"):
-        store.transition(job.id, QUEUED, RESERVED, now=2.0, kind="x", state="running")
+        store.transition(job.id, QUEUED, RESERVED, now=2.0, kind="placed", state="running")
     with pytest.raises(TypeError, match="user"):
-        store.transition(job.id, QUEUED, RESERVED, now=2.0, kind="x", user="root")
+        store.transition(job.id, QUEUED, RESERVED, now=2.0, kind="placed", user="root")
     with pytest.raises(ValueError, match="bogus"):
-        store.transition(job.id, QUEUED, "bogus", now=2.0, kind="x")
+        store.transition(job.id, QUEUED, "bogus", now=2.0, kind="placed")
     with pytest.raises(ValueError, match="bogus"):
-        store.transition(job.id, ("bogus",), RESERVED, now=2.0, kind="x")
+        store.transition(job.id, ("bogus",), RESERVED, now=2.0, kind="placed")
     with pytest.raises(TypeError, match="gpus"):
-        store.transition(job.id, QUEUED, RESERVED, now=2.0, kind="x", gpus=3)
+        store.transition(job.id, QUEUED, RESERVED, now=2.0, kind="placed", gpus=3)
     assert store.get(job.id).state == QUEUED and store.audit() == []
     # Fields not given keep their value; None clears.
     store.transition(job.id, QUEUED, HELD, now=3.0, kind="held", reason="held by alice")
-    store.transition(job.id, HELD, HELD, now=3.5, kind="note")
+    store.add_event(job.id, "edited", "a note", 3.5)
     assert store.get(job.id).reason == "held by alice"
     assert store.transition(job.id, HELD, QUEUED, now=4.0, kind="released",
                             reason=None).reason is None
-    assert store.transitions(job.id) == [(None, QUEUED), (QUEUED, HELD), (HELD, HELD),
-                                         (HELD, QUEUED)]
+    assert store.transitions(job.id) == [(None, QUEUED), (QUEUED, HELD), (HELD, QUEUED)]
 
 
 def test_get_and_unknown_ids(store: Store) -> None:
@@ -273,7 +275,7 @@ def test_get_and_unknown_ids(store: Store) -> None:
     with pytest.raises(JobNotFound):
         store.get(1 << 70)  # out of SQLite's range: still just "no such job"
     with pytest.raises(JobNotFound):
-        store.add_event(3, "note", None, 1.0)
+        store.add_event(3, "edited", None, 1.0)
     with pytest.raises(JobNotFound):
         store.set_peak(3, 5)
     assert store.set_reason(3, "x", 1.0) is False
@@ -318,8 +320,8 @@ def test_list_filters_and_order(store: Store) -> None:
         job, _ = store.submit(spec(user="alice" if i % 2 else "bob", uid=1000 + i % 2,
                                    group="g" if i < 3 else None), float(i))
         ids.append(job.id)
-    store.transition(ids[0], QUEUED, RESERVED, now=9.0, kind="r")
-    store.transition(ids[5], QUEUED, RUNNING, now=9.0, kind="r")
+    move(store, ids[0], RESERVED, 9.0)
+    move(store, ids[5], RUNNING, 9.0)
     assert [j.id for j in store.list()] == ids
     assert [j.id for j in store.list(states=[RESERVED, RUNNING])] == [ids[0], ids[5]]
     assert [j.id for j in store.active()] == [ids[0], ids[5]]
@@ -383,9 +385,9 @@ def test_a_second_store_in_the_process_keeps_the_first_ones_locks(tmp_path: Path
 
 def test_events_are_ordered_and_notes_change_no_state(store: Store) -> None:
     job, _ = store.submit(spec(), 1.0)
-    store.add_event(job.id, "note", "first", 5.0)
-    store.add_event(job.id, "note", "second", 4.0)  # order of writing, not of clock
-    store.transition(job.id, QUEUED, RESERVED, now=6.0, kind="reserved")
+    store.add_event(job.id, "edited", "first", 5.0)
+    store.add_event(job.id, "edited", "second", 4.0)  # order of writing, not of clock
+    store.transition(job.id, QUEUED, RESERVED, now=6.0, kind="placed")
     got = store.get(job.id)
     assert [e.detail for e in got.events] == [None, "first", "second", None]
     assert got.state == RESERVED and store.audit() == []
@@ -413,7 +415,7 @@ def test_reason_written_only_when_changed(store: Store) -> None:
     assert [(e.kind, e.detail) for e in got.events] == [
         ("submitted", None), ("waiting", "no GPU has 14 GiB free"),
         ("waiting", "waiting for job 3")]
-    store.transition(job.id, QUEUED, RUNNING, now=5.0, kind="started", reason=None)
+    move(store, job.id, RUNNING, 5.0, reason=None)
     assert store.set_reason(job.id, "late scheduler pass", 6.0) is False
     assert store.get(job.id).reason is None
 
@@ -422,7 +424,7 @@ def test_delete_only_finished(store: Store) -> None:
     job, _ = store.submit(spec(), 1.0)
     with pytest.raises(Conflict, match="only finished"):
         store.delete(job.id)
-    store.transition(job.id, QUEUED, SUCCEEDED, now=2.0, kind="done", ended_at=2.0)
+    move(store, job.id, SUCCEEDED, 2.0, ended_at=2.0)
     child, _ = store.submit(spec(after=(job.id,)), 3.0)
     with pytest.raises(Conflict, match="dependency"):
         store.delete(job.id)
@@ -445,7 +447,7 @@ def test_delete_only_finished(store: Store) -> None:
 def test_clean(store: Store) -> None:
     def finished(user: str, ended: float, state: str = SUCCEEDED) -> int:
         job, _ = store.submit(spec(user=user), 0.0)
-        store.transition(job.id, QUEUED, state, now=ended, kind=state, ended_at=ended)
+        move(store, job.id, state, ended, ended_at=ended)
         return job.id
 
     old_a = finished("alice", 100.0)
@@ -483,7 +485,7 @@ def test_threads_race_and_exactly_one_wins(tmp_path: Path) -> None:
             barrier.wait()
             for job_id in jobs:
                 try:
-                    s.transition(job_id, QUEUED, RESERVED, now=2.0, kind="reserved",
+                    s.transition(job_id, QUEUED, RESERVED, now=2.0, kind="placed",
                                  detail=f"thread {me}", supervisor_pid=me)
                 except Conflict:
                     continue
@@ -505,7 +507,7 @@ def test_threads_race_and_exactly_one_wins(tmp_path: Path) -> None:
     for job_id, me in wins:
         job = shared.get(job_id)
         assert job.state == RESERVED and job.supervisor_pid == me
-        assert [e.detail for e in job.events if e.kind == "reserved"] == [f"thread {me}"]
+        assert [e.detail for e in job.events if e.kind == "placed"] == [f"thread {me}"]
     assert shared.audit() == []
     shared.close()
 
@@ -517,7 +519,7 @@ def _claim_in_process(db: str, me: int, jobs: list[int], go: Any, results: Any) 
         for job_id in jobs:
             go.wait(timeout=30)  # a barrier: every process goes for this job at once
             try:
-                store.transition(job_id, QUEUED, RESERVED, now=2.0, kind="reserved",
+                store.transition(job_id, QUEUED, RESERVED, now=2.0, kind="placed",
                                  detail=f"process {me}", supervisor_pid=os.getpid())
             except Conflict:
                 continue
@@ -563,7 +565,7 @@ def test_processes_race_and_exactly_one_wins(tmp_path: Path) -> None:
             for job_id in ids:
                 job = s.get(job_id)
                 assert job.state == RUNNING
-                assert [e.detail for e in job.events if e.kind == "reserved"] == [
+                assert [e.detail for e in job.events if e.kind == "placed"] == [
                     f"process {me}"]
         assert s.audit() == [] and s.integrity() == "ok"
 
@@ -576,7 +578,7 @@ def test_forked_child_gets_its_own_connection(store: Store) -> None:
             code = 1
             try:
                 signal.alarm(10)  # a deadlock ends the child, not the test run
-                store.transition(job.id, QUEUED, RESERVED, now=2.0, kind="reserved")
+                store.transition(job.id, QUEUED, RESERVED, now=2.0, kind="placed")
                 store.close()
                 code = 0
             finally:
@@ -694,16 +696,13 @@ def test_closed_store_says_so(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- property
 
-NEXT = {QUEUED: (HELD, RESERVED, RUNNING, CANCELLED, INFEASIBLE),
-        HELD: (QUEUED, CANCELLED), RESERVED: (RUNNING, QUEUED, FAILED, CANCELLED),
-        RUNNING: (SUCCEEDED, FAILED, CANCELLED), SUCCEEDED: (),
-        FAILED: (QUEUED,), CANCELLED: (QUEUED,), INFEASIBLE: (QUEUED,)}
+EVENTS = sorted(TRANSITIONS)
 
 
 class StoreMachine(RuleBasedStateMachine):
-    """Random submits, transitions (allowed or not), deletes and notes against a model:
-    each job is always in exactly the one state the model says, and the event history
-    agrees with it."""
+    """Random submits, transitions (allowed by the lifecycle table or not, from the
+    job's state or not), deletes and notes against a model: each job is always in
+    exactly the one state the model says, and the event history agrees with it."""
 
     jobs = Bundle("jobs")
 
@@ -745,33 +744,42 @@ class StoreMachine(RuleBasedStateMachine):
         return job.id
 
     @rule(job=jobs, froms=st.sets(st.sampled_from(STATES), min_size=1, max_size=3),
-          to=st.sampled_from(STATES))
-    def transition(self, job: int, froms: set[str], to: str) -> None:
-        self._transition(job, froms, to)
+          event=st.sampled_from(EVENTS), to=st.sampled_from((*STATES, None)))
+    def transition(self, job: int, froms: set[str], event: str, to: str | None) -> None:
+        self._transition(job, froms, event, to)
 
     @rule(job=jobs, data=st.data())
     def lifecycle_step(self, job: int, data: st.DataObject) -> None:
-        """A plausible move from the model's own state (most rules would conflict)."""
+        """An event the table allows from the model's own state (most rules would be
+        refused or conflict)."""
         state = self.state.get(job)
-        if state is None or not NEXT[state]:
+        events = [e for e in EVENTS if state in TRANSITIONS[e].sources]
+        if not events:
             return
-        self._transition(job, {state}, data.draw(st.sampled_from(NEXT[state])))
+        event = data.draw(st.sampled_from(events))
+        self._transition(job, {state}, event, TRANSITIONS[event].target)
 
-    def _transition(self, job: int, froms: set[str], to: str) -> None:
+    def _transition(self, job: int, froms: set[str], event: str, to: str | None) -> None:
+        change = TRANSITIONS[event]
+        if not (froms <= change.sources and to == change.target):
+            with pytest.raises(IllegalTransition):  # whatever the job's state
+                self.store.transition(job, froms, to, now=self.tick(), kind=event)
+            return
         if job not in self.state:
             with pytest.raises(JobNotFound):
-                self.store.transition(job, froms, to, now=self.tick(), kind=to)
+                self.store.transition(job, froms, to, now=self.tick(), kind=event)
             return
         current = self.state[job]
+        target = current if to is None else to
         uid, key = self.keys[job]
-        blocked = to not in KEY_RELEASED and self.holder(uid, key, but=job) is not None
+        blocked = target not in KEY_RELEASED and self.holder(uid, key, but=job) is not None
         if current in froms and not blocked:
-            moved = self.store.transition(job, froms, to, now=self.tick(), kind=to)
-            assert moved.state == to
-            self.state[job] = to
+            moved = self.store.transition(job, froms, to, now=self.tick(), kind=event)
+            assert moved.state == target
+            self.state[job] = target
         else:
             with pytest.raises(Conflict):
-                self.store.transition(job, froms, to, now=self.tick(), kind=to)
+                self.store.transition(job, froms, to, now=self.tick(), kind=event)
 
     @rule(job=jobs)
     def delete(self, job: int) -> None:
@@ -885,7 +893,8 @@ def test_boot_id(tmp_path: Path) -> None:
 
 
 def test_model_states_are_covered() -> None:
-    assert set(NEXT) == set(model.STATES)
+    assert {s for e in EVENTS for s in TRANSITIONS[e].sources} == set(model.STATES) - {
+        SUCCEEDED}  # the one state no event leaves
 
 
 def test_memory_holds_live_with_their_job(store: Store) -> None:
@@ -919,7 +928,8 @@ def test_memory_holds_live_with_their_job(store: Store) -> None:
 
 def test_an_edited_mem_replaces_the_budget_an_oom_retry_raised(store: Store) -> None:
     job, _ = store.submit(spec(mem=4 * GiB), 1.0)
-    store.transition(job.id, QUEUED, QUEUED, now=2.0, kind="retried",
+    move(store, job.id, RUNNING, 2.0)
+    store.transition(job.id, RUNNING, QUEUED, now=2.0, kind="retried",
                      retry_mem=10 * GiB, retry_ceiling=16 * GiB, ceiling_until=99.0)
     kept = store.edit(job.id, [QUEUED], {"priority": 5}, now=3.0, detail="priority")
     assert kept.request == 10 * GiB and kept.retry_ceiling == 16 * GiB

@@ -20,17 +20,20 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from gpuwarden.daemon.supervisor import (
+from gpuwarden.daemon.supervisor import alive
+from gpuwarden.errors import PermissionDenied, UsageError
+from gpuwarden.jobs.jobdir import (
     CHILD,
     EXIT,
     STDERR,
-    SUPERVISOR,
+    ChildInfo,
+    ExitInfo,
     SupervisorHandle,
-    _write_json,
-    alive,
     read_status,
+    write_child,
+    write_claim,
+    write_exit,
 )
-from gpuwarden.errors import PermissionDenied, UsageError
 from gpuwarden.procs.identity import boot_id, start_ticks
 
 if TYPE_CHECKING:
@@ -58,11 +61,9 @@ def claim(jobdir: Path, job_id: int, caller: Caller) -> None:
         raise UsageError(f"the attaching process {caller.pid} is gone (or not visible "
                          "from the daemon)")
     jobdir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    _write_json(jobdir / SUPERVISOR, {"job": job_id, "pid": caller.pid,
-                                      "start_time": caller.start_time,
-                                      "start_ticks": caller.start_ticks,
-                                      "boot_id": boot_id(), "nonce": "attached"},
-                exclusive=True)
+    write_claim(jobdir, job_id, SupervisorHandle(
+        pid=caller.pid, start_time=caller.start_time, boot_id=boot_id(),
+        start_ticks=caller.start_ticks), "attached")
 
 
 def live_launcher(jobdir: Path) -> SupervisorHandle | None:
@@ -99,10 +100,8 @@ def record_start(jobdir: Path, job_id: int, launcher: int, body: Any) -> int:
         raise PermissionDenied(f"process {pid} was not started by the process that "
                                f"attached job {job_id}")
     try:
-        _write_json(jobdir / CHILD, {"pid": pid, "start_time": start,
-                                     "start_ticks": start_ticks(pid),
-                                     "started_at": time.time(), "warnings": []},
-                    exclusive=True)
+        write_child(jobdir, ChildInfo(pid=pid, start_time=start,
+                                      start_ticks=start_ticks(pid), started_at=time.time()))
     except FileExistsError:
         raise UsageError(f"job {job_id}'s start was reported already") from None
     return pid
@@ -142,10 +141,9 @@ def record_end(jobdir: Path, job_id: int, body: Any) -> None:
         data = output.encode(errors="replace")[-MAX_OUTPUT:]
         _write_output(jobdir / STDERR, data)
     try:
-        _write_json(jobdir / EXIT, {
-            "job": job_id, "exit_code": code, "signal": sig, "reason": reason,
-            "ended_at": time.time(), "tree_clean": clean, "survivors": survivors,
-            "started": started, "warnings": []}, exclusive=True)
+        write_exit(jobdir, job_id, ExitInfo(
+            exit_code=code, signal=sig, reason=reason, ended_at=time.time(),
+            tree_clean=clean, survivors=tuple(survivors), started=started))
     except FileExistsError:
         raise UsageError(f"job {job_id}'s end was reported already") from None
 

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuwarden.daemon import supervisor
-from gpuwarden.daemon.supervisor import NotStarted, SupervisorError, SupervisorHandle
+from gpuwarden.daemon.supervisor import NotStarted
+from gpuwarden.jobs.jobdir import SupervisorError, SupervisorHandle, void_start
 
 
 class ForkServer:
@@ -124,7 +125,7 @@ class ForkServer:
                     self._stop()
                     with contextlib.suppress(SupervisorError):
                         return supervisor.started(d, nonce, 0, "")
-                    if supervisor.void_start(d, "gpuwarden fork server"):
+                    if void_start(d, "gpuwarden fork server"):
                         raise NotStarted(f"the launcher died before the supervisor for {d} "
                                          "started; nothing of the job ran")
                     try:  # a supervisor claimed it meanwhile: ours if it has our nonce

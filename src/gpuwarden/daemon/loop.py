@@ -52,8 +52,8 @@ from gpuwarden.units import format_bytes
 
 if TYPE_CHECKING:
     from gpuwarden.daemon.store import Store
-    from gpuwarden.daemon.supervisor import ExitInfo, SupervisorHandle, SupervisorStatus
     from gpuwarden.gpus.backend import Backend
+    from gpuwarden.jobs.jobdir import ExitInfo, SupervisorHandle, SupervisorStatus
     from gpuwarden.observe.snapshot import Snapshot
 
 log = logging.getLogger("gpuwarden.loop")
@@ -513,7 +513,7 @@ class Scheduler:
 
     def _output_tail(self, job: Job, limit: int = 64 << 10) -> str:
         """The end of the job's stderr and stdout, where an OOM message would be."""
-        from gpuwarden.daemon.supervisor import STDERR, STDOUT
+        from gpuwarden.jobs.jobdir import STDERR, STDOUT
 
         parts = []
         for name in (STDERR, STDOUT):
@@ -527,7 +527,7 @@ class Scheduler:
         return "\n".join(parts)
 
     def _status(self, job: Job) -> SupervisorStatus:
-        from gpuwarden.daemon.supervisor import read_status
+        from gpuwarden.jobs.jobdir import read_status
 
         return read_status(self.jobdir(job))
 
@@ -602,33 +602,13 @@ class Scheduler:
                                   **model.FRESH_ATTEMPT, attempts=job.attempts + 1)
 
     def _void_attempt(self, job: Job) -> bool:
-        """Make sure no supervisor ever runs this attempt of a job: create its
-        supervisor.json ourselves, exclusively, as a tombstone — the same claim a
-        supervisor makes before it runs anything, so exactly one of us gets it. True when
-        the attempt is void (now or by an earlier recovery); False when a supervisor
-        claimed it first (then it runs the job: adopt it, never requeue)."""
-        from gpuwarden.daemon.supervisor import SPEC, SUPERVISOR
+        """Make sure no supervisor ever runs this attempt of a job: its claim, taken
+        first (``jobdir.void_start``), so exactly one of us gets it. True when the
+        attempt is void (now or by an earlier recovery); False when a supervisor claimed
+        it first (then it runs the job: adopt it, never requeue)."""
+        from gpuwarden.jobs.jobdir import void_start
 
-        d = self.jobdir(job)
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        claim = d / SUPERVISOR
-        try:
-            fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o600)
-        except FileExistsError:
-            # A supervisor writes its claim whole (temp file, then link), so one that
-            # names no process is a tombstone: ours, from a recovery cut short.
-            return self._status(job).supervisor is None
-        with os.fdopen(fd, "w") as f:
-            json.dump({"job": job.id, "void": True, "by": "gpuwarden daemon recovery",
-                       "at": self.clock()}, f)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        spec = d / SPEC  # tidy: a supervisor started now stops at reading it
-        if spec.exists():
-            os.replace(spec, spec.with_suffix(".void"))
-        return True
+        return void_start(self.jobdir(job), "gpuwarden daemon recovery", job=job.id)
 
     def _lost_on_reboot(self, job: Job) -> None:
         now = self.clock()
@@ -1046,7 +1026,7 @@ class Scheduler:
         """The launcher of a queued attached job. One that went away before the job was
         placed has its job cancelled (nobody would start it): None then."""
         from gpuwarden.daemon.attached import live_launcher
-        from gpuwarden.daemon.supervisor import SUPERVISOR
+        from gpuwarden.jobs.jobdir import SUPERVISOR
 
         handle = live_launcher(self.jobdir(job))
         if handle is not None:
@@ -1082,13 +1062,9 @@ class Scheduler:
         if job.spec.attach is not None:
             self._reserve_attached(job, place, snap)
             return
-        from gpuwarden.daemon.supervisor import (
-            NotStarted,
-            spawn_supervisor,
-            spec_from_plan,
-            write_spec,
-        )
+        from gpuwarden.daemon.supervisor import NotStarted, spawn_supervisor, spec_from_plan
         from gpuwarden.gpus.visible import devices
+        from gpuwarden.jobs.jobdir import write_spec
         from gpuwarden.launch import plan_launch, probe_host
 
         facts = {g.index: g.facts for g in snap.gpus}

@@ -3,27 +3,7 @@
 The daemon talks to it only through files in a per-job directory and signals, so a job
 keeps running, and its end is recorded, while the daemon is dead (invariant 3).
 
-Files in ``<jobdir>`` (all JSON written atomically; each ``*.json`` but spec.json once):
-
-``spec.json``       by the daemon (``write_spec``), mode 0600 since it holds the job's
-                    environment: ``{"job", "argv", "env", "cwd", "uid", "gid", "groups",
-                    "cpus", "timeout", "grace", "numactl_prefix"}``. ``env`` is the final
-                    environment of the command (``spec_from_plan`` takes it, the CPU set and
-                    the numactl prefix from ``gpuwarden.launch.plan_launch``'s LaunchPlan).
-``supervisor.json`` by the supervisor when it starts: ``{"job", "pid", "start_time",
-                    "start_ticks", "boot_id", "nonce"}``. Created exclusively: one
-                    supervisor per job directory, ever.
-``child.json``      right after the command started: ``{"pid", "start_time", "started_at",
-                    "start_ticks", "warnings"}`` (start_time is the kernel's, for identity;
-                    started_at the wall clock, for people).
-``exit.json``       once the whole tree is gone: ``{"job", "exit_code", "signal", "reason",
-                    "ended_at", "tree_clean", "survivors", "started", "warnings"}``.
-                    ``exit_code`` is the command's code, 128+N when signal N killed it,
-                    127/126 when it could not be started, null when it never ran or its
-                    status is unknown. ``reason``: "exited", "cancelled", "timeout",
-                    "command not found: X", "command not executable: ...", ...
-``stdout``/``stderr`` the command's output, mode 0600, owned by the job's user.
-``supervisor.log``  the supervisor's own diagnostics.
+The files of ``<jobdir>`` and their readers and writers are ``jobs/jobdir.py``.
 
 Run as ``python -m gpuwarden.daemon.supervisor JOBDIR`` (or ``start`` from a process that
 imported this module, as the daemon's fork server does): it detaches (fork, setsid, fork),
@@ -48,13 +28,32 @@ import sys
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import psutil
 
-from gpuwarden.errors import GpuwardenError
+from gpuwarden.jobs.jobdir import (
+    CHILD,
+    DEFAULT_GRACE,
+    EXIT,
+    LOG,
+    STDERR,
+    STDOUT,
+    SUPERVISOR,
+    ChildInfo,
+    ExitInfo,
+    SupervisorError,
+    SupervisorHandle,
+    SupervisorSpec,
+    exit_record,
+    load_spec,
+    read_json,
+    read_status,
+    write_child,
+    write_claim,
+    write_exit,
+)
 from gpuwarden.launch import (
     CommandNotExecutable,
     CommandNotFound,
@@ -73,9 +72,6 @@ from gpuwarden.procs.identity import (
     start_ticks,
 )
 
-SPEC, SUPERVISOR, CHILD, EXIT = "spec.json", "supervisor.json", "child.json", "exit.json"
-STDOUT, STDERR, LOG = "stdout", "stderr", "supervisor.log"
-DEFAULT_GRACE = 10.0
 KILL_WAIT = 5.0  # how long SIGKILLed processes may take to go before they count as stuck
 POLL = 0.05
 PR_SET_PDEATHSIG = 1
@@ -86,11 +82,6 @@ WATCHED = frozenset({signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHU
                      KILL_SIGNAL})
 
 
-class SupervisorError(GpuwardenError):
-    """A supervisor could not be started for a job directory (bad spec, already started,
-    did not come up in time)."""
-
-
 class NotStarted(SupervisorError):
     """The start failed and it is proven that no supervisor runs the directory: the
     launcher voided it (its own claim, which a late supervisor cannot make) before any
@@ -98,87 +89,6 @@ class NotStarted(SupervisorError):
 
 
 # ---------------------------------------------------------------------------- the spec
-
-
-@dataclass(frozen=True)
-class SupervisorSpec:
-    """What the supervisor runs, exactly as the daemon decided it."""
-
-    job: int
-    argv: tuple[str, ...]  # the user's command
-    env: dict[str, str]  # its complete environment
-    cwd: str
-    uid: int
-    gid: int
-    groups: tuple[int, ...] = ()
-    cpus: frozenset[int] | None = None  # CPU affinity; None leaves it alone
-    timeout: float | None = None  # seconds
-    grace: float = DEFAULT_GRACE  # seconds between SIGTERM and SIGKILL
-    numactl_prefix: tuple[str, ...] = ()  # e.g. ("/usr/bin/numactl", "--membind=0", "--")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"job": self.job, "argv": list(self.argv), "env": dict(self.env),
-                "cwd": self.cwd, "uid": self.uid, "gid": self.gid,
-                "groups": list(self.groups),
-                "cpus": None if self.cpus is None else sorted(self.cpus),
-                "timeout": self.timeout, "grace": self.grace,
-                "numactl_prefix": list(self.numactl_prefix)}
-
-    @classmethod
-    def from_json(cls, data: Any) -> SupervisorSpec:
-        """Parse and check a spec; ``SupervisorError`` says what is wrong."""
-        if not isinstance(data, dict):
-            raise SupervisorError("spec.json: not a JSON object")
-
-        def need(key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
-            if key not in data or (data[key] is None and default is not ...):
-                if default is ...:
-                    raise SupervisorError(f"spec.json: missing {key!r}")
-                return default
-            value = data[key]
-            if isinstance(value, bool) or not isinstance(value, kind):
-                raise SupervisorError(f"spec.json: {key!r} has the wrong type")
-            return value
-
-        def ints(value: Any, key: str) -> tuple[int, ...]:
-            if not isinstance(value, list) or not all(
-                    isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
-                raise SupervisorError(f"spec.json: {key!r} must be a list of ids")
-            return tuple(value)
-
-        def strs(value: Any, key: str) -> tuple[str, ...]:
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise SupervisorError(f"spec.json: {key!r} must be a list of strings")
-            return tuple(value)
-
-        argv = strs(need("argv", list), "argv")
-        if not argv or not argv[0]:
-            raise SupervisorError("spec.json: empty command")
-        env = need("env", dict)
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise SupervisorError("spec.json: 'env' must map strings to strings")
-        cwd = need("cwd", str)
-        if not os.path.isabs(cwd):
-            raise SupervisorError("spec.json: 'cwd' must be an absolute path")
-        uid, gid = need("uid", int), need("gid", int)
-        if uid < 0 or gid < 0:
-            raise SupervisorError("spec.json: negative uid or gid")
-        cpus_raw = need("cpus", list, None)
-        cpus = None if cpus_raw is None else frozenset(ints(cpus_raw, "cpus"))
-        if cpus is not None and not cpus:
-            raise SupervisorError("spec.json: 'cpus' is empty (use null for no affinity)")
-        timeout = need("timeout", (int, float), None)
-        if timeout is not None and timeout <= 0:
-            raise SupervisorError("spec.json: 'timeout' must be positive")
-        grace = need("grace", (int, float), DEFAULT_GRACE)
-        if grace < 0:
-            raise SupervisorError("spec.json: 'grace' must not be negative")
-        return cls(job=need("job", int), argv=argv, env=dict(env), cwd=cwd, uid=uid, gid=gid,
-                   groups=ints(need("groups", list, []), "groups"), cpus=cpus,
-                   timeout=None if timeout is None else float(timeout), grace=float(grace),
-                   numactl_prefix=strs(need("numactl_prefix", list, []), "numactl_prefix"))
-
-
 def spec_from_plan(job: int, plan: LaunchPlan, command: Sequence[str], *, cwd: str, uid: int,
                    gid: int, groups: Sequence[int] = (), timeout: float | None = None,
                    grace: float = DEFAULT_GRACE) -> SupervisorSpec:
@@ -191,142 +101,6 @@ def spec_from_plan(job: int, plan: LaunchPlan, command: Sequence[str], *, cwd: s
     return SupervisorSpec(job=job, argv=cmd, env=dict(plan.env), cwd=cwd, uid=uid, gid=gid,
                           groups=tuple(groups), cpus=plan.cpus, timeout=timeout, grace=grace,
                           numactl_prefix=plan.argv[:n])
-
-
-def write_spec(jobdir: str | os.PathLike[str], spec: SupervisorSpec) -> Path:
-    """Write ``<jobdir>/spec.json`` atomically (mode 0600) into a new directory (0700).
-    A directory already there belongs to another attempt (a reset state database can
-    name one again): it is never reused."""
-    d = Path(jobdir)
-    d.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        d.mkdir(mode=0o700)
-    except FileExistsError:
-        raise SupervisorError(f"job directory {d} already exists (left by an earlier "
-                              "job?); refusing to reuse it") from None
-    path = d / SPEC
-    _write_json(path, spec.to_json(), exclusive=False)
-    return path
-
-
-def load_spec(jobdir: str | os.PathLike[str]) -> SupervisorSpec:
-    try:
-        text = (Path(jobdir) / SPEC).read_text()
-    except OSError as e:
-        raise SupervisorError(f"cannot read {Path(jobdir) / SPEC}: {e.strerror or e}") from None
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise SupervisorError(f"spec.json is not valid JSON: {e}") from None
-    return SupervisorSpec.from_json(data)
-
-
-# ---------------------------------------------------------------------- status files
-
-
-@dataclass(frozen=True)
-class SupervisorHandle:
-    """Identity of a running supervisor: pid + start time (+ boot id, + start time in
-    clock ticks since boot, which unlike the epoch form survives wall-clock steps)."""
-
-    pid: int
-    start_time: float
-    boot_id: str | None = None
-    start_ticks: int | None = None
-
-
-@dataclass(frozen=True)
-class ChildInfo:
-    pid: int
-    start_time: float  # the kernel's start time: identity, may drift from the wall clock
-    start_ticks: int | None = None
-    warnings: tuple[str, ...] = ()
-    started_at: float | None = None  # wall clock when the command started
-
-
-@dataclass(frozen=True)
-class ExitInfo:
-    exit_code: int | None
-    signal: int | None
-    reason: str
-    ended_at: float
-    tree_clean: bool
-    survivors: tuple[int, ...] = ()
-    started: bool = True
-    warnings: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class SupervisorStatus:
-    """What the job directory says; a field is None while its file is absent (or not
-    readable yet)."""
-
-    supervisor: SupervisorHandle | None
-    child: ChildInfo | None
-    exit: ExitInfo | None
-
-    @property
-    def finished(self) -> bool:
-        return self.exit is not None
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _opt_int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _strings(v: Any) -> tuple[str, ...]:
-    return tuple(str(x) for x in v) if isinstance(v, list) else ()
-
-
-def read_status(jobdir: str | os.PathLike[str]) -> SupervisorStatus:
-    """Parse supervisor.json, child.json and exit.json; tolerant of absent, partial or
-    foreign files (each such file reads as None)."""
-    d = Path(jobdir)
-    sup: SupervisorHandle | None = None
-    child: ChildInfo | None = None
-    ended: ExitInfo | None = None
-    data = _read_json(d / SUPERVISOR)
-    try:
-        if data is not None:
-            bid = data.get("boot_id")
-            sup = SupervisorHandle(pid=int(data["pid"]), start_time=float(data["start_time"]),
-                                   boot_id=bid if isinstance(bid, str) else None,
-                                   start_ticks=_opt_int(data.get("start_ticks")))
-    except (KeyError, TypeError, ValueError):
-        sup = None
-    data = _read_json(d / CHILD)
-    try:
-        if data is not None:
-            wall = data.get("started_at")
-            child = ChildInfo(pid=int(data["pid"]), start_time=float(data["start_time"]),
-                              start_ticks=_opt_int(data.get("start_ticks")),
-                              warnings=_strings(data.get("warnings")),
-                              started_at=float(wall) if isinstance(wall, (int, float)) else None)
-    except (KeyError, TypeError, ValueError):
-        child = None
-    data = _read_json(d / EXIT)
-    try:
-        if data is not None:
-            survivors = data.get("survivors")
-            ended = ExitInfo(exit_code=_opt_int(data.get("exit_code")),
-                             signal=_opt_int(data.get("signal")),
-                             reason=str(data["reason"]), ended_at=float(data["ended_at"]),
-                             tree_clean=bool(data.get("tree_clean", True)),
-                             survivors=tuple(int(p) for p in survivors)
-                             if isinstance(survivors, list) else (),
-                             started=bool(data.get("started", True)),
-                             warnings=_strings(data.get("warnings")))
-    except (KeyError, TypeError, ValueError):
-        ended = None
-    return SupervisorStatus(supervisor=sup, child=child, exit=ended)
 
 
 # ------------------------------------------------------------------ process identity
@@ -385,7 +159,7 @@ def cancel(jobdir: str | os.PathLike[str], kill: bool = False) -> bool:
         return False
     if not kill:
         return _signal_identified(status.supervisor, signal.SIGTERM)
-    attached = (_read_json(Path(jobdir) / SUPERVISOR) or {}).get("nonce") == "attached"
+    attached = (read_json(Path(jobdir) / SUPERVISOR) or {}).get("nonce") == "attached"
     return _signal_identified(status.supervisor,
                               signal.SIGKILL if attached else KILL_SIGNAL)
 
@@ -428,7 +202,7 @@ def started(jobdir: Path, nonce: str, rc: int, err: str) -> SupervisorHandle:
     if rc != 0:
         last = err.splitlines()[-1] if err else f"exit status {rc}"
         raise SupervisorError(last.removeprefix("gpuwarden supervisor: "))
-    data = _read_json(jobdir / SUPERVISOR)
+    data = read_json(jobdir / SUPERVISOR)
     status = read_status(jobdir).supervisor
     if data is None or status is None or data.get("nonce") != nonce:
         raise SupervisorError(f"{jobdir / SUPERVISOR} was not written by the supervisor "
@@ -439,68 +213,12 @@ def started(jobdir: Path, nonce: str, rc: int, err: str) -> SupervisorHandle:
 def abandon_start(jobdir: Path, nonce: str) -> None:
     """The launcher gave up on a start: if the supervisor claimed the directory anyway,
     make sure the job does not run unnoticed."""
-    data = _read_json(jobdir / SUPERVISOR)
+    data = read_json(jobdir / SUPERVISOR)
     if data is not None and data.get("nonce") == nonce:
         cancel(jobdir)
 
 
-def void_start(jobdir: Path, by: str) -> bool:
-    """Make sure no supervisor ever claims ``jobdir``: write ``supervisor.json``
-    ourselves, exclusively, naming no process (a tombstone). True when this call (or an
-    earlier one) voided it; False when a supervisor claimed it first."""
-    path = jobdir / SUPERVISOR
-    try:
-        _write_json(path, {"void": True, "by": by, "at": time.time()}, exclusive=True)
-    except FileExistsError:
-        data = _read_json(path)
-        return data is not None and data.get("void") is True
-    spec = jobdir / SPEC  # tidy: a supervisor started now stops at reading it
-    with contextlib.suppress(FileNotFoundError):
-        os.replace(spec, spec.with_suffix(".void"))
-    return True
-
-
 # ------------------------------------------------------------------------ internals
-
-
-def _write_json(path: Path, data: Mapping[str, Any], *, exclusive: bool) -> None:
-    """Write ``path`` atomically (temp file, fsync, rename). ``exclusive``: fail with
-    FileExistsError instead of replacing (a hard link creates the name atomically)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
-                 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, separators=(",", ":"))
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        if exclusive:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                raise
-            except OSError:  # a file system without hard links: exclusive, if not atomic
-                fd2 = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-                with os.fdopen(fd2, "w") as f2:
-                    f2.write(tmp.read_text())
-                    f2.flush()
-                    os.fsync(f2.fileno())
-        else:
-            os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
 
 
 _LIBC: Any = None
@@ -640,12 +358,11 @@ class _Supervisor:
             code, sig = fixed_code, None
         else:
             code, sig = self.exit_code()
-        self.write_exit({
-            "job": self.spec.job, "exit_code": code, "signal": sig, "reason": reason,
-            "ended_at": time.time(), "tree_clean": clean, "survivors": survivors,
-            "started": self.child_pid is not None and fixed_code is None,
-            "warnings": self.warnings,
-        })
+        self.write_exit(ExitInfo(
+            exit_code=code, signal=sig, reason=reason, ended_at=time.time(),
+            tree_clean=clean, survivors=tuple(survivors),
+            started=self.child_pid is not None and fixed_code is None,
+            warnings=tuple(self.warnings)))
         return 0
 
     def claim(self) -> None:
@@ -653,12 +370,10 @@ class _Supervisor:
             if (self.jobdir / name).exists():
                 raise SupervisorError(f"{name} exists: this job was started before; "
                                       "refusing to start it again")
-        me = psutil.Process(self.pid)
-        data = {"job": self.spec.job, "pid": self.pid, "start_time": me.create_time(),
-                "start_ticks": start_ticks(self.pid), "boot_id": boot_id(),
-                "nonce": self.nonce}
+        me = SupervisorHandle(pid=self.pid, start_time=psutil.Process(self.pid).create_time(),
+                              boot_id=boot_id(), start_ticks=start_ticks(self.pid))
         try:
-            _write_json(self.jobdir / SUPERVISOR, data, exclusive=True)
+            write_claim(self.jobdir, self.spec.job, me, self.nonce)
         except FileExistsError:
             raise SupervisorError("another supervisor already owns this job directory") \
                 from None
@@ -779,10 +494,10 @@ class _Supervisor:
         with contextlib.suppress(psutil.Error):
             start = psutil.Process(pid).create_time()
         try:
-            _write_json(self.jobdir / CHILD, {"pid": pid, "start_time": start,
-                                              "started_at": started_at,
-                                              "start_ticks": start_ticks(pid),
-                                              "warnings": self.warnings}, exclusive=True)
+            write_child(self.jobdir, ChildInfo(pid=pid, start_time=start,
+                                               start_ticks=start_ticks(pid),
+                                               warnings=tuple(self.warnings),
+                                               started_at=started_at))
         except OSError as e:  # the job runs on; the daemon still knows us by supervisor.json
             self.warn(f"cannot write {CHILD}: {e.strerror or e}")
         self.log(f"started pid {pid}: {json.dumps(list(argv))}")
@@ -963,14 +678,14 @@ class _Supervisor:
             return 128 - code, -code
         return code, None
 
-    def write_exit(self, data: Mapping[str, Any]) -> None:
+    def write_exit(self, ended: ExitInfo) -> None:
         """exit.json, once; retried (a full disk may clear) since the daemon needs it."""
         give_up = time.monotonic() + 3600
         pause = 0.5
         while True:
             try:
-                _write_json(self.jobdir / EXIT, data, exclusive=True)
-                self.log(f"ended: {json.dumps(dict(data))}")
+                write_exit(self.jobdir, self.spec.job, ended)
+                self.log(f"ended: {json.dumps(exit_record(self.spec.job, ended))}")
                 return
             except FileExistsError:
                 self.log("exit.json exists already: not written again")
