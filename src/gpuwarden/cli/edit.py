@@ -23,14 +23,15 @@ from gpuwarden.cli.jobs import JOB
 def edit(job: str, as_json: bool, **opts: Any) -> None:
     """Change a queued or held job (yours, or any as an admin): the same checks as submit
     (bounds, [limits], whether it could ever run here); it keeps its place in the queue."""
-    from gpuwarden.cli.jobs import _client, one_job
+    from gpuwarden.cli.daemon import connect
+    from gpuwarden.cli.jobs import one_job
     from gpuwarden.errors import UsageError
 
     body = {k: v for k, v in opts.items() if v is not None}
     if not body:
         raise UsageError("name what to change: --mem, --mem-limit, --priority, --qos, "
                          "--gpus, --timeout or --name")
-    client = _client()
+    client = connect()
     job_id = one_job(client, job)
     edited = client.request("POST", f"/v1/jobs/{job_id}/edit", body=body)
     if as_json:

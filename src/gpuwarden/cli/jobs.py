@@ -14,16 +14,11 @@ from typing import Any
 import click
 
 from gpuwarden.cli.common import DURATION, emit_json, warn
+from gpuwarden.cli.daemon import connect
 from gpuwarden.errors import UsageError
 
 TERMINAL = ("succeeded", "failed", "cancelled", "infeasible")
 DIRECTIVE = "#gpuwarden"
-
-
-def _client() -> Any:
-    from gpuwarden.cli.daemon import connect
-
-    return connect()
 
 
 def resolve_ids(client: Any, specs: Sequence[str]) -> tuple[list[int], bool]:
@@ -260,7 +255,7 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
 
     for kind in ("after", "after_any", "after_fail"):
         parse_refs(opts[kind])  # a bad one is an error before a daemon is asked
-    client = _client()
+    client = connect()
     for kind in ("after", "after_any", "after_fail"):
         if opts[kind]:
             body[kind], missing = resolve_ids(client, opts[kind])
@@ -532,7 +527,7 @@ def ps(all_jobs: bool, states: tuple[str, ...], user: str | None, group: str | N
         raise UsageError("--watch prints a table or JSON lines, not CSV")
     if columns and fmt == "json":
         raise UsageError("-o chooses the columns of the table or the CSV; JSON has them all")
-    client = _client()
+    client = connect()
     query = {"all": "1" if all_jobs else None, "user": user, "group": group,
              "state": ",".join(states) or None, "array": array}
     history = all_jobs or bool(states)
@@ -592,7 +587,7 @@ def show(job: str, as_json: bool) -> None:
     declared vs peak memory, and its events."""
     from gpuwarden.cli.jobtext import job_lines
 
-    client = _client()
+    client = connect()
     j = client.request("GET", f"/v1/jobs/{one_job(client, job)}")
     if as_json:
         emit_json(j)
@@ -626,7 +621,7 @@ def logs(job: str, follow: bool, use_stderr: bool, attempt: int | None,
     """A job's stdout (or --stderr). Only its owner or an admin may read it."""
     if attempt is not None and all_attempts:
         raise UsageError("--attempt and --all: choose one")
-    client = _client()
+    client = connect()
     job_id = one_job(client, job)
     out = sys.stdout.buffer
     stream = "stderr" if use_stderr else "stdout"
@@ -696,7 +691,7 @@ def _each(verb: str, specs: Sequence[str], as_json: bool,
     from gpuwarden.daemon.client import DaemonUnavailable
     from gpuwarden.errors import GpuwardenError
 
-    client = _client()
+    client = connect()
     ids, failed = resolve_ids(client, specs)
     results: list[Any] = []
     for job_id in ids:
@@ -732,7 +727,7 @@ def cancel(ids: tuple[str, ...], group: str | None, kill: bool, as_json: bool) -
     body: dict[str, Any] = {"refs": list(ids), "kill": kill}
     if group:
         body["group"] = group
-    out = _client().request("POST", "/v1/cancel", body=body)  # one request, for any number
+    out = connect().request("POST", "/v1/cancel", body=body)  # one request, for any number
     if not out["jobs"] and not out["errors"] and not out["missing"]:
         raise UsageError(f"no waiting or running job of yours in group {group!r}")
     if as_json:
@@ -788,7 +783,7 @@ unreserve = _simple("unreserve", "Admins: clear the GPU memory ended jobs still 
 def wait(ids: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
     """Wait for jobs to end; exit with the job's exit code (the first failure's, for
     several)."""
-    client = _client()
+    client = connect()
     deadline = None if timeout is None else time.monotonic() + timeout
     done: list[dict[str, Any]] = []
     targets, missing = resolve_ids(client, ids)
@@ -826,7 +821,7 @@ def wait(ids: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
 def rm(ids: tuple[str, ...]) -> None:
     """Remove ended jobs and their logs. A job that is waiting or running is refused:
     cancel it first."""
-    client = _client()
+    client = connect()
     targets, missing = resolve_ids(client, ids)
     for job_id in targets:
         client.request("DELETE", f"/v1/jobs/{job_id}")
@@ -841,7 +836,7 @@ def rm(ids: tuple[str, ...]) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def clean(older_than: float, as_json: bool) -> None:
     """Remove ended jobs (yours; all for an admin) older than a duration."""
-    out = _client().request("POST", "/v1/clean", body={"older_than": older_than})
+    out = connect().request("POST", "/v1/clean", body={"older_than": older_than})
     if as_json:
         emit_json(out)
     else:

@@ -30,13 +30,13 @@ def _wait(seconds: float | None) -> str:
 def report(since: float | None, by: str, fmt: str, as_json: bool) -> None:
     """Accounting of ended jobs: jobs, GPU-hours, memory reserved vs used (GiB-h: budget
     x run time vs peak x run time), OOMs, preemptions, queue wait p50/p95."""
-    from gpuwarden.cli.jobs import _client
+    from gpuwarden.cli.daemon import connect
     from gpuwarden.daemon.accounting import COLUMNS
 
     query: dict[str, Any] = {"by": by}
     if since is not None:
         query["since"] = f"{since}s"
-    out = _client().request("GET", "/v1/report", query=query)
+    out = connect().request("GET", "/v1/report", query=query)
     if as_json or fmt == "json":
         emit_json(out)
         return

@@ -131,9 +131,9 @@ def mode(index: int, mode: str, yes: bool) -> None:
 @click.option("--reason", help="Why (shown in status, ps and the wait reason of jobs).")
 def drain(index: int, reason: str | None) -> None:
     """Admins: no new job is placed on GPU INDEX; its running jobs finish (the daemon)."""
-    from gpuwarden.cli.jobs import _client
+    from gpuwarden.cli.daemon import connect
 
-    _client().request("POST", f"/v1/gpus/{index}/drain",
+    connect().request("POST", f"/v1/gpus/{index}/drain",
                       body={} if reason is None else {"reason": reason})
     click.echo(f"GPU {index} drained: no new job is placed there; running jobs finish")
 
@@ -142,9 +142,9 @@ def drain(index: int, reason: str | None) -> None:
 @click.argument("index", type=click.IntRange(min=0))
 def undrain(index: int) -> None:
     """Admins: let the daemon place jobs on GPU INDEX again."""
-    from gpuwarden.cli.jobs import _client
+    from gpuwarden.cli.daemon import connect
 
-    _client().request("POST", f"/v1/gpus/{index}/undrain")
+    connect().request("POST", f"/v1/gpus/{index}/undrain")
     click.echo(f"GPU {index} undrained: jobs may be placed there again")
 
 
@@ -152,9 +152,9 @@ def undrain(index: int) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def drains(as_json: bool) -> None:
     """The GPUs drained in the daemon (anyone may look)."""
-    from gpuwarden.cli.jobs import _client
+    from gpuwarden.cli.daemon import connect
 
-    out = _client().request("GET", "/v1/drains")
+    out = connect().request("GET", "/v1/drains")
     if as_json:
         emit_json(out)
         return

@@ -159,7 +159,8 @@ def caller_of(request: web.Request) -> Caller:
     return peer.caller
 
 
-def _job_id(request: web.Request) -> int:
+def job_id_of(request: web.Request) -> int:
+    """The job id of the path (``/v1/jobs/{id}``), ASCII digits only (never "²")."""
     raw = request.match_info["id"]
     if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) < 2**63:  # not "²"
         raise UsageError(f"invalid job id {raw!r}")
@@ -233,7 +234,7 @@ THREADS_PER_USER = 2  # a user's requests in the worker threads at once; the res
 _slots: dict[int, asyncio.Semaphore] = {}
 
 
-async def _call(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+async def call(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
     """``fn`` in a worker thread; a call for a caller (the first argument) waits until
     that user has fewer than THREADS_PER_USER there, so that one user's request loop
     cannot occupy every thread while another user's ``ps`` waits in line."""
@@ -274,7 +275,7 @@ async def list_jobs(request: web.Request) -> web.Response:
     after = _int_query(request, "after", 0, 2**63 - 1)
     if before is not None and after is not None:
         raise UsageError("give before or after, not both")
-    jobs = await _call(svc.list, caller, all_jobs=_flag(request, "all"),
+    jobs = await call(svc.list, caller, all_jobs=_flag(request, "all"),
                        user=request.query.get("user") or None,
                        group=request.query.get("group") or None, states=states or None,
                        limit=limit + 1, before=before, after=after,
@@ -287,26 +288,26 @@ async def list_jobs(request: web.Request) -> web.Response:
 
 async def submit(request: web.Request) -> web.Response:
     svc, caller = request.app[SERVICE], caller_of(request)
-    out = await _call(svc.submit, caller, await _body(request, carried=("command", "env")))
+    out = await call(svc.submit, caller, await _body(request, carried=("command", "env")))
     return web.json_response(out, status=201 if out["created"] else 200)
 
 
 async def show(request: web.Request) -> web.Response:
     svc, caller = request.app[SERVICE], caller_of(request)
-    return web.json_response(await _call(svc.show, caller, _job_id(request)))
+    return web.json_response(await call(svc.show, caller, job_id_of(request)))
 
 
 async def remove(request: web.Request) -> web.Response:
     svc, caller = request.app[SERVICE], caller_of(request)
-    job_id = _job_id(request)
-    await _call(svc.remove, caller, job_id)
+    job_id = job_id_of(request)
+    await call(svc.remove, caller, job_id)
     return web.json_response({"id": job_id, "removed": True})
 
 
 def _action(name: str) -> Handler:
     async def handler(request: web.Request) -> web.Response:
         svc, caller = request.app[SERVICE], caller_of(request)
-        return web.json_response(await _call(getattr(svc, name), caller, _job_id(request)))
+        return web.json_response(await call(getattr(svc, name), caller, job_id_of(request)))
     return handler
 
 
@@ -316,7 +317,7 @@ async def cancel(request: web.Request) -> web.Response:
     kill = request.query.get("kill", "0")
     if kill not in ("0", "1"):
         raise UsageError("kill must be 0 or 1")
-    return web.json_response(await _call(svc.cancel, caller, _job_id(request), kill == "1"))
+    return web.json_response(await call(svc.cancel, caller, job_id_of(request), kill == "1"))
 
 
 async def cancel_many(request: web.Request) -> web.Response:
@@ -336,7 +337,7 @@ async def cancel_many(request: web.Request) -> web.Response:
         raise UsageError("kill must be true or false")
     if not ids and not refs and group is None:
         raise UsageError("name job ids or a group")
-    return web.json_response(await _call(svc.cancel_many, caller, ids, group, kill, refs))
+    return web.json_response(await call(svc.cancel_many, caller, ids, group, kill, refs))
 
 
 async def resolve(request: web.Request) -> web.Response:
@@ -345,13 +346,13 @@ async def resolve(request: web.Request) -> web.Response:
     body = await _body(request)
     if not isinstance(body, dict) or set(body) != {"refs"}:
         raise UsageError("the body is an object with refs")
-    return web.json_response(await _call(svc.resolve, caller, body["refs"]))
+    return web.json_response(await call(svc.resolve, caller, body["refs"]))
 
 
 async def wait(request: web.Request) -> web.Response:
     """Long poll: answers as soon as the job has ended, or after ``timeout`` seconds."""
     svc, caller = request.app[SERVICE], caller_of(request)
-    job_id = _job_id(request)
+    job_id = job_id_of(request)
     try:
         timeout = float(request.query.get("timeout", "30"))
     except ValueError:
@@ -360,7 +361,7 @@ async def wait(request: web.Request) -> web.Response:
         raise UsageError("timeout must be a number of seconds from 0 to 3600")
     deadline = time.monotonic() + timeout
     while True:
-        job = await _call(svc.show, caller, job_id)
+        job = await call(svc.show, caller, job_id)
         if job["state"] in ("succeeded", "failed", "cancelled", "infeasible") or \
                 time.monotonic() >= deadline:
             return web.json_response(job)
@@ -373,8 +374,8 @@ def _report(name: str) -> Handler:
     """An attached job's launcher reports its start or its end (daemon/attached.py)."""
     async def handler(request: web.Request) -> web.Response:
         svc, caller = request.app[SERVICE], caller_of(request)
-        job_id, body = _job_id(request), await _body(request)
-        return web.json_response(await _call(getattr(svc, name), caller, job_id, body))
+        job_id, body = job_id_of(request), await _body(request)
+        return web.json_response(await call(getattr(svc, name), caller, job_id, body))
     return handler
 
 
@@ -385,7 +386,7 @@ async def logs(request: web.Request) -> web.Response:
         attempt = None if "attempt" not in request.query else int(request.query["attempt"])
     except ValueError:
         raise UsageError("offset and attempt must be integers") from None
-    got = await _call(svc.logs, caller, _job_id(request),
+    got = await call(svc.logs, caller, job_id_of(request),
                       request.query.get("stream", "stdout"), offset, attempt)
     return web.Response(body=got.data, content_type="application/octet-stream", headers={
         "X-Next-Offset": str(got.next_offset), "X-Job-Ended": str(got.job_ended).lower(),
@@ -395,7 +396,7 @@ async def logs(request: web.Request) -> web.Response:
 
 async def job_pids(request: web.Request) -> web.Response:
     svc, caller = request.app[SERVICE], caller_of(request)
-    return web.json_response(await _call(svc.job_pids, caller))
+    return web.json_response(await call(svc.job_pids, caller))
 
 
 async def clean(request: web.Request) -> web.Response:
@@ -406,15 +407,15 @@ async def clean(request: web.Request) -> web.Response:
     raw = body["older_than"]
     if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
         raise UsageError("older_than must be a duration")
-    removed = await _call(svc.clean, caller, parse_duration(raw))
+    removed = await call(svc.clean, caller, parse_duration(raw))
     return web.json_response({"removed": removed})
 
 
 async def edit(request: web.Request) -> web.Response:
     """Change a queued or held job's request (``gpuwarden edit``)."""
     svc, caller = request.app[SERVICE], caller_of(request)
-    job_id, body = _job_id(request), await _body(request)
-    return web.json_response(await _call(svc.edit, caller, job_id, body))
+    job_id, body = job_id_of(request), await _body(request)
+    return web.json_response(await call(svc.edit, caller, job_id, body))
 
 
 def _gpu_index(request: web.Request) -> int:
@@ -426,7 +427,7 @@ def _gpu_index(request: web.Request) -> int:
 
 async def drains(request: web.Request) -> web.Response:
     svc, caller = request.app[SERVICE], caller_of(request)
-    return web.json_response(await _call(svc.drains, caller))
+    return web.json_response(await call(svc.drains, caller))
 
 
 async def drain(request: web.Request) -> web.Response:
@@ -437,12 +438,12 @@ async def drain(request: web.Request) -> web.Response:
         body = {}
     if not isinstance(body, dict) or set(body) - {"reason"}:
         raise UsageError("the body is an object with an optional reason")
-    return web.json_response(await _call(svc.drain, caller, index, body.get("reason")))
+    return web.json_response(await call(svc.drain, caller, index, body.get("reason")))
 
 
 async def undrain(request: web.Request) -> web.Response:
     svc, caller = request.app[SERVICE], caller_of(request)
-    return web.json_response(await _call(svc.undrain, caller, _gpu_index(request)))
+    return web.json_response(await call(svc.undrain, caller, _gpu_index(request)))
 
 
 async def accounting(request: web.Request) -> web.Response:
@@ -450,7 +451,7 @@ async def accounting(request: web.Request) -> web.Response:
     svc, caller = request.app[SERVICE], caller_of(request)
     raw = request.query.get("since")
     since = None if raw is None else parse_duration(raw)
-    return web.json_response(await _call(svc.report, caller, since,
+    return web.json_response(await call(svc.report, caller, since,
                                          request.query.get("by", "user")))
 
 

@@ -237,9 +237,9 @@ KEEPER = web.AppKey("snapshot_keeper", SnapshotKeeper)
 
 
 async def snapshot_route(request: web.Request) -> web.Response:
-    from gpuwarden.daemon.api import SERVICE, _call, caller_of
+    from gpuwarden.daemon.api import SERVICE, call, caller_of
 
-    body = await _call(answer, caller_of(request), request.app[KEEPER], dict(request.query),
+    body = await call(answer, caller_of(request), request.app[KEEPER], dict(request.query),
                        request.app[SERVICE].drains)
     return web.Response(body=body, content_type="application/json")
 

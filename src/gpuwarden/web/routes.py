@@ -69,9 +69,9 @@ def add_web_routes(app: web.Application, store: Store, *, anonymous: bool,
         return web.json_response(data, headers={"Cache-Control": "no-store"})
 
     async def data_job(request: web.Request) -> web.Response:
-        from gpuwarden.daemon.api import _job_id  # the API's rule: "²" is no job id
+        from gpuwarden.daemon.api import job_id_of  # the API's rule: "²" is no job id
 
-        data = await off_loop(pool, job_page, store, _job_id(request), anonymous=anonymous)
+        data = await off_loop(pool, job_page, store, job_id_of(request), anonymous=anonymous)
         return web.json_response(data, headers={"Cache-Control": "no-store"})
 
     app.router.add_get("/ui", redirect)
