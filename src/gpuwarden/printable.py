@@ -55,8 +55,19 @@ def pad(text: str, columns: int) -> str:
 
 def clip(text: str, columns: int) -> str:
     """``text`` cut to at most ``columns`` terminal columns, ending in "…" when cut."""
-    if width(text) <= columns:
-        return text
+    return clipped(text, columns)[0]
+
+
+def clipped(text: str, columns: int) -> tuple[str, int]:
+    """``clip(text, columns)`` and the columns it takes, in one pass (a table sizes
+    thousands of cells; ASCII, nearly all of them, goes by ``len`` and a slice)."""
+    if text.isascii():
+        if len(text) <= columns:
+            return text, len(text)
+        return text[:max(columns - 1, 0)] + "…", max(columns, 1)
+    n = width(text)
+    if n <= columns:
+        return text, n
     out, used = [], 0
     for c in text:
         w = width(c)
@@ -64,4 +75,4 @@ def clip(text: str, columns: int) -> str:
             break
         out.append(c)
         used += w
-    return "".join(out) + "…"
+    return "".join(out) + "…", used + 1

@@ -197,6 +197,42 @@ def test_status_watch_refreshes_until_interrupted(sim: SimMachine) -> None:
     assert "L4" in out
 
 
+def test_status_watch_on_a_terminal_redraws_in_place_cut_to_its_height(
+        make_sim: Any) -> None:
+    """On a terminal, each screen goes home, overwrites the last one line by line and
+    erases what is left, in colour, cut to the terminal's height (LINES)."""
+    import pty
+
+    sim = make_sim("leaky-4gpu.json")  # more lines than the terminal has
+    primary, secondary = pty.openpty()
+    env = {**sim.env, "LINES": "12", "COLUMNS": "100", "TERM": "xterm"}
+    env.pop("NO_COLOR", None)
+    p = subprocess.Popen([sys.executable, "-m", "gpuwarden", "status", "--watch", "0.2"],
+                         env=env, stdin=secondary, stdout=secondary, stderr=subprocess.PIPE)
+    os.close(secondary)
+    out = b""
+    try:
+        deadline = time.monotonic() + 30
+        while out.count(b"\x1b[H") < 3 and time.monotonic() < deadline:
+            try:
+                out += os.read(primary, 1 << 16)
+            except OSError:  # the process closed the terminal
+                break
+    finally:
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=30)
+        os.close(primary)
+    screens = out.decode(errors="replace").split("\x1b[H")[1:]
+    assert len(screens) >= 3, out[-500:]
+    for screen in screens[:-1]:
+        lines = screen.replace("\r", "").split("\n")
+        assert lines[-1].startswith("\x1b[J")  # the rest of the last screen erased
+        assert len(lines) - 1 <= 11  # one line short of the terminal: no scrolling
+        assert "every 0.2s" in lines[0] and "\x1b[1m" in lines[0]  # the header, bold
+        assert "more lines" in lines[-2]
+        assert all(line.endswith("\x1b[K") for line in lines[:-1])
+
+
 def test_bad_scenario_and_bad_flags_are_one_line_errors(sim: SimMachine, tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"gpus": [{"index": 0}]}')

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuwarden.printable import clip, pad, visible, width
+from gpuwarden.printable import clip, clipped, pad, visible, width
 
 
 def test_control_characters_are_shown_not_sent() -> None:
@@ -35,3 +35,4 @@ def test_clip_never_passes_its_columns(text: str, columns: int) -> None:
     out = clip(text, columns)
     assert width(out) <= columns
     assert out == text or (out.endswith("…") and text.startswith(out[:-1]))
+    assert clipped(text, columns) == (out, width(out))  # the columns it says it takes

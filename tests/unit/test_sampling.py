@@ -14,9 +14,21 @@ from hypothesis import strategies as st
 
 from gpuwarden.gpus.sim import SimBackend
 from gpuwarden.observe.leaks import DEFAULT_THRESHOLD, find_leaks
-from gpuwarden.observe.sampling import sample, sample_suspects
+from gpuwarden.observe.sampling import sample_suspects
+from gpuwarden.observe.snapshot import Snapshot, take_snapshot
 from gpuwarden.sim.scenario import SimProcess
 from tests.conftest import EXAMPLES
+
+
+def sample(backend: SimBackend, samples: int, interval: float,
+           sleep: Callable[[float], None]) -> list[Snapshot]:
+    """The reference: every sample a full snapshot."""
+    out = [take_snapshot(backend)]
+    for _ in range(samples - 1):
+        sleep(interval)
+        out.append(take_snapshot(backend))
+    return out
+
 
 LEAKY = EXAMPLES / "leaky-4gpu.json"
 MiB = 1 << 20

@@ -30,7 +30,7 @@ def _doc(command: str, user: str = "alice") -> dict[str, object]:
 @pytest.mark.parametrize("command", ["python train.py", "python 训练.py", "x"])
 @pytest.mark.parametrize("width", [80, 100, 149, 150, 220])
 def test_every_line_fits_the_terminal(command: str, width: int) -> None:
-    lines = render_doc(_doc(command), width=width, wide=width >= 150)
+    lines = render_doc(_doc(command), width=width)
     assert any("H200" in line for line in lines)
     assert any("<defunct>" in line for line in lines)  # the zombie, and its leak below
     too_wide = [line for line in lines if width_of(line) > width]
@@ -48,8 +48,8 @@ def test_wide_characters_keep_the_columns_in_line() -> None:
 @pytest.mark.parametrize("width", [80, 160])
 def test_colour_adds_codes_and_nothing_else(width: int) -> None:
     doc = _doc("python train.py")
-    plain = render_doc(doc, width=width, wide=width >= 150)
-    coloured = render_doc(doc, width=width, wide=width >= 150, ink=Ink(True))
+    plain = render_doc(doc, width=width)
+    coloured = render_doc(doc, width=width, ink=Ink(True))
     assert [SGR.sub("", line) for line in coloured] == plain
     zombie = next(line for line in coloured if "<defunct>" in line and "zombie" in line)
     assert "\x1b[31mzombie" in zombie  # a state other than running is red

@@ -193,8 +193,7 @@ def served(argv: list[str]) -> bool:
     from gpuwarden.cli.statusview import drain_lines, emit, render_doc
 
     ink, width = for_stream(sys.stdout)
-    emit([*render_doc(doc, matching=bool(opts["user"] or opts["pid"]), wide=width >= 150,
-                      width=width, ink=ink),
+    emit([*render_doc(doc, matching=bool(opts["user"] or opts["pid"]), width=width, ink=ink),
           *(ink(line, "yellow") for line in drain_lines(answer.get("drains") or [])),
           ink(f"from the daemon's snapshot, {age:.1f} s old (--fresh: take one now)", "dim")])
     return True

@@ -26,14 +26,14 @@ if TYPE_CHECKING:
 
 def render(snap: Snapshot, leaks: list[Leak], gpus: tuple[int, ...], user: str | None,
            pid: int | None, ink: Ink, width: int) -> list[str]:
-    """The screen's lines for ``width`` columns (150 or more add UUIDs and power). Drawn
+    """The screen's lines for ``width`` columns (``statusview.WIDE`` or more add UUIDs
+    and power). Drawn
     from the ``--json`` document (``statusview.py``), as a daemon serves it."""
     from gpuwarden.cli.statusview import render_doc
     from gpuwarden.observe.jsonview import snapshot_json
 
     doc = snapshot_json(snap, leaks, gpus=gpus, user=user, pid=pid)
-    return render_doc(doc, matching=bool(user or pid), wide=width >= 150, width=width,
-                      ink=ink)
+    return render_doc(doc, matching=bool(user or pid), width=width, ink=ink)
 
 
 def _snapshot(b: Backend) -> Snapshot:

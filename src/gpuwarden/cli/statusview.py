@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuwarden.cli.ink import Ink
-from gpuwarden.printable import clip, visible
+from gpuwarden.printable import clip, clipped, visible
 from gpuwarden.printable import width as width_of
 
 
@@ -29,18 +29,6 @@ _STATE_SHORT = {"running": "running", "dead": "dead", "other_namespace": "other-
 def _flags(persistence: bool | None, mps: bool | None, mig: bool | None) -> str:
     """Compact settings column: P persistence on, M MPS serving, G MIG enabled."""
     return "".join(c for c, on in (("P", persistence), ("M", mps), ("G", mig)) if on) or "-"
-
-
-def _fit(value: str, columns: int) -> tuple[str, int]:
-    """``value`` cut to ``columns`` terminal columns, and the columns it then takes.
-    ASCII, nearly every cell, goes by ``len`` and slicing: a table of thousands of
-    processes is ~15,000 cells."""
-    if value.isascii():
-        if len(value) <= columns:
-            return value, len(value)
-        return value[:columns - 1] + "…", columns
-    value = clip(value, columns)
-    return value, width_of(value)
 
 
 def _table(head: list[str], body: list[list[str]], right: set[int], width: int,
@@ -68,7 +56,7 @@ def _table(head: list[str], body: list[list[str]], right: set[int], width: int,
     def line(cells: list[str], styled: bool) -> str:
         out = []
         for i, value in enumerate(cells):
-            v, n = _fit(value, widths[i])
+            v, n = clipped(value, widths[i])
             if i != last:
                 v = " " * (widths[i] - n) + v if i in right else v + " " * (widths[i] - n)
             out.append(ink(v, style(i, value)) if styled and style else v)
@@ -94,14 +82,18 @@ def _wrapped(text: str, width: int, indent: str, hang: str) -> list[str]:
                          subsequent_indent=hang, break_on_hyphens=False) or [indent]
 
 
-def render_doc(doc: dict[str, Any], *, matching: bool = False, wide: bool = False,
-               width: int = 80, ink: Ink | None = None) -> list[str]:
+WIDE = 150  # columns from which the GPU table adds memory bars, power and UUIDs
+
+
+def render_doc(doc: dict[str, Any], *, matching: bool = False, width: int = 80,
+               ink: Ink | None = None) -> list[str]:
     """``status --json``'s document (its filters applied) as the lines of its screen,
-    sized for ``width`` columns; ``wide`` adds UUIDs and power. ``matching``: a user or
-    pid filter chose the processes."""
+    sized for ``width`` columns (``WIDE`` or more: with UUIDs and power). ``matching``:
+    a user or pid filter chose the processes."""
     from gpuwarden.units import format_bytes, format_bytes_short, format_duration
 
     ink = ink or Ink(False)
+    wide = width >= WIDE
 
     def na(v: object, suffix: str = "") -> str:
         return "n/a" if v is None else f"{v}{suffix}"

@@ -276,10 +276,10 @@ async def list_jobs(request: web.Request) -> web.Response:
     if before is not None and after is not None:
         raise UsageError("give before or after, not both")
     jobs = await call(svc.list, caller, all_jobs=_flag(request, "all"),
-                       user=request.query.get("user") or None,
-                       group=request.query.get("group") or None, states=states or None,
-                       limit=limit + 1, before=before, after=after,
-                       array=_int_query(request, "array", 1, 2**63 - 1))
+                      user=request.query.get("user") or None,
+                      group=request.query.get("group") or None, states=states or None,
+                      limit=limit + 1, before=before, after=after,
+                      array=_int_query(request, "array", 1, 2**63 - 1))
     more = len(jobs) > limit
     if more:  # the one past the page: the next after it, or the one before it
         jobs = jobs[:limit] if after is not None else jobs[1:]
@@ -387,7 +387,7 @@ async def logs(request: web.Request) -> web.Response:
     except ValueError:
         raise UsageError("offset and attempt must be integers") from None
     got = await call(svc.logs, caller, job_id_of(request),
-                      request.query.get("stream", "stdout"), offset, attempt)
+                     request.query.get("stream", "stdout"), offset, attempt)
     return web.Response(body=got.data, content_type="application/octet-stream", headers={
         "X-Next-Offset": str(got.next_offset), "X-Job-Ended": str(got.job_ended).lower(),
         "X-Attempt": str(got.attempt), "X-Attempts": str(got.attempts),
@@ -452,7 +452,7 @@ async def accounting(request: web.Request) -> web.Response:
     raw = request.query.get("since")
     since = None if raw is None else parse_duration(raw)
     return web.json_response(await call(svc.report, caller, since,
-                                         request.query.get("by", "user")))
+                                        request.query.get("by", "user")))
 
 
 def make_app(service: JobService, web_store: Store | None = None,

@@ -33,6 +33,7 @@ FRESH_ATTEMPT: Mapping[str, Any] = MappingProxyType(dict(
     boot_id=None, started_at=None, exit_code=None, preempting_at=None, kill_reason=None,
     cpu_set=(), context=None))
 
+
 class _EnvNotRead(Mapping[str, str]):
     """The environment of a job listed without it (``Store.list(with_env=False)``):
     reading it fails loudly, so no job can start, or show, with an empty environment

@@ -355,7 +355,7 @@ class NvmlBackend:
 
     def _cpus(self, i: int, h: Any, bus_id: str | None) -> str | None:
         """The GPU's NUMA-local CPUs: the PCI device's sysfs ``local_cpulist``, which is
-        what NVML's affinity says (tests/gpu/test_multi_gpu.py checks that they agree) at
+        what NVML's affinity says (tests/gpu/test_nvml_backend.py checks that they agree) at
         a file read's cost, where the NVML call takes ~10 ms a GPU; NVML where sysfs
         does not say."""
         cpus = sysfs_local_cpulist(bus_id)

@@ -309,6 +309,8 @@ def void_start(jobdir: Path, by: str, *, job: int | None = None) -> bool:
     with contextlib.suppress(FileNotFoundError):
         os.replace(spec, spec.with_suffix(".void"))
     return True
+
+
 def write_json(path: Path, data: Mapping[str, Any], *, exclusive: bool) -> None:
     """Write ``path`` atomically (temp file, fsync, rename). ``exclusive``: fail with
     FileExistsError instead of replacing (a hard link creates the name atomically)."""

@@ -96,7 +96,7 @@ def check(event: str, sources: Iterable[str], target: str | None) -> None:
     if wrong:
         raise IllegalTransition(f"{event!r} cannot move a job from "
                                 f"{'/'.join(sorted(wrong))}")
-    if target != change.target and not (change.target is None and target is None):
+    if target != change.target:
         raise IllegalTransition(f"{event!r} leaves a job {change.target or 'as it is'}, "
                                 f"not {target or 'as it is'}")
 

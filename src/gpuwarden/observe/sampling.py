@@ -13,19 +13,10 @@ if TYPE_CHECKING:
     from gpuwarden.gpus.backend import Backend
 
 
-def sample(backend: Backend, samples: int, interval: float,
-           sleep: Callable[[float], None] = time.sleep) -> list[Snapshot]:
-    """``samples`` snapshots, oldest first, ``interval`` seconds apart."""
-    out = [take_snapshot(backend)]
-    for _ in range(max(samples, 1) - 1):
-        sleep(interval)
-        out.append(take_snapshot(backend))
-    return out
-
-
 def sample_suspects(backend: Backend, samples: int, interval: float, threshold: int,
                     sleep: Callable[[float], None] = time.sleep) -> list[Snapshot]:
-    """What ``sample`` gives ``find_leaks``, at the cost of one snapshot and a re-check
+    """``samples`` snapshots ``interval`` seconds apart, oldest first, as ``find_leaks``
+    needs them to tell a leak from a blip, at the cost of one snapshot and a re-check
     of what it found suspicious. A leak must be found in every sample, so what the first
     does not show cannot be one: with nothing suspicious, the first snapshot is the
     answer at once; otherwise each later sample reads the driver's figures anew, and
