@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -214,13 +215,23 @@ def test_status_watch_on_a_terminal_redraws_in_place_cut_to_its_height(
     try:
         deadline = time.monotonic() + 30
         while out.count(b"\x1b[H") < 3 and time.monotonic() < deadline:
+            if not select.select([primary], [], [], 0.5)[0]:
+                continue
             try:
                 out += os.read(primary, 1 << 16)
             except OSError:  # the process closed the terminal
                 break
     finally:
         p.send_signal(signal.SIGINT)
-        p.wait(timeout=30)
+        # Keep reading while it exits: a full terminal would block its last writes.
+        deadline = time.monotonic() + 30
+        while p.poll() is None and time.monotonic() < deadline:
+            if select.select([primary], [], [], 0.1)[0]:
+                try:
+                    os.read(primary, 1 << 16)
+                except OSError:
+                    break
+        p.wait(timeout=5)
         os.close(primary)
     screens = out.decode(errors="replace").split("\x1b[H")[1:]
     assert len(screens) >= 3, out[-500:]
