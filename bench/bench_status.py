@@ -68,12 +68,12 @@ def _in_process_once(*, json_out: bool = True, table: bool = True) -> dict[str, 
     """One one-shot status, phase by phase (seconds), rendering JSON and/or the table.
     Reads GPUWARDEN_SIM from the environment."""
     from gpuwarden.cli.common import emit_json
-    from gpuwarden.cli.ink import Ink
     from gpuwarden.cli.status import render
     from gpuwarden.gpus.backend import open_backend
     from gpuwarden.observe.jsonview import snapshot_json
     from gpuwarden.observe.leaks import find_leaks
     from gpuwarden.observe.snapshot import take_snapshot
+    from gpuwarden.render.ink import Ink
 
     t: dict[str, float] = {}
     t0 = time.perf_counter()

@@ -7,7 +7,10 @@ output is not passed through here: it stays exact."""
 from __future__ import annotations
 
 import re
-from typing import Any
+
+TYPE_CHECKING = False  # the served views import this: no typing at run time
+if TYPE_CHECKING:
+    from typing import Any
 
 # C0 controls (tab, CR and newline included: they break a table as surely as ESC),
 # DEL, C1 controls (0x9b is a one-byte CSI), the Unicode line/paragraph separators and

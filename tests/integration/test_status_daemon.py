@@ -72,17 +72,24 @@ def test_filters_and_an_unknown_gpu_as_without_a_daemon(leaky: Daemon) -> None:
     assert r.returncode == 2 and "no GPU with index 9" in r.stderr
 
 
-def test_the_table_is_the_same_with_the_snapshots_age_below(leaky: Daemon) -> None:
+@pytest.mark.parametrize("screen", [{}, {"COLUMNS": "200", "FORCE_COLOR": "1"},
+                                    {"COLUMNS": "20"}])
+def test_the_table_is_the_same_with_the_snapshots_age_below(
+        leaky: Daemon, screen: dict[str, str]) -> None:
+    """The daemon draws the screen for the width and colour the client asks for (a
+    width too narrow for it to draw: the client draws the document itself)."""
     _served(leaky)
+    env = {**leaky.env, **screen}
     for _ in range(3):  # a process's Time may tick over between the two
-        served = leaky.cli("status", check=True).stdout.splitlines()
-        fresh = leaky.cli("status", "--fresh", check=True).stdout.splitlines()
+        served = leaky.cli("status", env=env, check=True).stdout.splitlines()
+        fresh = leaky.cli("status", "--fresh", env=env, check=True).stdout.splitlines()
         if served[:-1] == fresh:
             break
     assert served[:-1] == fresh
-    assert re.fullmatch(r"from the daemon's snapshot, \d+\.\d s old \(--fresh: take one "
-                        r"now\)", served[-1])
+    assert re.fullmatch(r"(\x1b\[2m)?from the daemon's snapshot, \d+\.\d s old \(--fresh: "
+                        r"take one now\)(\x1b\[0m)?", served[-1])
     assert "Leaks (see" in "\n".join(fresh)
+    assert ("\x1b[" in served[0]) == ("FORCE_COLOR" in screen)
 
 
 def test_the_served_path_imports_no_backend_and_no_click(leaky: Daemon) -> None:

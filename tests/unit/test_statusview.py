@@ -9,12 +9,12 @@ from dataclasses import replace
 
 import pytest
 
-from gpuwarden.cli import ink as inkmod
-from gpuwarden.cli.ink import Ink
-from gpuwarden.cli.statusview import leak_lines, render_doc
 from gpuwarden.observe.jsonview import snapshot_json
 from gpuwarden.observe.leaks import find_leaks
 from gpuwarden.printable import width as width_of
+from gpuwarden.render import ink as inkmod
+from gpuwarden.render.ink import Ink
+from gpuwarden.render.statusview import leak_lines, render_doc
 from tests.unit.builders import gpu, proc, snapshot
 
 SGR = re.compile("\x1b\\[[0-9;]*m")

@@ -1,6 +1,6 @@
 """``gpuwarden status`` answered from the daemon's snapshot (``GET /v1/snapshot``), before
 click or any backend is imported: the standard library and the plain renderer of
-``cli/statusview.py``. Anything it does not handle, or no daemon answering within ``GLANCE``,
+``render/statusview.py``. Anything it does not handle, or no daemon answering within ``GLANCE``,
 goes the usual way (``cli/main.py``), which takes a snapshot here."""
 
 from __future__ import annotations
@@ -130,8 +130,8 @@ def _leaks(found: list[dict[str, Any]], opts: dict[str, Any], answer: dict[str, 
             "age": round(age, 3), "samples": answer["samples"],
             "span": round(answer["span"], 3)}})
     else:
-        from gpuwarden.cli.ink import for_stream
-        from gpuwarden.cli.statusview import emit, leak_lines
+        from gpuwarden.render.ink import for_stream
+        from gpuwarden.render.statusview import emit, leak_lines
 
         ink, width = for_stream(sys.stdout)
         emit([*leak_lines(found, width, ink), ink(
@@ -161,7 +161,16 @@ def served(argv: list[str]) -> bool:
         query = {"view": "leaks"} if leaks else {
             "gpu": ",".join(map(str, opts["gpus"])) or None, "user": opts["user"],
             "pid": opts["pid"]}
-        body = _get(sock, "/v1/snapshot", query)
+        body = None
+        if not leaks and not opts["json"]:  # the screen, drawn by the daemon for us
+            from gpuwarden.render.ink import for_stream
+
+            ink, width = for_stream(sys.stdout)
+            if width >= 20:
+                body = _get(sock, "/v1/snapshot", {
+                    **query, "view": "table", "width": width, "colour": int(ink.colour)})
+        if body is None:  # leaks, JSON, or a daemon that draws no tables: the document
+            body = _get(sock, "/v1/snapshot", query)
         if body is None:
             return False
         at = body.find(b',"snapshot":')  # the last key: the document as --json prints it
@@ -188,12 +197,15 @@ def served(argv: list[str]) -> bool:
             sys.stdout.flush()
             sys.stdout.buffer.write(raw[:-1] + stamp + b"\n")
         return True
-    doc = json.loads(raw)
-    from gpuwarden.cli.ink import for_stream
-    from gpuwarden.cli.statusview import drain_lines, emit, render_doc
+    from gpuwarden.render.statusview import drain_lines, emit, render_doc
 
-    ink, width = for_stream(sys.stdout)
-    emit([*render_doc(doc, matching=bool(opts["user"] or opts["pid"]), width=width, ink=ink),
-          *(ink(line, "yellow") for line in drain_lines(answer.get("drains") or [])),
+    doc = json.loads(raw)
+    if isinstance(doc, str):  # the lines themselves (``view=table``)
+        sys.stdout.write(doc)
+        lines = []
+    else:
+        lines = render_doc(doc, matching=bool(opts["user"] or opts["pid"]), width=width,
+                           ink=ink)
+    emit([*lines, *(ink(line, "yellow") for line in drain_lines(answer.get("drains") or [])),
           ink(f"from the daemon's snapshot, {age:.1f} s old (--fresh: take one now)", "dim")])
     return True

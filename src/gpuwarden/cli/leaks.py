@@ -75,8 +75,8 @@ def leaks(as_json: bool, gpus: tuple[int, ...], samples: int, interval: float,
         return
     import sys
 
-    from gpuwarden.cli.ink import for_stream
-    from gpuwarden.cli.statusview import emit, leak_lines
+    from gpuwarden.render.ink import for_stream
+    from gpuwarden.render.statusview import emit, leak_lines
 
     ink, width = for_stream(sys.stdout)
     emit(leak_lines([lk.to_json() for lk in found], width, ink))

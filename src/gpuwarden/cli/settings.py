@@ -164,7 +164,7 @@ def drains(as_json: bool) -> None:
 
 def drain_lines(drains: list[dict[str, Any]]) -> list[str]:
     """``GPU 1 drained by root (ECC errors)``: one line per drained GPU (status, ps)."""
-    from gpuwarden.cli.statusview import drain_lines as lines
+    from gpuwarden.render.statusview import drain_lines as lines
 
     return lines(drains)
 

@@ -18,19 +18,19 @@ from gpuwarden.cli.common import (
 from gpuwarden.errors import UsageError
 
 if TYPE_CHECKING:
-    from gpuwarden.cli.ink import Ink
     from gpuwarden.gpus.backend import Backend
     from gpuwarden.observe.leaks import Leak
     from gpuwarden.observe.snapshot import Snapshot
+    from gpuwarden.render.ink import Ink
 
 
 def render(snap: Snapshot, leaks: list[Leak], gpus: tuple[int, ...], user: str | None,
            pid: int | None, ink: Ink, width: int) -> list[str]:
     """The screen's lines for ``width`` columns (``statusview.WIDE`` or more add UUIDs
     and power). Drawn
-    from the ``--json`` document (``statusview.py``), as a daemon serves it."""
-    from gpuwarden.cli.statusview import render_doc
+    from the ``--json`` document (``render/statusview.py``), as a daemon serves it."""
     from gpuwarden.observe.jsonview import snapshot_json
+    from gpuwarden.render.statusview import render_doc
 
     doc = snapshot_json(snap, leaks, gpus=gpus, user=user, pid=pid)
     return render_doc(doc, matching=bool(user or pid), width=width, ink=ink)
@@ -131,8 +131,8 @@ def status(as_json: bool, fmt: str, processes: bool, watch: float | None,
             else:
                 emit_json(doc)
             return
-        from gpuwarden.cli.ink import for_stream, rows
-        from gpuwarden.cli.statusview import emit
+        from gpuwarden.render.ink import for_stream, rows
+        from gpuwarden.render.statusview import emit
 
         ink, width = for_stream(sys.stdout)
         if watch is None:

@@ -36,6 +36,7 @@ log = logging.getLogger("gpuwarden.snapview")
 INTERVAL = 1.0  # seconds between full snapshots while clients ask
 LINGER = 30.0  # seconds of refreshing after the last request
 KEEP = 3  # snapshots kept: the persistence rule of ``leaks`` needs consecutive samples
+MAX_WIDTH = 1000  # columns the daemon draws a table for (``view=table``)
 
 
 def hidepid(mountinfo: Path = Path("/proc/self/mountinfo")) -> tuple[bool, int | None]:
@@ -185,19 +186,29 @@ def _document(caller: Caller, history: list[Snapshot], query: Mapping[str, str],
               hidden: tuple[bool, int | None]) -> bytes:
     """``status --json``'s document for ``caller`` (``view=status``, filtered by ``gpu``,
     ``user``, ``pid``; its leaks those of the latest snapshot, or with ``leaks=true``
-    those found in every snapshot kept), or ``leaks --json``'s (``view=leaks``: the
-    leaks found in every snapshot kept, the persistence rule of ``leaks``)."""
+    those found in every snapshot kept), ``status``'s screen drawn from it (``view=table``,
+    for ``width`` columns, ``colour=1`` styled: one JSON string, the lines the client
+    prints; drawn once per snapshot, so ``watch gpuwarden status`` parses no document),
+    or ``leaks --json``'s (``view=leaks``: the leaks found in every snapshot kept, the
+    persistence rule of ``leaks``)."""
     from gpuwarden.observe.jsonview import snapshot_json
     from gpuwarden.observe.leaks import find_leaks
 
     mine = [for_caller(s, caller, hidden) for s in history]
     if query.get("view") == "leaks":
         return _compact({"leaks": [lk.to_json() for lk in find_leaks(mine)]})
-    pid = query.get("pid")
+    pid, user = query.get("pid"), query.get("user") or None
     leaks = find_leaks(mine if query.get("leaks") == "true" else mine[-1:])
-    return _compact(snapshot_json(mine[-1], leaks, gpus=_indices(query.get("gpu")),
-                                  user=query.get("user") or None,
-                                  pid=int(pid) if pid else None))
+    doc = snapshot_json(mine[-1], leaks, gpus=_indices(query.get("gpu")), user=user,
+                        pid=int(pid) if pid else None)
+    if query.get("view") == "table":  # the screen itself: the client prints it as it is
+        from gpuwarden.render.ink import Ink
+        from gpuwarden.render.statusview import render_doc
+
+        return _compact("".join(line + "\n" for line in render_doc(
+            doc, matching=bool(user or pid), width=int(query["width"]),
+            ink=Ink(query.get("colour") == "1"))))
+    return _compact(doc)
 
 
 def _check(query: Mapping[str, str]) -> None:
@@ -209,8 +220,15 @@ def _check(query: Mapping[str, str]) -> None:
         raise UsageError("pid must be a process id")
     if query.get("leaks", "false") not in ("true", "false"):
         raise UsageError("leaks must be true or false")
-    if query.get("view", "status") not in ("status", "leaks"):
-        raise UsageError("view must be status or leaks")
+    view = query.get("view", "status")
+    if view not in ("status", "leaks", "table"):
+        raise UsageError("view must be status, leaks or table")
+    width = query.get("width")
+    if view == "table" and not (width and width.isascii() and width.isdigit()
+                                and 20 <= int(width) <= MAX_WIDTH):
+        raise UsageError(f"width must be a number of columns, 20 to {MAX_WIDTH}")
+    if query.get("colour", "0") not in ("0", "1"):
+        raise UsageError("colour must be 0 or 1")
 
 
 def answer(caller: Caller, keeper: SnapshotKeeper, query: Mapping[str, str],

@@ -6,7 +6,10 @@ colour and width are rich's, so these views look as the rest of the CLI does."""
 from __future__ import annotations
 
 import os
-from typing import IO
+
+TYPE_CHECKING = False  # importing typing costs a served status ~3 ms
+if TYPE_CHECKING:
+    from typing import IO
 
 _SGR = {"bold": "1", "dim": "2", "italic": "3", "red": "31", "green": "32", "yellow": "33"}
 

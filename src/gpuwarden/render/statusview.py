@@ -1,16 +1,18 @@
 """``status``'s and ``leaks``'s screens, drawn from their ``--json`` documents: the same
 whether this process took the snapshot or the daemon served it (``cli/fast.py``). Plain
-lines styled by ``cli/ink.py``: the standard library only, neither rich nor a backend,
+lines styled by ``render/ink.py``: the standard library only, neither rich nor a backend,
 so that a served ``status`` costs little more than the interpreter's start-up."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-from gpuwarden.cli.ink import Ink
 from gpuwarden.printable import clip, clipped, visible
 from gpuwarden.printable import width as width_of
+from gpuwarden.render.ink import Ink
+
+TYPE_CHECKING = False  # a served status imports neither typing nor collections.abc
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+    from typing import Any
 
 
 def _bar(used: int, total: int, width: int = 10) -> str:
@@ -41,9 +43,11 @@ def _table(head: list[str], body: list[list[str]], right: set[int], width: int,
     row: too slow for a box with thousands of GPU processes, and importing rich costs
     more than drawing the screen. ``style(column, value)`` styles a body cell."""
     cols = len(head)
-    widths = [max(width_of(head[i]), *(len(c) if c.isascii() else width_of(c)
-                                       for c in (r[i] for r in body))) for i in range(cols)]
-    widths = [min(w, most[i]) if i < len(most) else w for i, w in enumerate(widths)]
+    columns: list[Sequence[str]] = list(zip(*body, strict=True)) or [()] * cols
+    ascii_ = ["".join(c).isascii() for c in columns]  # a column at a time: C speed
+    need = [max(width_of(head[i]), *(map(len, c) if ascii_[i] else map(width_of, c)))
+            for i, c in enumerate(columns)]
+    widths = [min(w, most[i]) if i < len(most) else w for i, w in enumerate(need)]
     over = 1 + sum(widths) + gap * (cols - 1) - width
     if over > 0 and clip_last:
         widths[-1] = max(widths[-1] - over, 10)
@@ -52,20 +56,36 @@ def _table(head: list[str], body: list[list[str]], right: set[int], width: int,
         widths[widest] -= 1
         over -= 1
     last = cols - 1
-
-    def line(cells: list[str], styled: bool) -> str:
-        out = []
-        for i, value in enumerate(cells):
-            v, n = clipped(value, widths[i])
-            if i != last:
-                v = " " * (widths[i] - n) + v if i in right else v + " " * (widths[i] - n)
-            out.append(ink(v, style(i, value)) if styled and style else v)
-        return " " + sep.join(out).rstrip()
-
     sep = " " * gap
-    return [ink(line(head, False), "bold"),
-            " " + "─" * min(sum(widths) + gap * (cols - 1), width - 1),
-            *(line(r, True) for r in body)]
+
+    def cell(value: str, i: int) -> str:
+        """``value`` cut to column ``i`` and padded to its width (the last: cut only)."""
+        v, n = clipped(value, widths[i])
+        if i == last:
+            return v
+        return " " * (widths[i] - n) + v if i in right else v + " " * (widths[i] - n)
+
+    def line(cells: Iterable[str]) -> str:
+        return " " + sep.join(cells).rstrip()
+
+    rule = " " + "─" * min(sum(widths) + gap * (cols - 1), width - 1)
+    head_line = ink(line([cell(h, i) for i, h in enumerate(head)]), "bold")
+    if style is not None and ink.colour:  # a cell at a time, each styled as it says
+        return [head_line, rule, *(line([ink(cell(v, i), style(i, v)) for i, v in enumerate(r)])
+                                   for r in body)]
+    # A column at a time, the rows then joined by one str.format each (thousands of GPU
+    # processes): a column of ASCII cells that all fit is padded by the format itself.
+    specs: list[str] = []
+    prepared: list[Sequence[str]] = []
+    for i, column in enumerate(columns):
+        if i != last and ascii_[i] and need[i] <= widths[i]:
+            specs.append(f"{{:{'>' if i in right else '<'}{widths[i]}}}")
+            prepared.append(column)
+        else:
+            specs.append("{}")
+            prepared.append([cell(v, i) for v in column])
+    fmt = " " + sep.join(specs)
+    return [head_line, rule, *(fmt.format(*r).rstrip() for r in zip(*prepared, strict=True))]
 
 
 _PROC_COLS = ["GPU", "PID", "User", "Container", "Mem", "SM", "Time", "State", "Command"]
