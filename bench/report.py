@@ -104,8 +104,9 @@ def _status(s: dict[str, Any]) -> list[str]:
         out += [
             f"### (c) With a daemon running, {s['cli_runs']} rounds",
             "",
-            "The same scenario with `gpuwarden daemon` running: `status` and `status "
-            "--json` are answered from the daemon's latest snapshot and `leaks --json` from "
+            "The same scenario with `gpuwarden daemon` running: `status --json` is "
+            "answered from the daemon's latest snapshot, `status` with the screen the "
+            "daemon drew from it for the client's width and colour, and `leaks --json` from "
             "its last three (the client imports neither a backend nor click), `--fresh` "
             "takes one in the client. Only served runs are timed; runs the daemon did not "
             "answer within 100 ms (the client then took its own snapshot): "
@@ -225,7 +226,10 @@ def _status_summary(status: dict[str, Any]) -> list[str]:
            f"`status` {ms(status['daemon']['results']['status (daemon)']['median'])} "
            f"({status['daemon']['ratio_to_python']['status --json (daemon)']:.1f}× and "
            f"{status['daemon']['ratio_to_python']['status (daemon)']:.1f}× "
-           "`python -c pass`), from its snapshot."] if "daemon" in status else []),
+           "`python -c pass`), from its snapshot; goal ≤ 3×: "
+           f"{_verdict(status['daemon']['ratio_to_python']['status --json (daemon)'] <= 3)} / "
+           f"{_verdict(status['daemon']['ratio_to_python']['status (daemon)'] <= 3)}."]
+          if "daemon" in status else []),
     ]
 
 
