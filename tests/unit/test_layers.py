@@ -16,21 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 DESIGN = ROOT / "docs" / "design.md"
 
-# (importer, imported) pairs that break the contract today. Each is to be removed by
-# issue 20; none may be added.
-ALLOWED = {
-    # the API adds the web pages' routes (and they use the API's rules): the composition
-    # root is to wire both (issue 20)
-    ("gpuwarden.daemon.api", "gpuwarden.web.routes"),
-    # `top` renders with the CLI's job text and doctor rules: both to a render/ package
-    ("gpuwarden.tui.app", "gpuwarden.cli.doctor"),
-    ("gpuwarden.tui.model", "gpuwarden.cli.jobtext"),
-}
+# (importer, imported) pairs that break the contract: none today, and none may be added.
+ALLOWED: set[tuple[str, str]] = set()
 
-# Cycles through two packages closed by imports inside functions (issue 20).
-ALLOWED_LAZY_CYCLES = {
-    frozenset({"gpuwarden.daemon.api", "gpuwarden.web.routes"}),
-}
+# Cycles through two packages closed by imports inside functions: none today.
+ALLOWED_LAZY_CYCLES: set[frozenset[str]] = set()
 
 
 def _modules() -> dict[str, Path]:
@@ -247,10 +237,8 @@ def test_a_new_upward_import_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert ("gpuwarden.procs.probe", "gpuwarden.daemon.client") in _violations()
 
 
-# (importer, module, name): another module's private name imported today (issue 20).
-ALLOWED_PRIVATE = {
-    ("gpuwarden.tui.app", "gpuwarden.cli.doctor", "_mps_state"),
-}
+# (importer, module, name): another module's private name imported: none today.
+ALLOWED_PRIVATE: set[tuple[str, str, str]] = set()
 
 
 def _private_imports() -> set[tuple[str, str, str]]:

@@ -585,7 +585,7 @@ def _drained_lines(client: Any) -> list[str]:
 def show(job: str, as_json: bool) -> None:
     """One job (an id, or an array's task such as 12_7): its request, placement,
     declared vs peak memory, and its events."""
-    from gpuwarden.cli.jobtext import job_lines
+    from gpuwarden.render.jobtext import job_lines
 
     client = connect()
     j = client.request("GET", f"/v1/jobs/{one_job(client, job)}")

@@ -12,7 +12,6 @@ import socket
 import struct
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Executor
 from typing import Any
 
 from aiohttp import web
@@ -23,7 +22,7 @@ from gpuwarden.daemon.client import MAX_PAGE, PAGE
 from gpuwarden.daemon.openapi import document
 from gpuwarden.daemon.repeated import log_repeated
 from gpuwarden.daemon.service import JobService
-from gpuwarden.daemon.store import Conflict, JobNotFound, Store, StoreError
+from gpuwarden.daemon.store import Conflict, JobNotFound, StoreError
 from gpuwarden.errors import GpuwardenError, PermissionDenied, UsageError
 from gpuwarden.printable import visible
 from gpuwarden.units import parse_duration
@@ -455,9 +454,9 @@ async def accounting(request: web.Request) -> web.Response:
                                         request.query.get("by", "user")))
 
 
-def make_app(service: JobService, web_store: Store | None = None,
-             web_pool: Executor | None = None) -> web.Application:
-    """The API; the page's routes read ``web_store`` on ``web_pool`` (web/routes.py)."""
+def make_app(service: JobService) -> web.Application:
+    """The API's routes; the composition root (daemon/main.py) adds the web page's and
+    the served snapshot's beside them."""
     app = web.Application(middlewares=[errors], client_max_size=MAX_BODY)
     app[SERVICE] = service
     app[STARTED] = time.time()
@@ -485,8 +484,4 @@ def make_app(service: JobService, web_store: Store | None = None,
     app.router.add_get("/v1/job-pids", job_pids)
     app.router.add_post("/v1/cancel", cancel_many)
     app.router.add_post("/v1/resolve", resolve)
-    from gpuwarden.web.routes import add_web_routes
-
-    add_web_routes(app, web_store or service.store, anonymous=False,  # `gpuwarden web`
-                   pool=web_pool)
     return app

@@ -257,7 +257,10 @@ async def serve(paths: Paths, config: Config) -> None:
         launcher.close()
         await _close_web(metrics, None, web_pool, web_store)
         raise
-    app = make_app(service, web_store, web_pool)
+    app = make_app(service)
+    from gpuwarden.web.routes import add_web_routes
+
+    add_web_routes(app, web_store, anonymous=False, pool=web_pool)  # `gpuwarden web`
     from gpuwarden.daemon.auth import Caller
     from gpuwarden.daemon.snapview import SnapshotKeeper, add_snapshot_route
 

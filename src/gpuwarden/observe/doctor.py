@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 from gpuwarden.errors import UsageError
-from gpuwarden.gpus.mps import MpsDaemon, MpsState
+from gpuwarden.gpus.mps import MpsDaemon, MpsState, read_mps_state
 from gpuwarden.gpus.topology import format_cpulist, parse_cpulist
 from gpuwarden.observe.leaks import Leak
 from gpuwarden.observe.snapshot import ORPHAN, RUNNING, GpuView, ProcessView, Snapshot
@@ -487,3 +487,18 @@ def diagnose(snapshot: Snapshot, leaks: Sequence[Leak],
 def summarize(findings: Sequence[Finding]) -> dict[str, int]:
     """Count per severity, every severity present (zero included) for a stable schema."""
     return {s: sum(1 for f in findings if f.severity == s) for s in SEVERITIES}
+
+
+def report(findings: Sequence[Finding]) -> dict[str, object]:
+    """The ``doctor --json`` document, which the screens draw too (render/doctor.py)."""
+    return {"findings": [f.to_json() for f in findings], "summary": summarize(findings)}
+
+
+def mps_state(warn: Callable[[str], None]) -> MpsState | None:
+    """The MPS daemons as /proc shows them; None, with a warning, when they cannot be
+    read: the MPS rules are then skipped rather than reporting on a guess."""
+    try:
+        return read_mps_state()
+    except (OSError, ValueError) as e:
+        warn(f"could not read the MPS daemons: {e}")
+        return None

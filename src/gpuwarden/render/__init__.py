@@ -1,2 +1,3 @@
-"""Screens drawn from the ``--json`` documents, with the standard library alone: the
-same lines whether the CLI took the snapshot or the daemon drew them for its caller."""
+"""Screens drawn from the ``--json`` documents: the same lines whether the CLI took the
+snapshot, ``top`` shows it, or the daemon drew them for its caller. The status screens
+(on the path people run all day) use the standard library alone."""

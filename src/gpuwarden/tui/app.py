@@ -549,10 +549,10 @@ class TopApp(App[None]):
 
     @work(thread=True, group="doctor")
     def _diagnose(self, screen: TextScreen) -> None:
-        from gpuwarden.cli.doctor import _mps_state, render
-        from gpuwarden.observe.doctor import diagnose
+        from gpuwarden.observe.doctor import diagnose, mps_state, report
         from gpuwarden.observe.leaks import find_leaks
         from gpuwarden.observe.snapshot import take_snapshot
+        from gpuwarden.render.doctor import render
 
         snaps: list[Snapshot] = []
         try:
@@ -561,8 +561,9 @@ class TopApp(App[None]):
                     time.sleep(DOCTOR_INTERVAL)
                 with self._top_lock:
                     snaps.append(take_snapshot(self.backend))
-            findings = diagnose(snaps[-1], find_leaks(snaps), _mps_state())
-            body = render(findings)
+            mps = mps_state(lambda m: self.call_from_thread(self.say, m, "warning"))
+            findings = diagnose(snaps[-1], find_leaks(snaps), mps)
+            body = render(report(findings))
         except (GpuwardenError, OSError) as e:
             body = Text(f"doctor failed: {e}", style="red")
         self.call_from_thread(screen.set_body, body)

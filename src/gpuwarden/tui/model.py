@@ -412,6 +412,6 @@ def process_details(snap: Snapshot, gpu: int, pid: int) -> list[tuple[str, str]]
 
 def job_details(j: Mapping[str, Any]) -> list[tuple[str, str]]:
     """A job as ``gpuwarden show`` prints it (the same lines)."""
-    from gpuwarden.cli.jobtext import job_lines
+    from gpuwarden.render.jobtext import job_lines
 
     return job_lines(j)
