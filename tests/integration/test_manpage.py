@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from gpuwarden.cli.main import COMMANDS
+from gpuwarden.cli.commands import COMMANDS
 from tests.conftest import SRC
 
 

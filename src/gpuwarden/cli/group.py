@@ -1,4 +1,4 @@
-"""The click group of every command, each imported only when invoked (``main.COMMANDS``)."""
+"""The click group of every command, each imported only when invoked (``commands.COMMANDS``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import click
 
 from gpuwarden import __version__
-from gpuwarden.cli.main import COMMANDS
+from gpuwarden.cli.commands import COMMANDS
 
 
 class LazyGroup(click.Group):

@@ -570,7 +570,7 @@ def ps(all_jobs: bool, states: tuple[str, ...], user: str | None, group: str | N
 
 def _drained_lines(client: Any) -> list[str]:
     """A line per GPU an admin drained (``gpu drain``), under the table."""
-    from gpuwarden.cli.settings import drain_lines
+    from gpuwarden.render.statusview import drain_lines
 
     try:
         drains = client.request("GET", "/v1/drains")["drains"]

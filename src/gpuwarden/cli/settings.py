@@ -158,15 +158,10 @@ def drains(as_json: bool) -> None:
     if as_json:
         emit_json(out)
         return
+    from gpuwarden.render.statusview import drain_lines
+
     for line in drain_lines(out["drains"]) or ["no GPU is drained"]:
         click.echo(line)
-
-
-def drain_lines(drains: list[dict[str, Any]]) -> list[str]:
-    """``GPU 1 drained by root (ECC errors)``: one line per drained GPU (status, ps)."""
-    from gpuwarden.render.statusview import drain_lines as lines
-
-    return lines(drains)
 
 
 # -- mps --------------------------------------------------------------------------

@@ -137,7 +137,7 @@ def status(as_json: bool, fmt: str, processes: bool, watch: float | None,
         ink, width = for_stream(sys.stdout)
         if watch is None:
             from gpuwarden.cli.common import daemon_drains
-            from gpuwarden.cli.settings import drain_lines
+            from gpuwarden.render.statusview import drain_lines
 
             emit([*render(snap, find_leaks([snap]), gpus, user, pid, ink, width),
                   *(ink(line, "yellow") for line in drain_lines(daemon_drains()))])
