@@ -27,15 +27,9 @@ Decisions, and why:
   busy timeout: the write lock is taken before the compare in compare-and-set.
   After ``fork`` the child opens its own connection (SQLite connections must not
   cross a fork).
-* Transition events also store the state they came from and went to (internal columns
-  ``from_state``/``to_state``), so ``audit`` can prove that the events and the state
-  agree: no state change without its event, no event without its state change.
-* Idempotent keys: a partial UNIQUE index on ``(uid, key)`` over jobs that are not
-  failed, cancelled or infeasible. Keys are per user: another user's key neither finds
-  nor blocks yours.
-* Job ids never repeat (``AUTOINCREMENT``), even after ``rm``: a stale id cannot name
-  a new job, nor its log directory. A database made anew beside old job directories
-  starts above them (``ids_above``).
+
+The tables, and how an older file is brought up to date: ``daemon/schema.py``; rows to
+the model's values and back: ``daemon/rows.py``.
 """
 
 from __future__ import annotations
@@ -54,28 +48,36 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuwarden.daemon.arrays import Array, Member, Ref
+from gpuwarden.daemon.arrays import Array, Ref
 from gpuwarden.daemon.model import (
     ACTIVE,
-    CANCELLED,
-    ENV_NOT_READ,
-    FAILED,
     HELD,
-    INFEASIBLE,
     QUEUED,
     RESERVED,
     RUNNING,
     STATES,
     SUCCEEDED,
     TERMINAL,
-    AttemptUse,
     Event,
     Hold,
     Job,
     JobSpec,
     NewHold,
 )
-from gpuwarden.daemon.restart import Service
+from gpuwarden.daemon.rows import (
+    check_spec,
+    field_value,
+    ints_ok,
+    json_ids,
+    keep_attempt_use,
+    row_to_hold,
+    row_to_job,
+    states_arg,
+)
+from gpuwarden.daemon.schema import KEY_RELEASED as KEY_RELEASED
+from gpuwarden.daemon.schema import MIGRATIONS as MIGRATIONS
+from gpuwarden.daemon.schema import RELEASED_SQL, Migration
+from gpuwarden.daemon.schema import SCHEMA_VERSION as SCHEMA_VERSION
 from gpuwarden.errors import GpuwardenError, UsageError
 from gpuwarden.jobs import lifecycle
 from gpuwarden.sched.fairshare import Span
@@ -130,190 +132,9 @@ class SchemaTooNew(StoreError):
     """The database was written by a newer gpuwarden; refusing to guess its meaning."""
 
 
-# --------------------------------------------------------------------------- schema
+# --------------------------------------------------------------------------- store
 
-Migration = Callable[[sqlite3.Connection], None]
-
-# Key-releasing states: a job in one of these no longer holds its idempotency key.
-KEY_RELEASED = frozenset({FAILED, CANCELLED, INFEASIBLE})
-_RELEASED_SQL = ", ".join(f"'{s}'" for s in sorted(KEY_RELEASED))
-
-
-def _sql(*statements: str) -> Migration:
-    """A migration made of plain SQL statements (run one by one: ``executescript``
-    would commit the surrounding transaction)."""
-
-    def apply(conn: sqlite3.Connection) -> None:
-        for statement in statements:
-            conn.execute(statement)
-
-    return apply
-
-
-MIGRATIONS: list[Migration] = [
-    # 1: jobs and their events.
-    _sql(
-        """CREATE TABLE jobs (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            user TEXT NOT NULL,
-            uid INTEGER NOT NULL,
-            gid INTEGER NOT NULL,
-            groups TEXT NOT NULL,          -- JSON list of gids
-            cwd TEXT NOT NULL,
-            env TEXT NOT NULL,             -- JSON object
-            command TEXT NOT NULL,         -- JSON list (argv)
-            name TEXT,
-            job_group TEXT,
-            job_key TEXT,
-            mem INTEGER,
-            gpu_count INTEGER NOT NULL,
-            gpu_ids TEXT,                  -- JSON list or NULL
-            after_ids TEXT NOT NULL,       -- JSON list of job ids
-            timeout REAL,
-            exclusive INTEGER NOT NULL,
-            priority INTEGER NOT NULL,
-            requeue_on_reboot INTEGER NOT NULL,
-            state TEXT NOT NULL,
-            submitted_at REAL NOT NULL,
-            started_at REAL,
-            ended_at REAL,
-            gpus TEXT NOT NULL DEFAULT '[]',
-            gpu_uuids TEXT NOT NULL DEFAULT '[]',
-            budget INTEGER,
-            peak_memory INTEGER,
-            exit_code INTEGER,
-            reason TEXT,
-            supervisor_pid INTEGER,
-            supervisor_start REAL,
-            boot_id TEXT,
-            attempts INTEGER NOT NULL DEFAULT 0
-        )""",
-        """CREATE TABLE events (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
-            at REAL NOT NULL,
-            kind TEXT NOT NULL,
-            detail TEXT,
-            from_state TEXT,               -- set on transitions (NULL on submit)
-            to_state TEXT                  -- set on submit and transitions only
-        )""",
-    ),
-    # 2: indexes, and the idempotent-key rule as a constraint.
-    _sql(
-        "CREATE INDEX events_job ON events(job_id, id)",
-        "CREATE INDEX jobs_state ON jobs(state)",
-        f"""CREATE UNIQUE INDEX jobs_live_key ON jobs(uid, job_key)
-            WHERE job_key IS NOT NULL AND state NOT IN ({_RELEASED_SQL})""",
-    ),
-    # 3: scheduling policies: QoS and limits asked for, preemption and OOM-retry state.
-    _sql(
-        "ALTER TABLE jobs ADD COLUMN qos TEXT NOT NULL DEFAULT 'burstable'",
-        "ALTER TABLE jobs ADD COLUMN mem_limit INTEGER",
-        "ALTER TABLE jobs ADD COLUMN grace REAL",
-        "ALTER TABLE jobs ADD COLUMN no_requeue INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE jobs ADD COLUMN retries INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE jobs ADD COLUMN checkpoint INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE jobs ADD COLUMN preempting_at REAL",
-        "ALTER TABLE jobs ADD COLUMN preemptions INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE jobs ADD COLUMN oom_retries INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE jobs ADD COLUMN retry_mem INTEGER",
-        "ALTER TABLE jobs ADD COLUMN not_before REAL",
-        "ALTER TABLE jobs ADD COLUMN kill_reason TEXT",
-        "ALTER TABLE jobs ADD COLUMN mps INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE jobs ADD COLUMN sm_percent INTEGER",
-        "ALTER TABLE jobs ADD COLUMN mem_auto INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE jobs ADD COLUMN cpus INTEGER",
-        "ALTER TABLE jobs ADD COLUMN no_numa INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE jobs ADD COLUMN cpu_set TEXT NOT NULL DEFAULT '[]'",
-        # Memory an ended attempt keeps reserved until it is verified back.
-        """CREATE TABLE holds (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
-            attempt INTEGER NOT NULL,
-            gpu_uuids TEXT NOT NULL,       -- JSON list
-            budget INTEGER NOT NULL,
-            pids TEXT NOT NULL,            -- JSON list: its processes, as last seen
-            baseline TEXT NOT NULL,        -- JSON object: uuid -> unaccounted bytes
-            exited_at REAL NOT NULL,
-            released_at REAL,
-            how TEXT,
-            leak TEXT
-        )""",
-        "CREATE INDEX holds_job ON holds(job_id, id)",
-        "CREATE INDEX holds_open ON holds(released_at) WHERE released_at IS NULL",
-    ),
-    # 4: memory samples per GPU for the web page's history (see daemon/history.py).
-    _sql(
-        """CREATE TABLE samples (
-            gpu TEXT NOT NULL,             -- uuid
-            ts INTEGER NOT NULL,           -- unix seconds
-            idx INTEGER NOT NULL,
-            total INTEGER NOT NULL,
-            used INTEGER NOT NULL,
-            leaked INTEGER NOT NULL,       -- memory no listed process accounts for
-            parts TEXT NOT NULL,           -- JSON: {"j": {job id: bytes}, "u": {user: bytes}}
-            PRIMARY KEY (gpu, ts)
-        ) WITHOUT ROWID""",
-        "CREATE INDEX samples_ts ON samples(ts)",
-    ),
-    # 5: jobs another launcher starts and the daemon places and watches (daemon/attach.py).
-    # ... and the start times of an ended attempt's processes, to know them again.
-    _sql("ALTER TABLE jobs ADD COLUMN attach TEXT",
-         "ALTER TABLE holds ADD COLUMN starts TEXT"),  # JSON object: pid -> start time
-    # 6: what the latest CUDA OOM showed: the allocation that failed, what the job needed.
-    _sql("ALTER TABLE jobs ADD COLUMN oom_tried INTEGER",
-         "ALTER TABLE jobs ADD COLUMN oom_need INTEGER"),
-    # 7: the CUDA context allowance booked beside a job's budget, and the measurements
-    # it comes from, per GPU model and driver (sched/context.py).
-    _sql("ALTER TABLE jobs ADD COLUMN context INTEGER",
-         "ALTER TABLE jobs ADD COLUMN allocated_peak INTEGER",  # the cap hook's report
-         """CREATE TABLE contexts (
-            model TEXT NOT NULL,
-            driver TEXT NOT NULL,
-            at REAL NOT NULL,
-            bytes INTEGER NOT NULL
-        )""",
-         "CREATE INDEX contexts_model ON contexts(model, driver, at)"),
-    # 8: the most an OOM retry of a job that crept into its cap may take (sched/oom.py).
-    # ... and until when it waits for room for that ceiling.
-    _sql("ALTER TABLE jobs ADD COLUMN retry_ceiling INTEGER",
-         "ALTER TABLE jobs ADD COLUMN ceiling_until REAL"),
-    # 9: drained GPUs: no new placement there until undrained (gpuwarden gpu drain).
-    _sql("""CREATE TABLE IF NOT EXISTS drains (
-            gpu INTEGER PRIMARY KEY,       -- index, as placement numbers GPUs
-            reason TEXT,
-            by_user TEXT NOT NULL,
-            at REAL NOT NULL
-        )"""),
-    # 10: services: a restart policy and health check (JSON, daemon/restart.py), the
-    # restarts so far and the failed health checks.
-    _sql("ALTER TABLE jobs ADD COLUMN service TEXT",
-         "ALTER TABLE jobs ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0",
-         "ALTER TABLE jobs ADD COLUMN health_failures INTEGER NOT NULL DEFAULT 0"),
-    # 11: dependencies beside --after (success): --after-any (any end), --after-fail.
-    _sql("ALTER TABLE jobs ADD COLUMN after_any_ids TEXT NOT NULL DEFAULT '[]'",
-         "ALTER TABLE jobs ADD COLUMN after_fail_ids TEXT NOT NULL DEFAULT '[]'"),
-    # 12: a MIG instance profile the job asks for (--mig 3g.40gb).
-    _sql("ALTER TABLE jobs ADD COLUMN mig TEXT"),
-    # 13: a command run as the user once the job ends (--notify).
-    _sql("ALTER TABLE jobs ADD COLUMN notify TEXT"),
-    # 14: arrays (--array 0-99%8): the array's id (its first task's), the task's index
-    # and the array's limit on tasks at once.
-    _sql("ALTER TABLE jobs ADD COLUMN array_id INTEGER",
-         "ALTER TABLE jobs ADD COLUMN array_index INTEGER",
-         "ALTER TABLE jobs ADD COLUMN array_limit INTEGER",
-         "CREATE INDEX jobs_array ON jobs (array_id, array_index)"),
-    # 15: what a job's earlier attempts used (a requeue, an OOM retry, a restart, a
-    # retry clears the attempt's own fields): GPU-seconds, and byte-seconds reserved
-    # (budget) and used (peak) over its GPUs, for `report`.
-    _sql("ALTER TABLE jobs ADD COLUMN earlier_gpu_seconds REAL NOT NULL DEFAULT 0",
-         "ALTER TABLE jobs ADD COLUMN earlier_reserved REAL NOT NULL DEFAULT 0",
-         "ALTER TABLE jobs ADD COLUMN earlier_used REAL NOT NULL DEFAULT 0"),
-]
-SCHEMA_VERSION = len(MIGRATIONS)
-
-# Columns a transition may set, with how each is stored.
-_JSON_FIELDS = frozenset({"gpus", "gpu_uuids", "cpu_set"})
+# Columns a transition may set (rows.field_value: how each is stored).
 TRANSITION_FIELDS = frozenset({
     "started_at", "ended_at", "gpus", "gpu_uuids", "budget", "exit_code", "reason",
     "supervisor_pid", "supervisor_start", "boot_id", "attempts", "peak_memory",
@@ -330,172 +151,9 @@ _NEEDED_SQL = " UNION ".join(  # --after, --after-any, --after-fail
     f"SELECT d.value FROM jobs AS w, json_each(w.{column}) AS d "
     f"WHERE w.state NOT IN ({_TERMINAL_SQL})"
     for column in ("after_ids", "after_any_ids", "after_fail_ids"))
-_INT64 = (-(1 << 63), (1 << 63) - 1)
 # What ``edit`` may change in a waiting job: JobSpec field -> column.
 _EDIT_COLUMNS = {"mem": "mem", "mem_limit": "mem_limit", "priority": "priority",
                  "qos": "qos", "gpus": "gpu_count", "timeout": "timeout", "name": "name"}
-
-
-def _json_ids(values: Iterable[Any]) -> str:
-    return json.dumps(list(values))
-
-
-def _json_list(name: str, value: object) -> str:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise TypeError(f"{name} must be a sequence")
-    return json.dumps(list(value))
-
-
-def _ints_ok(*values: int | None) -> bool:
-    return all(v is None or _INT64[0] <= v <= _INT64[1] for v in values)
-
-
-def _check_spec(spec: JobSpec) -> None:
-    """Reject what the database cannot hold faithfully (bad input, not a crash)."""
-    if not spec.command or not all(isinstance(a, str) for a in spec.command):
-        raise UsageError("a job needs a command (a non-empty list of strings)")
-    for label, text in (("user", spec.user), ("cwd", spec.cwd), ("name", spec.name),
-                        ("group", spec.group), ("key", spec.key), ("attach", spec.attach),
-                        ("notify", spec.notify)):
-        if text is None:
-            continue
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise UsageError(f"job {label} is not valid UTF-8") from None
-        if "\0" in text:
-            raise UsageError(f"job {label} contains a NUL character")
-    ints = (spec.uid, spec.gid, spec.mem, spec.gpus, spec.priority, spec.mem_limit,
-            spec.retries, spec.sm_percent, spec.cpus, *spec.groups,
-            *(spec.gpu_ids or ()), *spec.after, *spec.after_any, *spec.after_fail)
-    if not _ints_ok(*ints):
-        raise UsageError("a number in the job request is out of range")
-
-
-def _loads_tuple(text: str | None) -> tuple[Any, ...]:
-    if text is None or text == "[]":  # the common case, without the JSON parser
-        return ()
-    return tuple(json.loads(text))
-
-
-def _row_to_hold(row: sqlite3.Row) -> Hold:
-    return Hold(id=row["id"], job_id=row["job_id"], attempt=row["attempt"],
-                gpu_uuids=tuple(json.loads(row["gpu_uuids"])), budget=row["budget"],
-                pids=tuple(json.loads(row["pids"])),
-                baseline={str(k): int(v) for k, v in json.loads(row["baseline"]).items()},
-                exited_at=row["exited_at"], released_at=row["released_at"], how=row["how"],
-                leak=row["leak"],
-                starts={int(k): float(v) for k, v in json.loads(row["starts"] or "{}").items()})
-
-
-def _row_to_job(raw: sqlite3.Row, events: Sequence[Event], hold: Hold | None = None) -> Job:
-    # A Row finds a column by name by comparing it with every column's name in turn:
-    # 60 lookups over 60 columns were most of the time of listing 10,000 jobs.
-    row = dict(zip(raw.keys(), raw, strict=True))
-    gpu_ids = row["gpu_ids"]
-    spec = JobSpec(
-        command=tuple(json.loads(row["command"])),
-        user=row["user"],
-        uid=row["uid"],
-        gid=row["gid"],
-        groups=_loads_tuple(row["groups"]),
-        cwd=row["cwd"],
-        env=ENV_NOT_READ if row["env"] is None
-        else {} if row["env"] == "{}" else dict(json.loads(row["env"])),
-        name=row["name"],
-        group=row["job_group"],
-        key=row["job_key"],
-        mem=row["mem"],
-        gpus=row["gpu_count"],
-        gpu_ids=None if gpu_ids is None else tuple(json.loads(gpu_ids)),
-        after=_loads_tuple(row["after_ids"]),
-        after_any=_loads_tuple(row["after_any_ids"]),
-        after_fail=_loads_tuple(row["after_fail_ids"]),
-        timeout=row["timeout"],
-        exclusive=bool(row["exclusive"]),
-        priority=row["priority"],
-        requeue_on_reboot=bool(row["requeue_on_reboot"]),
-        qos=row["qos"],
-        mem_limit=row["mem_limit"],
-        grace=row["grace"],
-        no_requeue=bool(row["no_requeue"]),
-        retries=row["retries"],
-        checkpoint=bool(row["checkpoint"]),
-        mps=bool(row["mps"]),
-        sm_percent=row["sm_percent"],
-        mem_auto=bool(row["mem_auto"]),
-        cpus=row["cpus"],
-        no_numa=bool(row["no_numa"]),
-        mig=row["mig"],
-        attach=row["attach"],
-        service=Service.loads(row["service"]),
-        notify=row["notify"],
-        array=None if row["array_id"] is None else Member(
-            row["array_id"], row["array_index"], row["array_limit"]),
-    )
-    return Job(
-        id=row["id"],
-        spec=spec,
-        state=row["state"],
-        submitted_at=row["submitted_at"],
-        started_at=row["started_at"],
-        ended_at=row["ended_at"],
-        gpus=_loads_tuple(row["gpus"]),
-        gpu_uuids=_loads_tuple(row["gpu_uuids"]),
-        budget=row["budget"],
-        peak_memory=row["peak_memory"],
-        allocated_peak=row["allocated_peak"],
-        exit_code=row["exit_code"],
-        reason=row["reason"],
-        supervisor_pid=row["supervisor_pid"],
-        supervisor_start=row["supervisor_start"],
-        boot_id=row["boot_id"],
-        attempts=row["attempts"],
-        preempting_at=row["preempting_at"],
-        preemptions=row["preemptions"],
-        oom_retries=row["oom_retries"],
-        retry_mem=row["retry_mem"],
-        retry_ceiling=row["retry_ceiling"],
-        ceiling_until=row["ceiling_until"],
-        oom_tried=row["oom_tried"],
-        oom_need=row["oom_need"],
-        context=row["context"],
-        not_before=row["not_before"],
-        kill_reason=row["kill_reason"],
-        release=hold,
-        cpu_set=_loads_tuple(row["cpu_set"]),
-        restarts=row["restarts"],
-        health_failures=row["health_failures"],
-        earlier=AttemptUse(row["earlier_gpu_seconds"], row["earlier_reserved"],
-                           row["earlier_used"]),
-        events=tuple(events),
-    )
-
-
-def _keep_attempt_use(row: sqlite3.Row, state: str, now: float, sets: list[str],
-                      args: list[Any]) -> tuple[list[str], list[Any]]:
-    """Add what the attempt being cleared used (its start to its end, or to now while it
-    still runs) to the job's earlier attempts' figures, in the same UPDATE."""
-    end = row["ended_at"] if state in TERMINAL and row["ended_at"] is not None else now
-    seconds = max(end - row["started_at"], 0.0)
-    gpus = max(len(json.loads(row["gpus"] or "[]")), 1)
-    return ([*sets, "earlier_gpu_seconds = earlier_gpu_seconds + ?",
-             "earlier_reserved = earlier_reserved + ?", "earlier_used = earlier_used + ?"],
-            [*args, seconds * gpus, seconds * gpus * (row["budget"] or 0),
-             seconds * gpus * (row["peak_memory"] or 0)])
-
-
-def _states_arg(states: str | Iterable[str]) -> tuple[str, ...]:
-    """One state or several; a bare string is one state, not its characters."""
-    out = (states,) if isinstance(states, str) else tuple(states)
-    unknown = [s for s in out if s not in STATES]
-    if unknown:
-        raise ValueError(f"unknown job state(s): {', '.join(unknown)}")
-    return out
-
-
-# --------------------------------------------------------------------------- store
-
 
 class Store:
     """Jobs and events in SQLite. Every method is one transaction; every mutation that
@@ -675,7 +333,7 @@ class Store:
         else:
             rows = conn.execute(
                 "SELECT job_id, at, kind, detail FROM events WHERE job_id IN "
-                "(SELECT value FROM json_each(?)) ORDER BY id", (_json_ids(ids),))
+                "(SELECT value FROM json_each(?)) ORDER BY id", (json_ids(ids),))
         for r in rows:
             out[r["job_id"]].append(Event(at=r["at"], kind=r["kind"], detail=r["detail"]))
         return out
@@ -687,8 +345,8 @@ class Store:
             return {}
         rows = conn.execute(
             "SELECT * FROM holds WHERE id IN (SELECT max(id) FROM holds WHERE job_id IN "
-            "(SELECT value FROM json_each(?)) GROUP BY job_id)", (_json_ids(ids),))
-        return {r["job_id"]: _row_to_hold(r) for r in rows}
+            "(SELECT value FROM json_each(?)) GROUP BY job_id)", (json_ids(ids),))
+        return {r["job_id"]: row_to_hold(r) for r in rows}
 
     def _columns_but_env(self) -> str:
         """The jobs table's columns, env read as NULL (it is NOT NULL in the table, so
@@ -704,12 +362,12 @@ class Store:
         row = conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise JobNotFound(job_id)
-        return _row_to_job(row, self._events(conn, [job_id])[job_id],
-                           self._holds(conn, [job_id]).get(job_id))
+        return row_to_job(row, self._events(conn, [job_id])[job_id],
+                          self._holds(conn, [job_id]).get(job_id))
 
     def get(self, job_id: int) -> Job:
         """The job with its events (oldest first); JobNotFound when there is none."""
-        if not _ints_ok(job_id):
+        if not ints_ok(job_id):
             raise JobNotFound(job_id)
         with self._tx(write=False) as conn:
             return self._load(conn, job_id)
@@ -733,7 +391,7 @@ class Store:
                 args.append(bound)
         if states is not None:
             where.append("state IN (SELECT value FROM json_each(?))")
-            args.append(json.dumps(list(_states_arg(states))))
+            args.append(json.dumps(list(states_arg(states))))
         if user is not None:
             where.append("user = ?")
             args.append(user)
@@ -741,12 +399,12 @@ class Store:
             where.append("job_group = ?")
             args.append(group)
         if ids is not None:
-            id_list = [i for i in ids if _ints_ok(i)]
+            id_list = [i for i in ids if ints_ok(i)]
             where.append("id IN (SELECT value FROM json_each(?))")
-            args.append(_json_ids(id_list))
+            args.append(json_ids(id_list))
         if array is not None:
             where.append("array_id = ?")
-            args.append(array if _ints_ok(array) else -1)
+            args.append(array if ints_ok(array) else -1)
         sql = f"SELECT {'*' if with_env else self._columns_but_env()} FROM jobs"
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -759,7 +417,7 @@ class Store:
             ids = [r["id"] for r in rows]
             events = self._events(conn, ids) if with_events else {}
             holds = self._holds(conn, ids) if with_events else {}
-            return [_row_to_job(r, events.get(r["id"], ()), holds.get(r["id"])) for r in rows]
+            return [row_to_job(r, events.get(r["id"], ()), holds.get(r["id"])) for r in rows]
 
     def peaks(self, uid: int, *, key: str | None = None, name: str | None = None,
               limit: int = 5) -> builtins.list[int]:
@@ -884,7 +542,6 @@ class Store:
                   json.dumps(s.parts(), separators=(",", ":"))) for s in samples])
             conn.execute("DELETE FROM samples WHERE ts < ?", (int(now - keep),))
 
-
     def add_context_sample(self, model: str, driver: str, nbytes: int, now: float) -> None:
         """Keep one measurement of the CUDA context on a GPU model and driver (the
         latest ``SAMPLES_KEPT`` of each are kept)."""
@@ -916,14 +573,14 @@ class Store:
         reserved, running or succeeded, that job comes back with created=False and
         nothing is written. Raises DependencyNotFound when ``after`` names a job that
         does not exist."""
-        _check_spec(spec)
+        check_spec(spec)
         if state not in lifecycle.SUBMITTED_AS:
             raise ValueError(f"a job cannot be submitted as {state}")
         with self._tx(write=True) as conn:
             if spec.key is not None:
                 row = conn.execute(
                     "SELECT id FROM jobs WHERE uid = ? AND job_key = ? AND state NOT IN "
-                    f"({_RELEASED_SQL})", (spec.uid, spec.key)).fetchone()
+                    f"({RELEASED_SQL})", (spec.uid, spec.key)).fetchone()
                 if row is not None:
                     return self._load(conn, row["id"]), False
             deps = (*spec.after, *spec.after_any, *spec.after_fail)
@@ -931,7 +588,7 @@ class Store:
                 wanted = sorted(set(deps))
                 found = {r[0] for r in conn.execute(
                     "SELECT id FROM jobs WHERE id IN (SELECT value FROM json_each(?))",
-                    (_json_ids(wanted),))}
+                    (json_ids(wanted),))}
                 missing = [i for i in wanted if i not in found]
                 if missing:
                     raise DependencyNotFound(missing)
@@ -957,11 +614,11 @@ class Store:
                    sm_percent, mem_auto, cpus, no_numa, attach, service)
                VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,
                        ?)""",
-            (spec.user, spec.uid, spec.gid, _json_ids(spec.groups), spec.cwd,
+            (spec.user, spec.uid, spec.gid, json_ids(spec.groups), spec.cwd,
              json.dumps(dict(spec.env), sort_keys=True), json.dumps(list(spec.command)),
              spec.name, spec.group, spec.key, spec.mem, spec.gpus,
-             None if spec.gpu_ids is None else _json_ids(spec.gpu_ids),
-             _json_ids(spec.after), spec.timeout, int(spec.exclusive), spec.priority,
+             None if spec.gpu_ids is None else json_ids(spec.gpu_ids),
+             json_ids(spec.after), spec.timeout, int(spec.exclusive), spec.priority,
              int(spec.requeue_on_reboot), state, now, reason, spec.qos, spec.mem_limit,
              spec.grace, int(spec.no_requeue), spec.retries, int(spec.checkpoint),
              int(spec.mps), spec.sm_percent, int(spec.mem_auto), spec.cpus,
@@ -974,8 +631,8 @@ class Store:
                          (spec.mig, spec.notify, job_id))
         if spec.after_any or spec.after_fail:
             conn.execute("UPDATE jobs SET after_any_ids = ?, after_fail_ids = ? "
-                         "WHERE id = ?", (_json_ids(spec.after_any),
-                                          _json_ids(spec.after_fail), job_id))
+                         "WHERE id = ?", (json_ids(spec.after_any),
+                                          json_ids(spec.after_fail), job_id))
         conn.execute(
             "INSERT INTO events (job_id, at, kind, detail, from_state, to_state) "
             "VALUES (?, ?, 'submitted', ?, NULL, ?)",
@@ -986,17 +643,17 @@ class Store:
         """The job ids that references name (daemon/arrays.py): an id names its job, or
         every task when it is an array's id; ``(array, index)`` one task. Returns the
         ids, sorted, and the references that name nothing, in their order, once each."""
-        plain = sorted({r for r in refs if isinstance(r, int) and _ints_ok(r)})
+        plain = sorted({r for r in refs if isinstance(r, int) and ints_ok(r)})
         found: set[int] = set()
         named: set[Ref] = set()
         with self._tx(write=False) as conn:
             for row in conn.execute(
                     "SELECT id, array_id FROM jobs WHERE id IN (SELECT value FROM json_each(?))"
                     " OR array_id IN (SELECT value FROM json_each(?))",
-                    (_json_ids(plain), _json_ids(plain))):
+                    (json_ids(plain), json_ids(plain))):
                 found.add(row["id"])
                 named.update(i for i in (row["id"], row["array_id"]) if i is not None)
-            for ref in {r for r in refs if isinstance(r, tuple) and _ints_ok(*r)}:
+            for ref in {r for r in refs if isinstance(r, tuple) and ints_ok(*r)}:
                 row = conn.execute("SELECT id FROM jobs WHERE array_id = ? AND array_index = ?",
                                    ref).fetchone()
                 if row is not None:
@@ -1034,7 +691,7 @@ class Store:
         in the same transaction). Raises Conflict when the job is in another state
         (another actor moved it first), JobNotFound when it does not exist. Returns the
         job as committed."""
-        froms = _states_arg(from_states)
+        froms = states_arg(from_states)
         if to_state is not None and to_state not in STATES:
             raise ValueError(f"unknown job state: {to_state}")
         lifecycle.check(kind, froms, to_state)
@@ -1045,11 +702,8 @@ class Store:
         args: list[Any] = [to_state]  # None is filled in once the current state is read
         for name, value in sorted(fields.items()):
             sets.append(f"{name} = ?")
-            if name in _JSON_FIELDS:
-                args.append(_json_list(name, value))
-            else:
-                args.append(value)
-        if not _ints_ok(job_id):
+            args.append(field_value(name, value))
+        if not ints_ok(job_id):
             raise JobNotFound(job_id)
         with self._tx(write=True) as conn:
             row = conn.execute("SELECT state, attempts, started_at, ended_at, gpus, budget, "
@@ -1064,7 +718,7 @@ class Store:
                 to_state = args[0] = current
             if "started_at" in fields and fields["started_at"] is None \
                     and row["started_at"] is not None:  # an attempt's figures are cleared
-                sets, args = _keep_attempt_use(row, current, now, sets, args)
+                sets, args = keep_attempt_use(row, current, now, sets, args)
             try:
                 conn.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ? AND state = ?",
                              [*args, job_id, current])
@@ -1080,7 +734,7 @@ class Store:
                     "INSERT INTO holds (job_id, attempt, gpu_uuids, budget, pids, baseline, "
                     "exited_at, starts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (job_id, row["attempts"], json.dumps(list(hold.gpu_uuids)), hold.budget,
-                     _json_ids(sorted(hold.pids)), json.dumps(dict(hold.baseline)),
+                     json_ids(sorted(hold.pids)), json.dumps(dict(hold.baseline)),
                      hold.exited_at,
                      json.dumps({str(k): v for k, v in sorted(hold.starts.items())})))
             job = self._load(conn, job_id)
@@ -1103,7 +757,7 @@ class Store:
     def open_holds(self) -> builtins.list[Hold]:
         """Memory of ended attempts not yet verified back (or cleared), oldest first."""
         with self._tx(write=False) as conn:
-            return [_row_to_hold(r) for r in conn.execute(
+            return [row_to_hold(r) for r in conn.execute(
                 "SELECT * FROM holds WHERE released_at IS NULL ORDER BY id")]
 
     def close_hold(self, hold_id: int, now: float, how: str, *, kind: str,
@@ -1137,7 +791,7 @@ class Store:
     def add_event(self, job_id: int, kind: str, detail: str | None, now: float) -> Event:
         """Append an event that changes no state (a note: oom seen, leak found)."""
         lifecycle.check_note(kind)
-        if not _ints_ok(job_id):
+        if not ints_ok(job_id):
             raise JobNotFound(job_id)
         with self._tx(write=True) as conn:
             if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None:
@@ -1148,7 +802,7 @@ class Store:
 
     def set_allocated_peak(self, job_id: int, nbytes: int) -> None:
         """What the job's allocator peaked at, as its cap hook reported when it ended."""
-        if not _ints_ok(job_id, nbytes):
+        if not ints_ok(job_id, nbytes):
             raise ValueError("allocated peak out of range")
         with self._tx(write=True) as conn:
             conn.execute("UPDATE jobs SET allocated_peak = ? WHERE id = ?", (nbytes, job_id))
@@ -1156,7 +810,7 @@ class Store:
     def set_peak(self, job_id: int, nbytes: int) -> bool:
         """Raise the recorded peak memory to ``nbytes`` if higher (it only grows).
         Returns whether it changed. No event: the sampler calls this every pass."""
-        if not _ints_ok(job_id, nbytes):
+        if not ints_ok(job_id, nbytes):
             raise ValueError("peak memory out of range")
         with self._tx(write=True) as conn:
             cur = conn.execute(
@@ -1174,7 +828,7 @@ class Store:
         finds the same reason writes nothing. Returns whether it changed; False also
         when the job is no longer waiting or no longer exists (the scheduler's view
         may be a pass old)."""
-        if not _ints_ok(job_id):
+        if not ints_ok(job_id):
             return False
         with self._tx(write=True) as conn:
             cur = conn.execute(
@@ -1205,7 +859,7 @@ class Store:
         """``set_reason`` for many jobs in one transaction (an array's throttled tasks,
         thousands at a time), with no events."""
         rows = [(why, job_id, *_WAITING, why) for job_id, why in reasons.items()
-                if _ints_ok(job_id)]
+                if ints_ok(job_id)]
         if not rows:
             return
         with self._tx(write=True) as conn:
@@ -1215,7 +869,7 @@ class Store:
     def delete(self, job_id: int) -> Job:
         """Remove a finished job and its events; returns it (so its directory can go
         too). Conflict when it is not finished or an unfinished job depends on it."""
-        if not _ints_ok(job_id):
+        if not ints_ok(job_id):
             raise JobNotFound(job_id)
         with self._tx(write=True) as conn:
             job = self._load(conn, job_id)
@@ -1301,13 +955,13 @@ class Store:
         fields (see _EDIT_COLUMNS) to their new values, written with an ``edited`` event in
         one transaction, only while the job is in one of ``from_states`` (else Conflict).
         A new ``mem`` is the budget from then on, also after an OOM retry raised it."""
-        froms = _states_arg(from_states)
+        froms = states_arg(from_states)
         unknown = set(changes) - set(_EDIT_COLUMNS)
         if unknown:
             raise TypeError(f"edit() cannot set {', '.join(sorted(unknown))}")
         edited = dataclasses.replace(JobSpec(command=("x",), user="", uid=0, gid=0), **{
             k: v for k, v in changes.items()})
-        _check_spec(edited)
+        check_spec(edited)
         with self._tx(write=True) as conn:
             row = conn.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
             if row is None:
