@@ -117,8 +117,8 @@ def fill_history(home: Path, scenario: Path, hours: float, jobs: int) -> dict[st
     few jobs on each GPU at a time, the rest of the memory others'."""
     sys.path.insert(0, str(SRC))
     from gpuwarden.daemon.history import GpuSample
-    from gpuwarden.daemon.model import CANCELLED, QUEUED, JobSpec
     from gpuwarden.daemon.store import Store
+    from gpuwarden.jobs.model import CANCELLED, QUEUED, JobSpec
     from gpuwarden.units import parse_size
 
     gpus = json.loads(scenario.read_text())["gpus"]

@@ -22,15 +22,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpuwarden.daemon import model, supervisor
+from gpuwarden.daemon import supervisor
 from gpuwarden.daemon.auth import Caller
 from gpuwarden.daemon.client import Client
 from gpuwarden.daemon.loop import Scheduler
-from gpuwarden.daemon.model import Job, JobSpec
 from gpuwarden.daemon.service import Config, JobService
 from gpuwarden.daemon.store import Store
 from gpuwarden.gpus.backend import Backend, open_backend
+from gpuwarden.jobs import model
 from gpuwarden.jobs.jobdir import SupervisorHandle, SupervisorSpec, read_status, write_spec
+from gpuwarden.jobs.model import Job, JobSpec
 from gpuwarden.procs.identity import boot_id
 from tests.conftest import SRC
 from tests.integration.daemon_fixture import PY, Daemon, start_daemon

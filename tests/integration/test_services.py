@@ -234,8 +234,8 @@ def test_a_service_retried_after_an_oom_goes_before_higher_priority_work(
 
 
 def test_a_cancel_during_a_health_stop_is_no_restart() -> None:
-    from gpuwarden.daemon.model import Event
     from gpuwarden.daemon.restart import cancel_asked
+    from gpuwarden.jobs.model import Event
 
     ev = [Event(1.0, "placed"), Event(2.0, "health_failed"), Event(2.1, "cancel_requested")]
     assert cancel_asked(ev)

@@ -27,8 +27,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from gpuwarden.daemon.model import STATES
 from gpuwarden.daemon.store import KEY_RELEASED, Store
+from gpuwarden.jobs.model import STATES
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -36,7 +36,9 @@ ROUNDS = 20
 
 
 def _worker(db: str, report_path: str, seed: int) -> None:  # pragma: no cover - subprocess
-    from gpuwarden.daemon.model import (
+    from gpuwarden.daemon.store import Conflict, Store
+    from gpuwarden.jobs.lifecycle import TRANSITIONS
+    from gpuwarden.jobs.model import (
         CANCELLED,
         FAILED,
         HELD,
@@ -48,8 +50,6 @@ def _worker(db: str, report_path: str, seed: int) -> None:  # pragma: no cover -
         TERMINAL,
         JobSpec,
     )
-    from gpuwarden.daemon.store import Conflict, Store
-    from gpuwarden.jobs.lifecycle import TRANSITIONS
 
     nxt = {QUEUED: (RESERVED, RESERVED, HELD, CANCELLED, INFEASIBLE), HELD: (QUEUED, CANCELLED),
            RESERVED: (RUNNING, RUNNING, QUEUED, FAILED, CANCELLED),

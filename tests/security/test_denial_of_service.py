@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.daemon import model
 from gpuwarden.daemon.client import Client
 from gpuwarden.daemon.config import read_config
 from gpuwarden.daemon.history import GpuSample
-from gpuwarden.daemon.model import JobSpec
 from gpuwarden.daemon.store import Store
 from gpuwarden.errors import UsageError
+from gpuwarden.jobs import model
+from gpuwarden.jobs.model import JobSpec
 from tests.conftest import EXAMPLES, ROOT, SRC
 from tests.integration.daemon_fixture import (
     Daemon,

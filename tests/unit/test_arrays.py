@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.daemon.arrays import MAX_TASKS, Array, Member, parse_array, parse_refs, throttle
-from gpuwarden.daemon.model import QUEUED, RUNNING, Job, JobSpec
 from gpuwarden.daemon.store import Store
 from gpuwarden.errors import UsageError
+from gpuwarden.jobs.arrays import MAX_TASKS, Array, Member, parse_array, parse_refs
+from gpuwarden.jobs.model import QUEUED, RUNNING, Job, JobSpec
+from gpuwarden.sched.arrays import throttle
 
 
 def test_indices_ranges_steps_and_a_limit() -> None:

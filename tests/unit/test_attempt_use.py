@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.daemon.accounting import usage_row
-from gpuwarden.daemon.model import FAILED, QUEUED, RESERVED, RUNNING, SUCCEEDED, JobSpec
 from gpuwarden.daemon.store import Store
+from gpuwarden.jobs.model import FAILED, QUEUED, RESERVED, RUNNING, SUCCEEDED, JobSpec
 
 GiB = 1 << 30
 

@@ -10,9 +10,9 @@ from typing import Any
 
 from hypothesis import given, note, settings
 
-from gpuwarden.daemon.model import QUEUED, RESERVED, RUNNING, SUCCEEDED, JobSpec
 from gpuwarden.daemon.service import estimate_view, learned_runtime, queued_view
 from gpuwarden.daemon.store import Store
+from gpuwarden.jobs.model import QUEUED, RESERVED, RUNNING, SUCCEEDED, JobSpec
 from gpuwarden.sched import backfill
 from gpuwarden.sched.history import learned_runtime as learn
 from gpuwarden.sched.model import GpuState, ManagedUse, Place, QueuedJob, Wait

@@ -9,8 +9,8 @@ import psutil
 import pytest
 
 from gpuwarden.daemon.heap import HeapTrimmer
-from gpuwarden.daemon.model import JobSpec
 from gpuwarden.daemon.store import Store
+from gpuwarden.jobs.model import JobSpec
 
 
 def test_trims_at_most_once_per_period() -> None:

@@ -19,7 +19,7 @@ DESIGN = ROOT / "docs" / "design.md"
 # (importer, imported) pairs that break the contract: none today, and none may be added.
 ALLOWED: set[tuple[str, str]] = set()
 
-# Cycles through two packages closed by imports inside functions: none today.
+# Cycles closed by imports inside functions or in annotations: none today.
 ALLOWED_LAZY_CYCLES: set[frozenset[str]] = set()
 
 
@@ -190,16 +190,11 @@ def test_no_import_cycles() -> None:
     assert not cycles, f"import cycles: {[sorted(c) for c in cycles]}"
 
 
-def _package(module: str) -> str:
-    return module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
-
-
-def test_no_cycles_across_packages_even_lazily() -> None:
-    """Imports inside functions can close a cycle without failing at import time; one
-    through two packages breaks the layers too. (Lazy cycles inside one package, such
-    as daemon/loop.py and daemon/service.py, are debts listed in docs/design.md.)"""
-    graph = {m: imports(m, top_only=False, annotations=False) for m in MODULES}
-    cycles = {c for c in _cycles(graph) if len({_package(m) for m in c}) > 1}
+def test_no_cycles_even_lazily_or_in_annotations() -> None:
+    """Imports inside functions, or under ``TYPE_CHECKING``, can close a cycle without
+    failing at import time; the modules are still one tangle to read and to change."""
+    graph = {m: imports(m, top_only=False, annotations=True) for m in MODULES}
+    cycles = set(_cycles(graph))
     assert cycles <= ALLOWED_LAZY_CYCLES, [sorted(c) for c in cycles - ALLOWED_LAZY_CYCLES]
     gone = ALLOWED_LAZY_CYCLES - cycles
     assert not gone, f"fixed, take them out of ALLOWED_LAZY_CYCLES: {gone}"

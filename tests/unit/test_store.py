@@ -25,23 +25,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
-from gpuwarden.daemon import model
-from gpuwarden.daemon.arrays import Array, Member
-from gpuwarden.daemon.model import (
-    CANCELLED,
-    FAILED,
-    HELD,
-    INFEASIBLE,
-    QUEUED,
-    RESERVED,
-    RUNNING,
-    STATES,
-    SUCCEEDED,
-    TERMINAL,
-    JobSpec,
-)
+from gpuwarden.daemon.jobjson import job_json
 from gpuwarden.daemon.paths import Paths, boot_id, resolve_paths
-from gpuwarden.daemon.restart import Service
 from gpuwarden.daemon.store import (
     KEY_RELEASED,
     MIGRATIONS,
@@ -55,7 +40,23 @@ from gpuwarden.daemon.store import (
     StoreError,
 )
 from gpuwarden.errors import GpuwardenError, UsageError
+from gpuwarden.jobs import model
+from gpuwarden.jobs.arrays import Array, Member
 from gpuwarden.jobs.lifecycle import TRANSITIONS, IllegalTransition
+from gpuwarden.jobs.model import (
+    CANCELLED,
+    FAILED,
+    HELD,
+    INFEASIBLE,
+    QUEUED,
+    RESERVED,
+    RUNNING,
+    STATES,
+    SUCCEEDED,
+    TERMINAL,
+    JobSpec,
+)
+from gpuwarden.jobs.services import Service
 from tests.unit.builders import move
 
 GiB = 1 << 30
@@ -161,7 +162,7 @@ def test_to_json_shape(store: Store) -> None:
     store.set_peak(job.id, GiB)
     job = store.transition(job.id, RUNNING, SUCCEEDED, now=1700000003.5, kind="succeeded",
                            exit_code=0, ended_at=1700000003.5)
-    out = store.get(job.id).to_json()
+    out = job_json(store.get(job.id))
     required = {"id", "user", "name", "state", "command", "gpus", "mem", "peak_memory",
                 "exit_code", "submitted_at", "started_at", "ended_at", "reason", "events"}
     assert required <= set(out)
@@ -352,7 +353,7 @@ def test_a_listing_without_environments_reads_them_from_no_row(store: Store) -> 
     with pytest.raises(RuntimeError):
         light.spec.env.get("VAR1")
     assert dataclasses.replace(light.spec, env=env) == full.spec
-    assert light.events == full.events and light.to_json() == full.to_json()
+    assert light.events == full.events and job_json(light) == job_json(full)
     # a transition reads the whole job again: what a launch starts from
     moved = store.transition(light.id, QUEUED, RESERVED, now=2.0, kind="placed")
     assert moved.spec.env == env
@@ -898,7 +899,7 @@ def test_model_states_are_covered() -> None:
 
 
 def test_memory_holds_live_with_their_job(store: Store) -> None:
-    from gpuwarden.daemon.model import NewHold
+    from gpuwarden.jobs.model import NewHold
 
     job, _ = store.submit(spec(), 1.0)
     store.transition(job.id, QUEUED, RESERVED, now=2.0, kind="placed", gpus=(0,),
@@ -911,7 +912,7 @@ def test_memory_holds_live_with_their_job(store: Store) -> None:
     assert (h.job_id, h.attempt, h.pids, h.baseline, h.budget) == (job.id, 0, (7, 42),
                                                                     {"GPU-a": 1024}, 4 * GiB)
     assert h.starts == {42: 1.25}  # pid 7's start was not known
-    assert ended.release == h and ended.to_json()["memory_release"]["released_at"] is None
+    assert ended.release == h and job_json(ended)["memory_release"]["released_at"] is None
     with pytest.raises(Conflict, match="still holds GPU memory"):
         store.delete(job.id)
     assert store.clean(0, 100.0) == 0

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuwarden.daemon.history import GpuSample
-from gpuwarden.daemon.model import JobSpec
 from gpuwarden.daemon.store import Store
+from gpuwarden.jobs.model import JobSpec
 from gpuwarden.web.views import ChartCache, overview
 
 GiB = 1 << 30

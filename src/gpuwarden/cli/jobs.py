@@ -24,7 +24,7 @@ DIRECTIVE = "#gpuwarden"
 def resolve_ids(client: Any, specs: Sequence[str]) -> tuple[list[int], bool]:
     """The job ids that ``specs`` name (an array's id: each of its tasks; ``12_7``: one
     task), asked of the daemon, and whether any named nothing (each said on stderr)."""
-    from gpuwarden.daemon.arrays import parse_refs
+    from gpuwarden.jobs.arrays import parse_refs
 
     parse_refs(specs)  # a bad one is an error before the daemon is asked
     out = client.request("POST", "/v1/resolve", body={"refs": list(specs)})
@@ -40,7 +40,7 @@ class JobRef(click.ParamType):  # type: ignore[type-arg]
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> str:
-        from gpuwarden.daemon.arrays import parse_refs
+        from gpuwarden.jobs.arrays import parse_refs
 
         text = str(value)
         try:
@@ -230,7 +230,7 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
         if opts.get(name) is not None:
             body[name] = opts[name]
     if opts.get("array") is not None:
-        from gpuwarden.daemon.arrays import parse_array
+        from gpuwarden.jobs.arrays import parse_array
 
         parse_array(opts["array"])  # here, before a daemon is asked (or started)
     if opts["mem"] not in (None, "auto"):
@@ -251,7 +251,7 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
         except ValueError:
             raise UsageError(f"invalid --gpu-ids {opts['gpu_ids']!r}") from None
     _check_launchable(command, body["cwd"])
-    from gpuwarden.daemon.arrays import parse_refs
+    from gpuwarden.jobs.arrays import parse_refs
 
     for kind in ("after", "after_any", "after_fail"):
         parse_refs(opts[kind])  # a bad one is an error before a daemon is asked
@@ -329,7 +329,7 @@ task an array's task (12_7), empty for a job of no array."""
 
 
 def _sort_key(key: str) -> Any:
-    from gpuwarden.daemon.model import STATES
+    from gpuwarden.jobs.model import STATES
 
     if key == "submitted":
         return lambda j: (j["submitted_at"] or "", j["id"])
@@ -720,7 +720,7 @@ def _each(verb: str, specs: Sequence[str], as_json: bool,
 def cancel(ids: tuple[str, ...], group: str | None, kill: bool, as_json: bool) -> None:
     """Cancel jobs (ids, ranges like 3-7, or --group): a running job's whole process tree
     gets SIGTERM, then SIGKILL after the grace period (--kill: SIGKILL at once)."""
-    from gpuwarden.daemon.arrays import parse_refs
+    from gpuwarden.jobs.arrays import parse_refs
 
     if not parse_refs(ids) and not group:
         raise UsageError("name job ids, ranges, array tasks (12_7) or --group")

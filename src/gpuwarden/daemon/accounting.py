@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpuwarden.daemon.model import Job
+from gpuwarden.jobs.model import Job
 from gpuwarden.units import GiB
 
 if TYPE_CHECKING:

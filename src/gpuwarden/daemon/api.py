@@ -340,7 +340,7 @@ async def cancel_many(request: web.Request) -> web.Response:
 
 
 async def resolve(request: web.Request) -> web.Response:
-    """The job ids that references such as ``3-7`` and ``12_7`` name (daemon/arrays.py)."""
+    """The job ids that references such as ``3-7`` and ``12_7`` name (jobs/arrays.py)."""
     svc, caller = request.app[SERVICE], caller_of(request)
     body = await _body(request)
     if not isinstance(body, dict) or set(body) != {"refs"}:

@@ -16,9 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from gpuwarden.daemon import model
 from gpuwarden.daemon.accounting import FairUsage
-from gpuwarden.daemon.model import Hold, Job, NewHold
 from gpuwarden.daemon.mps_jobs import MpsPool, client_env
 from gpuwarden.daemon.mps_jobs import key as mps_key
 from gpuwarden.daemon.notify import Notifier
@@ -26,7 +24,8 @@ from gpuwarden.daemon.paths import job_dir
 from gpuwarden.daemon.restart import HealthChecks, cancel_asked
 from gpuwarden.daemon.service import Config, learned_runtime, queued_view
 from gpuwarden.daemon.store import Conflict, JobNotFound
-from gpuwarden.jobs import lifecycle
+from gpuwarden.jobs import lifecycle, model
+from gpuwarden.jobs.model import Hold, Job, NewHold
 from gpuwarden.procs.identity import same_boot
 from gpuwarden.sched.model import (
     GUARANTEED,
@@ -902,7 +901,7 @@ class Scheduler:
     def _schedule(self, snap: Snapshot) -> bool:
         """Plan and carry out one pass. Returns whether a job waits for room (the
         watchdog is stricter then)."""
-        from gpuwarden.daemon.arrays import throttle
+        from gpuwarden.sched.arrays import throttle
         from gpuwarden.sched.queue import plan
 
         # Without environments: a launch reads its job again (``store.transition``).

@@ -18,11 +18,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from gpuwarden.daemon.jobjson import job_json
 from gpuwarden.daemon.usercmd import run_as
 from gpuwarden.jobs.lifecycle import NOTIFY_FAILED, WEBHOOK_FAILED
 
 if TYPE_CHECKING:
-    from gpuwarden.daemon.model import Job
+    from gpuwarden.jobs.model import Job
 
 log = logging.getLogger("gpuwarden.notify")
 
@@ -35,7 +36,7 @@ MAX_WAITING = 10_000  # notifications queued at most; past it new ones are dropp
 
 def job_document(job: Job) -> bytes:
     """What both receive: the job as ``show --json`` gives it, without its environment."""
-    return json.dumps(job.to_json(), sort_keys=True).encode()
+    return json.dumps(job_json(job), sort_keys=True).encode()
 
 
 def post(url: str, body: bytes, *, timeout: float = WEBHOOK_TIMEOUT,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuwarden import __version__
-from gpuwarden.daemon.model import STATES
+from gpuwarden.jobs.model import STATES
 
 _ERROR = {"type": "object", "required": ["error"],
           "properties": {"error": {"type": "string"}}}

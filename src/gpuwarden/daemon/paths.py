@@ -36,7 +36,7 @@ from gpuwarden.procs.identity import PROC_STAT as PROC_STAT
 from gpuwarden.procs.identity import boot_id as boot_id  # one home: procs/identity.py
 
 if TYPE_CHECKING:
-    from gpuwarden.daemon.model import Job
+    from gpuwarden.jobs.model import Job
 
 HOME_ENV = "GPUWARDEN_HOME"
 SYSTEM_HOME = Path("/var/lib/gpuwarden")

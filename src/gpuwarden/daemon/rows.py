@@ -9,8 +9,9 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from gpuwarden.daemon.arrays import Member
-from gpuwarden.daemon.model import (
+from gpuwarden.errors import UsageError
+from gpuwarden.jobs.arrays import Member
+from gpuwarden.jobs.model import (
     ENV_NOT_READ,
     STATES,
     TERMINAL,
@@ -20,8 +21,7 @@ from gpuwarden.daemon.model import (
     Job,
     JobSpec,
 )
-from gpuwarden.daemon.restart import Service
-from gpuwarden.errors import UsageError
+from gpuwarden.jobs.services import Service
 
 # Transition fields stored as JSON lists (the others as they are).
 _JSON_FIELDS = frozenset({"gpus", "gpu_uuids", "cpu_set"})

@@ -22,7 +22,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 
-from gpuwarden.daemon.model import CANCELLED, FAILED, INFEASIBLE
+from gpuwarden.jobs.model import CANCELLED, FAILED, INFEASIBLE
 
 Migration = Callable[[sqlite3.Connection], None]
 

@@ -13,14 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuwarden.daemon import model
 from gpuwarden.daemon.auth import Caller, admin_gids, may_manage
 from gpuwarden.daemon.envsnap import snapshot_env
-from gpuwarden.daemon.model import Job, JobSpec
-from gpuwarden.daemon.restart import SERVICE_FIELDS, Service, service_from_request
+from gpuwarden.daemon.jobjson import job_json
+from gpuwarden.daemon.restart import SERVICE_FIELDS, service_from_request
 from gpuwarden.daemon.store import Conflict, Store
 from gpuwarden.daemon.usercmd import checked_command
 from gpuwarden.errors import PermissionDenied, UsageError
+from gpuwarden.jobs import model
+from gpuwarden.jobs.model import Job, JobSpec
+from gpuwarden.jobs.services import Service
 from gpuwarden.sched.model import BESTEFFORT, GUARANTEED, QOS_CLASSES, GpuState, QueuedJob
 from gpuwarden.sched.queue import Policy
 from gpuwarden.units import bounded_duration, bounded_size, parse_size_or_fraction
@@ -351,7 +353,7 @@ class JobService:
         """The job's JSON for this caller: its environment only to its owner or an admin;
         a waiting job's fair share where that is on (``fair_share``: its user's decayed
         usage in byte-seconds, and the half-life)."""
-        out = job.to_json(with_env=self._may(caller, job))
+        out = job_json(job, with_env=self._may(caller, job))
         halflife = self.config.policy.fairshare_halflife
         if halflife > 0 and job.state in (model.QUEUED, model.HELD):
             out["fair_share"] = {"usage": self.fair_usage.get().get(job.spec.user, 0.0),
@@ -360,7 +362,7 @@ class JobService:
 
     # -- submit and read ------------------------------------------------------------
     def submit(self, caller: Caller, body: Mapping[str, Any]) -> dict[str, Any]:
-        from gpuwarden.daemon.arrays import parse_array
+        from gpuwarden.jobs.arrays import parse_array
 
         gpus = list(self.gpus())
         spec, dropped = self._validate(body, caller, gpus)
@@ -399,7 +401,7 @@ class JobService:
                 "tasks": None if array is None else len(array.indices)}
 
     def _every_task(self, spec: JobSpec) -> JobSpec:
-        """Dependencies on an array's id wait for each of its tasks (daemon/arrays.py);
+        """Dependencies on an array's id wait for each of its tasks (jobs/arrays.py);
         ids that name no job stay, for the store to refuse."""
         def every(ids: tuple[int, ...]) -> tuple[int, ...]:
             if not ids:
@@ -624,7 +626,7 @@ class JobService:
         """The job ids that references name (``3-7``, ``12`` for every task of array 12,
         ``12_7`` one task), and those that name nothing: what the CLI acts on. Any user
         may ask (``ps`` shows every job to everyone)."""
-        from gpuwarden.daemon.arrays import parse_refs
+        from gpuwarden.jobs.arrays import parse_refs
 
         if not isinstance(refs, list) or not refs or len(refs) > 10_000 \
                 or not all(isinstance(r, str) and r[:1].isascii() and r[:1].isdigit()

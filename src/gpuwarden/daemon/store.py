@@ -48,22 +48,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuwarden.daemon.arrays import Array, Ref
-from gpuwarden.daemon.model import (
-    ACTIVE,
-    HELD,
-    QUEUED,
-    RESERVED,
-    RUNNING,
-    STATES,
-    SUCCEEDED,
-    TERMINAL,
-    Event,
-    Hold,
-    Job,
-    JobSpec,
-    NewHold,
-)
 from gpuwarden.daemon.rows import (
     check_spec,
     field_value,
@@ -80,6 +64,22 @@ from gpuwarden.daemon.schema import RELEASED_SQL, Migration
 from gpuwarden.daemon.schema import SCHEMA_VERSION as SCHEMA_VERSION
 from gpuwarden.errors import GpuwardenError, UsageError
 from gpuwarden.jobs import lifecycle
+from gpuwarden.jobs.arrays import Array, Ref
+from gpuwarden.jobs.model import (
+    ACTIVE,
+    HELD,
+    QUEUED,
+    RESERVED,
+    RUNNING,
+    STATES,
+    SUCCEEDED,
+    TERMINAL,
+    Event,
+    Hold,
+    Job,
+    JobSpec,
+    NewHold,
+)
 from gpuwarden.sched.fairshare import Span
 
 if TYPE_CHECKING:
@@ -640,7 +640,7 @@ class Store:
         return job_id
 
     def resolve(self, refs: Sequence[Ref]) -> tuple[builtins.list[int], builtins.list[Ref]]:
-        """The job ids that references name (daemon/arrays.py): an id names its job, or
+        """The job ids that references name (jobs/arrays.py): an id names its job, or
         every task when it is an array's id; ``(array, index)`` one task. Returns the
         ids, sorted, and the references that name nothing, in their order, once each."""
         plain = sorted({r for r in refs if isinstance(r, int) and ints_ok(r)})

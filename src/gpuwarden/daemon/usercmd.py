@@ -16,7 +16,7 @@ from gpuwarden.errors import UsageError
 from gpuwarden.units import format_duration
 
 if TYPE_CHECKING:
-    from gpuwarden.daemon.model import Job
+    from gpuwarden.jobs.model import Job
 
 MAX_COMMAND = 4096  # characters of a health or notify command
 MAX_URL = 2048

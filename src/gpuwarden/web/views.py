@@ -12,11 +12,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpuwarden.daemon import model
+from gpuwarden.daemon import jobjson
 from gpuwarden.daemon.history import job_timeline, leak_periods, series
-from gpuwarden.daemon.model import Job
 from gpuwarden.daemon.store import Store
 from gpuwarden.errors import UsageError
+from gpuwarden.jobs import model
+from gpuwarden.jobs.model import Job
 
 WINDOWS = (1, 6, 24)  # hours: the page's buttons
 PRIVATE = ("command", "cwd", "key", "env", "after", "after_any", "after_fail", "notify")
@@ -30,7 +31,7 @@ RECENT = 20  # ended jobs listed under the queue
 
 
 def job_json(job: Job, *, anonymous: bool) -> dict[str, Any]:
-    out = job.to_json()
+    out = jobjson.job_json(job)
     if anonymous:
         for name in PRIVATE:
             out.pop(name, None)

@@ -9,12 +9,12 @@ from datetime import datetime, timezone
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from gpuwarden.daemon.arrays import Member
 from gpuwarden.jobs import lifecycle
+from gpuwarden.jobs.arrays import Member
 from gpuwarden.units import format_bytes
 
 if TYPE_CHECKING:
-    from gpuwarden.daemon.restart import Service
+    from gpuwarden.jobs.services import Service
 
 # The states as the daemon's modules name them (model.QUEUED), from the one table of
 # states and events (jobs/lifecycle.py).
@@ -294,24 +294,6 @@ class Job:
             return max(self.spec.mem_limit, base)
         return base
 
-    def enforcement(self) -> dict[str, Any]:
-        """Which layers of memory enforcement apply to this job (``show``)."""
-        from gpuwarden.daemon.mps_jobs import SHARED_FATE
-        from gpuwarden.sched.watchdog import policy
-
-        limit = self.cap()
-        return {
-            "limit": limit,
-            "cooperative": None if limit is None else
-            "PyTorch memory fraction at the limit (the CUDA context booked beside it) "
-            "+ expandable segments",
-            "hard": None if limit is None or not self.spec.mps else
-            "MPS pinned device memory limit"
-            + (f", {self.spec.sm_percent}% of SMs" if self.spec.sm_percent else "")
-            + f" ({SHARED_FATE})",
-            "watchdog": None if limit is None else policy(self.spec.qos),
-        }
-
     @property
     def request(self) -> int | None:
         """Bytes per GPU placement asks for now: the bumped budget after an OOM, else
@@ -325,83 +307,3 @@ class Job:
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL
-
-    def to_json(self, *, with_env: bool = False) -> dict[str, Any]:
-        from gpuwarden.sched.history import declared_vs_actual
-
-        s = self.spec
-        out: dict[str, Any] = {
-            "id": self.id,
-            "user": s.user,
-            "uid": s.uid,
-            "name": s.name,
-            "group": s.group,
-            "key": s.key,
-            "state": self.state,
-            "command": list(s.command),
-            "cwd": s.cwd,
-            "gpus": list(self.gpus),
-            "gpu_uuids": list(self.gpu_uuids),
-            "gpu_count": s.gpus,
-            "gpu_ids": None if s.gpu_ids is None else list(s.gpu_ids),
-            "mem": s.mem,
-            "budget": self.budget,
-            "context": self.context,
-            "peak_memory": self.peak_memory,
-            "exclusive": s.exclusive,
-            "priority": s.priority,
-            "qos": s.qos,
-            "mem_limit": s.mem_limit,
-            "request": self.request,
-            "grace": s.grace,
-            "retries": s.retries,
-            "no_requeue": s.no_requeue,
-            "checkpoint": s.checkpoint,
-            "mps": s.mps,
-            "mem_auto": s.mem_auto,
-            "cpus": s.cpus,
-            "no_numa": s.no_numa,
-            "mig": s.mig,
-            "attach": s.attach,
-            "service": None if s.service is None else s.service.to_json(),
-            "notify": s.notify,
-            "array": None if s.array is None else {
-                "id": s.array.array_id, "index": s.array.index, "limit": s.array.limit,
-                "task": s.array.ref()},
-            "restarts": self.restarts,
-            "health_failures": self.health_failures,
-            "cpu_set": list(self.cpu_set),
-            "allocated_peak": self.allocated_peak,
-            # Advice for jobs that ended normally: a failure (an OOM most of all) may
-            # stop before its peak, or be stopped by its limit.
-            "declared_vs_peak": None if self.state != SUCCEEDED else
-            declared_vs_actual(s.mem, self.allocations_peak),
-            "oom_end": self.oom_end(),
-            "sm_percent": s.sm_percent,
-            "after": list(s.after),
-            "after_any": list(s.after_any),
-            "after_fail": list(s.after_fail),
-            "timeout": s.timeout,
-            "exit_code": self.exit_code,
-            "submitted_at": iso(self.submitted_at),
-            "started_at": iso(self.started_at),
-            "ended_at": iso(self.ended_at),
-            "reason": self.reason,
-            "attempts": self.attempts,
-            "preemptions": self.preemptions,
-            "oom_retries": self.oom_retries,
-            # How an OOM retry was sized; a final OOM that was not retried says it in
-            # oom_end (its fields hold what that OOM asked for).
-            "oom": None if not self.oom_retries or (self.oom_tried is None
-                                                    and self.oom_need is None) else
-            {"tried": self.oom_tried, "need": self.oom_need, "retry_budget": self.retry_mem,
-             "retry_ceiling": self.retry_ceiling},
-            "preempting": self.preempting_at is not None,
-            "enforcement": self.enforcement(),
-            "memory_release": None if self.release is None else self.release.to_json(),
-            "not_before": iso(self.not_before),
-            "events": [e.to_json() for e in self.events],
-        }
-        if with_env:
-            out["env"] = dict(s.env)
-        return out

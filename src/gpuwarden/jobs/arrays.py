@@ -2,19 +2,15 @@
 ``GPUWARDEN_ARRAY_INDEX``, as Slurm's arrays are. The array's id is its first task's job
 id. A task is named ``ID_INDEX`` (``12_7``) wherever a job is named; where a command acts
 on many jobs (cancel, hold, release, retry, wait, rm), the array's id names every task.
-``%N`` lets at most N tasks hold GPUs at once (``throttle``). The grammar of job
+``%N`` lets at most N tasks hold GPUs at once (``sched.arrays.throttle``). The grammar of job
 references is here too, so the CLI and the daemon read ``3-7,12_7`` by one rule."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from gpuwarden.errors import UsageError
-
-if TYPE_CHECKING:
-    from gpuwarden.daemon.model import Job
 
 MAX_TASKS = 10_000  # tasks in one array (Slurm's default MaxArraySize is 1001)
 MAX_INDEX = 9_999_999
@@ -114,28 +110,3 @@ def parse_refs(specs: Iterable[str]) -> list[Ref]:
             else:
                 out.append(_job_id(part, part))
     return out
-
-
-def throttle(ready: Sequence[Job], active: Iterable[Job]) -> tuple[list[Job], dict[int, str]]:
-    """Of the jobs ready to be placed (in queue order), those their arrays' %N lets start
-    this pass, and why each other one waits: an array's tasks that hold GPUs, and those
-    this pass may place, never exceed its limit."""
-    holding: dict[int, int] = {}
-    for job in active:
-        if job.spec.array is not None:
-            holding[job.spec.array.array_id] = holding.get(job.spec.array.array_id, 0) + 1
-    allowed: list[Job] = []
-    waiting: dict[int, str] = {}
-    for job in ready:
-        member = job.spec.array
-        if member is None or member.limit is None:
-            allowed.append(job)
-            continue
-        n = holding.get(member.array_id, 0)
-        if n >= member.limit:
-            waiting[job.id] = (f"array {member.array_id}: {n} of at most {member.limit} "
-                               "tasks running")
-            continue
-        holding[member.array_id] = n + 1
-        allowed.append(job)
-    return allowed, waiting
