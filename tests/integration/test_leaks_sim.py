@@ -175,15 +175,16 @@ def test_reap_named_pid_that_holds_nothing_is_a_usage_error(sim: SimMachine) -> 
     assert "Traceback" not in r.stderr
 
 
+# As from a terminal: SIGINT at its default. A shell's background job (nohup make test &)
+# ignores SIGINT, the CLI inherits that, and Ctrl-C is then no Ctrl-C.
+INTERACTIVE = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler);"
+               " runpy.run_module('gpuwarden', run_name='__main__')")
+
+
 def test_status_watch_refreshes_until_interrupted(sim: SimMachine) -> None:
     import time
 
-    # As from a terminal: SIGINT at its default. A shell's background job (nohup make
-    # test &) ignores SIGINT, the CLI inherits that, and Ctrl-C is then no Ctrl-C.
-    interactive = ("import runpy, signal; signal.signal(signal.SIGINT, "
-                   "signal.default_int_handler); runpy.run_module('gpuwarden', "
-                   "run_name='__main__')")
-    p = subprocess.Popen([sys.executable, "-c", interactive, "status", "--watch", "0.2"],
+    p = subprocess.Popen([sys.executable, "-c", INTERACTIVE, "status", "--watch", "0.2"],
                          env=sim.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(2.0)
     p.send_signal(signal.SIGINT)
@@ -208,7 +209,7 @@ def test_status_watch_on_a_terminal_redraws_in_place_cut_to_its_height(
     primary, secondary = pty.openpty()
     env = {**sim.env, "LINES": "12", "COLUMNS": "100", "TERM": "xterm"}
     env.pop("NO_COLOR", None)
-    p = subprocess.Popen([sys.executable, "-m", "gpuwarden", "status", "--watch", "0.2"],
+    p = subprocess.Popen([sys.executable, "-c", INTERACTIVE, "status", "--watch", "0.2"],
                          env=env, stdin=secondary, stdout=secondary, stderr=subprocess.PIPE)
     os.close(secondary)
     out = b""
