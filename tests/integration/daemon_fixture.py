@@ -53,8 +53,17 @@ class Daemon:
         out = self.cli("submit", *args, "--", *command, check=True).stdout
         return int(out.strip())
 
+    def api(self, method: str, path: str, **kw: Any) -> Any:
+        """The daemon's API asked from this process, as the CLI asks it: for polls and
+        set-up, which would otherwise start an interpreter per question. What a test
+        checks of the CLI itself goes through ``cli``."""
+        from gpuwarden.daemon.client import Client
+
+        return Client(str(self.socket)).request(method, path, **kw)
+
     def job(self, job_id: int) -> dict[str, Any]:
-        return dict(self.json("show", str(job_id)))
+        """The job's document: what ``show --json`` prints (GET /v1/jobs/ID)."""
+        return dict(self.api("GET", f"/v1/jobs/{job_id}"))
 
     def wait_state(self, job_id: int, *states: str, timeout: float = 30) -> dict[str, Any]:
         deadline = time.monotonic() + timeout

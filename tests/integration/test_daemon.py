@@ -41,6 +41,8 @@ def test_submit_run_and_wait(daemon: Daemon) -> None:
     assert release["how"] == "verified" and release["budget"] == 2 * GiB
     assert 0 <= release["seconds"] < 5 and release["leak"] is None
     assert daemon.cli("logs", str(jid), check=True).stdout == f"hi from {jid}\n"
+    # `show --json` prints the API's document, which the fixture's polls read directly.
+    assert daemon.json("show", str(jid)) == daemon.job(jid)
     # The same job for people: one line each, then its events indented under them.
     text = daemon.cli("show", str(jid), check=True).stdout.splitlines()
     assert text[0] == f"job {jid}  succeeded  user {job['user']}  name hello"
