@@ -10,7 +10,7 @@ otherwise. task-spooler runs with a private ``TS_SOCKET`` and ``TMPDIR``.
    ``gpuwarden submit`` (the CLI as a subprocess), ``tsp`` and a plain ``subprocess.Popen``
    (the floor: fork, exec and the job's own start-up), in an order that rotates every
    round; plus, as a baseline, a fresh interpreter importing
-   ``gpuwarden.daemon.supervisor`` (what every launch would pay without the fork server).
+   ``gpuwarden.supervisor`` (what every launch would pay without the fork server).
    One job at a time: each waits until the previous one has ended (for gpuwarden, until
    the daemon has recorded its end, so the GPU is idle again). The job is the same
    command for every tool, ``python -I -S -c <write time.time() to a file>``: the latency
@@ -75,8 +75,9 @@ SCENARIO = REPO / "examples" / "idle-2gpu.json"
 TARGET_P50 = 0.030  # the goal: p50 submit → start under 30 ms, not slower than ts
 TARGET_PASS_PER_JOB = 0.001  # the goal: placement pass under 1 ms per queued job
 MARKER = "import sys,time;t=time.time();open(sys.argv[1],'w').write(repr(t))"
-# What a launch would pay without the fork server: a fresh interpreter + its imports.
-SUPERVISOR_IMPORT = [sys.executable, "-c", "import gpuwarden.daemon.supervisor"]
+# What a launch would pay without the fork server: a fresh interpreter + the imports of
+# `python -m gpuwarden.supervisor`.
+SUPERVISOR_IMPORT = [sys.executable, "-c", "import gpuwarden.supervisor.__main__"]
 TERMINAL = ("succeeded", "failed", "cancelled", "infeasible")
 GIB = 1 << 30
 PACK_MEM = "1GiB"
@@ -182,7 +183,7 @@ class Daemon:
         self.pid = None
 
     def supervisors(self) -> list[psutil.Process]:
-        from gpuwarden.daemon.supervisor import live_supervisors
+        from gpuwarden.supervisor.control import live_supervisors
 
         return live_supervisors(self.root / "home" / "jobs")
 

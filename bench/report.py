@@ -370,7 +370,7 @@ def _daemon(dm: dict[str, Any]) -> list[str]:
         "",
         f"- The submit request alone (until it answered), p50: API {ms(rtt['api']['p50'])}, "
         f"`gpuwarden submit` {ms(rtt['cli']['p50'])}, `tsp` {ms(rtt['ts']['p50'])}.",
-        f"- Starting a fresh interpreter that imports `gpuwarden.daemon.supervisor` (what "
+        f"- Starting a fresh interpreter that imports `gpuwarden.supervisor` (what "
         f"every launch would pay without the daemon's fork server, which forks supervisors "
         f"from a process that imported it once): {ms(sup['p50'])} p50 "
         f"(`python -c pass` is about the `Popen` floor above).",

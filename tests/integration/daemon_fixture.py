@@ -111,7 +111,7 @@ def make_env(tmp: Path, scenario: Path) -> dict[str, str]:
 
 def _kill_jobs(home: Path) -> None:
     """Leave nothing behind: supervisors (and so their trees) of this daemon's jobs."""
-    from gpuwarden.daemon.supervisor import live_supervisors
+    from gpuwarden.supervisor.control import live_supervisors
 
     for p in live_supervisors(home / "jobs"):
         try:

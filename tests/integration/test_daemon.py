@@ -244,7 +244,7 @@ def _simulate_reboot(daemon: Daemon, job_ids: list[int]) -> None:
 
     states = {j: daemon.job(j)["state"] for j in job_ids}
     daemon.stop()
-    from gpuwarden.daemon.supervisor import live_supervisors
+    from gpuwarden.supervisor.control import live_supervisors
 
     for p in live_supervisors(daemon.home / "jobs"):
         for c in p.children(recursive=True):

@@ -22,7 +22,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpuwarden.daemon import supervisor
 from gpuwarden.daemon.auth import Caller
 from gpuwarden.daemon.client import Client
 from gpuwarden.daemon.loop import Scheduler
@@ -33,6 +32,8 @@ from gpuwarden.jobs import model
 from gpuwarden.jobs.jobdir import SupervisorHandle, SupervisorSpec, read_status, write_spec
 from gpuwarden.jobs.model import Job, JobSpec
 from gpuwarden.procs.identity import boot_id
+from gpuwarden.supervisor.control import alive, cancel
+from gpuwarden.supervisor.spawn import spawn_supervisor
 from tests.conftest import SRC
 from tests.integration.daemon_fixture import PY, Daemon, start_daemon
 
@@ -126,7 +127,7 @@ def submit(client: Client, d: Daemon, command: list[str], after: list[int]) -> i
 def live_job_processes(home: Path, ledger: Path) -> list[str]:
     """Supervisors of this daemon's jobs, and job commands, still running (zombies left
     to an init that does not reap count as gone)."""
-    from gpuwarden.daemon.supervisor import live_supervisors
+    from gpuwarden.supervisor.control import live_supervisors
 
     found = [f"{p.pid}: supervisor" for p in live_supervisors(home / "jobs")]
     for p in psutil.process_iter(["cmdline", "status"]):
@@ -253,19 +254,19 @@ def test_kill_9_at_random_moments_loses_and_duplicates_no_job(
 # supervisor that did start and collect its exit code.
 
 # A supervisor the killed daemon started: it read spec.json (as `python -m
-# gpuwarden.daemon.supervisor` does first) and is slow to claim the directory, so the
+# gpuwarden.supervisor` does first) and is slow to claim the directory, so the
 # next daemon's recovery runs in between; a line on stdin lets it go on.
 LATE_SUPERVISOR = """\
 import sys
 from pathlib import Path
-from gpuwarden.daemon.supervisor import _daemonize, _refuse_if_started
 from gpuwarden.jobs.jobdir import load_spec
+from gpuwarden.supervisor.detach import daemonize, refuse_if_started
 d = Path(sys.argv[1])
 spec = load_spec(d)
-_refuse_if_started(d)
+refuse_if_started(d)
 print("loaded", flush=True)
 sys.stdin.readline()
-sys.exit(_daemonize(d, spec, None))
+sys.exit(daemonize(d, spec, None))
 """
 
 
@@ -347,7 +348,7 @@ def test_a_crash_inside_a_launch_neither_loses_nor_repeats_the_job(
         # Never launched: queued again for a fresh attempt, and the old attempt can
         # never run, not even by a supervisor started for it later.
         assert after.state == model.QUEUED and after.attempts == job.attempts + 1
-        r = subprocess.run([PY, "-m", "gpuwarden.daemon.supervisor", str(jobdir)],
+        r = subprocess.run([PY, "-m", "gpuwarden.supervisor", str(jobdir)],
                            env=_supervisor_env(), capture_output=True, text=True,
                            timeout=30)
         assert r.returncode != 0, r.stderr
@@ -371,14 +372,14 @@ def test_a_job_cancelled_while_it_is_launched_does_not_run_on(
     job, _ = store.submit(JobSpec(command=(PY, "-c", "import time; time.sleep(60)"),
                                   user="me", uid=os.getuid(), gid=os.getgid(), mem=1 << 30),
                           now=time.time())
-    spawn = supervisor.spawn_supervisor
+    spawn = spawn_supervisor
 
     def spawn_and_cancel(jobdir: str | os.PathLike[str]) -> SupervisorHandle:
         handle = spawn(jobdir)
         assert service.cancel(me, job.id)["state"] == "cancelled"  # in the store alone
         return handle
 
-    monkeypatch.setattr(supervisor, "spawn_supervisor", spawn_and_cancel)
+    monkeypatch.setattr("gpuwarden.supervisor.spawn.spawn_supervisor", spawn_and_cancel)
     jobdir = sched.jobdir(store.get(job.id))
     try:
         sched.tick()
@@ -390,6 +391,6 @@ def test_a_job_cancelled_while_it_is_launched_does_not_run_on(
             assert time.monotonic() < deadline, "the cancelled job runs on"
             time.sleep(0.05)
         assert st.exit.reason == "cancelled"
-        assert st.supervisor is not None and not supervisor.alive(st.supervisor)
+        assert st.supervisor is not None and not alive(st.supervisor)
     finally:
-        supervisor.cancel(jobdir)  # whatever happened, leave nothing running
+        cancel(jobdir)  # whatever happened, leave nothing running

@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpuwarden.daemon.forkserver import ForkServer
 from gpuwarden.jobs.jobdir import SupervisorError, SupervisorSpec, read_status, write_spec
+from gpuwarden.supervisor.forkserver import ForkServer
 from tests.conftest import wait_for
 from tests.integration.test_supervisor import JOB_ENV, launcher_env
 
@@ -135,7 +135,7 @@ def test_supervisors_come_from_the_helper_not_a_fresh_interpreter(
     d = spec(tmp_path, 1, [PY, "-c", "import time; time.sleep(1)"])
     handle = server.spawn(d)
     cmdline = psutil.Process(handle.pid).cmdline()
-    assert "gpuwarden.daemon.forkserver" in cmdline, cmdline
+    assert "gpuwarden.supervisor.forkserver" in cmdline, cmdline
     assert server.pid == helper  # the same helper served it
     assert psutil.Process(handle.pid).name() == "gw-sup-1"
     assert finished(d)["code"] == 0
@@ -154,7 +154,7 @@ def test_a_helper_dying_mid_launch_queues_the_job_again(tmp_path: Path) -> None:
 
         def helper(daemon_pid: int = pid) -> psutil.Process | None:
             for p in psutil.Process(daemon_pid).children():
-                if "gpuwarden.daemon.forkserver" in " ".join(p.cmdline()):
+                if "gpuwarden.supervisor.forkserver" in " ".join(p.cmdline()):
                     return p
             return None
 

@@ -23,7 +23,6 @@ import psutil
 import pytest
 
 import gpuwarden
-from gpuwarden.daemon.supervisor import alive, cancel, spawn_supervisor, spec_from_plan
 from gpuwarden.gpus.model import GpuFacts
 from gpuwarden.jobs.jobdir import (
     CHILD,
@@ -37,6 +36,8 @@ from gpuwarden.jobs.jobdir import (
     write_spec,
 )
 from gpuwarden.launch import Host, plan_launch
+from gpuwarden.supervisor.control import alive, cancel
+from gpuwarden.supervisor.spawn import spawn_supervisor, spec_from_plan
 
 SRC = Path(gpuwarden.__file__).resolve().parent.parent
 PY = sys.executable
@@ -348,7 +349,7 @@ def test_read_status_tolerates_partial_files(tmp_path: Path) -> None:
 
 LAUNCHER = textwrap.dedent("""
     import json, sys, time
-    from gpuwarden.daemon.supervisor import spawn_supervisor
+    from gpuwarden.supervisor.spawn import spawn_supervisor
     h = spawn_supervisor(sys.argv[1])
     print(json.dumps({"pid": h.pid, "start_time": h.start_time, "boot_id": h.boot_id,
                       "start_ticks": h.start_ticks}), flush=True)

@@ -1,1 +1,2 @@
-"""The job daemon: state store, API, scheduling loop and per-job supervisors."""
+"""The job daemon: state store, API and scheduling loop; it starts and signals the per-job
+supervisors of ``gpuwarden.supervisor``."""

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from gpuwarden.daemon.supervisor import alive
 from gpuwarden.errors import PermissionDenied, UsageError
 from gpuwarden.jobs.jobdir import (
     CHILD,
@@ -35,6 +34,7 @@ from gpuwarden.jobs.jobdir import (
     write_exit,
 )
 from gpuwarden.procs.identity import boot_id, start_ticks
+from gpuwarden.supervisor.control import alive
 
 if TYPE_CHECKING:
     from gpuwarden.daemon.auth import Caller

@@ -531,14 +531,14 @@ class Scheduler:
         return read_status(self.jobdir(job))
 
     def cancel_running(self, job: Job, kill: bool = False) -> None:
-        from gpuwarden.daemon.supervisor import cancel
+        from gpuwarden.supervisor.control import cancel
 
         cancel(self.jobdir(job), kill=kill)
 
     def recover(self) -> None:
         """After a (re)start: adopt supervisors that kept running, collect exits recorded
         while the daemon was down, and settle jobs lost to a reboot or an early crash."""
-        from gpuwarden.daemon.supervisor import alive
+        from gpuwarden.supervisor.control import alive
 
         for job in self.store.active():
             st = self._status(job)
@@ -589,7 +589,7 @@ class Scheduler:
         before recording the supervisor (a full disk, a failed spawn whose failure could
         not be written either). Adopt the supervisor if one claimed the attempt, else
         void the attempt and queue the job again."""
-        from gpuwarden.daemon.supervisor import alive
+        from gpuwarden.supervisor.control import alive
 
         if st.supervisor is not None:
             if alive(st.supervisor):
@@ -635,8 +635,8 @@ class Scheduler:
                 self.on_pass(time.perf_counter() - started)
 
     def _tick(self) -> None:
-        from gpuwarden.daemon.supervisor import alive
         from gpuwarden.observe.snapshot import take_snapshot
+        from gpuwarden.supervisor.control import alive
 
         # 1. Reconcile active jobs with what their supervisors recorded.
         for job in self.store.active():
@@ -1061,10 +1061,10 @@ class Scheduler:
         if job.spec.attach is not None:
             self._reserve_attached(job, place, snap)
             return
-        from gpuwarden.daemon.supervisor import NotStarted, spawn_supervisor, spec_from_plan
         from gpuwarden.gpus.visible import devices
         from gpuwarden.jobs.jobdir import write_spec
         from gpuwarden.launch import plan_launch, probe_host
+        from gpuwarden.supervisor.spawn import NotStarted, spawn_supervisor, spec_from_plan
 
         facts = {g.index: g.facts for g in snap.gpus}
         places = {d.uuid: d for d in devices([g.facts for g in snap.gpus])}

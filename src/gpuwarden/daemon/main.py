@@ -203,10 +203,10 @@ async def _close_web(metrics: DaemonMetrics | None, public: web.AppRunner | None
 
 async def serve(paths: Paths, config: Config) -> None:
     from gpuwarden.daemon.api import guard_connections, identify_peers, make_app
-    from gpuwarden.daemon.forkserver import ForkServer
     from gpuwarden.daemon.loop import Scheduler
     from gpuwarden.daemon.store import Store
     from gpuwarden.gpus.backend import open_backend
+    from gpuwarden.supervisor.forkserver import ForkServer
 
     asyncio.get_running_loop().set_exception_handler(loop_errors)
     store = Store(paths.db)

@@ -1,10 +1,10 @@
 """Start supervisors from a pre-imported fork server instead of a fresh interpreter.
 
-A fresh ``python -m gpuwarden.daemon.supervisor`` pays interpreter start-up and imports
+A fresh ``python -m gpuwarden.supervisor`` pays interpreter start-up and imports
 (about 100 ms) before it does anything, on every launch. The daemon instead starts one
 small helper process at start-up that has already imported the supervisor; each launch is
 a request on a socket pair, and the helper forks a copy of itself that runs exactly what
-``python -m gpuwarden.daemon.supervisor --nonce N JOBDIR`` would run (detach, claim the
+``python -m gpuwarden.supervisor --nonce N JOBDIR`` would run (detach, claim the
 directory, report). The daemon is multi-threaded, so it must not fork itself; the helper
 is single-threaded and holds nothing but the socket.
 
@@ -32,9 +32,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuwarden.daemon import supervisor
-from gpuwarden.daemon.supervisor import NotStarted
 from gpuwarden.jobs.jobdir import SupervisorError, SupervisorHandle, void_start
+from gpuwarden.supervisor import detach
+from gpuwarden.supervisor.spawn import NotStarted, abandon_start, spawn_supervisor, started
 
 
 class ForkServer:
@@ -56,7 +56,7 @@ class ForkServer:
         ours, theirs = socket.socketpair()
         try:
             self._proc = subprocess.Popen(
-                [self.python, "-m", "gpuwarden.daemon.forkserver", str(theirs.fileno())],
+                [self.python, "-m", "gpuwarden.supervisor.forkserver", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, close_fds=True, env=self.env)
         except BaseException:
@@ -124,32 +124,32 @@ class ForkServer:
                     # exist. It is ours only if it recorded our nonce; never start twice.
                     self._stop()
                     with contextlib.suppress(SupervisorError):
-                        return supervisor.started(d, nonce, 0, "")
+                        return started(d, nonce, 0, "")
                     if void_start(d, "gpuwarden fork server"):
                         raise NotStarted(f"the launcher died before the supervisor for {d} "
                                          "started; nothing of the job ran")
                     try:  # a supervisor claimed it meanwhile: ours if it has our nonce
-                        return supervisor.started(d, nonce, 0, "")
+                        return started(d, nonce, 0, "")
                     except SupervisorError:
-                        supervisor.abandon_start(d, nonce)
+                        abandon_start(d, nonce)
                         raise SupervisorError(
                             f"the launcher died while starting the supervisor for {d}"
                         ) from None
-                return supervisor.started(d, nonce, reply["rc"], str(reply.get("err", "")))
-        return supervisor.spawn_supervisor(d, self.python, timeout=self.timeout, env=self.env)
+                return started(d, nonce, reply["rc"], str(reply.get("err", "")))
+        return spawn_supervisor(d, self.python, timeout=self.timeout, env=self.env)
 
 
 # ------------------------------------------------------------------------- the helper
 
 
 def _start_one(request: Any) -> dict[str, Any]:
-    """Start one supervisor as ``python -m gpuwarden.daemon.supervisor`` would (it forks
+    """Start one supervisor as ``python -m gpuwarden.supervisor`` would (it forks
     twice and waits until the supervisor owns the directory) and return its status and
     message."""
     if not isinstance(request, dict) or not isinstance(request.get("jobdir"), str) \
             or not isinstance(request.get("nonce"), str):
         return {"rc": 2, "err": "gpuwarden supervisor: malformed launch request"}
-    rc, err = supervisor.start(request["jobdir"], request["nonce"])
+    rc, err = detach.start(request["jobdir"], request["nonce"])
     return {"rc": rc, "err": err}
 
 

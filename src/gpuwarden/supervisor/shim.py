@@ -1,33 +1,25 @@
-"""The per-job supervisor: a small shim (like conmon) between the daemon and one job.
+"""The supervisor itself: a small shim (like conmon) between the daemon and one job.
 
-The daemon talks to it only through files in a per-job directory and signals, so a job
-keeps running, and its end is recorded, while the daemon is dead (invariant 3).
-
-The files of ``<jobdir>`` and their readers and writers are ``jobs/jobdir.py``.
-
-Run as ``python -m gpuwarden.daemon.supervisor JOBDIR`` (or ``start`` from a process that
-imported this module, as the daemon's fork server does): it detaches (fork, setsid, fork),
-the process the daemon started exits as soon as the supervisor has claimed the directory,
-and ``spawn_supervisor`` returns the real supervisor's identity. The supervisor becomes a
-child subreaper, starts the command as argv (never through a shell) in a new session as
-the job's user, and on the command's exit, SIGTERM (cancel) or the timeout ends every
-process of the tree: SIGTERM (+SIGCONT), ``grace`` seconds, SIGKILL, reap (invariant 5).
+The daemon talks to it only through files in the job directory (``jobs/jobdir.py``) and
+signals (``control.py``), so a job keeps running, and its end is recorded, while the
+daemon is dead (invariant 3). Once detached (``detach.py``) the supervisor claims the
+directory, becomes a child subreaper, starts the command as argv (never through a
+shell) in a new session as the job's user, and on the command's exit, SIGTERM (cancel)
+or the timeout ends every process of the tree: SIGTERM (+SIGCONT), ``grace`` seconds,
+SIGKILL, reap (invariant 5).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import json
 import os
-import secrets
 import signal
-import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -35,9 +27,7 @@ import psutil
 
 from gpuwarden.jobs.jobdir import (
     CHILD,
-    DEFAULT_GRACE,
     EXIT,
-    LOG,
     STDERR,
     STDOUT,
     SUPERVISOR,
@@ -47,9 +37,6 @@ from gpuwarden.jobs.jobdir import (
     SupervisorHandle,
     SupervisorSpec,
     exit_record,
-    load_spec,
-    read_json,
-    read_status,
     write_child,
     write_claim,
     write_exit,
@@ -57,168 +44,20 @@ from gpuwarden.jobs.jobdir import (
 from gpuwarden.launch import (
     CommandNotExecutable,
     CommandNotFound,
-    LaunchPlan,
     apply_affinity,
     launch_problem,
     resolve_command,
 )
-from gpuwarden.procs.identity import alive as identity_alive
-from gpuwarden.procs.identity import (
-    boot_id,
-    identify,
-    pin,
-    running,
-    same_boot,
-    start_ticks,
-)
+from gpuwarden.procs.identity import boot_id, running, start_ticks
+from gpuwarden.supervisor.control import KILL_SIGNAL
 
 KILL_WAIT = 5.0  # how long SIGKILLed processes may take to go before they count as stuck
 POLL = 0.05
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-KILL_SIGNAL = signal.SIGUSR1  # from the daemon: cancel --kill, SIGKILL the tree at once
 CANCEL_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, KILL_SIGNAL})
 WATCHED = frozenset({signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
                      KILL_SIGNAL})
-
-
-class NotStarted(SupervisorError):
-    """The start failed and it is proven that no supervisor runs the directory: the
-    launcher voided it (its own claim, which a late supervisor cannot make) before any
-    supervisor claimed it. Nothing of the job ran, so it may be queued again."""
-
-
-# ---------------------------------------------------------------------------- the spec
-def spec_from_plan(job: int, plan: LaunchPlan, command: Sequence[str], *, cwd: str, uid: int,
-                   gid: int, groups: Sequence[int] = (), timeout: float | None = None,
-                   grace: float = DEFAULT_GRACE) -> SupervisorSpec:
-    """The spec for running ``command`` as ``plan_launch`` planned it: its environment
-    (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, the cap hook), CPU set and numactl prefix."""
-    cmd = tuple(command)
-    n = len(plan.argv) - len(cmd)
-    if not cmd or n < 0 or plan.argv[n:] != cmd:
-        raise ValueError("the plan's argv does not end with the command")
-    return SupervisorSpec(job=job, argv=cmd, env=dict(plan.env), cwd=cwd, uid=uid, gid=gid,
-                          groups=tuple(groups), cpus=plan.cpus, timeout=timeout, grace=grace,
-                          numactl_prefix=plan.argv[:n])
-
-
-# ------------------------------------------------------------------ process identity
-# One rule for "still that process" (procs/identity.py); a supervisor is also bound to
-# the boot it started in.
-
-
-def alive(handle: SupervisorHandle) -> bool:
-    """Is this supervisor still running (same boot, same process, not a zombie)?"""
-    return same_boot(handle.boot_id) and identity_alive(handle.pid, handle.start_time,
-                                                         handle.start_ticks)
-
-
-def live_supervisors(jobs_dir: str | os.PathLike[str]) -> list[psutil.Process]:
-    """The supervisors still running for job directories under ``jobs_dir`` (any depth
-    of ``<job>/<attempt>/supervisor.json``), identity-checked: forked from the daemon's
-    fork server, their command lines do not name their directories."""
-    out = []
-    for claim in sorted(Path(jobs_dir).glob(f"*/*/{SUPERVISOR}")):
-        status = read_status(claim.parent).supervisor
-        if status is None:
-            continue
-        p = identify(status.pid, status.start_time, status.start_ticks)
-        if p is not None and running(p):
-            out.append(p)
-    return out
-
-
-def _signal_identified(handle: SupervisorHandle, sig: int) -> bool:
-    """Send ``sig`` to the supervisor if it is still the same running process, through a
-    pidfd opened before the check (procs/identity.py: a reused pid is never hit)."""
-    if not same_boot(handle.boot_id):
-        return False
-    pinned = pin(handle.pid, handle.start_time, handle.start_ticks)
-    if pinned is None:
-        return False
-    try:
-        if not running(pinned.proc):
-            return False
-        pinned.send(sig)
-        return True
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-    finally:
-        pinned.close()
-
-
-def cancel(jobdir: str | os.PathLike[str], kill: bool = False) -> bool:
-    """Ask the job's supervisor to end the job (SIGTERM, identity-checked). True when the
-    signal was sent; False when the job has ended or has no live supervisor. The
-    supervisor then kills the tree and writes exit.json with reason "cancelled".
-    ``kill``: the supervisor SIGKILLs the tree at once (``KILL_SIGNAL``), even one already
-    in its grace; an attached job's launcher gets SIGKILL itself."""
-    status = read_status(jobdir)
-    if status.exit is not None or status.supervisor is None:
-        return False
-    if not kill:
-        return _signal_identified(status.supervisor, signal.SIGTERM)
-    attached = (read_json(Path(jobdir) / SUPERVISOR) or {}).get("nonce") == "attached"
-    return _signal_identified(status.supervisor,
-                              signal.SIGKILL if attached else KILL_SIGNAL)
-
-
-# -------------------------------------------------------------------------- spawning
-
-
-def spawn_supervisor(jobdir: str | os.PathLike[str], python: str = sys.executable, *,
-                     timeout: float = 10.0,
-                     env: Mapping[str, str] | None = None) -> SupervisorHandle:
-    """Start the supervisor for ``jobdir`` (spec.json written already) and return its
-    identity. The process started here exits as soon as the detached supervisor has
-    claimed the directory, and is reaped here: nothing is left as the caller's zombie.
-    Raises ``SupervisorError`` (bad spec, job already started, no start in time)."""
-    d = Path(jobdir).resolve()
-    nonce = secrets.token_hex(8)
-    proc = subprocess.Popen(
-        [python, "-m", "gpuwarden.daemon.supervisor", "--nonce", nonce, str(d)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        close_fds=True, env=None if env is None else dict(env))
-    assert proc.stderr is not None
-    try:
-        rc = proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        proc.stderr.close()
-        abandon_start(d, nonce)
-        raise SupervisorError(f"the supervisor for {d} did not start within {timeout:g}s") \
-            from None
-    err = proc.stderr.read().decode(errors="replace")
-    proc.stderr.close()
-    return started(d, nonce, rc, err)
-
-
-def started(jobdir: Path, nonce: str, rc: int, err: str) -> SupervisorHandle:
-    """The identity of the supervisor that claimed ``jobdir`` with ``nonce``, given how
-    the process that started it ended (exit status ``rc``, its stderr ``err``)."""
-    err = err.strip()
-    if rc != 0:
-        last = err.splitlines()[-1] if err else f"exit status {rc}"
-        raise SupervisorError(last.removeprefix("gpuwarden supervisor: "))
-    data = read_json(jobdir / SUPERVISOR)
-    status = read_status(jobdir).supervisor
-    if data is None or status is None or data.get("nonce") != nonce:
-        raise SupervisorError(f"{jobdir / SUPERVISOR} was not written by the supervisor "
-                              "started")
-    return status
-
-
-def abandon_start(jobdir: Path, nonce: str) -> None:
-    """The launcher gave up on a start: if the supervisor claimed the directory anyway,
-    make sure the job does not run unnoticed."""
-    data = read_json(jobdir / SUPERVISOR)
-    if data is not None and data.get("nonce") == nonce:
-        cancel(jobdir)
-
-
-# ------------------------------------------------------------------------ internals
 
 
 _LIBC: Any = None
@@ -235,7 +74,7 @@ def _prctl(option: int, arg: int) -> bool:
         return False
 
 
-def _set_name(name: str) -> None:
+def set_name(name: str) -> None:
     """Name this process for ps/top (``comm``): supervisors forked from the daemon's fork
     server would otherwise all show as the fork server."""
     global _LIBC
@@ -264,7 +103,9 @@ def _send(fd: int, record: Mapping[str, Any]) -> None:
         os.write(fd, line.encode())
 
 
-class _Supervisor:
+class Supervisor:
+    """One job's supervisor, in the detached process that runs it (``run``)."""
+
     def __init__(self, jobdir: Path, spec: SupervisorSpec, nonce: str | None) -> None:
         self.jobdir = jobdir
         self.spec = spec
@@ -696,115 +537,3 @@ class _Supervisor:
                     return
                 time.sleep(pause)
                 pause = min(pause * 2, 30.0)
-
-
-# ------------------------------------------------------------------------ entry point
-
-
-def _refuse_if_started(jobdir: Path) -> None:
-    for name in (SUPERVISOR, CHILD, EXIT):
-        if (jobdir / name).exists():
-            raise SupervisorError(f"{jobdir / name} exists: this job has (had) a supervisor; "
-                                  "refusing to start it again")
-
-
-def _daemonize(jobdir: Path, spec: SupervisorSpec, nonce: str | None) -> int:
-    """fork, setsid, fork: the supervisor is nobody's child but init's (or the nearest
-    subreaper's). This process waits for the intermediate one and for the supervisor's
-    word that it owns the directory, then exits: 0, or 2 with the reason on stderr."""
-    rc, err = detach(jobdir, spec, nonce)
-    if err:
-        print(err, file=sys.stderr)
-    return rc
-
-
-def detach(jobdir: Path, spec: SupervisorSpec, nonce: str | None) -> tuple[int, str]:
-    """Start the detached supervisor for ``jobdir`` from this process (fork, setsid,
-    fork) and wait until it owns the directory. Returns (0, "") or (2, the reason); the
-    caller goes on as before, with no child of its own left behind."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        _run_detached(jobdir, spec, nonce, r, w)
-    os.close(w)
-    os.waitpid(pid, 0)
-    chunks = []
-    while chunk := os.read(r, 4096):
-        chunks.append(chunk)
-    os.close(r)
-    try:
-        reply = json.loads(b"".join(chunks).decode(errors="replace").splitlines()[0])
-    except (ValueError, IndexError):
-        reply = {}
-    if isinstance(reply, dict) and reply.get("ok") is True:
-        return 0, ""
-    why = reply.get("error") if isinstance(reply, dict) else None
-    return 2, f"gpuwarden supervisor: {why or 'the supervisor died while starting'}"
-
-
-def _run_detached(jobdir: Path, spec: SupervisorSpec, nonce: str | None, r: int,
-                  w: int) -> NoReturn:
-    """In the first child: new session, fork the supervisor, exit."""
-    code = 1
-    try:
-        os.close(r)
-        os.setsid()
-        if os.fork() > 0:
-            os._exit(0)
-        os.chdir("/")
-        _set_name(f"gw-sup-{spec.job}")
-        null = os.open(os.devnull, os.O_RDONLY)
-        log = os.open(jobdir / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
-                      0o600)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(null)
-        os.close(log)
-        code = _Supervisor(jobdir, spec, nonce).run(w)
-    except BaseException:
-        try:
-            traceback.print_exc()
-            sys.stderr.flush()
-        except BaseException:
-            pass
-    os._exit(code)
-
-
-def start(jobdir: str | os.PathLike[str], nonce: str | None) -> tuple[int, str]:
-    """What ``python -m gpuwarden.daemon.supervisor --nonce N JOBDIR`` does, callable from
-    a process that has this module imported already (the daemon's fork server)."""
-    d = Path(jobdir).resolve()
-    try:
-        spec = load_spec(d)
-        _refuse_if_started(d)
-    except SupervisorError as e:
-        return 2, f"gpuwarden supervisor: {e}"
-    return detach(d, spec, nonce)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m gpuwarden.daemon.supervisor",
-        description="Run the job described by JOBDIR/spec.json under a supervisor.")
-    parser.add_argument("jobdir")
-    parser.add_argument("--nonce", help="echoed in supervisor.json (spawn_supervisor's check)")
-    parser.add_argument("--foreground", action="store_true",
-                        help="do not detach (for debugging)")
-    args = parser.parse_args(argv)
-    jobdir = Path(args.jobdir).resolve()
-    try:
-        spec = load_spec(jobdir)
-        _refuse_if_started(jobdir)
-    except SupervisorError as e:
-        print(f"gpuwarden supervisor: {e}", file=sys.stderr)
-        return 2
-    if args.foreground:
-        return _Supervisor(jobdir, spec, args.nonce).run(None)
-    return _daemonize(jobdir, spec, args.nonce)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
