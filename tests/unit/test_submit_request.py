@@ -65,7 +65,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"mem_limit": "20G"}, "mem_limit needs mem"),
     ({"mem": "20G", "mem_limit": "10G"}, "at least mem"),
     ({"mem": "20G", "mem_limit": "30G", "qos": "guaranteed"}, "capped at its request"),
-    ({"qos": "platinum"}, "qos must be one of"),
+    ({"qos": "platinum"}, "qos must be guaranteed, burstable or besteffort"),
     ({"qos": "besteffort", "exclusive": True}, "besteffort job cannot hold GPUs"),
     ({"grace": "2h"}, "at most 600s"),
     ({"grace": -1}, "grace"),

@@ -8,14 +8,19 @@ import click
 
 from gpuwarden.cli.common import DURATION, emit_json
 from gpuwarden.cli.jobs import JOB
+from gpuwarden.jobs.request import FIELDS
 
+# Bounds are left to the daemon, which says them as submit does; the text and the
+# choices are the table's (jobs/request.py).
+_PRIORITY = FIELDS["priority"]
 
 @click.command()
 @click.argument("job", type=JOB)
 @click.option("--mem", help="Memory per GPU (14G, or a fraction such as 0.5 of a GPU).")
 @click.option("--mem-limit", help="How far a burstable job may grow past --mem.")
-@click.option("--priority", type=int, help="Higher starts first (-1000 to 1000).")
-@click.option("--qos", type=click.Choice(["guaranteed", "burstable", "besteffort"]))
+@click.option("--priority", type=int, help=f"Higher starts first ({_PRIORITY.lo} to "
+                                           f"{_PRIORITY.hi}).")
+@click.option("--qos", type=click.Choice(FIELDS["qos"].choices))
 @click.option("--gpus", type=int, help="How many GPUs.")
 @click.option("--timeout", type=DURATION, help="Kill the job after this long (2h, 30m).")
 @click.option("--name", help="Its name.")

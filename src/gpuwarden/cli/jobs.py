@@ -89,16 +89,37 @@ def read_directives(command: Sequence[str]) -> list[str]:
     return tokens
 
 
+NOT_ONE_FIELD = ("gpu_ids", "after", "after_any", "after_fail", "cwd", "env_keep")
+"""Request fields whose submit option is not the field as it is (text split or resolved,
+a path made absolute, a repeated option): help of their own. Every other option named
+after a field takes its help, bounds and choices from the table (jobs/request.py)."""
+
+
+def _field_option(name: str, **kw: Any) -> Any:
+    """``--NAME`` for one request field: an integer's range, a choice's list (but
+    restart's, which the daemon explains), a flag for a boolean, the help; ``kw`` adds
+    what the table does not say (a type that parses text, a metavar)."""
+    from gpuwarden.jobs import request
+
+    f = request.FIELDS[name]
+    if f.kind == request.INTEGER:
+        kw["type"] = click.IntRange(f.lo, f.hi)
+        if f.default is not None:
+            kw.update(default=f.default, show_default=True)
+    elif f.kind == request.CHOICE and name != "restart":
+        kw["type"] = click.Choice(f.choices)
+    elif f.kind == request.BOOLEAN:
+        kw["is_flag"] = True
+    return click.option("--" + name.replace("_", "-"), help=f.help, **kw)
+
+
 _SUBMIT_OPTIONS = [
-    click.option("--mem", help="GPU memory per GPU: a size (14G, 512MiB), a fraction of a GPU "
-                               "(0.5), or auto: learned from earlier runs with the same "
-                               "--key/--name. Without: a whole idle GPU."),
-    click.option("--gpus", type=click.IntRange(1, 64), default=1, show_default=True,
-                 help="How many GPUs."),
+    _field_option("mem"),
+    _field_option("gpus"),
     click.option("--gpu-ids", help="Only these GPUs (comma-separated indices)."),
-    click.option("--name", help="A name to recognise the job by."),
-    click.option("--group", help="A group, for `cancel --group` and `ps`."),
-    click.option("--key", help="Idempotency key: resubmitting it returns the existing job."),
+    _field_option("name"),
+    _field_option("group"),
+    _field_option("key"),
     click.option("--after", "after", multiple=True,
                  help="Start only after this job succeeded (repeatable, or 3,5; an "
                       "array's id: each of its tasks)."),
@@ -106,56 +127,32 @@ _SUBMIT_OPTIONS = [
                  help="Start only after this job ended, however it ended (repeatable)."),
     click.option("--after-fail", "after_fail", multiple=True,
                  help="Start only after this job ended without succeeding (repeatable)."),
-    click.option("--timeout", type=DURATION, help="Kill the job after this long (2h, 30m)."),
-    click.option("--exclusive", is_flag=True, help="Take the GPU(s) alone."),
+    _field_option("timeout", type=DURATION),
+    _field_option("exclusive"),
     click.option("--cwd", type=click.Path(file_okay=False), help="Working directory."),
     click.option("--env-keep", "env_keep", multiple=True,
                  help="Keep this credential-looking variable (repeatable)."),
-    click.option("--priority", type=click.IntRange(-1000, 1000), default=0, show_default=True),
-    click.option("--requeue-on-reboot", is_flag=True,
-                 help="Queue the job again if the machine reboots while it runs."),
-    click.option("--qos", type=click.Choice(["guaranteed", "burstable", "besteffort"]),
-                 help="guaranteed: never preempted; burstable (default): may grow to "
-                      "--mem-limit; besteffort: preempted first."),
-    click.option("--mem-limit", help="Burstable: how far past --mem the job may grow."),
-    click.option("--grace", type=DURATION,
-                 help="SIGTERM to SIGKILL on cancel or preemption (default: the daemon's)."),
-    click.option("--no-requeue", is_flag=True,
-                 help="If preempted, end as cancelled instead of queueing again."),
-    click.option("--retries", type=click.IntRange(0, 100),
-                 help="Retry a CUDA OOM this many times, with the budget it showed it needs "
-                      "(default: the daemon's oom_retries, 1, for jobs with --mem; 0: off)."),
-    click.option("--checkpoint", is_flag=True,
-                 help="Set GPUWARDEN_PREEMPT_FILE: it appears before a preemption."),
-    click.option("--mps", is_flag=True,
-                 help="Run as an MPS client: the driver enforces --mem as a hard limit."),
-    click.option("--sm-percent", type=click.IntRange(1, 100),
-                 help="With --mps: the share of the GPU's SMs the job may use."),
-    click.option("--cpus", type=click.IntRange(1, 4096),
-                 help="Hold this many CPU cores near the GPUs alone (among gpuwarden jobs)."),
-    click.option("--no-numa", is_flag=True,
-                 help="No CPU affinity and no NUMA memory binding."),
-    click.option("--array", metavar="INDICES[%N]",
-                 help="An array: one job a task (0-99, 1,3,5-9, 0-20:5), each with "
-                      "GPUWARDEN_ARRAY_INDEX; %N: at most N at once. Prints the array's "
-                      "id; a task is ID_INDEX (12_7)."),
-    click.option("--notify", metavar="CMD",
-                 help="Run CMD (with /bin/sh, as you) once the job ends, however it ends, "
-                      "the job's JSON on its standard input."),
-    click.option("--mig", metavar="PROFILE",
-                 help="A MIG instance of this profile (e.g. 3g.40gb): on a GPU in MIG mode "
-                      "each instance is a place of its own."),
-    click.option("--restart", help="A service: start it again after it ends: on-failure "
-                                   "(non-zero exit, a signal, a failed health check) or "
-                                   "always (any end but cancel)."),
-    click.option("--restart-limit", help="Give it up after N restarts within a window "
-                                         "(default 5/10m)."),
-    click.option("--health-cmd", help="Health check: a shell command run as you; "
-                                      "non-zero exit is a failure."),
-    click.option("--health-url", help="Health check: an http(s) URL; not 2xx is a failure."),
-    click.option("--health-interval", help="Between health checks (default 30s)."),
-    click.option("--health-grace", help="After each start, before the first health check "
-                                        "(default 60s)."),
+    _field_option("priority"),
+    _field_option("requeue_on_reboot"),
+    _field_option("qos"),
+    _field_option("mem_limit"),
+    _field_option("grace", type=DURATION),
+    _field_option("no_requeue"),
+    _field_option("retries"),
+    _field_option("checkpoint"),
+    _field_option("mps"),
+    _field_option("sm_percent"),
+    _field_option("cpus"),
+    _field_option("no_numa"),
+    _field_option("array", metavar="INDICES[%N]"),
+    _field_option("notify", metavar="CMD"),
+    _field_option("mig", metavar="PROFILE"),
+    _field_option("restart"),
+    _field_option("restart_limit"),
+    _field_option("health_cmd"),
+    _field_option("health_url"),
+    _field_option("health_interval"),
+    _field_option("health_grace"),
 ]
 
 

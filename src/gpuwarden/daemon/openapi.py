@@ -6,6 +6,7 @@ from typing import Any
 
 from gpuwarden import __version__
 from gpuwarden.jobs.model import STATES
+from gpuwarden.jobs.request import EDITABLE, FIELDS, QOS_CLASSES, properties
 
 _ERROR = {"type": "object", "required": ["error"],
           "properties": {"error": {"type": "string"}}}
@@ -25,7 +26,7 @@ _JOB = {
         "submitted_at": {"type": "string"}, "started_at": {"type": ["string", "null"]},
         "ended_at": {"type": ["string", "null"]}, "reason": {"type": ["string", "null"]},
         "events": {"type": "array", "items": _EVENT},
-        "qos": {"enum": ["guaranteed", "burstable", "besteffort"]},
+        "qos": {"enum": list(QOS_CLASSES)},
         "mem_limit": {"type": ["integer", "null"]}, "request": {"type": ["integer", "null"]},
         "preemptions": {"type": "integer"}, "oom_retries": {"type": "integer"},
         "retries": {"type": "integer"}, "preempting": {"type": "boolean"},
@@ -43,83 +44,13 @@ _JOB = {
             {"type": "null"}]},
     },
 }
-_NULL = {"type": "null"}  # the optional fields below also take null: the same as absent
-_LABEL = {"type": ["string", "null"], "minLength": 1, "maxLength": 200}
-_SUBMIT = {
-    "type": "object", "required": ["command"], "additionalProperties": False,
-    "properties": {
-        "command": {"type": "array", "items": {"type": "string"}, "minItems": 1,
-                    "prefixItems": [{"type": "string", "minLength": 1}]},
-        "cwd": {"type": "string", "pattern": "^/"},
-        "env": {"type": "object", "additionalProperties": {"type": "string"}},
-        "env_keep": {"type": "array", "items": {"type": "string"}},
-        "name": _LABEL, "group": _LABEL, "key": _LABEL,
-        "mem": {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string"}, _NULL],
-                "description": "bytes per GPU, a size like 14G, or auto (learned from "
-                               "earlier successful runs with the same key or name)"},
-        "gpus": {"type": "integer", "minimum": 1, "maximum": 64},
-        "gpu_ids": {"oneOf": [{"type": "array", "minItems": 1,
-                               "items": {"type": "integer", "minimum": 0}}, _NULL]},
-        "after": {"type": ["array", "null"], "items": {"type": "integer", "minimum": 1},
-                  "description": "job ids that must succeed first"},
-        "after_any": {"type": ["array", "null"], "items": {"type": "integer", "minimum": 1},
-                      "description": "job ids that must end first, however they end"},
-        "after_fail": {"type": ["array", "null"], "items": {"type": "integer", "minimum": 1},
-                       "description": "job ids that must end without succeeding first"},
-        "timeout": {"oneOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string"},
-                              _NULL]},
-        "exclusive": {"type": "boolean"},
-        "priority": {"type": "integer", "minimum": -1000, "maximum": 1000},
-        "requeue_on_reboot": {"type": "boolean"},
-        "qos": {"enum": ["guaranteed", "burstable", "besteffort"]},
-        "mem_limit": {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string"},
-                                _NULL]},
-        "grace": {"oneOf": [{"type": "number", "minimum": 0}, {"type": "string"}, _NULL]},
-        "no_requeue": {"type": "boolean"},
-        "retries": {"type": "integer", "minimum": 0, "maximum": 100},
-        "checkpoint": {"type": "boolean"},
-        "mps": {"type": "boolean"},
-        "sm_percent": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": 100}, _NULL]},
-        "cpus": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": 4096}, _NULL]},
-        "no_numa": {"type": "boolean"},
-        "array": {"type": ["string", "null"], "minLength": 1, "maxLength": 1000,
-                  "pattern": "^[0-9][0-9,:-]*(%[0-9]+)?$",
-                  "description": "an array: one job a task, e.g. 0-99%8 (at most 8 at "
-                                 "once); the answer is the first task, whose id is the "
-                                 "array's, and tasks counts them"},
-        "notify": {"type": ["string", "null"], "minLength": 1, "maxLength": 4096,
-                   "description": "run with /bin/sh -c as the caller once the job ends "
-                                  "(succeeded, failed, cancelled, infeasible), the job's "
-                                  "JSON on its standard input"},
-        "mig": {"type": ["string", "null"], "pattern": "^[1-8]g\\.[1-9][0-9]*gb$",
-                "description": "a MIG instance of this profile (e.g. 3g.40gb)"},
-        "attach": {"type": ["string", "null"], "minLength": 1, "maxLength": 200,
-                   "description": "the caller starts the command itself once the job is "
-                                  "reserved, and reports its start and end; names the "
-                                  "launcher (e.g. \"ray job ID\")"},
-        "restart": {"oneOf": [{"enum": ["on-failure", "always", "no"]}, _NULL],
-                    "description": "a service: started again after it ends (on-failure: "
-                                   "not exit 0; always: any end but cancel)"},
-        "restart_limit": {"oneOf": [{"type": "string", "pattern": "^[0-9]+/"}, _NULL],
-                          "description": "N/DURATION: given up after N restarts within "
-                                         "the window (default 5/10m; needs restart)"},
-        "health_cmd": {"oneOf": [{"type": "string", "minLength": 1, "maxLength": 4096},
-                                 _NULL],
-                       "description": "shell command run as the job's user; non-zero exit "
-                                      "is a failure (needs restart)"},
-        "health_url": {"oneOf": [{"type": "string", "pattern": "^https?://",
-                                  "maxLength": 2048}, _NULL],
-                       "description": "GET; not 2xx is a failure (needs restart)"},
-        "health_interval": {"oneOf": [{"type": "number", "exclusiveMinimum": 0},
-                                      {"type": "string"}, _NULL]},
-        "health_grace": {"oneOf": [{"type": "number", "minimum": 0}, {"type": "string"},
-                                   _NULL]},
-    },
-}
+# One property a field of the request, from the table of fields (jobs/request.py).
+_PROPS = properties()
+_SUBMIT = {"type": "object", "additionalProperties": False,
+           "required": [f.name for f in FIELDS.values() if f.required],
+           "properties": _PROPS}
 _EDIT = {"type": "object", "additionalProperties": False, "minProperties": 1,
-         "properties": {k: _SUBMIT["properties"][k]  # type: ignore[index]
-                        for k in ("mem", "mem_limit", "priority", "qos", "gpus", "timeout",
-                                  "name")}}
+         "properties": {k: _PROPS[k] for k in EDITABLE}}
 _STARTED = {"type": "object", "required": ["pid"], "additionalProperties": False,
             "properties": {"pid": {"type": "integer", "minimum": 1}}}
 _ENDED = {"type": "object", "additionalProperties": False, "properties": {
@@ -272,7 +203,7 @@ def document() -> dict[str, Any]:
                                        "type": "integer", "minimum": 1,
                                        "maximum": 2**63 - 1}},
                                    "refs": _REFS,
-                                   "group": _LABEL, "kill": {"type": "boolean"}}}}}},
+                                   "group": _PROPS["group"], "kill": {"type": "boolean"}}}}}},
                 "responses": {"200": _resp({"type": "object", "properties": {
                     "jobs": {"type": "array", "items": _JOB},
                     "errors": {"type": "array", "items": {

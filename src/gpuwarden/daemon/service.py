@@ -16,16 +16,17 @@ from typing import Any
 from gpuwarden.daemon.auth import Caller, admin_gids, may_manage
 from gpuwarden.daemon.envsnap import snapshot_env
 from gpuwarden.daemon.jobjson import job_json
-from gpuwarden.daemon.restart import SERVICE_FIELDS, service_from_request
+from gpuwarden.daemon.restart import service_from_request
 from gpuwarden.daemon.store import Conflict, Store
 from gpuwarden.daemon.usercmd import checked_command
 from gpuwarden.errors import PermissionDenied, UsageError
 from gpuwarden.jobs import model
 from gpuwarden.jobs.model import Job, JobSpec
+from gpuwarden.jobs.request import EDITABLE, check_fields
 from gpuwarden.jobs.services import Service
-from gpuwarden.sched.model import BESTEFFORT, GUARANTEED, QOS_CLASSES, GpuState, QueuedJob
+from gpuwarden.sched.model import BESTEFFORT, GUARANTEED, GpuState, QueuedJob
 from gpuwarden.sched.queue import Policy
-from gpuwarden.units import bounded_duration, bounded_size, parse_size_or_fraction
+from gpuwarden.units import bounded_size, parse_size_or_fraction
 
 MAX_LOG_CHUNK = 1 << 20
 
@@ -74,75 +75,36 @@ class Config:
         return min(self.grace if asked is None else asked, self.max_grace)
 
 
-def _str_list(value: Any, field: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
-        raise UsageError(f"{field} must be a list of strings")
-    return tuple(value)
-
-
-def _int(value: Any, field: str, lo: int | None = None, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise UsageError(f"{field} must be an integer")
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        if hi is None:
-            raise UsageError(f"{field} must be at least {lo}")
-        if lo is None:
-            raise UsageError(f"{field} must be at most {hi}")
-        raise UsageError(f"{field} must be between {lo} and {hi}")
-    return value
-
-
 def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *,
                       capacities: Mapping[int, int] | None = None, oom_retries: int = 0,
                       max_grace: float = math.inf) -> tuple[JobSpec, list[str]]:
-    """Validate a submit request into a JobSpec; returns the env names dropped.
+    """Validate a submit request into a JobSpec; returns the env names dropped. Each
+    field's type and bounds come from the table of request fields (jobs/request.py);
+    the rules here are those between fields, or of this daemon.
     ``capacities`` (GPU index -> what it can give one job) turns a fractional ``mem``
     (``0.5`` of a GPU) into bytes. ``oom_retries``: the retries of a job with a budget
     that does not ask for a number (the daemon's ``oom_retries``); ``max_grace``: the
     longest ``grace`` allowed (the daemon's ``max_grace``)."""
     if not isinstance(body, Mapping):
         raise UsageError("the request body must be a JSON object")
-    known = {"command", "cwd", "env", "env_keep", "name", "group", "key", "mem", "gpus",
-             "gpu_ids", "after", "timeout", "exclusive", "priority", "requeue_on_reboot",
-             "qos", "mem_limit", "grace", "no_requeue", "retries", "checkpoint", "mps",
-             "sm_percent", "cpus", "no_numa", "mig", "attach", "notify", "array"} | SERVICE_FIELDS
-    unknown = sorted(set(body) - known - set(AFTER_KINDS))
-    if unknown:
-        raise UsageError(f"unknown field(s): {', '.join(unknown)}")
-    attach = body.get("attach")
+    v = check_fields(body)
+    attach = v["attach"]
     if attach is not None:
-        if not isinstance(attach, str) or not attach or len(attach) > 200:
-            raise UsageError("attach must be a non-empty string of at most 200 characters "
-                             "(what launches the job, e.g. \"ray job ID\")")
         from gpuwarden.daemon.attached import refuse_clashes
 
         refuse_clashes(body)
-    command = _str_list(body.get("command"), "command")
-    if not command or not command[0]:
-        raise UsageError("command must not be empty")
-    if any("\0" in arg for arg in command):
-        raise UsageError("command must not contain NUL characters")
-    cwd = body.get("cwd", "/")
-    if not isinstance(cwd, str) or not cwd.startswith("/"):
-        raise UsageError("cwd must be an absolute path")
-    raw_env = body.get("env", {})
-    if not isinstance(raw_env, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in raw_env.items()):
-        raise UsageError("env must be an object of strings")
-    bad_env = sorted(k for k, v in raw_env.items() if not k or "=" in k or "\0" in k + v)
+    raw_env = v["env"]
+    bad_env = sorted(k for k, x in raw_env.items() if not k or "=" in k or "\0" in k + x)
     if bad_env:  # execve would refuse them: the job could never start
         raise UsageError(f"invalid environment variable(s): {', '.join(map(repr, bad_env))}")
-    keep = _str_list(body.get("env_keep", []), "env_keep")
-    env, dropped = snapshot_env(raw_env, keep)
-    mem_auto = body.get("mem") == "auto"
-    mem = None if mem_auto else _mem(body.get("mem"), body.get("gpu_ids"), capacities or {})
-    if mem_auto and body.get("key") is None and body.get("name") is None:
+    env, dropped = snapshot_env(raw_env, v["env_keep"])
+    mem_auto = v["mem"] == "auto"
+    mem = None if mem_auto else _mem(v["mem"], v["gpu_ids"], capacities or {})
+    if mem_auto and v["key"] is None and v["name"] is None:
         raise UsageError("mem auto learns from earlier runs with the same key or name: "
                          "give one")
-    mem_limit = _size(body.get("mem_limit"), "mem_limit")
-    qos = body.get("qos", "burstable")
-    if qos not in QOS_CLASSES:
-        raise UsageError(f"qos must be one of {', '.join(QOS_CLASSES)}")
+    mem_limit = _size(v["mem_limit"], "mem_limit")
+    qos = v["qos"]
     if mem_limit is not None:
         if mem is None and not mem_auto:
             raise UsageError("mem_limit needs mem: the limit is how far past its request "
@@ -151,78 +113,50 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *
             raise UsageError("mem_limit must be at least mem")
         if qos == GUARANTEED and mem_limit != mem:
             raise UsageError("a guaranteed job is capped at its request: drop mem_limit")
-    if qos == BESTEFFORT and body.get("exclusive", False) is True:
+    if qos == BESTEFFORT and v["exclusive"]:
         raise UsageError("a besteffort job cannot hold GPUs exclusively")
-    grace = _duration(body.get("grace"), "grace", zero_ok=True)
+    grace = v["grace"]
     if grace is not None and grace > max_grace:  # SIGTERM-trapping jobs would never end
         raise UsageError(f"grace must be at most {max_grace:g}s (the daemon's max_grace)")
-    sm_percent = body.get("sm_percent")
-    if sm_percent is not None:
-        sm_percent = _int(sm_percent, "sm_percent", 1, 100)
-        if body.get("mps") is not True:
-            raise UsageError("sm_percent needs mps: only MPS can share a GPU's SMs")
-    if body.get("mps") is True and mem is None and not mem_auto:
+    if v["sm_percent"] is not None and not v["mps"]:
+        raise UsageError("sm_percent needs mps: only MPS can share a GPU's SMs")
+    if v["mps"] and mem is None and not mem_auto:
         raise UsageError("mps needs mem: the budget is the limit MPS enforces")
-    retries = body.get("retries")
-    if retries is not None:
-        retries = _int(retries, "retries", 0, 100)
-    elif (mem is not None or mem_auto) and attach is None:  # a whole GPU cannot grow
-        retries = oom_retries
-    else:
-        retries = 0
-    cpus = body.get("cpus")
-    if cpus is not None:
-        cpus = _int(cpus, "cpus", 1, 4096)
-        if body.get("no_numa") is True:
-            raise UsageError("cpus binds the job to cores near its GPUs; no_numa turns "
-                             "binding off: choose one")
-    mig = body.get("mig")
+    retries = v["retries"]
+    if retries is None:  # a whole GPU cannot grow
+        retries = oom_retries if (mem is not None or mem_auto) and attach is None else 0
+    if v["cpus"] is not None and v["no_numa"]:
+        raise UsageError("cpus binds the job to cores near its GPUs; no_numa turns "
+                         "binding off: choose one")
+    mig = v["mig"]
     if mig is not None:
         from gpuwarden.gpus.model import MIG_PROFILE
 
-        if not isinstance(mig, str) or not MIG_PROFILE.match(mig):
+        if not MIG_PROFILE.match(mig):
             raise UsageError(f"mig: {mig!r} is not a MIG profile such as 1g.10gb or 3g.40gb")
-        if body.get("mps") is True:
+        if v["mps"]:
             raise UsageError("mps and mig: gpuwarden runs no MPS server on a MIG instance")
-    gpus = _int(body.get("gpus", 1), "gpus", 1, 64)
-    gpu_ids = body.get("gpu_ids")
+    gpu_ids = v["gpu_ids"]
     if gpu_ids is not None:
-        if not isinstance(gpu_ids, list) or not gpu_ids:
-            raise UsageError("gpu_ids must be a non-empty list of GPU indices")
-        ids = tuple(_int(i, "gpu_ids", 0, None) for i in gpu_ids)
-        bad = [i for i in ids if i >= gpu_count]
+        bad = [i for i in gpu_ids if i >= gpu_count]
         if bad:
             raise UsageError(f"no GPU with index {', '.join(map(str, bad))} "
                              f"(this machine has {gpu_count})")
-        gpu_ids = tuple(sorted(set(ids)))
-    deps = {kind: _after(body.get(kind), kind) for kind in AFTER_KINDS}
-    timeout = _duration(body.get("timeout"), "timeout")
-    for label in ("name", "group", "key"):
-        v = body.get(label)
-        if v is not None and (not isinstance(v, str) or not v or len(v) > 200):
-            raise UsageError(f"{label} must be a non-empty string of at most 200 characters")
-    for flag in ("exclusive", "requeue_on_reboot", "no_requeue", "checkpoint", "mps",
-                 "no_numa"):
-        if not isinstance(body.get(flag, False), bool):
-            raise UsageError(f"{flag} must be true or false")
+        gpu_ids = tuple(sorted(set(gpu_ids)))
     spec = JobSpec(
-        command=command, user=caller.user, uid=caller.uid, gid=caller.gid,
-        groups=caller.groups, cwd=cwd, env=env, name=body.get("name"),
-        group=body.get("group"), key=body.get("key"), mem=mem, gpus=gpus,
-        gpu_ids=gpu_ids, after=deps["after"], after_any=deps["after_any"],
-        after_fail=deps["after_fail"], timeout=timeout,
-        exclusive=bool(body.get("exclusive", False)),
-        priority=_int(body.get("priority", 0), "priority", -1000, 1000),
-        requeue_on_reboot=bool(body.get("requeue_on_reboot", False)),
+        command=v["command"], user=caller.user, uid=caller.uid, gid=caller.gid,
+        groups=caller.groups, cwd=v["cwd"], env=env, name=v["name"],
+        group=v["group"], key=v["key"], mem=mem, gpus=v["gpus"],
+        gpu_ids=gpu_ids, after=v["after"], after_any=v["after_any"],
+        after_fail=v["after_fail"], timeout=v["timeout"], exclusive=v["exclusive"],
+        priority=v["priority"], requeue_on_reboot=v["requeue_on_reboot"],
         qos=qos, mem_limit=mem_limit, grace=grace,
         # An attached job's launcher is gone once it is stopped: nothing could requeue it.
-        no_requeue=bool(body.get("no_requeue", False)) or attach is not None, retries=retries,
-        checkpoint=bool(body.get("checkpoint", False)),
-        mps=body.get("mps") is True, sm_percent=sm_percent, mem_auto=mem_auto,
-        cpus=cpus, no_numa=body.get("no_numa") is True, mig=mig, attach=attach,
+        no_requeue=v["no_requeue"] or attach is not None, retries=retries,
+        checkpoint=v["checkpoint"], mps=v["mps"], sm_percent=v["sm_percent"],
+        mem_auto=mem_auto, cpus=v["cpus"], no_numa=v["no_numa"], mig=mig, attach=attach,
         service=_service(body, attach),
-        notify=None if body.get("notify") is None else checked_command(body["notify"],
-                                                                       "notify"),
+        notify=None if v["notify"] is None else checked_command(v["notify"], "notify"),
     )
     return spec, dropped
 
@@ -235,27 +169,12 @@ def _service(body: Mapping[str, Any], attach: str | None) -> Service | None:
     return svc
 
 
-EDITABLE = ("mem", "mem_limit", "priority", "qos", "gpus", "timeout", "name")
-"""What ``edit`` may change in a queued or held job (checked as submit checks them)."""
-
-AFTER_KINDS = ("after", "after_any", "after_fail")
-"""Dependencies: ids that must succeed, end however they end, or end without succeeding
-before the job may start (loop.py's ``dependency_block`` says when each is met)."""
-
-
-def _after(raw: Any, kind: str) -> tuple[int, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):  # not false, 0 or "" for "none" either
-        raise UsageError(f"{kind} must be a list of job ids")
-    return tuple(_int(a, kind, 1, 2**63 - 1) for a in raw)
-
-
 def _size(raw: Any, label: str) -> int | None:
     return None if raw is None else bounded_size(raw, label, positive=True, example="14G")
 
 
-def _mem(raw: Any, gpu_ids: Any, capacities: Mapping[int, int]) -> int | None:
+def _mem(raw: Any, gpu_ids: tuple[int, ...] | None,
+         capacities: Mapping[int, int]) -> int | None:
     """``mem`` as bytes: a size, or a fraction of what a GPU can give one job (its total
     less the reserve) -- of the smallest of the GPUs it may use, so that it fits on each."""
     if not isinstance(raw, str):
@@ -266,17 +185,12 @@ def _mem(raw: Any, gpu_ids: Any, capacities: Mapping[int, int]) -> int | None:
         raise UsageError(f"mem: {e}") from None
     if fraction is None:
         return size
-    allowed = gpu_ids if isinstance(gpu_ids, list) and gpu_ids else list(capacities)
+    allowed = gpu_ids or list(capacities)
     caps = [capacities[i] for i in allowed if i in capacities]
     if not caps:
         raise UsageError(f"mem: a fraction ({raw}) needs the daemon's view of the GPUs, "
                          "which it does not have yet: give a size such as 20G")
     return max(int(min(caps) * fraction), 1)
-
-
-def _duration(raw: Any, label: str, *, zero_ok: bool = False) -> float | None:
-    return None if raw is None else bounded_duration(raw, label, positive=not zero_ok,
-                                                     example="2h")
 
 
 def queued_view(job: Job, estimate: float | None = None, now: float = 0.0) -> QueuedJob:

@@ -13,13 +13,11 @@ import subprocess
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.errors import UsageError
+from gpuwarden.jobs.request import MAX_COMMAND, MAX_URL
 from gpuwarden.units import format_duration
 
 if TYPE_CHECKING:
     from gpuwarden.jobs.model import Job
-
-MAX_COMMAND = 4096  # characters of a health or notify command
-MAX_URL = 2048
 
 
 def checked_command(raw: Any, label: str) -> str:

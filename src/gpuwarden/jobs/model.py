@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuwarden.jobs import lifecycle
 from gpuwarden.jobs.arrays import Member
+from gpuwarden.jobs.request import BURSTABLE
 from gpuwarden.units import format_bytes
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ class JobSpec:
     exclusive: bool = False
     priority: int = 0
     requeue_on_reboot: bool = False
-    qos: str = "burstable"  # guaranteed | burstable | besteffort
+    qos: str = BURSTABLE  # one of request.QOS_CLASSES
     mem_limit: int | None = None  # bytes per GPU a burstable job may grow to (its cap)
     grace: float | None = None  # SIGTERM -> SIGKILL on cancel/preemption; None: config
     no_requeue: bool = False  # a preempted job ends cancelled instead of queued again

@@ -29,6 +29,7 @@ from typing import IO, TYPE_CHECKING
 import psutil
 
 from gpuwarden.errors import GpuwardenError
+from gpuwarden.jobs.request import QOS_CLASSES
 from gpuwarden.units import format_bytes
 
 if TYPE_CHECKING:
@@ -291,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attempt", type=int, default=0)
     ap.add_argument("--name")
     ap.add_argument("--submission-id", help="the Ray job's id (names it on the node)")
-    ap.add_argument("--qos", choices=("guaranteed", "burstable", "besteffort"),
+    ap.add_argument("--qos", choices=QOS_CLASSES,
                     help="its class in a node daemon's queue")
     ap.add_argument("--priority", type=int, default=0)
     ap.add_argument("--resources", default="{}", help="other Ray resources it asked for "
