@@ -688,7 +688,7 @@ def _done(verb: str, job: dict[str, Any], killed: bool = False) -> str:
 
 def _each(verb: str, specs: Sequence[str], as_json: bool,
           query: dict[str, Any] | None = None) -> None:
-    from gpuwarden.daemon.client import DaemonUnavailable
+    from gpuwarden.client.api import DaemonUnavailable
     from gpuwarden.errors import GpuwardenError
 
     client = connect()

@@ -526,7 +526,7 @@ class JobService:
         """The attaching process stands in for the job's supervisor (daemon/attached.py).
         Should that fail, the job is cancelled here rather than left without one."""
         from gpuwarden.daemon.attached import claim
-        from gpuwarden.daemon.paths import job_dir
+        from gpuwarden.jobs.jobdir import job_dir
 
         try:
             claim(job_dir(self.jobs_dir, job), job.id, caller)
@@ -539,7 +539,7 @@ class JobService:
 
     def _attached(self, caller: Caller, job_id: int) -> tuple[Job, Path]:
         from gpuwarden.daemon.attached import check_reporter
-        from gpuwarden.daemon.paths import job_dir
+        from gpuwarden.jobs.jobdir import job_dir
 
         job = self._owned(caller, job_id, "report on")
         if job.spec.attach is None:
@@ -835,7 +835,7 @@ class JobService:
             raise UsageError(f"job {job_id} has had {attempts} attempt"
                              f"{'' if attempts == 1 else 's'}; attempt {attempt} is not one "
                              "of them")
-        from gpuwarden.daemon.paths import job_dir
+        from gpuwarden.jobs.jobdir import job_dir
 
         path = job_dir(self.jobs_dir, dataclasses.replace(job, attempts=attempt - 1)) / stream
         try:

@@ -27,7 +27,7 @@ from gpuwarden.tui import model
 from gpuwarden.tui.model import FOREIGN, FREE, LEAKED, Row
 
 if TYPE_CHECKING:
-    from gpuwarden.daemon.client import Client
+    from gpuwarden.client.api import Client
     from gpuwarden.gpus.backend import Backend
     from gpuwarden.observe.leaks import Leak
     from gpuwarden.observe.snapshot import Snapshot
@@ -238,8 +238,8 @@ class TopApp(App[None]):
         self.backend = backend
         self.interval = interval
         if client is None:
-            from gpuwarden.daemon.client import Client
-            from gpuwarden.daemon.paths import resolve_paths
+            from gpuwarden.client.api import Client
+            from gpuwarden.client.paths import resolve_paths
 
             client = Client(str(resolve_paths().socket), timeout=5.0)
         self.client = client
@@ -307,7 +307,7 @@ class TopApp(App[None]):
         return Observation(snapshot=snap, leaks=leaks, jobs=jobs, daemon=daemon, rows=rows)
 
     def _jobs(self) -> tuple[tuple[Mapping[str, Any], ...] | None, str | None]:
-        from gpuwarden.daemon.client import DaemonUnavailable
+        from gpuwarden.client.api import DaemonUnavailable
 
         try:
             answer = self.client.request("GET", "/v1/jobs")

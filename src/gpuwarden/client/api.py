@@ -1,5 +1,6 @@
-"""The CLI's side of the API: HTTP over the daemon's unix socket with the standard
-library only, so client commands start fast."""
+"""A client's side of the API (the CLI, ``top``, the Ray launcher): HTTP over the
+daemon's unix socket with the standard library only, so client commands start fast.
+The page sizes are the API's own (``daemon/api.py`` imports them)."""
 
 from __future__ import annotations
 

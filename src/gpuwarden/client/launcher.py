@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gpuwarden.daemon.client import Client, DaemonUnavailable
+from gpuwarden.client.api import Client, DaemonUnavailable
 from gpuwarden.errors import GpuwardenError
 
 REGISTER_ENV = "GPUWARDEN_REGISTER"  # "0": never register with the node's daemon
@@ -24,8 +24,8 @@ class NotPlaced(GpuwardenError):
 
 def node_daemon(env: dict[str, str] | None = None) -> Client | None:
     """The daemon of this machine, when one answers on the socket this environment
-    resolves to (``daemon/paths.py``); None where there is none or registering is off."""
-    from gpuwarden.daemon.paths import resolve_paths
+    resolves to (``client/paths.py``); None where there is none or registering is off."""
+    from gpuwarden.client.paths import resolve_paths
 
     env = dict(os.environ if env is None else env)
     if env.get(REGISTER_ENV) == "0":
