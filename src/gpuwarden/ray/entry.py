@@ -163,7 +163,8 @@ def _register(req: Request, gpus: list[GpuFacts],
         raise
     finally:
         stop.waiting = False
-    limit = (placed.get("enforcement") or {}).get("limit") or placed.get("budget") or req.mem
+    enf = placed.get("enforcement")  # absent from an older daemon's answer
+    limit = (enf.get("limit") if enf else None) or placed.get("budget") or req.mem
     cores = frozenset(placed.get("cpu_set") or ()) or None
     where = [e.get("detail") for e in placed.get("events", []) if e.get("kind") == "placed"]
     _say(f"job {job.id} placed by the daemon" + (f": {where[-1]}" if where else ""))
