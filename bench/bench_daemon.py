@@ -6,7 +6,7 @@ simulated), with the daemon's default scheduling interval unless ``--interval`` 
 otherwise. task-spooler runs with a private ``TS_SOCKET`` and ``TMPDIR``.
 
 1. **Submit → start on an idle GPU.** ``--rounds`` rounds; each round runs one job through
-   each of: gpuwarden's API client (``gpuwarden.daemon.client.Client``, in-process),
+   each of: gpuwarden's API client (``gpuwarden.client.api.Client``, in-process),
    ``gpuwarden submit`` (the CLI as a subprocess), ``tsp`` and a plain ``subprocess.Popen``
    (the floor: fork, exec and the job's own start-up), in an order that rotates every
    round; plus, as a baseline, a fresh interpreter importing
@@ -69,7 +69,7 @@ from typing import Any
 import psutil
 from _common import REPO, machine, ms, percentile
 
-from gpuwarden.daemon.client import Client
+from gpuwarden.client.api import Client
 
 SCENARIO = REPO / "examples" / "idle-2gpu.json"
 TARGET_P50 = 0.030  # the issue's goal: p50 submit → start under 30 ms, not slower than ts
@@ -141,7 +141,7 @@ class Daemon:
     """A real daemon in a short private GPUWARDEN_HOME over the simulated scenario."""
 
     def __init__(self, interval: str | None) -> None:
-        from gpuwarden.daemon.paths import resolve_paths
+        from gpuwarden.client.paths import resolve_paths
 
         self.root = Path(tempfile.mkdtemp(prefix="gwb-", dir="/tmp"))  # socket path < 108
         os.chmod(self.root, 0o755)
@@ -509,11 +509,11 @@ def _in_process(d: Daemon, db_copy: Path, repeat: int) -> dict[str, Any]:
     """The daemon's pass, and plan() alone, on a copy of the daemon's database."""
     from gpuwarden.daemon.config import read_config
     from gpuwarden.daemon.loop import Scheduler
-    from gpuwarden.daemon.paths import boot_id
     from gpuwarden.daemon.service import queued_view
     from gpuwarden.daemon.store import Store
     from gpuwarden.gpus.backend import open_backend
     from gpuwarden.observe.snapshot import take_snapshot
+    from gpuwarden.procs.identity import boot_id
     from gpuwarden.sched.model import Place, Wait
     from gpuwarden.sched.placement import gpu_states
     from gpuwarden.sched.queue import plan

@@ -347,7 +347,7 @@ def _daemon(dm: dict[str, Any]) -> list[str]:
         "wall-clock time it writes as its first action marks the start, so the job's own "
         "Python start-up is inside every figure alike (the plain `Popen` row shows that "
         "floor). gpuwarden is measured twice: through its API client in-process "
-        "(`gpuwarden.daemon.client.Client`: the daemon's own latency) and through "
+        "(`gpuwarden.client.api.Client`: the daemon's own latency) and through "
         "`gpuwarden submit` as a subprocess (what a user sees, CLI start-up included). "
         "The tools run in an order that rotates every round, after one untimed warm-up "
         "run each. p99 is nearest-rank: with "

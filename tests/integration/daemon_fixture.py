@@ -57,7 +57,7 @@ class Daemon:
         """The daemon's API asked from this process, as the CLI asks it: for polls and
         set-up, which would otherwise start an interpreter per question. What a test
         checks of the CLI itself goes through ``cli``."""
-        from gpuwarden.daemon.client import Client
+        from gpuwarden.client.api import Client
 
         return Client(str(self.socket)).request(method, path, **kw)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.daemon.client import Client
+from gpuwarden.client.api import Client
 from gpuwarden.daemon.openapi import document
 from gpuwarden.daemon.store import Store
 from tests.conftest import EXAMPLES

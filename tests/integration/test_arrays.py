@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuwarden.daemon.client import Client
+from gpuwarden.client.api import Client
 from tests.conftest import wait_for
 from tests.integration.daemon_fixture import PY, Daemon
 

@@ -214,7 +214,7 @@ def test_credentials_are_matched_by_word_not_substring(daemon: Daemon) -> None:
 
 
 def test_a_missing_command_fails_the_job_not_the_daemon(daemon: Daemon) -> None:
-    from gpuwarden.daemon.client import Client
+    from gpuwarden.client.api import Client
 
     # submit refuses it at once (test_submit_checks.py); a request that skips that check
     # (another client, or the program removed since) fails at launch.
@@ -227,7 +227,7 @@ def test_a_missing_command_fails_the_job_not_the_daemon(daemon: Daemon) -> None:
 
 
 def test_openapi_document_is_served(daemon: Daemon) -> None:
-    from gpuwarden.daemon.client import Client
+    from gpuwarden.client.api import Client
 
     doc = Client(str(daemon.home / "gpuwarden.sock")).request("GET", "/openapi.json")
     assert doc["openapi"].startswith("3.") and "/v1/jobs" in doc["paths"]
@@ -240,7 +240,7 @@ def _simulate_reboot(daemon: Daemon, job_ids: list[int]) -> None:
     import signal
     import sqlite3
 
-    from gpuwarden.daemon.paths import DB_NAME
+    from gpuwarden.client.paths import DB_NAME
 
     states = {j: daemon.job(j)["state"] for j in job_ids}
     daemon.stop()

@@ -22,8 +22,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from gpuwarden.client.api import Client
 from gpuwarden.daemon.auth import Caller
-from gpuwarden.daemon.client import Client
 from gpuwarden.daemon.loop import Scheduler
 from gpuwarden.daemon.service import Config, JobService
 from gpuwarden.daemon.store import Store

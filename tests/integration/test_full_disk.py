@@ -54,7 +54,7 @@ def _full(path: Path) -> bool:
 
 
 def test_a_full_disk_fails_requests_cleanly_and_nothing_is_lost(small_home: Daemon) -> None:
-    from gpuwarden.daemon.paths import DB_NAME
+    from gpuwarden.client.paths import DB_NAME
     from gpuwarden.daemon.store import Store
 
     d = small_home

@@ -86,7 +86,7 @@ def tcp(host: str, port: int, n: int) -> None:
 
 
 def _ask(path: str, method: str, target: str, body: Any = None) -> tuple[int, float]:
-    from gpuwarden.daemon.client import _UnixConnection
+    from gpuwarden.client.api import _UnixConnection
 
     t0 = time.monotonic()
     conn = _UnixConnection(path, 30)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.daemon.client import Client
+from gpuwarden.client.api import Client
 from gpuwarden.daemon.config import read_config
 from gpuwarden.daemon.history import GpuSample
 from gpuwarden.daemon.store import Store

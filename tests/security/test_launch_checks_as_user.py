@@ -26,7 +26,7 @@ from tests.security.pidns import User
 # The client a user would run, minus its own checks: the request as the daemon gets it.
 _SUBMIT = """
 import json, os, sys
-from gpuwarden.daemon.client import Client
+from gpuwarden.client.api import Client
 body = json.loads(sys.argv[2])
 body["env"] = dict(os.environ)
 print(json.dumps(Client(sys.argv[1]).request("POST", "/v1/jobs", body=body)))

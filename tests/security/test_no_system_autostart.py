@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from gpuwarden.daemon.paths import SYSTEM_CONFIG
+from gpuwarden.client.paths import SYSTEM_CONFIG
 from tests.conftest import EXAMPLES, SRC
 from tests.integration.daemon_fixture import PY
 from tests.security.conftest import pid_namespace_works

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuwarden.cli.fast import _parse, _quote, socket_path
-from gpuwarden.daemon.paths import resolve_paths
+from gpuwarden.client.paths import resolve_paths
 
 STATUS = ("--format", "--gpu", "--user", "--pid")
 

@@ -227,9 +227,9 @@ def test_import_parser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: 
 
 def test_a_new_upward_import_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     f = tmp_path / "probe.py"
-    f.write_text("def f():\n    from gpuwarden.daemon import client\n")
+    f.write_text("def f():\n    from gpuwarden.daemon import loop\n")
     monkeypatch.setitem(MODULES, "gpuwarden.procs.probe", f)
-    assert ("gpuwarden.procs.probe", "gpuwarden.daemon.client") in _violations()
+    assert ("gpuwarden.procs.probe", "gpuwarden.daemon.loop") in _violations()
 
 
 # (importer, module, name): another module's private name imported: none today.

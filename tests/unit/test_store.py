@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
+from gpuwarden.client.paths import Paths, resolve_paths
 from gpuwarden.daemon.jobjson import job_json
-from gpuwarden.daemon.paths import Paths, boot_id, resolve_paths
 from gpuwarden.daemon.store import (
     KEY_RELEASED,
     MIGRATIONS,
@@ -57,6 +57,7 @@ from gpuwarden.jobs.model import (
     JobSpec,
 )
 from gpuwarden.jobs.services import Service
+from gpuwarden.procs.identity import boot_id
 from tests.unit.builders import move
 
 GiB = 1 << 30

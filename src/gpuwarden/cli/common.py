@@ -65,14 +65,14 @@ def _glance(path: str) -> Any:
     """The daemon's answer to GET ``path`` when one answers at once; None when none does
     (no socket: the HTTP client is not even imported, a standalone view's start-up).
     Never starts a daemon, never fails a view."""
-    from gpuwarden.daemon.paths import resolve_paths
+    from gpuwarden.client.paths import resolve_paths
     from gpuwarden.errors import GpuwardenError
 
     try:
         sock = resolve_paths().socket
         if not sock.exists():
             return None
-        from gpuwarden.daemon.client import Client
+        from gpuwarden.client.api import Client
 
         return Client(str(sock), timeout=DAEMON_GLANCE).request("GET", path)
     except (GpuwardenError, OSError, ValueError, KeyError, TypeError, AttributeError):

@@ -28,7 +28,7 @@ def check(path: Path | None) -> None:
     from gpuwarden.daemon.config import check_config
 
     if path is None:
-        from gpuwarden.daemon.paths import resolve_paths
+        from gpuwarden.client.paths import resolve_paths
 
         path = resolve_paths().config
     problems = check_config(path)

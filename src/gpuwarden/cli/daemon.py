@@ -15,8 +15,8 @@ from gpuwarden.cli.common import DURATION, emit_json
 from gpuwarden.errors import GpuwardenError
 
 if TYPE_CHECKING:
-    from gpuwarden.daemon.client import Client
-    from gpuwarden.daemon.paths import Paths
+    from gpuwarden.client.api import Client
+    from gpuwarden.client.paths import Paths
 
 
 def _pid(paths: Paths) -> int | None:
@@ -49,7 +49,7 @@ def _open_log(paths: Paths) -> BinaryIO:
 def start_detached(paths: Paths, wait: float = 15.0) -> Client:
     """Start a daemon in its own session, logging to the state directory, and wait until
     it answers."""
-    from gpuwarden.daemon.client import Client
+    from gpuwarden.client.api import Client
     from gpuwarden.daemon.main import load_config
 
     _make_home(paths)
@@ -99,8 +99,8 @@ def connect() -> Client:
     """A client for the configured daemon; a user-mode daemon is started on demand when
     none runs and none is configured. The system daemon (root's) never is: a root
     daemon with a world-writable socket is started only when someone asks for it."""
-    from gpuwarden.daemon.client import Client, DaemonUnavailable
-    from gpuwarden.daemon.paths import SYSTEM, USER, resolve_paths
+    from gpuwarden.client.api import Client, DaemonUnavailable
+    from gpuwarden.client.paths import SYSTEM, USER, resolve_paths
 
     paths = resolve_paths()
     client = Client(str(paths.socket))
@@ -127,8 +127,8 @@ def daemon() -> None:
 @click.option("--foreground", is_flag=True, help="Stay in the foreground (for systemd).")
 def start(foreground: bool) -> None:
     """Start the daemon (detached unless --foreground)."""
-    from gpuwarden.daemon.client import Client
-    from gpuwarden.daemon.paths import resolve_paths
+    from gpuwarden.client.api import Client
+    from gpuwarden.client.paths import resolve_paths
 
     paths = resolve_paths()
     if Client(str(paths.socket)).alive():
@@ -148,8 +148,8 @@ def start(foreground: bool) -> None:
               help="How long to wait for it to stop (e.g. 30s).")
 def stop(timeout: float) -> None:
     """Stop the daemon. Running jobs keep running under their supervisors."""
-    from gpuwarden.daemon.client import Client
-    from gpuwarden.daemon.paths import resolve_paths
+    from gpuwarden.client.api import Client
+    from gpuwarden.client.paths import resolve_paths
 
     paths = resolve_paths()
     pid = _pid(paths)
@@ -178,8 +178,8 @@ def stop(timeout: float) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def status(as_json: bool) -> None:
     """Whether a daemon runs, where, and its queue counts. Exit 1 when none runs."""
-    from gpuwarden.daemon.client import Client
-    from gpuwarden.daemon.paths import resolve_paths
+    from gpuwarden.client.api import Client
+    from gpuwarden.client.paths import resolve_paths
 
     paths = resolve_paths()
     client = Client(str(paths.socket))

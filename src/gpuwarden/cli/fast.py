@@ -64,7 +64,7 @@ def _quote(value: str) -> str:
 
 
 def socket_path() -> str:
-    """The daemon's socket, as ``daemon.paths.resolve_paths`` finds it; the home and
+    """The daemon's socket, as ``client.paths.resolve_paths`` finds it; the home and
     system modes without importing it (pathlib and dataclasses cost more than the rest
     of this path)."""
     home = os.environ.get("GPUWARDEN_HOME")
@@ -72,7 +72,7 @@ def socket_path() -> str:
         return os.path.join(os.getcwd(), home, "gpuwarden.sock")
     if os.geteuid() == 0 or os.path.isfile("/etc/gpuwarden/config.toml"):
         return "/run/gpuwarden.sock"
-    from gpuwarden.daemon.paths import resolve_paths
+    from gpuwarden.client.paths import resolve_paths
 
     return str(resolve_paths().socket)
 

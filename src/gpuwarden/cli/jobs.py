@@ -7,9 +7,9 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -17,11 +17,15 @@ from gpuwarden.cli.common import DURATION, emit_json, warn
 from gpuwarden.cli.daemon import connect
 from gpuwarden.errors import UsageError
 
+if TYPE_CHECKING:
+    from gpuwarden.client.api import Client
+    from gpuwarden.client.views import JobDoc
+
 TERMINAL = ("succeeded", "failed", "cancelled", "infeasible")
 DIRECTIVE = "#gpuwarden"
 
 
-def resolve_ids(client: Any, specs: Sequence[str]) -> tuple[list[int], bool]:
+def resolve_ids(client: Client, specs: Sequence[str]) -> tuple[list[int], bool]:
     """The job ids that ``specs`` name (an array's id: each of its tasks; ``12_7``: one
     task), asked of the daemon, and whether any named nothing (each said on stderr)."""
     from gpuwarden.jobs.arrays import parse_refs
@@ -55,7 +59,7 @@ class JobRef(click.ParamType):  # type: ignore[type-arg]
 JOB = JobRef()
 
 
-def one_job(client: Any, ref: str) -> int:
+def one_job(client: Client, ref: str) -> int:
     """The job id of a JOB argument: ``12_7`` asked of the daemon; an id as it is (an
     array's id names its first task here)."""
     if "_" not in ref:
@@ -359,7 +363,7 @@ class SortType(click.ParamType):  # type: ignore[type-arg]
         return [CompletionItem(sign + k) for k in PS_SORT if (sign + k).startswith(incomplete)]
 
 
-def _ps_lines(jobs: list[dict[str, Any]], all_jobs: bool,
+def _ps_lines(jobs: Sequence[JobDoc], all_jobs: bool,
               columns: int | None = None) -> list[str]:
     """The ``ps`` table: one row a job whatever its name holds (control characters made
     visible), aligned by display width, the command quoted as a shell would take it.
@@ -385,7 +389,8 @@ def _ps_lines(jobs: list[dict[str, Any]], all_jobs: bool,
         state = j["state"]
         if j.get("service"):  # a service, and its restarts so far
             state += f" svc:{j.get('restarts') or 0}"
-        task = (j.get("array") or {}).get("task")  # as squeue shows them: 12_7
+        arr = j.get("array")
+        task = arr.get("task") if arr else None  # as squeue shows them: 12_7
         rows.append((task or str(j["id"]), j["user"], j["name"] or "", state,
                      ",".join(map(str, j["gpus"])) or "-",
                      format_bytes_short(j["mem"]) if j["mem"] else "whole",
@@ -409,7 +414,7 @@ def _terminal_columns() -> int | None:
 PS_LATEST = 100  # jobs ps shows with --all (or --state) unless --limit says
 
 
-def _stream_json(pages: Iterator[list[dict[str, Any]]]) -> None:
+def _stream_json(pages: Iterator[list[JobDoc]]) -> None:
     """``{"jobs": [...]}`` of every job, written page by page: a listing of 100,000
     jobs starts at once and never sits whole in memory (indented for a terminal)."""
     import json
@@ -428,8 +433,9 @@ def _stream_json(pages: Iterator[list[dict[str, Any]]]) -> None:
     out.write("]}\n")
 
 
-def _ps_csv(jobs: list[dict[str, Any]], columns: Sequence[str] = PS_CSV) -> list[list[Any]]:
-    def cell(j: dict[str, Any], c: str) -> Any:
+def _ps_csv(jobs: Sequence[Mapping[str, Any]],
+            columns: Sequence[str] = PS_CSV) -> list[list[Any]]:
+    def cell(j: Mapping[str, Any], c: str) -> Any:
         if c == "command":
             return shlex.join(j["command"])
         if c == "restart":
@@ -466,7 +472,7 @@ class ColumnsType(click.ParamType):  # type: ignore[type-arg]
         return [CompletionItem(head + c) for c in PS_CSV if c.startswith(last)]
 
 
-def _ps_columns_lines(jobs: list[dict[str, Any]], columns: Sequence[str]) -> list[str]:
+def _ps_columns_lines(jobs: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> list[str]:
     """``ps -o``: the chosen columns as a table, sizes short, times as stored."""
     from gpuwarden.printable import visible
     from gpuwarden.units import format_bytes_short
@@ -565,7 +571,7 @@ def ps(all_jobs: bool, states: tuple[str, ...], user: str | None, group: str | N
         time.sleep(watch)
 
 
-def _drained_lines(client: Any) -> list[str]:
+def _drained_lines(client: Client) -> list[str]:
     """A line per GPU an admin drained (``gpu drain``), under the table."""
     from gpuwarden.render.statusview import drain_lines
 
@@ -585,7 +591,7 @@ def show(job: str, as_json: bool) -> None:
     from gpuwarden.render.jobtext import job_lines
 
     client = connect()
-    j = client.request("GET", f"/v1/jobs/{one_job(client, job)}")
+    j = client.job(one_job(client, job))
     if as_json:
         emit_json(j)
         return
@@ -685,7 +691,7 @@ def _done(verb: str, job: dict[str, Any], killed: bool = False) -> str:
 
 def _each(verb: str, specs: Sequence[str], as_json: bool,
           query: dict[str, Any] | None = None) -> None:
-    from gpuwarden.daemon.client import DaemonUnavailable
+    from gpuwarden.client.api import DaemonUnavailable
     from gpuwarden.errors import GpuwardenError
 
     client = connect()

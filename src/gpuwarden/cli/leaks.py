@@ -121,8 +121,8 @@ def _alive(pid: int, start_time: float | None) -> bool:
 def _daemon_processes() -> dict[str, Any] | None:
     """The daemon's view of its running jobs' processes (/v1/job-pids), when one answers;
     None otherwise. Never starts a daemon."""
-    from gpuwarden.daemon.client import Client
-    from gpuwarden.daemon.paths import resolve_paths
+    from gpuwarden.client.api import Client
+    from gpuwarden.client.paths import resolve_paths
     from gpuwarden.errors import GpuwardenError
 
     try:

@@ -17,8 +17,8 @@ from typing import Any
 from aiohttp import web
 
 from gpuwarden import __version__
+from gpuwarden.client.api import MAX_PAGE, PAGE
 from gpuwarden.daemon.auth import Caller, Peer, identify
-from gpuwarden.daemon.client import MAX_PAGE, PAGE
 from gpuwarden.daemon.openapi import document
 from gpuwarden.daemon.repeated import log_repeated
 from gpuwarden.daemon.service import JobService

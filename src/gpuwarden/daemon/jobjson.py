@@ -1,21 +1,21 @@
 """A job as the API answers it: the model's fields with what the daemon and its policies
-say of them (the enforcement that applies, the verdict on its declared memory)."""
+say of them (the enforcement that applies, the verdict on its declared memory). Its
+shape is ``client/views.py``'s ``JobDoc``, which mypy checks this against."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from gpuwarden.client.views import EnforcementDoc, JobDoc
 from gpuwarden.daemon.mps_jobs import SHARED_FATE
 from gpuwarden.jobs.model import SUCCEEDED, Job, iso
 from gpuwarden.sched.history import declared_vs_actual
 from gpuwarden.sched.watchdog import policy
 
 
-def job_json(job: Job, *, with_env: bool = False) -> dict[str, Any]:
+def job_json(job: Job, *, with_env: bool = False) -> JobDoc:
     """A job as the API answers it (``show --json``, ``ps --json``, the web page, the
     notifications): ``env`` only for those who may see it."""
     s = job.spec
-    out: dict[str, Any] = {
+    out: JobDoc = {
         "id": job.id,
         "user": s.user,
         "uid": s.uid,
@@ -92,7 +92,7 @@ def job_json(job: Job, *, with_env: bool = False) -> dict[str, Any]:
     return out
 
 
-def enforcement(job: Job) -> dict[str, Any]:
+def enforcement(job: Job) -> EnforcementDoc:
     """Which layers of memory enforcement apply to this job (``show``)."""
     limit = job.cap()
     return {

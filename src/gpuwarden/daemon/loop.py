@@ -20,11 +20,11 @@ from gpuwarden.daemon.accounting import FairUsage
 from gpuwarden.daemon.mps_jobs import MpsPool, client_env
 from gpuwarden.daemon.mps_jobs import key as mps_key
 from gpuwarden.daemon.notify import Notifier
-from gpuwarden.daemon.paths import job_dir
 from gpuwarden.daemon.restart import HealthChecks, cancel_asked
 from gpuwarden.daemon.service import Config, learned_runtime, queued_view
 from gpuwarden.daemon.store import Conflict, JobNotFound
 from gpuwarden.jobs import lifecycle, model
+from gpuwarden.jobs.jobdir import job_dir
 from gpuwarden.jobs.model import Hold, Job, NewHold
 from gpuwarden.procs.identity import same_boot
 from gpuwarden.sched.model import (

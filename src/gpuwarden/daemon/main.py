@@ -17,10 +17,11 @@ from typing import IO, Any
 
 from aiohttp import web
 
-from gpuwarden.daemon.paths import Paths, boot_id, resolve_paths
+from gpuwarden.client.paths import Paths, resolve_paths
 from gpuwarden.daemon.repeated import log_repeated, loop_errors
 from gpuwarden.daemon.service import Config, JobService
 from gpuwarden.errors import GpuwardenError
+from gpuwarden.procs.identity import boot_id
 
 log = logging.getLogger("gpuwarden.daemon")
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuwarden.client.views import EstimateDoc, JobDoc
 from gpuwarden.daemon.auth import Caller, admin_gids, may_manage
 from gpuwarden.daemon.envsnap import snapshot_env
 from gpuwarden.daemon.jobjson import job_json
@@ -214,7 +215,7 @@ def learned_runtime(store: Store, job: Job) -> tuple[float | None, str | None]:
     return learn(store.runtimes(s.uid, key=s.key, name=s.name))
 
 
-def estimate_view(job: Job, learned: float | None, how: str | None) -> dict[str, Any]:
+def estimate_view(job: Job, learned: float | None, how: str | None) -> EstimateDoc:
     """What backfill expects of the job's run time, for ``show``: the seconds it plans
     with and where they come from."""
     from gpuwarden.units import format_duration
@@ -263,7 +264,7 @@ class JobService:
                                    f"admin may {verb} it")
         return job
 
-    def view(self, caller: Caller, job: Job) -> dict[str, Any]:
+    def view(self, caller: Caller, job: Job) -> JobDoc:
         """The job's JSON for this caller: its environment only to its owner or an admin;
         a waiting job's fair share where that is on (``fair_share``: its user's decayed
         usage in byte-seconds, and the half-life)."""
@@ -350,7 +351,7 @@ class JobService:
             if why is not None:  # one could preempt other users' jobs at will
                 raise PermissionDenied(why)
 
-    def edit(self, caller: Caller, job_id: int, body: Any) -> dict[str, Any]:
+    def edit(self, caller: Caller, job_id: int, body: Any) -> JobDoc:
         """Change a queued or held job's request (owner or admin): the fields of
         EDITABLE, checked as at submit (the same bounds, [limits] and "can never run
         here"), the others kept. Its place in the queue (submission time) is kept."""
@@ -440,7 +441,7 @@ class JobService:
         """The attaching process stands in for the job's supervisor (daemon/attached.py).
         Should that fail, the job is cancelled here rather than left without one."""
         from gpuwarden.daemon.attached import claim
-        from gpuwarden.daemon.paths import job_dir
+        from gpuwarden.jobs.jobdir import job_dir
 
         try:
             claim(job_dir(self.jobs_dir, job), job.id, caller)
@@ -453,7 +454,7 @@ class JobService:
 
     def _attached(self, caller: Caller, job_id: int) -> tuple[Job, Path]:
         from gpuwarden.daemon.attached import check_reporter
-        from gpuwarden.daemon.paths import job_dir
+        from gpuwarden.jobs.jobdir import job_dir
 
         job = self._owned(caller, job_id, "report on")
         if job.spec.attach is None:
@@ -462,7 +463,7 @@ class JobService:
         check_reporter(d, job.id, caller)
         return job, d
 
-    def started(self, caller: Caller, job_id: int, body: Any) -> dict[str, Any]:
+    def started(self, caller: Caller, job_id: int, body: Any) -> JobDoc:
         """The launcher of an attached job started its command (after the placement)."""
         from gpuwarden.daemon.attached import record_start
 
@@ -474,7 +475,7 @@ class JobService:
         self.wake()
         return self.view(caller, self.store.get(job.id))
 
-    def ended(self, caller: Caller, job_id: int, body: Any) -> dict[str, Any]:
+    def ended(self, caller: Caller, job_id: int, body: Any) -> JobDoc:
         """The launcher of an attached job reports how it ended; the loop settles it."""
         from gpuwarden.daemon.attached import record_end
 
@@ -486,7 +487,7 @@ class JobService:
         self.wake()
         return self.view(caller, self.store.get(job.id))
 
-    def show(self, caller: Caller, job_id: int) -> dict[str, Any]:
+    def show(self, caller: Caller, job_id: int) -> JobDoc:
         job = self.store.get(job_id)
         out = self.view(caller, job)
         if not job.terminal:
@@ -496,7 +497,7 @@ class JobService:
     def list(self, caller: Caller, *, all_jobs: bool, user: str | None,
              group: str | None, states: Sequence[str] | None = None,
              limit: int | None = None, before: int | None = None,
-             after: int | None = None, array: int | None = None) -> list[dict[str, Any]]:
+             after: int | None = None, array: int | None = None) -> list[JobDoc]:
         """``states`` (``ps --state``) names the states shown, ended ones too; without
         it, the waiting and running jobs (with ``all_jobs``, every job). One page of
         at most ``limit``: the first above ``after``, else the latest below ``before``
@@ -529,7 +530,7 @@ class JobService:
                 "rows": report(jobs, by)}
 
     # -- change ---------------------------------------------------------------------
-    def cancel(self, caller: Caller, job_id: int, kill: bool = False) -> dict[str, Any]:
+    def cancel(self, caller: Caller, job_id: int, kill: bool = False) -> JobDoc:
         """End a job; a running one gets SIGTERM and its grace, or with ``kill`` SIGKILL
         at once (also when an earlier cancel is still in its grace)."""
         job = self._cancel(caller, self._owned(caller, job_id, "cancel"), kill)
@@ -567,7 +568,7 @@ class JobService:
             waiting = [s for s in model.STATES if s not in model.TERMINAL]
             jobs.update((j.id, j) for j in self.store.list(
                 states=waiting, user=caller.user, group=group, with_events=False))
-        done: list[dict[str, Any]] = []
+        done: list[JobDoc] = []
         errors: list[dict[str, Any]] = []
         for job_id in sorted(jobs):
             try:
@@ -625,7 +626,7 @@ class JobService:
                     todo.extend(children.get(pid, ()))
         return {"pids": pids}
 
-    def hold(self, caller: Caller, job_id: int) -> dict[str, Any]:
+    def hold(self, caller: Caller, job_id: int) -> JobDoc:
         job = self._owned(caller, job_id, "hold")
         if job.state != model.QUEUED:
             raise UsageError(f"job {job_id} is {job.state}; only a queued job can be held")
@@ -634,7 +635,7 @@ class JobService:
                                     reason=f"held by {caller.user}")
         return self.view(caller, job)
 
-    def release(self, caller: Caller, job_id: int) -> dict[str, Any]:
+    def release(self, caller: Caller, job_id: int) -> JobDoc:
         job = self._owned(caller, job_id, "release")
         if job.state != model.HELD:
             raise UsageError(f"job {job_id} is {job.state}, not held")
@@ -643,7 +644,7 @@ class JobService:
         self.wake()
         return self.view(caller, job)
 
-    def unreserve(self, caller: Caller, job_id: int) -> dict[str, Any]:
+    def unreserve(self, caller: Caller, job_id: int) -> JobDoc:
         """Clear the memory an ended job still holds because it was not verified back (a
         leak): admins only, since it hands that memory to other jobs."""
         if not may_manage(caller, -1, self.admins, self.daemon_uid):
@@ -697,7 +698,7 @@ class JobService:
             raise UsageError(f"no GPU with index {index} (GPUs here: "
                              f"{', '.join(map(str, known))})")
 
-    def retry(self, caller: Caller, job_id: int) -> dict[str, Any]:
+    def retry(self, caller: Caller, job_id: int) -> JobDoc:
         job = self._owned(caller, job_id, "retry")
         if job.state not in (model.FAILED, model.CANCELLED, model.INFEASIBLE):
             raise UsageError(f"job {job_id} is {job.state}; only a failed, cancelled or "
@@ -749,7 +750,7 @@ class JobService:
             raise UsageError(f"job {job_id} has had {attempts} attempt"
                              f"{'' if attempts == 1 else 's'}; attempt {attempt} is not one "
                              "of them")
-        from gpuwarden.daemon.paths import job_dir
+        from gpuwarden.jobs.jobdir import job_dir
 
         path = job_dir(self.jobs_dir, dataclasses.replace(job, attempts=attempt - 1)) / stream
         try:

@@ -36,9 +36,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwarden.errors import GpuwardenError
+
+if TYPE_CHECKING:
+    from gpuwarden.jobs.model import Job
 
 SPEC, SUPERVISOR, CHILD, EXIT = "spec.json", "supervisor.json", "child.json", "exit.json"
 STDOUT, STDERR, LOG = "stdout", "stderr", "supervisor.log"
@@ -48,6 +51,12 @@ DEFAULT_GRACE = 10.0
 class SupervisorError(GpuwardenError):
     """A supervisor could not be started for a job directory (bad spec, already started,
     did not come up in time)."""
+
+
+def job_dir(jobs_dir: Path, job: Job) -> Path:
+    """Where one attempt of a job keeps its spec, supervisor records and logs. A supervisor
+    claims its directory once, so every attempt (retry, requeue) gets a fresh one."""
+    return jobs_dir / str(job.id) / f"attempt-{job.attempts}"
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from gpuwarden.jobs import lifecycle
 from gpuwarden.jobs.arrays import Member
@@ -59,8 +59,15 @@ class _EnvNotRead(Mapping[str, str]):
 ENV_NOT_READ: Mapping[str, str] = _EnvNotRead()
 
 
+@overload
+def iso(ts: float) -> str: ...
+@overload
+def iso(ts: None) -> None: ...
+@overload
+def iso(ts: float | None) -> str | None: ...
 def iso(ts: float | None) -> str | None:
-    """Epoch seconds as ISO 8601 UTC (the JSON form of every time)."""
+    """Epoch seconds as ISO 8601 UTC (the JSON form of every time); a time that is always
+    set reads as a str to mypy too."""
     if ts is None:
         return None
     return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds")

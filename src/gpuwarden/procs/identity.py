@@ -36,7 +36,7 @@ BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 PROC_STAT = Path("/proc/stat")
 
 _GONE = frozenset({"zombie", "dead"})  # psutil.STATUS_ZOMBIE, STATUS_DEAD; psutil is
-# imported when called: paths.py (every client) imports this module, psutil costs ~70 ms
+# imported when called: psutil costs ~70 ms, and most importers never need it
 
 
 def boot_id(path: Path = BOOT_ID_FILE, stat_path: Path = PROC_STAT) -> str:

@@ -7,7 +7,7 @@ under this process as a child subreaper, so that when it ends every process it l
 killed and the GPU memory is checked to be back. A CUDA OOM with retries left is
 submitted again through Ray's job API with a bigger budget (``sched.oom.after_oom``), so
 Ray places the retry by the new budget. Where the node runs a gpuwarden daemon, the job
-is registered with it (``daemon/launcher.py``) and starts once the daemon has placed it;
+is registered with it (``client/launcher.py``) and starts once the daemon has placed it;
 a job the daemon preempts is submitted again through Ray, as the daemon requeues its own."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from gpuwarden.jobs.request import QOS_CLASSES
 from gpuwarden.units import format_bytes
 
 if TYPE_CHECKING:
-    from gpuwarden.daemon.launcher import AttachedJob
+    from gpuwarden.client.launcher import AttachedJob
     from gpuwarden.gpus.model import GpuFacts
 
 DASHBOARD_ENV = "GPUWARDEN_RAY_DASHBOARD"  # where retries are submitted
@@ -143,7 +143,7 @@ def _register(req: Request, gpus: list[GpuFacts],
               stop: _Stop) -> tuple[AttachedJob | None, int, frozenset[int] | None]:
     """Register the job with this node's gpuwarden daemon, if one runs, and wait until it
     places it: (the attached job, the budget to run with, the cores it holds)."""
-    from gpuwarden.daemon.launcher import AttachedJob, node_daemon
+    from gpuwarden.client.launcher import AttachedJob, node_daemon
 
     client = node_daemon()
     if client is None:
@@ -164,7 +164,8 @@ def _register(req: Request, gpus: list[GpuFacts],
         raise
     finally:
         stop.waiting = False
-    limit = (placed.get("enforcement") or {}).get("limit") or placed.get("budget") or req.mem
+    enf = placed.get("enforcement")  # absent from an older daemon's answer
+    limit = (enf.get("limit") if enf else None) or placed.get("budget") or req.mem
     cores = frozenset(placed.get("cpu_set") or ()) or None
     where = [e.get("detail") for e in placed.get("events", []) if e.get("kind") == "placed"]
     _say(f"job {job.id} placed by the daemon" + (f": {where[-1]}" if where else ""))

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwarden.printable import visible
 from gpuwarden.units import format_bytes
+
+if TYPE_CHECKING:
+    from gpuwarden.client.views import JobDoc
 
 
 def _b(v: Any) -> str:
     return format_bytes(v) if isinstance(v, int) else "n/a"
 
 
-def _service_text(j: Mapping[str, Any], svc: Mapping[str, Any]) -> str:
+def _service_text(j: JobDoc, svc: Mapping[str, Any]) -> str:
     """A service's restart policy, restarts and health: what ``show`` says of it."""
     from gpuwarden.units import format_duration
 
@@ -45,7 +48,7 @@ def fair_text(user: Any, fair: Mapping[str, Any]) -> str:
             f"{format_duration(halflife)})")
 
 
-def job_lines(j: Mapping[str, Any]) -> list[tuple[str, str]]:
+def job_lines(j: JobDoc) -> list[tuple[str, str]]:
     """Request, placement, memory, QoS, times, limits, release, then ("events", "") and
     one ("", text) per event. A ("", text) before "events" continues the line above.
     Every text has its control characters made visible (it carries user-supplied
@@ -101,11 +104,11 @@ def job_lines(j: Mapping[str, Any]) -> list[tuple[str, str]]:
     est = j.get("estimate")
     if isinstance(est, Mapping) and est.get("how"):
         out.append(("expected run", str(est["how"])))  # what backfill plans with
-    for label, key in (("submitted", "submitted_at"), ("started", "started_at"),
-                       ("ended", "ended_at")):
-        if j.get(key):
-            out.append((label, str(j[key])))
-    enf = j.get("enforcement") or {}
+    for label, when in (("submitted", j.get("submitted_at")),
+                        ("started", j.get("started_at")), ("ended", j.get("ended_at"))):
+        if when:
+            out.append((label, str(when)))
+    enf = j.get("enforcement")
     if isinstance(enf, Mapping) and enf.get("limit"):
         layers = [str(x) for x in (enf.get("cooperative"), enf.get("hard"),
                                    enf.get("watchdog") and f"watchdog: {enf['watchdog']}")

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -27,7 +27,8 @@ from gpuwarden.tui import model
 from gpuwarden.tui.model import FOREIGN, FREE, LEAKED, Row
 
 if TYPE_CHECKING:
-    from gpuwarden.daemon.client import Client
+    from gpuwarden.client.api import Client
+    from gpuwarden.client.views import JobDoc
     from gpuwarden.gpus.backend import Backend
     from gpuwarden.observe.leaks import Leak
     from gpuwarden.observe.snapshot import Snapshot
@@ -98,7 +99,7 @@ class Observation:
 
     snapshot: Snapshot | None
     leaks: tuple[Leak, ...] = ()
-    jobs: tuple[Mapping[str, Any], ...] | None = None
+    jobs: tuple[JobDoc, ...] | None = None
     daemon: str | None = None
     error: str | None = None
     rows: tuple[Row, ...] = field(default_factory=tuple)
@@ -238,8 +239,8 @@ class TopApp(App[None]):
         self.backend = backend
         self.interval = interval
         if client is None:
-            from gpuwarden.daemon.client import Client
-            from gpuwarden.daemon.paths import resolve_paths
+            from gpuwarden.client.api import Client
+            from gpuwarden.client.paths import resolve_paths
 
             client = Client(str(resolve_paths().socket), timeout=5.0)
         self.client = client
@@ -306,11 +307,11 @@ class TopApp(App[None]):
         rows = tuple(model.build_rows(snap, jobs, previous))
         return Observation(snapshot=snap, leaks=leaks, jobs=jobs, daemon=daemon, rows=rows)
 
-    def _jobs(self) -> tuple[tuple[Mapping[str, Any], ...] | None, str | None]:
-        from gpuwarden.daemon.client import DaemonUnavailable
+    def _jobs(self) -> tuple[tuple[JobDoc, ...] | None, str | None]:
+        from gpuwarden.client.api import DaemonUnavailable
 
         try:
-            answer = self.client.request("GET", "/v1/jobs")
+            answer = self.client.request("GET", "/v1/jobs")  # its shape checked below
         except DaemonUnavailable:
             return None, "no daemon"
         except GpuwardenError as e:
@@ -318,7 +319,7 @@ class TopApp(App[None]):
         jobs = answer.get("jobs") if isinstance(answer, dict) else None
         if not isinstance(jobs, list):
             return None, "daemon: unexpected answer"
-        return tuple(j for j in jobs if isinstance(j, dict)), None
+        return tuple(cast("JobDoc", j) for j in jobs if isinstance(j, dict)), None
 
     def _apply(self, obs: Observation) -> None:
         self.observation = obs
@@ -505,7 +506,7 @@ class TopApp(App[None]):
     @work(thread=True, group="details")
     def _load_job(self, screen: TextScreen, job: int, parts: list[RenderableType]) -> None:
         try:
-            j = self.client.request("GET", f"/v1/jobs/{job}")
+            j = self.client.job(job)
             body: RenderableType = _pairs(model.job_details(j))
         except GpuwardenError as e:
             body = Text(f"job {job}: {e}", style="red")

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpuwarden.observe.leaks import Leak
 from gpuwarden.observe.snapshot import RUNNING, GpuView, ProcessView, Snapshot
 from gpuwarden.printable import visible
 from gpuwarden.units import format_bytes, format_bytes_short, format_duration
+
+if TYPE_CHECKING:
+    from gpuwarden.client.views import JobDoc
 
 # Segment kinds of a memory bar, in the order they are drawn.
 JOB, FOREIGN, LEAKED, FREE = "job", "foreign", "leaked", "free"
@@ -231,9 +234,9 @@ def cpu_percent(p: ProcessView, previous: Snapshot | None, now: float) -> float 
     return None
 
 
-def _limit(job: Mapping[str, Any]) -> int | None:
+def _limit(job: JobDoc) -> int | None:
     """What the job may use per GPU: its enforced limit, else its budget or request."""
-    enf = job.get("enforcement") or {}
+    enf = job.get("enforcement")
     for v in (enf.get("limit") if isinstance(enf, Mapping) else None, job.get("mem_limit"),
               job.get("budget"), job.get("request"), job.get("mem")):
         if isinstance(v, int) and v > 0:
@@ -241,12 +244,12 @@ def _limit(job: Mapping[str, Any]) -> int | None:
     return None
 
 
-def build_rows(snap: Snapshot, jobs: Sequence[Mapping[str, Any]] | None,
+def build_rows(snap: Snapshot, jobs: Sequence[JobDoc] | None,
                previous: Snapshot | None = None) -> list[Row]:
     """Every GPU process (joined to its daemon job through GPUWARDEN_JOB), then every
     listed job that has no process on a GPU. ``jobs`` is the daemon's ``/v1/jobs`` list,
     or None when no daemon answers; ``previous``, the snapshot before, gives %CPU."""
-    by_id: dict[int, Mapping[str, Any]] = {}
+    by_id: dict[int, JobDoc] = {}
     for j in jobs or ():
         if isinstance(j.get("id"), int):
             by_id[j["id"]] = j
@@ -410,7 +413,7 @@ def process_details(snap: Snapshot, gpu: int, pid: int) -> list[tuple[str, str]]
     return [(visible(k), visible(v)) for k, v in out]  # command lines, environments
 
 
-def job_details(j: Mapping[str, Any]) -> list[tuple[str, str]]:
+def job_details(j: JobDoc) -> list[tuple[str, str]]:
     """A job as ``gpuwarden show`` prints it (the same lines)."""
     from gpuwarden.render.jobtext import job_lines
 

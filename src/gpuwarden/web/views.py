@@ -31,7 +31,7 @@ RECENT = 20  # ended jobs listed under the queue
 
 
 def job_json(job: Job, *, anonymous: bool) -> dict[str, Any]:
-    out = jobjson.job_json(job)
+    out: dict[str, Any] = {**jobjson.job_json(job)}  # its own document: keys may go
     if anonymous:
         for name in PRIVATE:
             out.pop(name, None)

@@ -1,5 +1,6 @@
-"""The CLI's side of the API: HTTP over the daemon's unix socket with the standard
-library only, so client commands start fast."""
+"""A client's side of the API (the CLI, ``top``, the Ray launcher): HTTP over the
+daemon's unix socket with the standard library only, so client commands start fast.
+The page sizes are the API's own (``daemon/api.py`` imports them)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import http.client
 import json
 import socket
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from gpuwarden.errors import GpuwardenError, PermissionDenied, UsageError
+
+if TYPE_CHECKING:
+    from gpuwarden.client.views import JobDoc, JobPage
 
 PAGE = 1000  # jobs GET /v1/jobs returns unless it asks for fewer
 MAX_PAGE = 5000  # the most it returns at once
@@ -80,29 +84,39 @@ class Client:
             return data, dict(resp.getheaders())
         return json.loads(data) if data else None
 
-    def job_pages(self, query: dict[str, Any] | None = None) -> Iterator[list[Any]]:
+    def job(self, job_id: int) -> JobDoc:
+        """One job (GET /v1/jobs/ID), as ``show`` prints it."""
+        doc: JobDoc = self.request("GET", f"/v1/jobs/{job_id}")
+        return doc
+
+    def jobs_page(self, query: dict[str, Any]) -> JobPage:
+        """One page of GET /v1/jobs."""
+        page: JobPage = self.request("GET", "/v1/jobs", query=query)
+        return page
+
+    def job_pages(self, query: dict[str, Any] | None = None) -> Iterator[list[JobDoc]]:
         """Every job matching ``query``, a page (GET /v1/jobs) at a time, in id order."""
         after = 0
         while True:
-            got = self.request("GET", "/v1/jobs", query={**(query or {}), "after": after,
-                                                          "limit": PAGE})
+            got = self.jobs_page({**(query or {}), "after": after, "limit": PAGE})
             if got["jobs"]:
                 yield got["jobs"]
             if not got.get("more") or not got["jobs"]:
                 return
             after = got["jobs"][-1]["id"]
 
-    def all_jobs(self, query: dict[str, Any] | None = None) -> list[Any]:
+    def all_jobs(self, query: dict[str, Any] | None = None) -> list[JobDoc]:
         return [j for page in self.job_pages(query) for j in page]
 
-    def latest_jobs(self, query: dict[str, Any] | None, n: int) -> tuple[list[Any], bool]:
+    def latest_jobs(self, query: dict[str, Any] | None,
+                    n: int) -> tuple[list[JobDoc], bool]:
         """The latest ``n`` jobs matching ``query`` in id order, and whether there are
         older ones."""
-        out: list[Any] = []
+        out: list[JobDoc] = []
         before = None
         while len(out) < n:
-            got = self.request("GET", "/v1/jobs", query={
-                **(query or {}), "before": before, "limit": min(n - len(out), MAX_PAGE)})
+            got = self.jobs_page({**(query or {}), "before": before,
+                                  "limit": min(n - len(out), MAX_PAGE)})
             out = got["jobs"] + out
             if not got.get("more") or not got["jobs"]:
                 return out, False

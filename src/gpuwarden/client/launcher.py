@@ -9,10 +9,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
-from gpuwarden.daemon.client import Client, DaemonUnavailable
+from gpuwarden.client.api import Client, DaemonUnavailable
 from gpuwarden.errors import GpuwardenError
+
+if TYPE_CHECKING:
+    from gpuwarden.client.views import JobDoc
 
 REGISTER_ENV = "GPUWARDEN_REGISTER"  # "0": never register with the node's daemon
 REPORT_PATIENCE = 60.0  # seconds a request is retried while the daemon restarts
@@ -24,8 +27,8 @@ class NotPlaced(GpuwardenError):
 
 def node_daemon(env: dict[str, str] | None = None) -> Client | None:
     """The daemon of this machine, when one answers on the socket this environment
-    resolves to (``daemon/paths.py``); None where there is none or registering is off."""
-    from gpuwarden.daemon.paths import resolve_paths
+    resolves to (``client/paths.py``); None where there is none or registering is off."""
+    from gpuwarden.client.paths import resolve_paths
 
     env = dict(os.environ if env is None else env)
     if env.get(REGISTER_ENV) == "0":
@@ -40,7 +43,7 @@ def node_daemon(env: dict[str, str] | None = None) -> Client | None:
 class AttachedJob:
     """One job this process registered with the node's daemon."""
 
-    def __init__(self, client: Client, job: dict[str, Any]) -> None:
+    def __init__(self, client: Client, job: JobDoc) -> None:
         self.client = client
         self.job = job
 
@@ -58,13 +61,13 @@ class AttachedJob:
         return cls(client, client.request("POST", "/v1/jobs", body={
             k: v for k, v in body.items() if v is not None}))
 
-    def wait_placed(self, poll: float = 0.2) -> dict[str, Any]:
+    def wait_placed(self, poll: float = 0.2) -> JobDoc:
         """Block until the daemon has reserved the job's memory, and return the job
         then. Raises NotPlaced when it ended instead (cancelled, infeasible)."""
         down_since: float | None = None
         while True:
             try:
-                job = self.client.request("GET", f"/v1/jobs/{self.id}")
+                job = self.client.job(self.id)
             except DaemonUnavailable:  # restarting: the job is in its database
                 down_since = down_since or time.monotonic()
                 if time.monotonic() - down_since > REPORT_PATIENCE:
@@ -74,7 +77,7 @@ class AttachedJob:
             down_since = None
             self.job = job
             if job["state"] in ("reserved", "running"):
-                return dict(job)
+                return job.copy()
             if job["state"] not in ("queued", "held"):
                 raise NotPlaced(f"the node's gpuwarden daemon did not place job {self.id}: "
                                 f"{job['state']} ({job.get('reason') or 'no reason given'})")

@@ -29,14 +29,6 @@ import pwd
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from gpuwarden.procs.identity import BOOT_ID_FILE as BOOT_ID_FILE
-from gpuwarden.procs.identity import PROC_STAT as PROC_STAT
-from gpuwarden.procs.identity import boot_id as boot_id  # one home: procs/identity.py
-
-if TYPE_CHECKING:
-    from gpuwarden.jobs.model import Job
 
 HOME_ENV = "GPUWARDEN_HOME"
 SYSTEM_HOME = Path("/var/lib/gpuwarden")
@@ -156,8 +148,3 @@ def resolve_paths(env: Mapping[str, str] | None = None, euid: int | None = None,
                  jobs_dir=home / JOBS_DIR_NAME, config=config / "gpuwarden" / CONFIG_NAME,
                  lock=home / LOCK_NAME, configured=False, mode=USER)
 
-
-def job_dir(jobs_dir: Path, job: Job) -> Path:
-    """Where one attempt of a job keeps its spec, supervisor records and logs. A supervisor
-    claims its directory once, so every attempt (retry, requeue) gets a fresh one."""
-    return jobs_dir / str(job.id) / f"attempt-{job.attempts}"
