@@ -4,7 +4,7 @@ moment's skewed sample kept holds open on the H200 (5 s once, for good another t
 
 from __future__ import annotations
 
-from gpuwarden.daemon.loop import UNACCOUNTED_PERSIST, foreign_figure, hold_baseline
+from gpuwarden.daemon.reconcile import UNACCOUNTED_PERSIST, foreign_figure, hold_baseline
 
 MiB = 1 << 20
 NOW = 1000.0

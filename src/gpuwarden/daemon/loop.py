@@ -10,7 +10,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,23 @@ from gpuwarden.daemon.accounting import FairUsage
 from gpuwarden.daemon.mps_jobs import MpsPool, client_env
 from gpuwarden.daemon.mps_jobs import key as mps_key
 from gpuwarden.daemon.notify import Notifier
+from gpuwarden.daemon.reconcile import (
+    ADOPT,
+    FINISH,
+    LOST,
+    PEAK_WINDOW,
+    REBOOTED,
+    SETTLE,
+    STARTED,
+    UNACCOUNTED_PERSIST,
+    VOID,
+    exit_verdict,
+    foreign_figure,
+    hold_left,
+    new_hold,
+    pass_step,
+    recovery_step,
+)
 from gpuwarden.daemon.restart import HealthChecks, cancel_asked
 from gpuwarden.daemon.service import Config, learned_runtime, queued_view
 from gpuwarden.daemon.store import Conflict, JobNotFound
@@ -56,40 +73,11 @@ if TYPE_CHECKING:
     from gpuwarden.observe.snapshot import Snapshot
 
 log = logging.getLogger("gpuwarden.loop")
-PEAK_WINDOW = 300.0  # seconds a foreign process's peak keeps counting against headroom
-# Memory no process accounts for counts against headroom only once it has persisted
-# this long (as a leak finding must persist): the driver frees an ended process's memory
-# a moment after it leaves the process list, and that memory is its job's (a hold).
-UNACCOUNTED_PERSIST = 3.0
 # An attached job is stored, then its launcher named in its directory: a pass between
 # the two waits this long for the name before it takes the launcher for gone.
 CLAIM_WAIT = 30.0
 REPORTS = "reports"  # beside jobs/: one allocator report file per attempt (the cap hook's)
 PREEMPT_NOTICE = "preempt"  # in the attempt directory; GPUWARDEN_PREEMPT_FILE names it
-LEAK_TOLERANCE = 64 << 20  # unaccounted memory may drift this much without blame
-
-
-def hold_baseline(seen: Sequence[tuple[float, int]], now: float) -> int | None:
-    """The memory no process accounted for while an attempt ran, from the passes'
-    samples (time, bytes): a hold is verified back once that figure did not grow. The
-    least of the last ``UNACCOUNTED_PERSIST`` seconds (a process starting or ending moves
-    it for a moment: one H200 sample was 49 GB), never below zero (NVML's two figures are
-    read apart: a sample of -237 MB kept a hold open for 5 s, another for good); the
-    latest sample when none is that recent; None when there is none."""
-    if not seen:
-        return None
-    recent = [b for t, b in seen if now - t < UNACCOUNTED_PERSIST] or [seen[-1][1]]
-    return max(0, min(recent))
-
-
-def foreign_figure(procs_seen: Sequence[tuple[float, int]],
-                   unaccounted_seen: Sequence[tuple[float, int]], now: float) -> int:
-    """What placement charges a GPU for memory that is not its jobs': the peak of foreign
-    processes' memory over the samples given (``PEAK_WINDOW``), plus the memory no process
-    accounts for that persisted, by the same rule as a hold's baseline: a moment's
-    in-flight memory is not charged, and a negative sample never adds headroom."""
-    peak = max((b for _, b in procs_seen), default=0)
-    return peak + (hold_baseline(unaccounted_seen, now) or 0)
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -189,28 +177,17 @@ class Scheduler:
         return job_dir(self.jobs_dir, job)
 
     def _finish(self, job: Job, exit_info: ExitInfo) -> None:
-        reason = exit_info.reason
-        if reason == "cancelled":
-            state = model.CANCELLED
-        elif exit_info.exit_code == 0 and reason == "exited":
-            state = model.SUCCEEDED
-        else:
-            state = model.FAILED
-        detail = f"exit code {exit_info.exit_code}" + ("" if reason == "exited" else
-                                                        f" ({reason})")
-        if not exit_info.tree_clean:
-            detail += f"; processes survived SIGKILL: {exit_info.survivors}"
+        verdict = exit_verdict(job, exit_info)
+        state, detail, reason = verdict.state, verdict.detail, verdict.reason
         started = job.started_at
         if started is None:
             child = self._status(job).child
             started = child.started_at if child is not None else None
         now = self.clock()
         self._measure_context(job, exit_info.started)
-        if state == model.CANCELLED and job.preempting_at is not None:
+        if verdict.preempted:
             self._requeue_preempted(job, detail)
             return
-        if state == model.CANCELLED and job.kill_reason is not None:
-            state, reason = model.FAILED, job.kill_reason  # the watchdog's, a health check's
         oom: dict[str, Any] = {}  # what a final OOM asked for (``show``, ``wait``)
         if state == model.FAILED and exit_info.started:
             tail = self._output_tail(job)
@@ -231,14 +208,13 @@ class Scheduler:
             given_up = self._restart(job, detail, now)
             if given_up is None:
                 return
-            reason = given_up
+            if state != model.SUCCEEDED:  # a success keeps no reason
+                reason = given_up
         self.store.transition(job.id, model.ACTIVE, state, **oom,
                               now=now, kind=state, detail=detail,
                               exit_code=exit_info.exit_code, ended_at=exit_info.ended_at,
                               started_at=started, preempting_at=None,
-                              reason=None if state == model.SUCCEEDED else
-                              (reason if reason != "exited" else detail),
-                              hold=self._hold(job, exit_info.ended_at))
+                              reason=reason, hold=self._hold(job, exit_info.ended_at))
         if state == model.FAILED and job.spec.group is not None:
             self._hold_failing_group(job)
 
@@ -315,20 +291,8 @@ class Scheduler:
 
     def _hold(self, job: Job, exited_at: float) -> NewHold | None:
         """What the ending attempt leaves reserved until its memory is verified back."""
-        if job.budget is None or not job.gpu_uuids:
-            return None
-        seen = self._seen_pids.pop(job.id, {})
-        child = self._status(job).child  # the command itself, even if no pass saw it run
-        if child is not None:
-            seen.setdefault(child.pid, child.start_time)
-        if job.supervisor_pid is not None:  # gpuwarden's shim, or an attached job's
-            seen.pop(job.supervisor_pid, None)  # launcher: not the job's GPU user
-        now = self.clock()
-        baseline = {u: b for u in job.gpu_uuids
-                    if (b := hold_baseline(self._unaccounted_seen.get(u, ()), now)) is not None}
-        return NewHold(gpu_uuids=job.gpu_uuids, budget=job.budget, pids=tuple(sorted(seen)),
-                       baseline=baseline, exited_at=exited_at,
-                       starts={p: t for p, t in seen.items() if t is not None})
+        return new_hold(job, self._seen_pids.pop(job.id, {}), self._status(job).child,
+                        self._unaccounted_seen, exited_at, self.clock())
 
     def _verify_holds(self, snap: Snapshot) -> list[Hold]:
         """Release the memory of ended attempts once it is back: none of their processes
@@ -336,29 +300,10 @@ class Scheduler:
         Past ``release_timeout`` what is left is a leak, attributed to the job (one
         event) and handed to the reap logic; the memory stays reserved meanwhile.
         Returns the holds still open."""
-        views = {v.facts.uuid: v for v in snap.gpus}
         now = self.clock()
         still: list[Hold] = []
         for h in self.store.open_holds():
-            left: list[str] = []
-            running = _still_running(h)
-            for uuid in h.gpu_uuids:
-                view = views.get(uuid)
-                if view is None:
-                    continue
-                for p in view.processes:
-                    if p.pid in h.pids:
-                        # Ended (or its pid reused since): the driver keeps its memory.
-                        dead = p.pid not in running and (p.pid in h.starts
-                                                         or not psutil.pid_exists(p.pid))
-                        left.append(f"{'dead pid' if dead else 'pid'} {p.pid} "
-                                    f"{'still holds' if dead else 'holds'} "
-                                    f"{format_bytes(p.memory)} on GPU {view.facts.index}")
-                base, unacc = h.baseline.get(uuid), view.unaccounted
-                if base is not None and unacc is not None and unacc - base > LEAK_TOLERANCE:
-                    left.append(f"GPU {view.facts.index}: {format_bytes(unacc - base)} more "
-                                "in use by no process than while it ran")
-            left += [f"pid {pid} still runs" for pid in running]
+            left = hold_left(h, snap.gpus, _still_running(h), psutil.pid_exists)
             took = now - h.exited_at
             if not left:
                 how = "verified" if h.pids or h.baseline else \
@@ -542,17 +487,17 @@ class Scheduler:
 
         for job in self.store.active():
             st = self._status(job)
-            if st.exit is not None:
+            step = recovery_step(job, st, same_boot=same_boot(job.boot_id, self.boot_id),
+                                 alive=alive)
+            if step == FINISH:
+                assert st.exit is not None
                 self._finish(job, st.exit)
-                continue
-            if not same_boot(job.boot_id, self.boot_id):
+            elif step == REBOOTED:
                 self._lost_on_reboot(job)
-                continue
-            if st.supervisor is not None and alive(st.supervisor):
-                if job.supervisor_pid is None:
-                    self._adopt(job, st.supervisor)
-                continue
-            if st.supervisor is None and job.state == model.RESERVED:
+            elif step == ADOPT:
+                assert st.supervisor is not None
+                self._adopt(job, st.supervisor)
+            elif step == VOID:
                 # Reserved, not launched as far as we know. A supervisor the last daemon
                 # started may still be coming up (it read spec.json and is about to claim
                 # the directory), so voiding the spec is not enough: take its claim
@@ -566,16 +511,23 @@ class Scheduler:
                 st = self._status(job)  # a supervisor won: adopt it, or collect its end
                 if st.exit is None and st.supervisor is not None and alive(st.supervisor):
                     self._adopt(job, st.supervisor)
-                    continue
-            st = self._status(job)
-            if st.exit is not None:
-                self._finish(job, st.exit)
-            else:
-                self.store.transition(job.id, (model.RESERVED, model.RUNNING), model.FAILED,
-                                      now=self.clock(), kind="lost",
-                                      detail="its supervisor died without recording an exit",
-                                      reason="supervisor lost", ended_at=self.clock(),
-                                      hold=self._hold(job, self.clock()))
+                else:
+                    self._finish_or_lost(job)
+            elif step == LOST:
+                self._finish_or_lost(job)
+
+    def _finish_or_lost(self, job: Job) -> None:
+        """A job whose supervisor is gone: collect the end it may have written just now,
+        else the job failed, its supervisor lost (what its tree left is a hold's)."""
+        st = self._status(job)
+        if st.exit is not None:
+            self._finish(job, st.exit)
+            return
+        now = self.clock()
+        self.store.transition(job.id, (model.RESERVED, model.RUNNING), model.FAILED,
+                              now=now, kind="lost",
+                              detail="its supervisor died without recording an exit",
+                              reason="supervisor lost", ended_at=now, hold=self._hold(job, now))
 
     def _adopt(self, job: Job, supervisor: SupervisorHandle) -> None:
         """Record a reserved job's running supervisor, found where the pass that
@@ -641,25 +593,20 @@ class Scheduler:
         # 1. Reconcile active jobs with what their supervisors recorded.
         for job in self.store.active():
             st = self._status(job)
-            if st.exit is not None:
+            step = pass_step(job, st, alive)
+            if step == FINISH:
+                assert st.exit is not None
                 self._finish(job, st.exit)
-            elif job.state == model.RESERVED and job.supervisor_pid is None:
+            elif step == SETTLE:
                 self._settle_unlaunched(job, st)
-            elif job.state == model.RESERVED and st.child is not None:
+            elif step == STARTED:
+                assert st.child is not None
                 self.store.transition(job.id, (model.RESERVED,), model.RUNNING,
                                       now=self.clock(), kind="started",
                                       detail=f"pid {st.child.pid}",
                                       started_at=st.child.started_at or self.clock())
-            elif st.supervisor is not None and not alive(st.supervisor):
-                st = self._status(job)  # it may have written exit.json just now
-                if st.exit is not None:
-                    self._finish(job, st.exit)
-                else:
-                    self.store.transition(job.id, (model.RESERVED, model.RUNNING),
-                                          model.FAILED, now=self.clock(), kind="lost",
-                                          detail="its supervisor died without an exit record",
-                                          reason="supervisor lost", ended_at=self.clock(),
-                                          hold=self._hold(job, self.clock()))
+            elif step == LOST:
+                self._finish_or_lost(job)
 
         # 2. Observe: one snapshot, job trees, peaks.
         backend = self._open_backend()
