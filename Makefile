@@ -18,8 +18,12 @@ lint: $(BIN)/gpuwarden
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 
+# Most tests wait on daemons and jobs, not the CPU: four workers make the suite about
+# three times faster on two cores. A file's tests stay together on one worker.
+PYTEST_WORKERS ?= 4
+
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 # On a machine with a real NVIDIA GPU, torch and nvidia-ml-py (no venv needed).
 gpu-test:
