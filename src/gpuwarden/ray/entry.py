@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -26,10 +25,9 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import IO, TYPE_CHECKING
 
-import psutil
-
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.jobs.request import QOS_CLASSES
+from gpuwarden.procs.tree import become_subreaper, end_descendants
 from gpuwarden.units import format_bytes
 
 if TYPE_CHECKING:
@@ -37,17 +35,10 @@ if TYPE_CHECKING:
     from gpuwarden.gpus.model import GpuFacts
 
 DASHBOARD_ENV = "GPUWARDEN_RAY_DASHBOARD"  # where retries are submitted
-PR_SET_CHILD_SUBREAPER = 36
 
 
 def _say(message: str) -> None:
     print(f"gpuwarden: {message}", file=sys.stderr, flush=True)
-
-
-def _subreaper() -> None:
-    """Orphans of the job become our children, so none escapes the clean-up."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def _pump(src: IO[bytes], dst: IO[bytes], tail: deque[bytes]) -> None:
@@ -55,22 +46,6 @@ def _pump(src: IO[bytes], dst: IO[bytes], tail: deque[bytes]) -> None:
         dst.write(line)
         dst.flush()
         tail.append(line)
-
-
-def _kill_leftovers(grace: float = 3.0) -> tuple[list[int], list[int]]:
-    """Kill what the job left (our remaining descendants): (their pids, the pids that
-    outlived SIGKILL)."""
-    me = psutil.Process()
-    left = me.children(recursive=True)
-    for p in left:
-        with contextlib.suppress(psutil.Error):
-            p.terminate()
-    _, alive = psutil.wait_procs(left, timeout=grace)
-    for p in alive:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    _, stuck = psutil.wait_procs(alive, timeout=grace)
-    return [p.pid for p in left], [p.pid for p in stuck]
 
 
 def _memory_back(pids: set[int], timeout: float = 10.0) -> float | None:
@@ -200,7 +175,7 @@ def run(req: Request) -> int:
     plan = plan_launch(req.command, gpus, base_env=env, host=probe_host(env), mem_limit=limit,
                        cores=cores)
     _say(f"attempt {req.attempt + 1}: {plan.describe()}" + "".join(f"; {n}" for n in plan.notes))
-    _subreaper()
+    become_subreaper()  # orphans of the job stay ours, so none escapes the clean-up
     cpus = plan.cpus
 
     def prepare() -> None:
@@ -234,7 +209,7 @@ def run(req: Request) -> int:
     if attached is not None:
         attached.started(child.pid)
     code = child.wait()
-    left, stuck = _kill_leftovers()
+    left, stuck = end_descendants(grace=3.0, kill_wait=3.0)  # what the job left
     seen = {child.pid} | set(left)
     for t in pumps:
         t.join(timeout=5)

@@ -24,7 +24,8 @@ from gpuwarden.jobs.jobdir import (
     SupervisorSpec,
     load_spec,
 )
-from gpuwarden.supervisor.shim import Supervisor, set_name
+from gpuwarden.procs.tree import set_name
+from gpuwarden.supervisor.shim import Supervisor
 
 
 def refuse_if_started(jobdir: Path) -> None:

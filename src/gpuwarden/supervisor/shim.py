@@ -12,7 +12,6 @@ SIGKILL, reap (invariant 5).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -49,42 +48,14 @@ from gpuwarden.launch import (
     resolve_command,
 )
 from gpuwarden.procs.identity import boot_id, running, start_ticks
+from gpuwarden.procs.tree import PR_SET_PDEATHSIG, become_subreaper, prctl
 from gpuwarden.supervisor.control import KILL_SIGNAL
 
 KILL_WAIT = 5.0  # how long SIGKILLed processes may take to go before they count as stuck
 POLL = 0.05
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
 CANCEL_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, KILL_SIGNAL})
 WATCHED = frozenset({signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
                      KILL_SIGNAL})
-
-
-_LIBC: Any = None
-
-
-def _prctl(option: int, arg: int) -> bool:
-    global _LIBC
-    try:
-        if _LIBC is None:
-            _LIBC = ctypes.CDLL(None, use_errno=True)
-        return int(_LIBC.prctl(option, ctypes.c_ulong(arg), ctypes.c_ulong(0),
-                               ctypes.c_ulong(0), ctypes.c_ulong(0))) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def set_name(name: str) -> None:
-    """Name this process for ps/top (``comm``): supervisors forked from the daemon's fork
-    server would otherwise all show as the fork server."""
-    global _LIBC
-    PR_SET_NAME = 15
-    try:
-        if _LIBC is None:
-            _LIBC = ctypes.CDLL(None, use_errno=True)
-        _LIBC.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 class _StartFailed(Exception):
@@ -176,7 +147,7 @@ class Supervisor:
             except OSError:
                 told = False
             os.close(ready_fd)
-        if not _prctl(PR_SET_CHILD_SUBREAPER, 1):
+        if not become_subreaper():
             self.warn("could not become a child subreaper: orphaned processes may escape")
 
         reason, fixed_code = "supervisor error", None
@@ -385,7 +356,7 @@ class Supervisor:
                                             f"uid {spec.uid} gid {spec.gid}")
             # Our death (even by SIGKILL) takes the command with it rather than leaving it
             # unsupervised; set after the identity change, which clears it.
-            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != self.pid:
                 os._exit(1)
             if path is None:
