@@ -54,7 +54,7 @@ class GpuDaemon:
         self.cli("daemon", "stop", check=False)
         # Jobs outlive the daemon by design, and so would MPS daemons started for them:
         # a test leaves none behind.
-        from gpuwarden.gpus.mps import MpsControl
+        from gpuwarden.mps.control import MpsControl
 
         for d in sorted((self.home / "mps").glob("*")):
             control = MpsControl(str(d / "p"), str(d / "l"))

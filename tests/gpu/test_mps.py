@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.gpus.mps import read_mps_state
+from gpuwarden.mps.state import read_mps_state
 
 pytestmark = pytest.mark.gpu
 

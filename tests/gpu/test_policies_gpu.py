@@ -123,7 +123,7 @@ def test_a_preempted_besteffort_job_is_requeued_and_finishes(gd: GpuDaemon,
 
 @pytest.mark.gpu
 def test_an_mps_job_past_its_budget_fails_while_its_neighbour_runs_on(gd: GpuDaemon) -> None:
-    from gpuwarden.gpus.mps import read_mps_state
+    from gpuwarden.mps.state import read_mps_state
 
     if shutil.which("nvidia-cuda-mps-control") is None:
         pytest.skip("nvidia-cuda-mps-control is not installed")

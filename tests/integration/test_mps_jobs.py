@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.gpus.mps import MpsDaemon, read_mps_state
+from gpuwarden.mps.state import MpsDaemon, read_mps_state
 from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, start_daemon
 
 GiB = 1 << 30
@@ -115,7 +115,7 @@ def test_an_mps_client_past_its_limit_fails_with_a_cuda_oom(mps_daemon: Daemon) 
 def test_the_simulated_control_answers_as_mps_does(tmp_path: Path) -> None:
     import subprocess
 
-    from gpuwarden.gpus.mps import MpsControl
+    from gpuwarden.mps.control import MpsControl
     from gpuwarden.sim import mps
 
     binary = mps.install(tmp_path / "bin")

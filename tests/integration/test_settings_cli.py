@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.gpus.mps import MpsControl, MpsError, read_mps_state
+from gpuwarden.mps.control import MpsControl
+from gpuwarden.mps.state import MpsError, read_mps_state
 from tests.conftest import nobody_prefix
 
 ROOT = Path(__file__).resolve().parents[2]

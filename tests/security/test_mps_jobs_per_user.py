@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.gpus.mps import read_mps_state
+from gpuwarden.mps.state import read_mps_state
 from tests.conftest import EXAMPLES
 from tests.integration.daemon_fixture import start_daemon
 from tests.security import pidns

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.gpus.model import COMPUTE_MODES, GpuFacts, GpuProcessFacts
-from gpuwarden.gpus.mps import MpsDaemon, MpsState
+from gpuwarden.mps.state import MpsDaemon, MpsState
 from gpuwarden.observe.doctor import (
     RULE_IDS,
     RULES,

@@ -16,24 +16,25 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuwarden.errors import UsageError
-from gpuwarden.gpus.mps import (
-    DEFAULT_LOG_DIR,
-    DEFAULT_PIPE_DIR,
-    MpsConfig,
-    MpsControl,
-    MpsDaemon,
-    MpsError,
-    MpsState,
-    MpsUnavailable,
+from gpuwarden.mps.control import MpsConfig, MpsControl
+from gpuwarden.mps.limits import (
     check_thread_percentage,
-    daemon_from_env,
-    daemon_kind,
     format_mem_limits,
     format_mps_size,
     parse_gpu_list,
     parse_mem_limit,
     parse_mem_limits,
     parse_server_list,
+)
+from gpuwarden.mps.state import (
+    DEFAULT_LOG_DIR,
+    DEFAULT_PIPE_DIR,
+    MpsDaemon,
+    MpsError,
+    MpsState,
+    MpsUnavailable,
+    daemon_from_env,
+    daemon_kind,
     read_mps_state,
 )
 from gpuwarden.units import GiB, MiB, parse_size
@@ -280,7 +281,7 @@ def test_read_mps_state_without_root_leaves_directories_unknown(
     if drop is None:
         pytest.skip("needs root and setpriv or runuser to look as another user")
     control = mps_lookalikes[0]
-    code = ("import json; from gpuwarden.gpus.mps import read_mps_state; "
+    code = ("import json; from gpuwarden.mps.state import read_mps_state; "
             "print(json.dumps([d.to_json() for d in read_mps_state().daemons]))")
     r = subprocess.run([*drop, sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=60)

@@ -20,8 +20,9 @@ from gpuwarden.errors import BackendUnavailable, PermissionDenied
 
 if TYPE_CHECKING:
     from gpuwarden.gpus.backend import Backend
-    from gpuwarden.gpus.mps import MpsConfig, MpsControl, MpsState
     from gpuwarden.gpus.sim import SimBackend
+    from gpuwarden.mps.control import MpsConfig, MpsControl
+    from gpuwarden.mps.state import MpsState
 
 # What people type -> NVML's name -> nvidia-smi's name.
 MODES = {"default": "Default", "exclusive": "Exclusive_Process", "prohibited": "Prohibited"}
@@ -182,7 +183,7 @@ def _plan_lines(config: MpsConfig, control: MpsControl) -> list[str]:
 
 
 def _client_hint(config: MpsConfig) -> str:
-    from gpuwarden.gpus.mps import DEFAULT_PIPE_DIR, same_dir
+    from gpuwarden.mps.state import DEFAULT_PIPE_DIR, same_dir
 
     parts = []
     if not same_dir(config.pipe_dir, DEFAULT_PIPE_DIR):
@@ -208,16 +209,14 @@ def _client_hint(config: MpsConfig) -> str:
 def start(gpus: str | None, pipe_dir: str | None, log_dir: str | None,
           mem_limits: tuple[str, ...], thread_percentage: int | None, yes: bool) -> None:
     """Start an MPS control daemon with default limits. A dry run unless --yes."""
-    from gpuwarden.gpus.mps import (
-        DEFAULT_LOG_DIR,
-        DEFAULT_PIPE_DIR,
-        MpsControl,
-        MpsUnavailable,
+    from gpuwarden.mps.control import MpsControl
+    from gpuwarden.mps.limits import (
         check_thread_percentage,
         format_mps_size,
         parse_gpu_list,
         parse_mem_limits,
     )
+    from gpuwarden.mps.state import DEFAULT_LOG_DIR, DEFAULT_PIPE_DIR, MpsUnavailable
 
     # Input first (no machine needed), then root, then the binary, then NVML.
     limits = parse_mem_limits(mem_limits)
@@ -289,7 +288,8 @@ def start(gpus: str | None, pipe_dir: str | None, log_dir: str | None,
 @click.option("--yes", is_flag=True, help="Stop it (root); without it, a dry run.")
 def stop(pipe_dir: str | None, yes: bool) -> None:
     """Stop an MPS control daemon (sends quit, waits for it to exit). Dry run unless --yes."""
-    from gpuwarden.gpus.mps import DEFAULT_PIPE_DIR, MpsControl, control_shell_line
+    from gpuwarden.mps.control import MpsControl, control_shell_line
+    from gpuwarden.mps.state import DEFAULT_PIPE_DIR
 
     control = MpsControl(pipe_dir or DEFAULT_PIPE_DIR)
     line = control_shell_line("quit", control.pipe_dir, control.binary)
@@ -326,12 +326,12 @@ def stop(pipe_dir: str | None, yes: bool) -> None:
 def _status_data(pipe_dir: str | None, b: Backend | None = None) -> dict[str, Any]:
     """The ``mps status --json`` document (stable schema). Needs no root: without it,
     other users' daemons show no directories, and their pipes may refuse queries."""
-    from gpuwarden.gpus.mps import (
+    from gpuwarden.mps.control import MpsControl
+    from gpuwarden.mps.limits import parse_server_list
+    from gpuwarden.mps.state import (
         DEFAULT_PIPE_DIR,
-        MpsControl,
         MpsError,
         MpsUnavailable,
-        parse_server_list,
         read_mps_state,
         same_dir,
     )

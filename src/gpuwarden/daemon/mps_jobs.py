@@ -26,15 +26,15 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from gpuwarden.errors import GpuwardenError
-from gpuwarden.gpus.mps import (
+from gpuwarden.mps.control import MpsControl
+from gpuwarden.mps.limits import format_mem_limits
+from gpuwarden.mps.state import (
     CONTROL_BINARY,
     ENV_LOG_DIR,
     ENV_MEM_LIMIT,
     ENV_PIPE_DIR,
     ENV_THREADS,
     ENV_VISIBLE,
-    MpsControl,
-    format_mem_limits,
 )
 
 log = logging.getLogger("gpuwarden.mps")
@@ -128,7 +128,7 @@ class MpsPool:
     def server_pids(self) -> set[int]:
         """Pids of the MPS servers (and control daemons) started for our jobs: their
         memory is our jobs', not a foreign process's."""
-        from gpuwarden.gpus.mps import read_mps_state
+        from gpuwarden.mps.state import read_mps_state
 
         root = str(self.root.resolve()) + os.sep
         return {d.pid for d in read_mps_state().daemons

@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 from gpuwarden.errors import UsageError
-from gpuwarden.gpus.mps import MpsDaemon, MpsState, read_mps_state
 from gpuwarden.gpus.topology import format_cpulist, parse_cpulist
+from gpuwarden.mps.state import MpsDaemon, MpsState, read_mps_state
 from gpuwarden.observe.leaks import Leak
 from gpuwarden.observe.snapshot import ORPHAN, RUNNING, GpuView, ProcessView, Snapshot
 from gpuwarden.units import GiB, format_bytes

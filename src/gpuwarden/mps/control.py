@@ -1,276 +1,48 @@
-"""MPS facts: which control daemons and servers run, for whom, with which limits; and a
-thin control layer over ``nvidia-cuda-mps-control``.
+"""A thin control layer over ``nvidia-cuda-mps-control``: the plan for one control
+daemon (its pipe and log directories, visible GPUs, limits) and starting, asking and
+stopping it, as argv lists, never through a shell. Nothing assumes the default pipe
+directory: several control daemons can run at once, each named by its own
+``CUDA_MPS_PIPE_DIRECTORY``."""
 
-Nothing here assumes the default pipe directory: several control daemons can run at
-once (the job daemon will start one per GPU set and user), each named by its own
-``CUDA_MPS_PIPE_DIRECTORY``. Commands run as argv lists, never through a shell."""
-
-from __future__ import annotations
 
 import contextlib
 import os
-import pwd
 import shlex
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import psutil
 
-from gpuwarden.errors import BackendUnavailable, GpuwardenError, UsageError
+from gpuwarden.errors import GpuwardenError, UsageError
+from gpuwarden.mps.limits import check_thread_percentage, format_mem_limits, format_mps_size
+from gpuwarden.mps.state import (
+    CONTROL_BINARY,
+    CONTROL_PIPE,
+    DEFAULT_LOG_DIR,
+    DEFAULT_PIPE_DIR,
+    ENV_LOG_DIR,
+    ENV_MEM_LIMIT,
+    ENV_ORDER,
+    ENV_PIPE_DIR,
+    ENV_THREADS,
+    ENV_VISIBLE,
+    MpsDaemon,
+    MpsError,
+    MpsUnavailable,
+    read_mps_state,
+)
 from gpuwarden.procs.identity import identify
-from gpuwarden.units import GiB, MiB, parse_size
 
-CONTROL_BINARY = "nvidia-cuda-mps-control"
-SERVER_BINARY = "nvidia-cuda-mps-server"
-DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
-DEFAULT_LOG_DIR = "/var/log/nvidia-mps"
-CONTROL_PIPE = "control"  # the control daemon's endpoint inside the pipe directory
-PID_FILE = "nvidia-cuda-mps-control.pid"  # written there by newer drivers
-
-ENV_PIPE_DIR = "CUDA_MPS_PIPE_DIRECTORY"
-ENV_LOG_DIR = "CUDA_MPS_LOG_DIRECTORY"
-ENV_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
-ENV_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-ENV_VISIBLE = "CUDA_VISIBLE_DEVICES"
-ENV_ORDER = "CUDA_DEVICE_ORDER"
-
-# Inherited values of these would silently change which daemon or GPUs a command means.
+# What a control daemon must not inherit: it is given its own.
 _DROPPED_ENV = (ENV_PIPE_DIR, ENV_LOG_DIR, ENV_MEM_LIMIT, ENV_THREADS, ENV_VISIBLE, ENV_ORDER)
-
-
-class MpsUnavailable(BackendUnavailable):
-    """The MPS tools are not installed here."""
-
-
-class MpsError(GpuwardenError):
-    """An MPS control daemon did not start, answer or stop as asked."""
-
-    exit_code = 1
 
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
-
-
-def same_dir(a: str, b: str) -> bool:
-    """Whether two spellings name one directory (``/tmp/x/`` and ``/tmp/../tmp/x``)."""
-    return os.path.realpath(a) == os.path.realpath(b)
-
-
-# -- facts --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MpsDaemon:
-    """One nvidia-cuda-mps-control (kind "control") or nvidia-cuda-mps-server ("server").
-    Directory and limit fields are None when the process's environ is unreadable."""
-
-    pid: int
-    kind: str
-    user: str | None = None
-    uid: int | None = None
-    pipe_dir: str | None = None  # CUDA_MPS_PIPE_DIRECTORY, default /tmp/nvidia-mps
-    log_dir: str | None = None
-    visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES the daemon was started with
-    pinned_mem_limit: str | None = None  # CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, as set
-    active_thread_percentage: str | None = None
-    start_time: float | None = None  # with pid, the identity of the process
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "pid": self.pid,
-            "kind": self.kind,
-            "user": self.user,
-            "uid": self.uid,
-            "pipe_dir": self.pipe_dir,
-            "log_dir": self.log_dir,
-            "visible_devices": self.visible_devices,
-            "pinned_mem_limit": self.pinned_mem_limit,
-            "active_thread_percentage": self.active_thread_percentage,
-            "start_time": self.start_time,
-        }
-
-
-@dataclass(frozen=True)
-class MpsState:
-    daemons: tuple[MpsDaemon, ...] = field(default_factory=tuple)
-
-    @property
-    def controls(self) -> tuple[MpsDaemon, ...]:
-        return tuple(d for d in self.daemons if d.kind == "control")
-
-    @property
-    def servers(self) -> tuple[MpsDaemon, ...]:
-        return tuple(d for d in self.daemons if d.kind == "server")
-
-    def for_pipe_dir(self, pipe_dir: str) -> MpsState:
-        """Only the daemons known to use ``pipe_dir`` (unreadable ones are left out)."""
-        return MpsState(tuple(d for d in self.daemons
-                              if d.pipe_dir is not None and same_dir(d.pipe_dir, pipe_dir)))
-
-    @property
-    def pipe_dirs(self) -> tuple[str, ...]:
-        """The distinct pipe directories of the control daemons, in pid order."""
-        out: list[str] = []
-        for d in self.controls:
-            if d.pipe_dir is not None and not any(same_dir(d.pipe_dir, o) for o in out):
-                out.append(d.pipe_dir)
-        return tuple(out)
-
-
-def daemon_kind(name: str | None, cmdline: Sequence[str] | None) -> str | None:
-    """"control", "server" or None, from argv[0] first (the kernel truncates the process
-    name to 15 characters, which makes both read ``nvidia-cuda-mps``), then the name."""
-    candidates = []
-    if cmdline:
-        candidates.append(os.path.basename(cmdline[0]))
-    if name:
-        candidates.append(name)
-    for c in candidates:
-        if c == CONTROL_BINARY:
-            return "control"
-        if c == SERVER_BINARY:
-            return "server"
-    return None
-
-
-def daemon_from_env(pid: int, kind: str, env: Mapping[str, str] | None, *,
-                    user: str | None = None, uid: int | None = None,
-                    start_time: float | None = None) -> MpsDaemon:
-    """An MpsDaemon from its environment; unset directories mean MPS's defaults,
-    an unreadable environment (``None``) means unknown."""
-    if env is None:
-        return MpsDaemon(pid=pid, kind=kind, user=user, uid=uid, start_time=start_time)
-    return MpsDaemon(
-        pid=pid,
-        kind=kind,
-        user=user,
-        uid=uid,
-        pipe_dir=env.get(ENV_PIPE_DIR) or DEFAULT_PIPE_DIR,
-        log_dir=env.get(ENV_LOG_DIR) or DEFAULT_LOG_DIR,
-        visible_devices=env.get(ENV_VISIBLE),
-        pinned_mem_limit=env.get(ENV_MEM_LIMIT),
-        active_thread_percentage=env.get(ENV_THREADS),
-        start_time=start_time,
-    )
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
-def read_mps_state(processes: Iterable[psutil.Process] | None = None) -> MpsState:
-    """Scan /proc for MPS control daemons and servers. Reading another user's environ
-    needs root; without it the directory and limit fields stay None."""
-    procs = psutil.process_iter() if processes is None else processes
-    found: list[MpsDaemon] = []
-    for p in procs:
-        try:
-            with p.oneshot():
-                name = p.name()
-                try:
-                    cmdline: list[str] | None = p.cmdline()
-                except (psutil.AccessDenied, psutil.ZombieProcess):
-                    cmdline = None
-                kind = daemon_kind(name, cmdline)
-                if kind is None:
-                    continue
-                uid = p.uids().real
-                start = p.create_time()
-            try:
-                env: Mapping[str, str] | None = p.environ()
-            except (psutil.AccessDenied, psutil.ZombieProcess, OSError):
-                env = None
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        found.append(daemon_from_env(p.pid, kind, env, user=_user_name(uid), uid=uid,
-                                     start_time=start))
-    found.sort(key=lambda d: (d.kind != "control", d.pid))
-    return MpsState(tuple(found))
-
-
-# -- parsing and formatting -----------------------------------------------------
-
-
-def format_mps_size(nbytes: int) -> str:
-    """A size as MPS takes it: ``2G`` or ``512M`` (whole MiB; MPS has no byte unit)."""
-    if nbytes <= 0:
-        raise UsageError(f"memory limit must be positive, got {nbytes}")
-    if nbytes % GiB == 0:
-        return f"{nbytes // GiB}G"
-    if nbytes % MiB == 0:
-        return f"{nbytes // MiB}M"
-    raise UsageError(f"memory limit of {nbytes} bytes is not a whole number of MiB")
-
-
-def parse_mem_limit(text: str) -> tuple[int, int]:
-    """``GPU=SIZE`` (``0=2G``) as (GPU index, bytes); UsageError on anything else."""
-    gpu, sep, size = text.partition("=")
-    gpu = gpu.strip()
-    if not sep or not gpu.isdigit() or not size.strip():
-        raise UsageError(f"invalid --mem-limit {text!r}: use GPU=SIZE, e.g. 0=2G")
-    try:
-        nbytes = parse_size(size.strip())
-    except UsageError as e:
-        raise UsageError(f"invalid --mem-limit {text!r}: {e}") from None
-    if nbytes <= 0:
-        raise UsageError(f"invalid --mem-limit {text!r}: the size must be positive")
-    try:
-        format_mps_size(nbytes)
-    except UsageError as e:
-        raise UsageError(f"invalid --mem-limit {text!r}: {e}") from None
-    return int(gpu), nbytes
-
-
-def parse_mem_limits(texts: Iterable[str]) -> dict[int, int]:
-    """Several ``GPU=SIZE`` into GPU index -> bytes; a GPU named twice is an error."""
-    out: dict[int, int] = {}
-    for text in texts:
-        gpu, nbytes = parse_mem_limit(text)
-        if gpu in out:
-            raise UsageError(f"--mem-limit names GPU {gpu} twice")
-        out[gpu] = nbytes
-    return out
-
-
-def format_mem_limits(limits: Mapping[int, int]) -> str:
-    """Device ordinal -> bytes as CUDA_MPS_PINNED_DEVICE_MEM_LIMIT wants it: ``0=2G,1=4G``."""
-    return ",".join(f"{dev}={format_mps_size(n)}" for dev, n in sorted(limits.items()))
-
-
-def check_thread_percentage(value: int) -> int:
-    if not 1 <= value <= 100:
-        raise UsageError(f"--thread-percentage must be 1-100, got {value}")
-    return value
-
-
-def parse_gpu_list(text: str) -> tuple[int, ...]:
-    """``0,1`` as (0, 1); order kept (it is CUDA_VISIBLE_DEVICES order), no repeats."""
-    parts = [p.strip() for p in text.split(",")]
-    if not parts or not all(p.isdigit() for p in parts):
-        raise UsageError(f"invalid GPU list {text!r}: use indices such as 0,1")
-    gpus = tuple(int(p) for p in parts)
-    if len(set(gpus)) != len(gpus):
-        raise UsageError(f"invalid GPU list {text!r}: a GPU is named twice")
-    return gpus
-
-
-def parse_server_list(answer: str) -> list[int] | None:
-    """The pids in a ``get_server_list`` answer (one per line); None if it is not that."""
-    pids: list[int] = []
-    for line in answer.split():
-        if not line.isdigit():
-            return None
-        pids.append(int(line))
-    return pids
 
 
 # -- the plan for one control daemon ------------------------------------------
