@@ -13,6 +13,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,14 +67,19 @@ def test_an_mps_job_runs_as_a_client_of_its_own_control_daemon(mps_daemon: Daemo
     jid = d.submit("--mps", "--mem", "2G", "--sm-percent", "50", "--gpu-ids", "1",
                    cmd=sim_job("--mem", "1G", "--seconds", "8"))
     d.wait_state(jid, "running")
-    _until("the job's client did not allocate", lambda: any(
-        p["pid"] != 0 and "mps" in p.get("kinds", [])
-        for g in d.json("status")["gpus"] for p in g["processes"]))
+    gpus: dict[int, Any] = {}
+
+    def client_listed() -> bool:  # one status document for every check below
+        gpus.clear()
+        gpus.update({g["index"]: g for g in d.json("status")["gpus"]})
+        return any(p["pid"] != 0 and "mps" in p.get("kinds", [])
+                   for g in gpus.values() for p in g["processes"])
+
+    _until("the job's client did not allocate", client_listed)
     (control,) = controls(d)
     assert control.visible_devices == "1" and control.uid == os.geteuid()
     servers = [s for s in read_mps_state().servers if str(d.home) in (s.pipe_dir or "")]
     assert len(servers) == 1  # started when its first client connected
-    gpus = {g["index"]: g for g in d.json("status")["gpus"]}
     # The client sees its server's GPU as device 0: its memory is on GPU 1, not GPU 0.
     (client,) = [p for p in gpus[1]["processes"] if "mps" in p.get("kinds", [])]
     assert client["memory"] == 1 * GiB + CONTEXT
