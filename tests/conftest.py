@@ -144,12 +144,15 @@ def json_answer(r: subprocess.CompletedProcess[str], args: tuple[str, ...]) -> A
     return json.loads(r.stdout)
 
 
-def wait_for(pred: Any, timeout: float = 10.0, interval: float = 0.05) -> Any:
+def wait_for(pred: Any, timeout: float = 10.0, interval: float = 0.05,
+             what: str = "the condition") -> Any:
+    """``pred()``'s first true value, asked every ``interval`` seconds: the one wait loop
+    of the tests. Past ``timeout`` it fails, naming ``what`` it waited for."""
     deadline = time.monotonic() + timeout
     while True:
         value = pred()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
+            raise AssertionError(f"timed out waiting for {what}")
         time.sleep(interval)

@@ -10,14 +10,14 @@ import contextlib
 import json
 import os
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpuwarden.mps.state import MpsDaemon, read_mps_state
+from tests.conftest import wait_for
 from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, start_daemon
 
 GiB = 1 << 30
@@ -55,13 +55,6 @@ def mps_daemon(tmp_path: Path) -> Iterator[Daemon]:
             next(gen)
 
 
-def _until(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
-
-
 def test_an_mps_job_runs_as_a_client_of_its_own_control_daemon(mps_daemon: Daemon) -> None:
     d = mps_daemon
     jid = d.submit("--mps", "--mem", "2G", "--sm-percent", "50", "--gpu-ids", "1",
@@ -75,7 +68,7 @@ def test_an_mps_job_runs_as_a_client_of_its_own_control_daemon(mps_daemon: Daemo
         return any(p["pid"] != 0 and "mps" in p.get("kinds", [])
                    for g in gpus.values() for p in g["processes"])
 
-    _until("the job's client did not allocate", client_listed)
+    wait_for(client_listed, timeout=30, interval=0.1, what="the job's client to allocate")
     (control,) = controls(d)
     assert control.visible_devices == "1" and control.uid == os.geteuid()
     servers = [s for s in read_mps_state().servers if str(d.home) in (s.pipe_dir or "")]
@@ -93,7 +86,8 @@ def test_an_mps_job_runs_as_a_client_of_its_own_control_daemon(mps_daemon: Daemo
     job = d.job(jid)
     assert job["state"] == "succeeded"
     assert job["enforcement"]["hard"].startswith("MPS pinned device memory limit, 50% of SMs")
-    _until("the MPS control daemon was not quit", lambda: not controls(d))
+    wait_for(lambda: not controls(d), timeout=30, interval=0.1,
+             what="the MPS control daemon to quit")
     assert not [s for s in read_mps_state().servers if str(d.home) in (s.pipe_dir or "")]
 
 
@@ -115,7 +109,8 @@ def test_an_mps_client_past_its_limit_fails_with_a_cuda_oom(mps_daemon: Daemon) 
     assert len(controls(d)) == 1  # both jobs are one user's on one GPU: one daemon
     assert d.job(neighbour)["state"] == "running"  # its memory and server untouched
     assert d.cli("wait", str(neighbour), timeout=60).returncode == 0
-    _until("the MPS control daemon was not quit", lambda: not controls(d))
+    wait_for(lambda: not controls(d), timeout=30, interval=0.1,
+             what="the MPS control daemon to quit")
 
 
 def test_the_simulated_control_answers_as_mps_does(tmp_path: Path) -> None:

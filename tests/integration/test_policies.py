@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_for
 from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, start_daemon
 
 GiB = 1 << 30
@@ -57,7 +58,7 @@ def test_a_guaranteed_job_preempts_a_besteffort_one_which_is_requeued(
     victim = d.submit("--qos", "besteffort", "--gpus", "2", "--mem", "20G", "--checkpoint",
                       "--grace", "5s", cmd=[PY, "-c", CHECKPOINTING, str(marker)])
     d.wait_state(victim, "running")
-    assert _wait_for(lambda: marker.exists())
+    wait_for(marker.exists, timeout=20, what="the job to write its marker")
     boss = d.submit("--qos", "guaranteed", "--mem", "20G", cmd=sim_job("18G", 1))
     assert d.cli("wait", str(boss), timeout=60).returncode == 0
     assert d.cli("wait", str(victim), timeout=60).returncode == 0
@@ -180,12 +181,6 @@ def test_bad_policy_input_is_a_clear_error(fast_daemon: Daemon) -> None:
         assert r.returncode != 0, args
         assert needle in r.stderr, (args, r.stderr)
         assert "Traceback" not in r.stderr
-
-
-def _wait_for(cond: object, timeout: float = 20) -> bool:
-    from tests.conftest import wait_for
-
-    return wait_for(cond, timeout)  # type: ignore[arg-type]
 
 
 def uncapped(cmd: list[str]) -> list[str]:

@@ -38,6 +38,7 @@ from gpuwarden.jobs.jobdir import (
 from gpuwarden.launch import Host, plan_launch
 from gpuwarden.supervisor.control import alive, cancel
 from gpuwarden.supervisor.spawn import spawn_supervisor, spec_from_plan
+from tests.conftest import wait_for
 
 SRC = Path(gpuwarden.__file__).resolve().parent.parent
 PY = sys.executable
@@ -114,16 +115,6 @@ def wait_exit(jobdir: Path, timeout: float = 30) -> ExitInfo:
     log = (jobdir / "supervisor.log")
     raise AssertionError(f"no exit.json after {timeout}s; supervisor.log:\n"
                          + (log.read_text() if log.exists() else "(none)"))
-
-
-def wait_for(predicate: Any, timeout: float = 10, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def read_pid(path: Path) -> int | None:
