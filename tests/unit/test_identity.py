@@ -111,6 +111,11 @@ def test_signal_if_same_checks_identity_first() -> None:
         assert not signal_if_same(child.pid, start - 100, signal.SIGTERM)  # reused pid
         assert child.poll() is None
         assert signal_if_same(child.pid, start, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:  # not reaped
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not signal_if_same(child.pid, start, signal.SIGTERM)  # a zombie: exited
         assert child.wait(10) == -signal.SIGTERM
         assert not signal_if_same(child.pid, start, signal.SIGTERM)  # reaped: gone
     finally:

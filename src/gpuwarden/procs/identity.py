@@ -171,14 +171,17 @@ def pin(pid: int, start_time: float | None, ticks: int | None = None) -> Pinned 
 
 def signal_if_same(pid: int, start_time: float | None, sig: int,
                    ticks: int | None = None) -> bool:
-    """Send ``sig`` to the process (pid, start time) if it is still that one; True when
-    sent. A process that is gone, reused or not ours to signal is False."""
+    """Send ``sig`` to the process (pid, start time) if it is still that one and has not
+    exited, through a pidfd opened before the check; True when sent. A process that is
+    gone, a zombie, reused or not ours to signal is False."""
     import psutil
 
     t = pin(pid, start_time, ticks)
     if t is None:
         return False
     try:
+        if not running(t.proc):
+            return False
         t.send(sig)
         return True
     except (psutil.NoSuchProcess, psutil.AccessDenied):

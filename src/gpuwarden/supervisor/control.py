@@ -17,7 +17,7 @@ import psutil
 
 from gpuwarden.jobs.jobdir import SUPERVISOR, SupervisorHandle, read_json, read_status
 from gpuwarden.procs.identity import alive as identity_alive
-from gpuwarden.procs.identity import identify, pin, running, same_boot
+from gpuwarden.procs.identity import identify, running, same_boot, signal_if_same
 
 KILL_SIGNAL = signal.SIGUSR1  # from the daemon: cancel --kill, SIGKILL the tree at once
 
@@ -44,22 +44,10 @@ def live_supervisors(jobs_dir: str | os.PathLike[str]) -> list[psutil.Process]:
 
 
 def _signal_identified(handle: SupervisorHandle, sig: int) -> bool:
-    """Send ``sig`` to the supervisor if it is still the same running process, through a
-    pidfd opened before the check (procs/identity.py: a reused pid is never hit)."""
-    if not same_boot(handle.boot_id):
-        return False
-    pinned = pin(handle.pid, handle.start_time, handle.start_ticks)
-    if pinned is None:
-        return False
-    try:
-        if not running(pinned.proc):
-            return False
-        pinned.send(sig)
-        return True
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-    finally:
-        pinned.close()
+    """Send ``sig`` to the supervisor if it is still the same running process of this
+    boot (procs/identity.py: a reused pid is never hit)."""
+    return same_boot(handle.boot_id) and signal_if_same(handle.pid, handle.start_time, sig,
+                                                        handle.start_ticks)
 
 
 def cancel(jobdir: str | os.PathLike[str], kill: bool = False) -> bool:
