@@ -8,8 +8,9 @@ import math
 
 import pytest
 
+from gpuwarden.jobs.request import GUARANTEED
 from gpuwarden.sched.fairshare import Span, decayed, horizon, usage
-from gpuwarden.sched.model import GUARANTEED, QueuedJob
+from gpuwarden.sched.model import QueuedJob
 from gpuwarden.sched.queue import order
 
 GiB = 1 << 30

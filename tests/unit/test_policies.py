@@ -9,13 +9,10 @@ from collections.abc import Iterable
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
+from gpuwarden.jobs.request import BESTEFFORT, BURSTABLE, GUARANTEED, QOS_CLASSES
 from gpuwarden.sched import backfill, preempt
 from gpuwarden.sched.limits import Limits, UserLimits
 from gpuwarden.sched.model import (
-    BESTEFFORT,
-    BURSTABLE,
-    GUARANTEED,
-    QOS_CLASSES,
     QOS_RANK,
     Decision,
     GpuState,

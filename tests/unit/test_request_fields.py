@@ -20,7 +20,6 @@ from gpuwarden.errors import UsageError
 from gpuwarden.gpus.model import MIG_PROFILE
 from gpuwarden.jobs import request
 from gpuwarden.jobs.request import EDITABLE, FIELDS, MAX_ID, Field
-from gpuwarden.sched import model as sched_model
 
 ME = Caller(pid=1, uid=1000, gid=1000, user="alice", groups=(1000,))
 BASE = {"command": ["python", "train.py"], "cwd": "/home/a", "env": {"PATH": "/usr/bin"}}
@@ -255,7 +254,6 @@ def test_durations_and_sizes() -> None:
 # -- the table and its neighbours --------------------------------------------------------
 def test_the_fields_of_services_and_edit_are_the_tables() -> None:
     assert set(FIELDS) >= SERVICE_FIELDS | set(EDITABLE)
-    assert sched_model.QOS_CLASSES is request.QOS_CLASSES
 
 
 @pytest.mark.parametrize("profile", ["1g.10gb", "3g.40gb", "7g.80gb", "8g.1gb", "0g.10gb",

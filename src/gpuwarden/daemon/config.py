@@ -56,8 +56,8 @@ from typing import Any
 from gpuwarden.daemon.service import Config
 from gpuwarden.daemon.usercmd import checked_url
 from gpuwarden.errors import UsageError
+from gpuwarden.jobs.request import QOS_CLASSES
 from gpuwarden.sched.limits import Limits, UserLimits
-from gpuwarden.sched.model import QOS_CLASSES
 from gpuwarden.sched.queue import Policy
 from gpuwarden.units import bounded_duration, bounded_size, parse_listen, parse_size
 

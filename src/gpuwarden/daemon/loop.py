@@ -43,17 +43,9 @@ from gpuwarden.daemon.store import Conflict, JobNotFound
 from gpuwarden.jobs import lifecycle, model
 from gpuwarden.jobs.jobdir import job_dir
 from gpuwarden.jobs.model import Hold, Job, NewHold
+from gpuwarden.jobs.request import GUARANTEED
 from gpuwarden.procs.identity import same_boot
-from gpuwarden.sched.model import (
-    GUARANTEED,
-    GpuState,
-    Infeasible,
-    ManagedUse,
-    Place,
-    Preempt,
-    QueuedJob,
-    Wait,
-)
+from gpuwarden.sched.model import GpuState, Infeasible, ManagedUse, Place, Preempt, QueuedJob, Wait
 from gpuwarden.sched.oom import (
     CREEP_WAIT,
     GiveUp,

@@ -23,9 +23,9 @@ from gpuwarden.daemon.usercmd import checked_command
 from gpuwarden.errors import PermissionDenied, UsageError
 from gpuwarden.jobs import model
 from gpuwarden.jobs.model import Job, JobSpec
-from gpuwarden.jobs.request import EDITABLE, check_fields
+from gpuwarden.jobs.request import BESTEFFORT, EDITABLE, GUARANTEED, check_fields
 from gpuwarden.jobs.services import Service
-from gpuwarden.sched.model import BESTEFFORT, GUARANTEED, GpuState, QueuedJob
+from gpuwarden.sched.model import GpuState, QueuedJob
 from gpuwarden.sched.queue import Policy
 from gpuwarden.units import bounded_size, parse_size_or_fraction
 

@@ -5,10 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The classes are the job request's (jobs/request.py); their ranks are policy.
-from gpuwarden.jobs.request import BESTEFFORT as BESTEFFORT
-from gpuwarden.jobs.request import BURSTABLE as BURSTABLE
-from gpuwarden.jobs.request import GUARANTEED as GUARANTEED
-from gpuwarden.jobs.request import QOS_CLASSES as QOS_CLASSES
+from gpuwarden.jobs.request import BESTEFFORT, BURSTABLE, GUARANTEED
 
 QOS_RANK = {BESTEFFORT: 0, BURSTABLE: 1, GUARANTEED: 2}
 """Higher ranks go first and may preempt lower ones; guaranteed jobs are never preempted."""

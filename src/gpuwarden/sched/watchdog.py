@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpuwarden.sched.model import BESTEFFORT, BURSTABLE, GUARANTEED
+from gpuwarden.jobs.request import BESTEFFORT, BURSTABLE, GUARANTEED
 from gpuwarden.units import format_bytes
 
 WARN, KILL, NOTE = "warn", "kill", "note"
