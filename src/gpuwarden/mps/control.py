@@ -15,8 +15,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import psutil
-
 from gpuwarden.errors import GpuwardenError, UsageError
 from gpuwarden.mps.limits import check_thread_percentage, format_mem_limits, format_mps_size
 from gpuwarden.mps.state import (
@@ -35,7 +33,7 @@ from gpuwarden.mps.state import (
     MpsUnavailable,
     read_mps_state,
 )
-from gpuwarden.procs.identity import identify
+from gpuwarden.procs.identity import alive
 
 # What a control daemon must not inherit: it is given its own.
 _DROPPED_ENV = (ENV_PIPE_DIR, ENV_LOG_DIR, ENV_MEM_LIMIT, ENV_THREADS, ENV_VISIBLE, ENV_ORDER)
@@ -123,18 +121,6 @@ def control_shell_line(command: str, pipe_dir: str, binary: str = CONTROL_BINARY
 
 
 # -- control --------------------------------------------------------------------
-
-
-def _alive(d: MpsDaemon) -> bool:
-    """Whether this very process (pid and start time, procs/identity.py) still runs and
-    is not a zombie. The daemon was readable when it was found (``read_mps_state``
-    skips the others), so one unreadable now is taken for gone: its pid went to
-    another user."""
-    p = identify(d.pid, d.start_time)
-    try:
-        return p is not None and p.status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
 
 
 class MpsControl:
@@ -295,7 +281,7 @@ class MpsControl:
         self.query("quit")
         deadline = self._clock() + self.timeout
         while True:
-            left = [d for d in daemons if _alive(d)]
+            left = [d for d in daemons if alive(d.pid, d.start_time)]
             if not left:
                 return daemons
             if self._clock() >= deadline:
