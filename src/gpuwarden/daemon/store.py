@@ -51,11 +51,13 @@ from typing import TYPE_CHECKING, Any
 from gpuwarden.daemon.rows import (
     check_spec,
     field_value,
+    hold_columns,
     ints_ok,
     json_ids,
     keep_attempt_use,
     row_to_hold,
     row_to_job,
+    spec_columns,
     states_arg,
 )
 from gpuwarden.daemon.schema import KEY_RELEASED as KEY_RELEASED
@@ -606,33 +608,11 @@ class Store:
     @staticmethod
     def _insert(conn: sqlite3.Connection, spec: JobSpec, now: float, state: str,
                 reason: str | None) -> int:
-        cur = conn.execute(
-            """INSERT INTO jobs (user, uid, gid, groups, cwd, env, command, name,
-                   job_group, job_key, mem, gpu_count, gpu_ids, after_ids, timeout,
-                   exclusive, priority, requeue_on_reboot, state, submitted_at, reason,
-                   qos, mem_limit, grace, no_requeue, retries, checkpoint, mps,
-                   sm_percent, mem_auto, cpus, no_numa, attach, service)
-               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,
-                       ?)""",
-            (spec.user, spec.uid, spec.gid, json_ids(spec.groups), spec.cwd,
-             json.dumps(dict(spec.env), sort_keys=True), json.dumps(list(spec.command)),
-             spec.name, spec.group, spec.key, spec.mem, spec.gpus,
-             None if spec.gpu_ids is None else json_ids(spec.gpu_ids),
-             json_ids(spec.after), spec.timeout, int(spec.exclusive), spec.priority,
-             int(spec.requeue_on_reboot), state, now, reason, spec.qos, spec.mem_limit,
-             spec.grace, int(spec.no_requeue), spec.retries, int(spec.checkpoint),
-             int(spec.mps), spec.sm_percent, int(spec.mem_auto), spec.cpus,
-             int(spec.no_numa), spec.attach,
-             None if spec.service is None else spec.service.dumps()))
+        columns = {**spec_columns(spec), "state": state, "submitted_at": now, "reason": reason}
+        cur = conn.execute(f"INSERT INTO jobs ({', '.join(columns)}) "
+                           f"VALUES ({', '.join('?' * len(columns))})", list(columns.values()))
         job_id = cur.lastrowid
         assert job_id is not None
-        if spec.mig is not None or spec.notify is not None:
-            conn.execute("UPDATE jobs SET mig = ?, notify = ? WHERE id = ?",
-                         (spec.mig, spec.notify, job_id))
-        if spec.after_any or spec.after_fail:
-            conn.execute("UPDATE jobs SET after_any_ids = ?, after_fail_ids = ? "
-                         "WHERE id = ?", (json_ids(spec.after_any),
-                                          json_ids(spec.after_fail), job_id))
         conn.execute(
             "INSERT INTO events (job_id, at, kind, detail, from_state, to_state) "
             "VALUES (?, ?, 'submitted', ?, NULL, ?)",
@@ -730,13 +710,11 @@ class Store:
                 "INSERT INTO events (job_id, at, kind, detail, from_state, to_state) "
                 "VALUES (?, ?, ?, ?, ?, ?)", (job_id, now, kind, detail, current, to_state))
             if hold is not None and hold.gpu_uuids:
-                conn.execute(
-                    "INSERT INTO holds (job_id, attempt, gpu_uuids, budget, pids, baseline, "
-                    "exited_at, starts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (job_id, row["attempts"], json.dumps(list(hold.gpu_uuids)), hold.budget,
-                     json_ids(sorted(hold.pids)), json.dumps(dict(hold.baseline)),
-                     hold.exited_at,
-                     json.dumps({str(k): v for k, v in sorted(hold.starts.items())})))
+                columns = {"job_id": job_id, "attempt": row["attempts"],
+                           **hold_columns(hold)}
+                conn.execute(f"INSERT INTO holds ({', '.join(columns)}) "
+                             f"VALUES ({', '.join('?' * len(columns))})",
+                             list(columns.values()))
             job = self._load(conn, job_id)
         if to_state in TERMINAL and current not in TERMINAL:
             self._ended(job)
