@@ -62,9 +62,13 @@ from gpuwarden.daemon.rows import (
 )
 from gpuwarden.daemon.schema import KEY_RELEASED as KEY_RELEASED
 from gpuwarden.daemon.schema import MIGRATIONS as MIGRATIONS
-from gpuwarden.daemon.schema import RELEASED_SQL, Migration
+from gpuwarden.daemon.schema import RELEASED_SQL, Migration, migrate
 from gpuwarden.daemon.schema import SCHEMA_VERSION as SCHEMA_VERSION
-from gpuwarden.errors import GpuwardenError, UsageError
+from gpuwarden.daemon.store_errors import Conflict as Conflict
+from gpuwarden.daemon.store_errors import DependencyNotFound as DependencyNotFound
+from gpuwarden.daemon.store_errors import JobNotFound as JobNotFound
+from gpuwarden.daemon.store_errors import SchemaTooNew as SchemaTooNew
+from gpuwarden.daemon.store_errors import StoreError as StoreError
 from gpuwarden.jobs import lifecycle
 from gpuwarden.jobs.arrays import Array, Ref
 from gpuwarden.jobs.model import (
@@ -86,55 +90,6 @@ from gpuwarden.sched.fairshare import Span
 
 if TYPE_CHECKING:
     from gpuwarden.daemon.history import GpuSample
-
-# --------------------------------------------------------------------------- errors
-
-
-class JobNotFound(UsageError):
-    """No job with this id (never existed, or removed)."""
-
-    exit_code = 2
-
-    def __init__(self, job_id: int) -> None:
-        super().__init__(f"no job {job_id}")
-        self.job_id = job_id
-
-
-class DependencyNotFound(UsageError):
-    """``--after`` names a job that does not exist."""
-
-    exit_code = 2
-
-    def __init__(self, missing: Sequence[int]) -> None:
-        ids = ", ".join(str(i) for i in missing)
-        super().__init__(f"cannot depend on job {ids}: no such job")
-        self.missing = tuple(missing)
-
-
-class Conflict(GpuwardenError):
-    """The job is not in a state that allows this (it moved on, or never could):
-    compare-and-set lost, or the operation is wrong for the job's state."""
-
-    exit_code = 1
-
-    def __init__(self, message: str, *, job_id: int | None = None,
-                 state: str | None = None) -> None:
-        super().__init__(message)
-        self.job_id = job_id
-        self.state = state
-
-
-class StoreError(GpuwardenError):
-    """The database cannot be used: not ours, newer than this code, disk full, locked."""
-
-    exit_code = 3
-
-
-class SchemaTooNew(StoreError):
-    """The database was written by a newer gpuwarden; refusing to guess its meaning."""
-
-
-# --------------------------------------------------------------------------- store
 
 # Columns a transition may set (rows.field_value: how each is stored).
 TRANSITION_FIELDS = frozenset({
@@ -211,7 +166,7 @@ class Store:
                                  f"(got {mode}); is it on a network filesystem?")
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
-            self._migrate(conn)
+            migrate(conn, self._migrations, self.path)
         except sqlite3.DatabaseError as e:
             conn.close()
             raise StoreError(f"state database {self.path} is unusable: {e}") from None
@@ -219,40 +174,6 @@ class Store:
             conn.close()
             raise
         return conn
-
-    def _migrate(self, conn: sqlite3.Connection) -> None:
-        """Bring the schema to the newest version, all in one transaction; refuse a
-        database from a newer gpuwarden."""
-        target = len(self._migrations)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            have_table = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'"
-            ).fetchone()
-            if have_table is None:
-                others = conn.execute(
-                    "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
-                ).fetchone()[0]
-                if others:
-                    raise StoreError(f"{self.path} is not a gpuwarden state database "
-                                     "(it has tables but no schema_version)")
-                conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-                conn.execute("INSERT INTO schema_version (version) VALUES (0)")
-            row = conn.execute("SELECT version FROM schema_version").fetchone()
-            version = 0 if row is None else int(row[0])
-            if version > target:
-                raise SchemaTooNew(
-                    f"state database {self.path} has schema version {version}, newer "
-                    f"than this gpuwarden understands ({target}); upgrade gpuwarden")
-            for number in range(version + 1, target + 1):
-                self._migrations[number - 1](conn)
-            if version != target:
-                conn.execute("UPDATE schema_version SET version = ?", (target,))
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
 
     def _after_fork(self) -> None:
         """In a forked child: a fresh lock (the parent's may have been held by a thread
