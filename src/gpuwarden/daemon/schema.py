@@ -24,13 +24,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpuwarden.daemon.store_errors import SchemaTooNew, StoreError
-from gpuwarden.jobs.model import CANCELLED, FAILED, INFEASIBLE
+from gpuwarden.jobs.model import CANCELLED, FAILED, INFEASIBLE, TERMINAL
 
 Migration = Callable[[sqlite3.Connection], None]
 
 # Key-releasing states: a job in one of these no longer holds its idempotency key.
 KEY_RELEASED = frozenset({FAILED, CANCELLED, INFEASIBLE})
 RELEASED_SQL = ", ".join(f"'{s}'" for s in sorted(KEY_RELEASED))
+TERMINAL_SQL = ", ".join(f"'{s}'" for s in sorted(TERMINAL))  # the states of ended jobs
 
 
 def sql(*statements: str) -> Migration:
