@@ -1,6 +1,6 @@
-"""Between SQLite rows and the model's values: a job or a hold read from its row, the
-JSON columns written, and a request refused when the database could not hold it
-faithfully. Apart from the store, so that its transactions read as the SQL they run."""
+"""Between SQLite rows and the model's values: a job or a hold read from its row and
+written to it (one encoder a column), and a request refused when the database could not
+hold it faithfully. Apart from the store, so that its transactions read as the SQL they run."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from gpuwarden.jobs.model import (
     Hold,
     Job,
     JobSpec,
+    NewHold,
 )
 from gpuwarden.jobs.services import Service
 
@@ -67,6 +68,38 @@ def check_spec(spec: JobSpec) -> None:
             *(spec.gpu_ids or ()), *spec.after, *spec.after_any, *spec.after_fail)
     if not ints_ok(*ints):
         raise UsageError("a number in the job request is out of range")
+
+
+def spec_columns(spec: JobSpec) -> dict[str, object]:
+    """A job's request as its columns store it (``row_to_job`` reads them back)."""
+    return {
+        "user": spec.user, "uid": spec.uid, "gid": spec.gid, "groups": json_ids(spec.groups),
+        "cwd": spec.cwd, "env": json.dumps(dict(spec.env), sort_keys=True),
+        "command": json_ids(spec.command), "name": spec.name, "job_group": spec.group,
+        "job_key": spec.key, "mem": spec.mem, "gpu_count": spec.gpus,
+        "gpu_ids": None if spec.gpu_ids is None else json_ids(spec.gpu_ids),
+        "after_ids": json_ids(spec.after), "timeout": spec.timeout,
+        "exclusive": int(spec.exclusive), "priority": spec.priority,
+        "requeue_on_reboot": int(spec.requeue_on_reboot), "qos": spec.qos,
+        "mem_limit": spec.mem_limit, "grace": spec.grace, "no_requeue": int(spec.no_requeue),
+        "retries": spec.retries, "checkpoint": int(spec.checkpoint), "mps": int(spec.mps),
+        "sm_percent": spec.sm_percent, "mem_auto": int(spec.mem_auto), "cpus": spec.cpus,
+        "no_numa": int(spec.no_numa), "attach": spec.attach,
+        "service": None if spec.service is None else spec.service.dumps(),
+        "mig": spec.mig, "notify": spec.notify,
+        "after_any_ids": json_ids(spec.after_any), "after_fail_ids": json_ids(spec.after_fail),
+    }
+
+
+def hold_columns(hold: NewHold) -> dict[str, object]:
+    """What an ended attempt leaves reserved as its columns store it (``row_to_hold``
+    reads them back)."""
+    return {
+        "gpu_uuids": json_ids(hold.gpu_uuids), "budget": hold.budget,
+        "pids": json_ids(sorted(hold.pids)), "baseline": json.dumps(dict(hold.baseline)),
+        "exited_at": hold.exited_at,
+        "starts": json.dumps({str(k): v for k, v in sorted(hold.starts.items())}),
+    }
 
 
 def _loads_tuple(text: str | None) -> tuple[Any, ...]:

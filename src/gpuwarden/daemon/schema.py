@@ -1,7 +1,7 @@
 """The state database's shape, and how a file an older gpuwarden wrote is brought up to
-date. Migration n takes a file from schema version n-1 to n; ``Store`` runs those a file
-lacks, in order and in one transaction, when it opens it, and refuses a file newer than
-this list. A file past a migration never runs it again, so a change to the shape is a
+date. Migration n takes a file from schema version n-1 to n; ``migrate`` runs those a
+file lacks, in order and in one transaction, when ``Store`` opens it, and refuses a file
+newer than this list. A file past a migration never runs it again, so a change to the shape is a
 new migration at the end, never an edit of one already released.
 
 Decisions, and why:
@@ -20,15 +20,18 @@ Decisions, and why:
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from gpuwarden.jobs.model import CANCELLED, FAILED, INFEASIBLE
+from gpuwarden.daemon.store_errors import SchemaTooNew, StoreError
+from gpuwarden.jobs.model import CANCELLED, FAILED, INFEASIBLE, TERMINAL
 
 Migration = Callable[[sqlite3.Connection], None]
 
 # Key-releasing states: a job in one of these no longer holds its idempotency key.
 KEY_RELEASED = frozenset({FAILED, CANCELLED, INFEASIBLE})
 RELEASED_SQL = ", ".join(f"'{s}'" for s in sorted(KEY_RELEASED))
+TERMINAL_SQL = ", ".join(f"'{s}'" for s in sorted(TERMINAL))  # the states of ended jobs
 
 
 def sql(*statements: str) -> Migration:
@@ -203,3 +206,38 @@ MIGRATIONS: list[Migration] = [
         "ALTER TABLE jobs ADD COLUMN earlier_used REAL NOT NULL DEFAULT 0"),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration], path: Path) -> None:
+    """Bring the schema of the database at ``path`` to the newest version, all in one
+    transaction; refuse a database from a newer gpuwarden."""
+    target = len(migrations)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        have_table = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'"
+        ).fetchone()
+        if have_table is None:
+            others = conn.execute(
+                "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+            ).fetchone()[0]
+            if others:
+                raise StoreError(f"{path} is not a gpuwarden state database "
+                                 "(it has tables but no schema_version)")
+            conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+            conn.execute("INSERT INTO schema_version (version) VALUES (0)")
+        row = conn.execute("SELECT version FROM schema_version").fetchone()
+        version = 0 if row is None else int(row[0])
+        if version > target:
+            raise SchemaTooNew(
+                f"state database {path} has schema version {version}, newer "
+                f"than this gpuwarden understands ({target}); upgrade gpuwarden")
+        for number in range(version + 1, target + 1):
+            migrations[number - 1](conn)
+        if version != target:
+            conn.execute("UPDATE schema_version SET version = ?", (target,))
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")

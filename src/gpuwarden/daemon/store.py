@@ -29,16 +29,18 @@ Decisions, and why:
   cross a fork).
 
 The tables, and how an older file is brought up to date: ``daemon/schema.py``; rows to
-the model's values and back: ``daemon/rows.py``.
+the model's values and back: ``daemon/rows.py``. ``Store`` owns the connection and the
+transactions; the SQL each of its methods runs lives with what it keeps:
+``job_queries.py`` (reading jobs), ``job_changes.py`` (writing them: submit, transition,
+edit), ``events.py`` (their history, notes, the audit), ``holds.py`` (memory holds),
+``learned.py`` (what ended jobs teach), ``measurements.py`` (memory and CUDA context
+samples), ``maintenance.py`` (removing jobs, the integrity check), ``drains.py``.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
-import dataclasses
-import itertools
-import json
 import logging
 import os
 import sqlite3
@@ -48,112 +50,34 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuwarden.daemon.rows import (
-    check_spec,
-    field_value,
-    ints_ok,
-    json_ids,
-    keep_attempt_use,
-    row_to_hold,
-    row_to_job,
-    states_arg,
+from gpuwarden.daemon import (
+    drains,
+    events,
+    holds,
+    job_changes,
+    job_queries,
+    learned,
+    maintenance,
+    measurements,
 )
+from gpuwarden.daemon.rows import check_spec, ints_ok
 from gpuwarden.daemon.schema import KEY_RELEASED as KEY_RELEASED
 from gpuwarden.daemon.schema import MIGRATIONS as MIGRATIONS
-from gpuwarden.daemon.schema import RELEASED_SQL, Migration
 from gpuwarden.daemon.schema import SCHEMA_VERSION as SCHEMA_VERSION
-from gpuwarden.errors import GpuwardenError, UsageError
+from gpuwarden.daemon.schema import Migration, migrate
+from gpuwarden.daemon.store_errors import Conflict as Conflict
+from gpuwarden.daemon.store_errors import DependencyNotFound as DependencyNotFound
+from gpuwarden.daemon.store_errors import JobNotFound as JobNotFound
+from gpuwarden.daemon.store_errors import SchemaTooNew as SchemaTooNew
+from gpuwarden.daemon.store_errors import StoreError as StoreError
 from gpuwarden.jobs import lifecycle
 from gpuwarden.jobs.arrays import Array, Ref
-from gpuwarden.jobs.model import (
-    ACTIVE,
-    HELD,
-    QUEUED,
-    RESERVED,
-    RUNNING,
-    STATES,
-    SUCCEEDED,
-    TERMINAL,
-    Event,
-    Hold,
-    Job,
-    JobSpec,
-    NewHold,
-)
+from gpuwarden.jobs.model import ACTIVE, QUEUED, TERMINAL, Event, Hold, Job, JobSpec, NewHold
 from gpuwarden.sched.fairshare import Span
 
 if TYPE_CHECKING:
     from gpuwarden.daemon.history import GpuSample
 
-# --------------------------------------------------------------------------- errors
-
-
-class JobNotFound(UsageError):
-    """No job with this id (never existed, or removed)."""
-
-    exit_code = 2
-
-    def __init__(self, job_id: int) -> None:
-        super().__init__(f"no job {job_id}")
-        self.job_id = job_id
-
-
-class DependencyNotFound(UsageError):
-    """``--after`` names a job that does not exist."""
-
-    exit_code = 2
-
-    def __init__(self, missing: Sequence[int]) -> None:
-        ids = ", ".join(str(i) for i in missing)
-        super().__init__(f"cannot depend on job {ids}: no such job")
-        self.missing = tuple(missing)
-
-
-class Conflict(GpuwardenError):
-    """The job is not in a state that allows this (it moved on, or never could):
-    compare-and-set lost, or the operation is wrong for the job's state."""
-
-    exit_code = 1
-
-    def __init__(self, message: str, *, job_id: int | None = None,
-                 state: str | None = None) -> None:
-        super().__init__(message)
-        self.job_id = job_id
-        self.state = state
-
-
-class StoreError(GpuwardenError):
-    """The database cannot be used: not ours, newer than this code, disk full, locked."""
-
-    exit_code = 3
-
-
-class SchemaTooNew(StoreError):
-    """The database was written by a newer gpuwarden; refusing to guess its meaning."""
-
-
-# --------------------------------------------------------------------------- store
-
-# Columns a transition may set (rows.field_value: how each is stored).
-TRANSITION_FIELDS = frozenset({
-    "started_at", "ended_at", "gpus", "gpu_uuids", "budget", "exit_code", "reason",
-    "supervisor_pid", "supervisor_start", "boot_id", "attempts", "peak_memory",
-    "preempting_at", "preemptions", "oom_retries", "retry_mem", "retry_ceiling", "ceiling_until",
-    "not_before",
-    "kill_reason",
-    "cpu_set", "oom_tried", "oom_need", "context",
-    "restarts", "health_failures",  # a service's
-})
-_WAITING = (QUEUED, HELD)
-_TERMINAL_SQL = ", ".join(f"'{s}'" for s in sorted(TERMINAL))
-# Ids that a job not yet finished still waits for: they cannot be removed.
-_NEEDED_SQL = " UNION ".join(  # --after, --after-any, --after-fail
-    f"SELECT d.value FROM jobs AS w, json_each(w.{column}) AS d "
-    f"WHERE w.state NOT IN ({_TERMINAL_SQL})"
-    for column in ("after_ids", "after_any_ids", "after_fail_ids"))
-# What ``edit`` may change in a waiting job: JobSpec field -> column.
-_EDIT_COLUMNS = {"mem": "mem", "mem_limit": "mem_limit", "priority": "priority",
-                 "qos": "qos", "gpus": "gpu_count", "timeout": "timeout", "name": "name"}
 
 class Store:
     """Jobs and events in SQLite. Every method is one transaction; every mutation that
@@ -209,7 +133,7 @@ class Store:
                                  f"(got {mode}); is it on a network filesystem?")
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
-            self._migrate(conn)
+            migrate(conn, self._migrations, self.path)
         except sqlite3.DatabaseError as e:
             conn.close()
             raise StoreError(f"state database {self.path} is unusable: {e}") from None
@@ -217,40 +141,6 @@ class Store:
             conn.close()
             raise
         return conn
-
-    def _migrate(self, conn: sqlite3.Connection) -> None:
-        """Bring the schema to the newest version, all in one transaction; refuse a
-        database from a newer gpuwarden."""
-        target = len(self._migrations)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            have_table = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'"
-            ).fetchone()
-            if have_table is None:
-                others = conn.execute(
-                    "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
-                ).fetchone()[0]
-                if others:
-                    raise StoreError(f"{self.path} is not a gpuwarden state database "
-                                     "(it has tables but no schema_version)")
-                conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-                conn.execute("INSERT INTO schema_version (version) VALUES (0)")
-            row = conn.execute("SELECT version FROM schema_version").fetchone()
-            version = 0 if row is None else int(row[0])
-            if version > target:
-                raise SchemaTooNew(
-                    f"state database {self.path} has schema version {version}, newer "
-                    f"than this gpuwarden understands ({target}); upgrade gpuwarden")
-            for number in range(version + 1, target + 1):
-                self._migrations[number - 1](conn)
-            if version != target:
-                conn.execute("UPDATE schema_version SET version = ?", (target,))
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
 
     def _after_fork(self) -> None:
         """In a forked child: a fresh lock (the parent's may have been held by a thread
@@ -321,56 +211,19 @@ class Store:
 
     # -- reading -------------------------------------------------------------------
 
-    @staticmethod
-    def _events(conn: sqlite3.Connection, ids: Sequence[int]) -> dict[int, list[Event]]:
-        out: dict[int, list[Event]] = {i: [] for i in ids}
-        if not ids:
-            return out
-        if len(ids) == 1:
-            rows = conn.execute(
-                "SELECT job_id, at, kind, detail FROM events WHERE job_id = ? ORDER BY id",
-                (ids[0],))
-        else:
-            rows = conn.execute(
-                "SELECT job_id, at, kind, detail FROM events WHERE job_id IN "
-                "(SELECT value FROM json_each(?)) ORDER BY id", (json_ids(ids),))
-        for r in rows:
-            out[r["job_id"]].append(Event(at=r["at"], kind=r["kind"], detail=r["detail"]))
-        return out
-
-    @staticmethod
-    def _holds(conn: sqlite3.Connection, ids: Sequence[int]) -> dict[int, Hold]:
-        """The latest hold of each job that has one."""
-        if not ids:
-            return {}
-        rows = conn.execute(
-            "SELECT * FROM holds WHERE id IN (SELECT max(id) FROM holds WHERE job_id IN "
-            "(SELECT value FROM json_each(?)) GROUP BY job_id)", (json_ids(ids),))
-        return {r["job_id"]: row_to_hold(r) for r in rows}
-
     def _columns_but_env(self) -> str:
-        """The jobs table's columns, env read as NULL (it is NOT NULL in the table, so
-        NULL says: not read)."""
+        """The jobs table's columns, env read as NULL (read once)."""
         if self._light_columns is None:
             with self._tx(write=False) as conn:
-                names = [r[1] for r in conn.execute("PRAGMA table_info(jobs)")]
-            self._light_columns = ", ".join("NULL AS env" if n == "env" else f'"{n}"'
-                                            for n in names)
+                self._light_columns = job_queries.columns_but_env(conn)
         return self._light_columns
-
-    def _load(self, conn: sqlite3.Connection, job_id: int) -> Job:
-        row = conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        if row is None:
-            raise JobNotFound(job_id)
-        return row_to_job(row, self._events(conn, [job_id])[job_id],
-                          self._holds(conn, [job_id]).get(job_id))
 
     def get(self, job_id: int) -> Job:
         """The job with its events (oldest first); JobNotFound when there is none."""
         if not ints_ok(job_id):
             raise JobNotFound(job_id)
         with self._tx(write=False) as conn:
-            return self._load(conn, job_id)
+            return job_queries.load(conn, job_id)
 
     def list(self, states: Iterable[str] | None = None, user: str | None = None,
              group: str | None = None, ids: Iterable[int] | None = None,
@@ -383,94 +236,44 @@ class Store:
         history (the scheduler does not need it); ``with_env=False`` the environments
         (a user's is kilobytes: 10,000 queued jobs' were most of a pass's time and of
         the daemon's memory), each job's ``spec.env`` then ``ENV_NOT_READ``."""
-        where: list[str] = []
-        args: list[Any] = []
-        for bound, op in ((before, "<"), (after, ">")):
-            if bound is not None:
-                where.append(f"id {op} ?")
-                args.append(bound)
-        if states is not None:
-            where.append("state IN (SELECT value FROM json_each(?))")
-            args.append(json.dumps(list(states_arg(states))))
-        if user is not None:
-            where.append("user = ?")
-            args.append(user)
-        if group is not None:
-            where.append("job_group = ?")
-            args.append(group)
-        if ids is not None:
-            id_list = [i for i in ids if ints_ok(i)]
-            where.append("id IN (SELECT value FROM json_each(?))")
-            args.append(json_ids(id_list))
-        if array is not None:
-            where.append("array_id = ?")
-            args.append(array if ints_ok(array) else -1)
-        sql = f"SELECT {'*' if with_env else self._columns_but_env()} FROM jobs"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY id DESC" if newest else " ORDER BY id"
-        if limit is not None:
-            sql += " LIMIT ?"
-            args.append(max(0, limit))
+        tail, args = job_queries.listing(states, user, group, ids, limit, newest=newest,
+                                         before=before, after=after, array=array)
+        sql = f"SELECT {'*' if with_env else self._columns_but_env()} FROM jobs{tail}"
         with self._tx(write=False) as conn:
-            rows = conn.execute(sql, args).fetchall()
-            ids = [r["id"] for r in rows]
-            events = self._events(conn, ids) if with_events else {}
-            holds = self._holds(conn, ids) if with_events else {}
-            return [row_to_job(r, events.get(r["id"], ()), holds.get(r["id"])) for r in rows]
+            return job_queries.list_jobs(conn, sql, args, with_events=with_events)
 
     def peaks(self, uid: int, *, key: str | None = None, name: str | None = None,
               limit: int = 5) -> builtins.list[int]:
         """What the allocations of this user's latest succeeded jobs with this key (else
         name) peaked at, newest first: the cap hook's report, else the driver's peak less
         the CUDA context booked beside the budget. What ``--mem auto`` learns from."""
-        return [int(v) for v in self._succeeded(
-            uid, key, name, limit, "coalesce(allocated_peak, "
-            "max(peak_memory - coalesce(context, 0), 0))", "peak_memory IS NOT NULL")]
+        return [int(v) for v in self._succeeded(uid, key, name, limit, learned.PEAK)]
 
     def runtimes(self, uid: int, *, key: str | None = None, name: str | None = None,
                  limit: int = 5) -> builtins.list[float]:
         """Run times (start of the last attempt to its end) of this user's latest succeeded
         jobs with this key (else name), newest first: what backfill's estimates learn from."""
-        return [float(v) for v in self._succeeded(
-            uid, key, name, limit, "ended_at - started_at",
-            "started_at IS NOT NULL AND ended_at IS NOT NULL")]
+        return [float(v) for v in self._succeeded(uid, key, name, limit, learned.RUNTIME)]
 
     def _succeeded(self, uid: int, key: str | None, name: str | None, limit: int,
-                   value_sql: str, known_sql: str) -> builtins.list[Any]:
-        """One figure (``value_sql``, where ``known_sql`` holds) of this user's latest
-        succeeded jobs with this key, else this name, newest first."""
-        if key is not None:
-            where, arg = "job_key = ?", key
-        elif name is not None:
-            where, arg = "name = ?", name
-        else:
+                   figure: learned.Figure) -> builtins.list[Any]:
+        same = learned.same_job(key, name)
+        if same is None:
             return []
         with self._tx(write=False) as conn:
-            rows = conn.execute(
-                f"SELECT {value_sql} FROM jobs WHERE uid = ? AND {where} AND state = ? "
-                f"AND {known_sql} ORDER BY ended_at DESC, id DESC LIMIT ?",
-                (uid, arg, SUCCEEDED, limit))
-            return [r[0] for r in rows]
+            return learned.succeeded(conn, uid, same, limit, figure)
 
     def recent_ends(self, uid: int, group: str, limit: int = 3) -> builtins.list[Job]:
         """This user's latest ended jobs of ``group``, newest first (with events)."""
         with self._tx(write=False) as conn:
-            ids = [r[0] for r in conn.execute(
-                f"SELECT id FROM jobs WHERE uid = ? AND job_group = ? AND state IN "
-                f"({_TERMINAL_SQL}) ORDER BY ended_at DESC, id DESC LIMIT ?",
-                (uid, group, limit))]
+            ids = learned.recent_end_ids(conn, uid, group, limit)
         return sorted(self.list(ids=ids), key=lambda j: (-(j.ended_at or 0), -j.id))
 
     def group_released_since(self, uid: int, group: str, since: float) -> bool:
         """Was one of this user's jobs of ``group`` released (``release``) at or after
         ``since``? A release after a failure streak lets the group run again."""
         with self._tx(write=False) as conn:
-            row = conn.execute(
-                "SELECT 1 FROM events e JOIN jobs j ON j.id = e.job_id WHERE j.uid = ? AND "
-                "j.job_group = ? AND e.kind = 'released' AND e.at >= ? LIMIT 1",
-                (uid, group, since)).fetchone()
-        return row is not None
+            return learned.group_released_since(conn, uid, group, since)
 
     def active(self) -> builtins.list[Job]:
         """Jobs that hold GPU budget: reserved and running."""
@@ -479,55 +282,23 @@ class Store:
     def counts(self) -> dict[str, int]:
         """Number of jobs per state (every state present, zero included)."""
         with self._tx(write=False) as conn:
-            rows = conn.execute("SELECT state, count(*) FROM jobs GROUP BY state")
-            found = {r[0]: r[1] for r in rows}
-        return {s: found.get(s, 0) for s in STATES} | {
-            s: n for s, n in found.items() if s not in STATES}
+            return job_queries.counts(conn)
 
     def stats(self, now: float) -> dict[str, Any]:
         """What the daemon's /metrics reports about the queue, in one read: jobs per
         (state, qos), OOM retries and preemptions so far, leak events, the oldest queued
         job's wait, and the raw samples for the wait and release-time histograms."""
         with self._tx(write=False) as conn:
-            by = {(r[0], r[1]): r[2] for r in conn.execute(
-                "SELECT state, qos, count(*) FROM jobs GROUP BY state, qos")}
-            totals = conn.execute(
-                "SELECT coalesce(sum(oom_retries), 0), coalesce(sum(preemptions), 0) "
-                "FROM jobs").fetchone()
-            leaks = conn.execute("SELECT count(*) FROM events WHERE kind = 'leak'"
-                                 ).fetchone()[0]
-            oldest = conn.execute("SELECT min(submitted_at) FROM jobs WHERE state = ?",
-                                  (QUEUED,)).fetchone()[0]
-            waits = [r[0] for r in conn.execute(
-                "SELECT started_at - submitted_at FROM jobs WHERE started_at IS NOT NULL")]
-            releases = [r[0] for r in conn.execute(
-                "SELECT released_at - exited_at FROM holds WHERE how = 'verified'")]
-            # Services not ended, or ended within a day: their restart counters.
-            services = [(r[0], r[1], r[2], r[3]) for r in conn.execute(
-                "SELECT id, user, restarts, health_failures FROM jobs WHERE service IS NOT "
-                "NULL AND (ended_at IS NULL OR ended_at > ?) ORDER BY id", (now - 86400,))]
-        return {"jobs": by, "oom_retries": totals[0], "preemptions": totals[1],
-                "leaks": leaks, "oldest_wait": None if oldest is None else now - oldest,
-                "waits": waits, "releases": releases, "services": services}
+            return job_queries.stats(conn, now)
 
     def samples(self, since: float, until: float | None = None, *,
                 job_id: int | None = None) -> builtins.list[GpuSample]:
         """Memory samples from ``since`` (to ``until``), oldest first; only those in
         which ``job_id`` held memory when it is given."""
-        from gpuwarden.daemon.history import GpuSample
-
-        sql = "SELECT ts, gpu, idx, total, used, leaked, parts FROM samples WHERE ts >= ?"
-        args: builtins.list[Any] = [int(since)]
-        if until is not None:
-            sql += " AND ts <= ?"
-            args.append(int(until))
-        if job_id is not None:
-            sql += " AND json_extract(parts, ?) IS NOT NULL"
-            args.append(f'$.j."{int(job_id)}"')
+        sql, args = measurements.samples_query(since, until, job_id)
         with self._tx(write=False) as conn:
-            rows = conn.execute(sql + " ORDER BY ts, idx", args).fetchall()
-        return [GpuSample.from_row(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]))
-                for r in rows]
+            rows = conn.execute(sql, args).fetchall()
+        return measurements.read_samples(rows)
 
     # -- writing -------------------------------------------------------------------
 
@@ -535,34 +306,18 @@ class Store:
                        now: float) -> None:
         """Store one pass's samples and drop those older than ``keep`` seconds."""
         with self._tx(write=True) as conn:
-            conn.executemany(
-                "INSERT OR REPLACE INTO samples (gpu, ts, idx, total, used, leaked, parts) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(s.uuid, s.ts, s.index, s.total, s.used, s.leaked,
-                  json.dumps(s.parts(), separators=(",", ":"))) for s in samples])
-            conn.execute("DELETE FROM samples WHERE ts < ?", (int(now - keep),))
+            measurements.record_samples(conn, samples, keep=keep, now=now)
 
     def add_context_sample(self, model: str, driver: str, nbytes: int, now: float) -> None:
         """Keep one measurement of the CUDA context on a GPU model and driver (the
         latest ``SAMPLES_KEPT`` of each are kept)."""
-        from gpuwarden.sched.context import SAMPLES_KEPT
-
         with self._tx(write=True) as conn:
-            conn.execute("INSERT INTO contexts (model, driver, at, bytes) VALUES (?, ?, ?, ?)",
-                         (model, driver, now, int(nbytes)))
-            conn.execute("DELETE FROM contexts WHERE model = ? AND driver = ? AND rowid NOT IN "
-                         "(SELECT rowid FROM contexts WHERE model = ? AND driver = ? "
-                         "ORDER BY at DESC LIMIT ?)", (model, driver, model, driver,
-                                                      SAMPLES_KEPT))
+            measurements.add_context_sample(conn, model, driver, nbytes, now)
 
     def context_samples(self) -> dict[tuple[str, str], builtins.list[int]]:
         """Every kept CUDA context measurement, oldest first, by (GPU model, driver)."""
         with self._tx(write=False) as conn:
-            rows = conn.execute("SELECT model, driver, bytes FROM contexts ORDER BY at")
-            out: dict[tuple[str, str], builtins.list[int]] = {}
-            for model, driver, nbytes in rows:
-                out.setdefault((str(model), str(driver)), []).append(int(nbytes))
-            return out
+            return measurements.context_samples(conn)
 
     def submit(self, spec: JobSpec, now: float, *, state: str = QUEUED,
                reason: str | None = None, array: Array | None = None) -> tuple[Job, bool]:
@@ -577,89 +332,14 @@ class Store:
         if state not in lifecycle.SUBMITTED_AS:
             raise ValueError(f"a job cannot be submitted as {state}")
         with self._tx(write=True) as conn:
-            if spec.key is not None:
-                row = conn.execute(
-                    "SELECT id FROM jobs WHERE uid = ? AND job_key = ? AND state NOT IN "
-                    f"({RELEASED_SQL})", (spec.uid, spec.key)).fetchone()
-                if row is not None:
-                    return self._load(conn, row["id"]), False
-            deps = (*spec.after, *spec.after_any, *spec.after_fail)
-            if deps:
-                wanted = sorted(set(deps))
-                found = {r[0] for r in conn.execute(
-                    "SELECT id FROM jobs WHERE id IN (SELECT value FROM json_each(?))",
-                    (json_ids(wanted),))}
-                missing = [i for i in wanted if i not in found]
-                if missing:
-                    raise DependencyNotFound(missing)
-            if array is None:
-                return self._load(conn, self._insert(conn, spec, now, state, reason)), True
-            first: int | None = None
-            for index in array.indices:
-                job_id = self._insert(conn, spec, now, state, reason)
-                first = job_id if first is None else first
-                conn.execute("UPDATE jobs SET array_id = ?, array_index = ?, array_limit = ? "
-                             "WHERE id = ?", (first, index, array.limit, job_id))
-            assert first is not None
-            return self._load(conn, first), True
-
-    @staticmethod
-    def _insert(conn: sqlite3.Connection, spec: JobSpec, now: float, state: str,
-                reason: str | None) -> int:
-        cur = conn.execute(
-            """INSERT INTO jobs (user, uid, gid, groups, cwd, env, command, name,
-                   job_group, job_key, mem, gpu_count, gpu_ids, after_ids, timeout,
-                   exclusive, priority, requeue_on_reboot, state, submitted_at, reason,
-                   qos, mem_limit, grace, no_requeue, retries, checkpoint, mps,
-                   sm_percent, mem_auto, cpus, no_numa, attach, service)
-               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,
-                       ?)""",
-            (spec.user, spec.uid, spec.gid, json_ids(spec.groups), spec.cwd,
-             json.dumps(dict(spec.env), sort_keys=True), json.dumps(list(spec.command)),
-             spec.name, spec.group, spec.key, spec.mem, spec.gpus,
-             None if spec.gpu_ids is None else json_ids(spec.gpu_ids),
-             json_ids(spec.after), spec.timeout, int(spec.exclusive), spec.priority,
-             int(spec.requeue_on_reboot), state, now, reason, spec.qos, spec.mem_limit,
-             spec.grace, int(spec.no_requeue), spec.retries, int(spec.checkpoint),
-             int(spec.mps), spec.sm_percent, int(spec.mem_auto), spec.cpus,
-             int(spec.no_numa), spec.attach,
-             None if spec.service is None else spec.service.dumps()))
-        job_id = cur.lastrowid
-        assert job_id is not None
-        if spec.mig is not None or spec.notify is not None:
-            conn.execute("UPDATE jobs SET mig = ?, notify = ? WHERE id = ?",
-                         (spec.mig, spec.notify, job_id))
-        if spec.after_any or spec.after_fail:
-            conn.execute("UPDATE jobs SET after_any_ids = ?, after_fail_ids = ? "
-                         "WHERE id = ?", (json_ids(spec.after_any),
-                                          json_ids(spec.after_fail), job_id))
-        conn.execute(
-            "INSERT INTO events (job_id, at, kind, detail, from_state, to_state) "
-            "VALUES (?, ?, 'submitted', ?, NULL, ?)",
-            (job_id, now, reason if state != QUEUED else None, state))
-        return job_id
+            return job_changes.submit(conn, spec, now, state, reason, array)
 
     def resolve(self, refs: Sequence[Ref]) -> tuple[builtins.list[int], builtins.list[Ref]]:
         """The job ids that references name (jobs/arrays.py): an id names its job, or
         every task when it is an array's id; ``(array, index)`` one task. Returns the
         ids, sorted, and the references that name nothing, in their order, once each."""
-        plain = sorted({r for r in refs if isinstance(r, int) and ints_ok(r)})
-        found: set[int] = set()
-        named: set[Ref] = set()
         with self._tx(write=False) as conn:
-            for row in conn.execute(
-                    "SELECT id, array_id FROM jobs WHERE id IN (SELECT value FROM json_each(?))"
-                    " OR array_id IN (SELECT value FROM json_each(?))",
-                    (json_ids(plain), json_ids(plain))):
-                found.add(row["id"])
-                named.update(i for i in (row["id"], row["array_id"]) if i is not None)
-            for ref in {r for r in refs if isinstance(r, tuple) and ints_ok(*r)}:
-                row = conn.execute("SELECT id FROM jobs WHERE array_id = ? AND array_index = ?",
-                                   ref).fetchone()
-                if row is not None:
-                    found.add(row["id"])
-                    named.add(ref)
-        return sorted(found), list(dict.fromkeys(r for r in refs if r not in named))
+            return job_queries.resolve(conn, refs)
 
     def ids_above(self, floor: int) -> int | None:
         """Make every job id issued from now on exceed ``floor`` (the highest job
@@ -667,78 +347,23 @@ class Store:
         and logs belong to an earlier job. Returns the highest id this database had
         issued when that was below ``floor`` (it was made anew or reset), else None."""
         with self._tx(write=True) as conn:
-            row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'"
-                               ).fetchone()
-            top = conn.execute("SELECT coalesce(max(id), 0) FROM jobs").fetchone()[0]
-            issued = max(int(top), 0 if row is None else int(row[0]))
-            if issued >= floor:
-                return None
-            if row is None:
-                conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('jobs', ?)",
-                             (floor,))
-            else:
-                conn.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'jobs'",
-                             (floor,))
-            return issued
+            return job_changes.ids_above(conn, floor)
 
     def transition(self, job_id: int, from_states: str | Iterable[str],
                    to_state: str | None, *, now: float, kind: str, detail: str | None = None,
                    hold: NewHold | None = None, **fields: object) -> Job:
         """Compare-and-set: move the job to ``to_state`` (None: keep the state it is in)
-        only if it is in one of ``from_states``, set ``fields`` (see TRANSITION_FIELDS;
-        those not given keep their value) and append the event — one transaction.
-        ``hold``: the ended attempt's memory stays reserved until verified back (written
-        in the same transaction). Raises Conflict when the job is in another state
-        (another actor moved it first), JobNotFound when it does not exist. Returns the
-        job as committed."""
-        froms = states_arg(from_states)
-        if to_state is not None and to_state not in STATES:
-            raise ValueError(f"unknown job state: {to_state}")
-        lifecycle.check(kind, froms, to_state)
-        unknown = set(fields) - TRANSITION_FIELDS
-        if unknown:
-            raise TypeError(f"transition() cannot set {', '.join(sorted(unknown))}")
-        sets = ["state = ?"]
-        args: list[Any] = [to_state]  # None is filled in once the current state is read
-        for name, value in sorted(fields.items()):
-            sets.append(f"{name} = ?")
-            args.append(field_value(name, value))
-        if not ints_ok(job_id):
-            raise JobNotFound(job_id)
+        only if it is in one of ``from_states``, set ``fields`` (see
+        job_changes.TRANSITION_FIELDS; those not given keep their value) and append the
+        event — one transaction. ``hold``: the ended attempt's memory stays reserved
+        until verified back (written in the same transaction). Raises Conflict when the
+        job is in another state (another actor moved it first), JobNotFound when it does
+        not exist. Returns the job as committed."""
+        plan = job_changes.plan_transition(job_id, from_states, to_state, kind, fields)
         with self._tx(write=True) as conn:
-            row = conn.execute("SELECT state, attempts, started_at, ended_at, gpus, budget, "
-                               "peak_memory FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            if row is None:
-                raise JobNotFound(job_id)
-            current = row["state"]
-            if current not in froms:
-                raise Conflict(f"job {job_id} is {current}, not {'/'.join(froms)}",
-                               job_id=job_id, state=current)
-            if to_state is None:
-                to_state = args[0] = current
-            if "started_at" in fields and fields["started_at"] is None \
-                    and row["started_at"] is not None:  # an attempt's figures are cleared
-                sets, args = keep_attempt_use(row, current, now, sets, args)
-            try:
-                conn.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ? AND state = ?",
-                             [*args, job_id, current])
-            except sqlite3.IntegrityError:  # the live-key index: retry while key in use
-                raise Conflict(f"job {job_id} cannot become {to_state}: another job of "
-                               "this user holds its key", job_id=job_id,
-                               state=current) from None
-            conn.execute(
-                "INSERT INTO events (job_id, at, kind, detail, from_state, to_state) "
-                "VALUES (?, ?, ?, ?, ?, ?)", (job_id, now, kind, detail, current, to_state))
-            if hold is not None and hold.gpu_uuids:
-                conn.execute(
-                    "INSERT INTO holds (job_id, attempt, gpu_uuids, budget, pids, baseline, "
-                    "exited_at, starts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (job_id, row["attempts"], json.dumps(list(hold.gpu_uuids)), hold.budget,
-                     json_ids(sorted(hold.pids)), json.dumps(dict(hold.baseline)),
-                     hold.exited_at,
-                     json.dumps({str(k): v for k, v in sorted(hold.starts.items())})))
-            job = self._load(conn, job_id)
-        if to_state in TERMINAL and current not in TERMINAL:
+            current, job = job_changes.transition(conn, job_id, plan, now=now, kind=kind,
+                                                  detail=detail, hold=hold)
+        if job.state in TERMINAL and current not in TERMINAL:
             self._ended(job)
         return job
 
@@ -757,8 +382,7 @@ class Store:
     def open_holds(self) -> builtins.list[Hold]:
         """Memory of ended attempts not yet verified back (or cleared), oldest first."""
         with self._tx(write=False) as conn:
-            return [row_to_hold(r) for r in conn.execute(
-                "SELECT * FROM holds WHERE released_at IS NULL ORDER BY id")]
+            return holds.open_holds(conn)
 
     def close_hold(self, hold_id: int, now: float, how: str, *, kind: str,
                    detail: str) -> bool:
@@ -766,27 +390,12 @@ class Store:
         False when it was closed already."""
         lifecycle.check_note(kind)
         with self._tx(write=True) as conn:
-            row = conn.execute("SELECT job_id FROM holds WHERE id = ? AND released_at IS "
-                               "NULL", (hold_id,)).fetchone()
-            if row is None:
-                return False
-            conn.execute("UPDATE holds SET released_at = ?, how = ? WHERE id = ?",
-                         (now, how, hold_id))
-            conn.execute("INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, ?, ?)",
-                         (row["job_id"], now, kind, detail))
-            return True
+            return holds.close_hold(conn, hold_id, now, how, kind=kind, detail=detail)
 
     def report_leak(self, hold_id: int, what: str, now: float) -> bool:
         """Record, once, what an open hold found still there (a ``leak`` event)."""
         with self._tx(write=True) as conn:
-            row = conn.execute("SELECT job_id FROM holds WHERE id = ? AND released_at IS "
-                               "NULL AND leak IS NULL", (hold_id,)).fetchone()
-            if row is None:
-                return False
-            conn.execute("UPDATE holds SET leak = ? WHERE id = ?", (what, hold_id))
-            conn.execute("INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, "
-                         "'leak', ?)", (row["job_id"], now, what))
-            return True
+            return holds.report_leak(conn, hold_id, what, now)
 
     def add_event(self, job_id: int, kind: str, detail: str | None, now: float) -> Event:
         """Append an event that changes no state (a note: oom seen, leak found)."""
@@ -794,18 +403,14 @@ class Store:
         if not ints_ok(job_id):
             raise JobNotFound(job_id)
         with self._tx(write=True) as conn:
-            if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None:
-                raise JobNotFound(job_id)
-            conn.execute("INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, ?, ?)",
-                         (job_id, now, kind, detail))
-        return Event(at=now, kind=kind, detail=detail)
+            return events.add_note(conn, job_id, kind, detail, now)
 
     def set_allocated_peak(self, job_id: int, nbytes: int) -> None:
         """What the job's allocator peaked at, as its cap hook reported when it ended."""
         if not ints_ok(job_id, nbytes):
             raise ValueError("allocated peak out of range")
         with self._tx(write=True) as conn:
-            conn.execute("UPDATE jobs SET allocated_peak = ? WHERE id = ?", (nbytes, job_id))
+            job_changes.set_allocated_peak(conn, job_id, nbytes)
 
     def set_peak(self, job_id: int, nbytes: int) -> bool:
         """Raise the recorded peak memory to ``nbytes`` if higher (it only grows).
@@ -813,14 +418,7 @@ class Store:
         if not ints_ok(job_id, nbytes):
             raise ValueError("peak memory out of range")
         with self._tx(write=True) as conn:
-            cur = conn.execute(
-                "UPDATE jobs SET peak_memory = ? WHERE id = ? "
-                "AND (peak_memory IS NULL OR peak_memory < ?)", (nbytes, job_id, nbytes))
-            if cur.rowcount:
-                return True
-            if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None:
-                raise JobNotFound(job_id)
-            return False
+            return job_changes.set_peak(conn, job_id, nbytes)
 
     def set_reason(self, job_id: int, reason: str | None, now: float | None = None) -> bool:
         """Say why a queued or held job waits. Writes (and appends a ``waiting`` event
@@ -831,40 +429,23 @@ class Store:
         if not ints_ok(job_id):
             return False
         with self._tx(write=True) as conn:
-            cur = conn.execute(
-                "UPDATE jobs SET reason = ? WHERE id = ? AND state IN (?, ?) "
-                "AND reason IS NOT ?", (reason, job_id, *_WAITING, reason))
-            if not cur.rowcount:
-                return False
-            if now is not None:
-                conn.execute(
-                    "INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, 'waiting', ?)",
-                    (job_id, now, reason))
-            return True
+            return job_changes.set_reason(conn, job_id, reason, now)
 
     def usage_spans(self, since: float) -> builtins.list[Span]:
         """The memory jobs held since ``since`` (fair share, sched/fairshare.py): each
         running job's budget over its GPUs from its start, and each ended job's from its
         last attempt's start to its end."""
         with self._tx(write=False) as conn:
-            rows = conn.execute(
-                "SELECT user, budget, json_array_length(gpus) AS n, started_at, ended_at, "
-                "state FROM jobs WHERE started_at IS NOT NULL AND budget IS NOT NULL AND "
-                "(state IN (?, ?) OR (ended_at IS NOT NULL AND ended_at >= ?))",
-                (RESERVED, RUNNING, since)).fetchall()
-        return [Span(r["user"], r["budget"] * max(r["n"], 1), r["started_at"],
-                     None if r["state"] in ACTIVE else r["ended_at"]) for r in rows]
+            return learned.usage_spans(conn, since)
 
     def set_reasons(self, reasons: dict[int, str]) -> None:
         """``set_reason`` for many jobs in one transaction (an array's throttled tasks,
         thousands at a time), with no events."""
-        rows = [(why, job_id, *_WAITING, why) for job_id, why in reasons.items()
-                if ints_ok(job_id)]
-        if not rows:
+        kept = {job_id: why for job_id, why in reasons.items() if ints_ok(job_id)}
+        if not kept:
             return
         with self._tx(write=True) as conn:
-            conn.executemany("UPDATE jobs SET reason = ? WHERE id = ? AND state IN (?, ?) "
-                             "AND reason IS NOT ?", rows)
+            job_changes.set_reasons(conn, kept)
 
     def delete(self, job_id: int) -> Job:
         """Remove a finished job and its events; returns it (so its directory can go
@@ -872,130 +453,61 @@ class Store:
         if not ints_ok(job_id):
             raise JobNotFound(job_id)
         with self._tx(write=True) as conn:
-            job = self._load(conn, job_id)
-            if not job.terminal:
-                raise Conflict(f"job {job_id} is {job.state}; only finished jobs can be "
-                               "removed", job_id=job_id, state=job.state)
-            if job.release is not None and job.release.open:
-                raise Conflict(f"job {job_id} still holds GPU memory that is not verified "
-                               "back; it can be removed once it is (or an admin clears it)",
-                               job_id=job_id, state=job.state)
-            waiting = conn.execute(
-                f"SELECT 1 FROM ({_NEEDED_SQL}) WHERE value = ?",
-                (job_id,)).fetchone()
-            if waiting is not None:
-                raise Conflict(f"job {job_id} is a dependency of a job that has not "
-                               "finished", job_id=job_id, state=job.state)
-            conn.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
-            return job
+            return maintenance.delete(conn, job_id)
 
     def clean(self, older_than_seconds: float, now: float, *,
               user: str | None = None) -> int:
         """Remove finished jobs (of ``user``, if given) that ended more than
         ``older_than_seconds`` before ``now``, except those an unfinished job depends
         on. Returns how many were removed."""
-        sql = (f"DELETE FROM jobs WHERE state IN ({_TERMINAL_SQL}) "
-               f"AND coalesce(ended_at, submitted_at) < ? AND id NOT IN ({_NEEDED_SQL}) "
-               "AND id NOT IN (SELECT job_id FROM holds WHERE released_at IS NULL)")
-        args: list[Any] = [now - older_than_seconds]
-        if user is not None:
-            sql += " AND user = ?"
-            args.append(user)
         with self._tx(write=True) as conn:
-            return conn.execute(sql, args).rowcount
+            return maintenance.clean(conn, older_than_seconds, now, user=user)
 
     # -- checking ------------------------------------------------------------------
 
     def integrity(self) -> str:
         """SQLite's own check of the file: ``ok`` when sound."""
         with self._tx(write=False) as conn:
-            rows = conn.execute("PRAGMA integrity_check").fetchall()
-        return "\n".join(str(r[0]) for r in rows)
+            return maintenance.integrity(conn)
 
     def audit(self) -> builtins.list[str]:
         """Problems where the jobs and their events disagree; empty when none.
         Each job's transition events must form a chain from its submission to its
         current state: every state change has its event and every transition event
         its state change."""
-        problems: builtins.list[str] = []
         with self._tx(write=False) as conn:
-            jobs = {r[0]: r[1] for r in conn.execute("SELECT id, state FROM jobs")}
-            chains: dict[int, list[tuple[str | None, str]]] = {i: [] for i in jobs}
-            for r in conn.execute("SELECT job_id, from_state, to_state FROM events "
-                                  "WHERE to_state IS NOT NULL ORDER BY id"):
-                if r[0] not in chains:
-                    problems.append(f"event for missing job {r[0]}")
-                    continue
-                chains[r[0]].append((r[1], r[2]))
-        for job_id, state in jobs.items():
-            if state not in STATES:
-                problems.append(f"job {job_id}: unknown state {state!r}")
-            chain = chains[job_id]
-            if not chain or chain[0][0] is not None:
-                problems.append(f"job {job_id}: no submitted event")
-                continue
-            for (_, prev_to), (frm, to) in itertools.pairwise(chain):
-                if frm != prev_to:
-                    problems.append(f"job {job_id}: event {frm}->{to} after {prev_to}")
-            if chain[-1][1] != state:
-                problems.append(f"job {job_id}: state {state} but last event says "
-                                f"{chain[-1][1]}")
-        return problems
+            jobs, chains, problems = events.read_chains(conn)
+        return problems + events.chain_problems(jobs, chains)
 
     def transitions(self, job_id: int) -> builtins.list[tuple[str | None, str]]:
         """The (from, to) states of a job's submission and transitions, in order."""
         with self._tx(write=False) as conn:
-            return [(r[0], r[1]) for r in conn.execute(
-                "SELECT from_state, to_state FROM events WHERE job_id = ? AND "
-                "to_state IS NOT NULL ORDER BY id", (job_id,))]
+            return events.transitions(conn, job_id)
 
     def edit(self, job_id: int, from_states: Iterable[str], changes: dict[str, Any], *,
              now: float, detail: str) -> Job:
         """Change a waiting job's request (``gpuwarden edit``): ``changes`` maps JobSpec
-        fields (see _EDIT_COLUMNS) to their new values, written with an ``edited`` event in
-        one transaction, only while the job is in one of ``from_states`` (else Conflict).
-        A new ``mem`` is the budget from then on, also after an OOM retry raised it."""
-        froms = states_arg(from_states)
-        unknown = set(changes) - set(_EDIT_COLUMNS)
-        if unknown:
-            raise TypeError(f"edit() cannot set {', '.join(sorted(unknown))}")
-        edited = dataclasses.replace(JobSpec(command=("x",), user="", uid=0, gid=0), **{
-            k: v for k, v in changes.items()})
-        check_spec(edited)
+        fields (see job_changes.EDIT_COLUMNS) to their new values, written with an
+        ``edited`` event in one transaction, only while the job is in one of
+        ``from_states`` (else Conflict). A new ``mem`` is the budget from then on, also
+        after an OOM retry raised it."""
+        froms = job_changes.check_edit(from_states, changes)
         with self._tx(write=True) as conn:
-            row = conn.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            if row is None:
-                raise JobNotFound(job_id)
-            if row["state"] not in froms:
-                raise Conflict(f"job {job_id} is {row['state']}, not {'/'.join(froms)}",
-                               job_id=job_id, state=row["state"])
-            sets = ", ".join(f"{_EDIT_COLUMNS[k]} = ?" for k in sorted(changes))
-            if "mem" in changes:  # the user's new budget replaces one an OOM retry raised
-                sets += ", retry_mem = NULL, retry_ceiling = NULL, ceiling_until = NULL"
-            conn.execute(f"UPDATE jobs SET {sets} WHERE id = ?",
-                         [*(changes[k] for k in sorted(changes)), job_id])
-            conn.execute("INSERT INTO events (job_id, at, kind, detail) VALUES "
-                         "(?, ?, 'edited', ?)", (job_id, now, detail))
-            return self._load(conn, job_id)
+            return job_changes.edit(conn, job_id, froms, changes, now=now, detail=detail)
 
     # -- drained GPUs ------------------------------------------------------------------
     def drain(self, gpu: int, reason: str | None, by: str, now: float) -> bool:
         """Mark GPU ``gpu`` drained (no new placement there); False when it was already
         (its reason and who drained it are then updated)."""
         with self._tx(write=True) as conn:
-            had = conn.execute("SELECT 1 FROM drains WHERE gpu = ?", (gpu,)).fetchone()
-            conn.execute("INSERT OR REPLACE INTO drains (gpu, reason, by_user, at) "
-                         "VALUES (?, ?, ?, ?)", (gpu, reason, by, now))
-            return had is None
+            return drains.drain(conn, gpu, reason, by, now)
 
     def undrain(self, gpu: int) -> bool:
         """Let placement use GPU ``gpu`` again; False when it was not drained."""
         with self._tx(write=True) as conn:
-            return conn.execute("DELETE FROM drains WHERE gpu = ?", (gpu,)).rowcount > 0
+            return drains.undrain(conn, gpu)
 
     def drains(self) -> dict[int, dict[str, Any]]:
         """GPU index -> {reason, by, at} of every drained GPU."""
         with self._tx(write=False) as conn:
-            return {int(r[0]): {"reason": r[1], "by": r[2], "at": float(r[3])}
-                    for r in conn.execute("SELECT gpu, reason, by_user, at FROM drains "
-                                          "ORDER BY gpu")}
+            return drains.drains(conn)
