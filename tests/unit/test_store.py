@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from gpuwarden.client.paths import Paths, resolve_paths
-from gpuwarden.daemon.job_changes import TRANSITION_FIELDS
 from gpuwarden.daemon.jobjson import job_json
+from gpuwarden.daemon.sql.job_changes import TRANSITION_FIELDS
 from gpuwarden.daemon.store import (
     KEY_RELEASED,
     MIGRATIONS,

@@ -50,7 +50,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuwarden.daemon import (
+from gpuwarden.daemon.rows import check_spec, ints_ok
+from gpuwarden.daemon.schema import KEY_RELEASED as KEY_RELEASED
+from gpuwarden.daemon.schema import MIGRATIONS as MIGRATIONS
+from gpuwarden.daemon.schema import SCHEMA_VERSION as SCHEMA_VERSION
+from gpuwarden.daemon.schema import Migration, migrate
+from gpuwarden.daemon.sql import (
     drains,
     events,
     holds,
@@ -60,11 +65,6 @@ from gpuwarden.daemon import (
     maintenance,
     measurements,
 )
-from gpuwarden.daemon.rows import check_spec, ints_ok
-from gpuwarden.daemon.schema import KEY_RELEASED as KEY_RELEASED
-from gpuwarden.daemon.schema import MIGRATIONS as MIGRATIONS
-from gpuwarden.daemon.schema import SCHEMA_VERSION as SCHEMA_VERSION
-from gpuwarden.daemon.schema import Migration, migrate
 from gpuwarden.daemon.store_errors import Conflict as Conflict
 from gpuwarden.daemon.store_errors import DependencyNotFound as DependencyNotFound
 from gpuwarden.daemon.store_errors import JobNotFound as JobNotFound

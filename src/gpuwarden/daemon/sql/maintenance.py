@@ -8,8 +8,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from gpuwarden.daemon.job_queries import load
 from gpuwarden.daemon.schema import TERMINAL_SQL
+from gpuwarden.daemon.sql.job_queries import load
 from gpuwarden.daemon.store_errors import Conflict
 from gpuwarden.jobs.model import Job
 

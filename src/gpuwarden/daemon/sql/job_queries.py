@@ -9,9 +9,9 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from gpuwarden.daemon.events import events_of
-from gpuwarden.daemon.holds import latest_holds
 from gpuwarden.daemon.rows import ints_ok, json_ids, row_to_job, states_arg
+from gpuwarden.daemon.sql.events import events_of
+from gpuwarden.daemon.sql.holds import latest_holds
 from gpuwarden.daemon.store_errors import JobNotFound
 from gpuwarden.jobs.arrays import Ref
 from gpuwarden.jobs.model import QUEUED, STATES, Job

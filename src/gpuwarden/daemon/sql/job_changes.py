@@ -13,8 +13,6 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Any
 
-from gpuwarden.daemon.holds import add_hold
-from gpuwarden.daemon.job_queries import load
 from gpuwarden.daemon.rows import (
     check_spec,
     field_value,
@@ -25,6 +23,8 @@ from gpuwarden.daemon.rows import (
     states_arg,
 )
 from gpuwarden.daemon.schema import RELEASED_SQL
+from gpuwarden.daemon.sql.holds import add_hold
+from gpuwarden.daemon.sql.job_queries import load
 from gpuwarden.daemon.store_errors import Conflict, DependencyNotFound, JobNotFound
 from gpuwarden.jobs import lifecycle
 from gpuwarden.jobs.arrays import Array
