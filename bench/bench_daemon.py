@@ -715,7 +715,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     facts = machine()
     tsp = _tsp()
     interval = args.interval
-    from gpuwarden.daemon.service import Config
+    from gpuwarden.daemon.config import Config
 
     notes: list[str] = []
     if args.queued != 10000 or args.submitters != 50:

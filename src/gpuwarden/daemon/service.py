@@ -9,12 +9,13 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpuwarden.client.views import EstimateDoc, JobDoc
 from gpuwarden.daemon.auth import Caller, admin_gids, may_manage
+from gpuwarden.daemon.config import Config
 from gpuwarden.daemon.envsnap import snapshot_env
 from gpuwarden.daemon.jobjson import job_json
 from gpuwarden.daemon.restart import service_from_request
@@ -26,7 +27,6 @@ from gpuwarden.jobs.model import Job, JobSpec
 from gpuwarden.jobs.request import BESTEFFORT, EDITABLE, GUARANTEED, check_fields
 from gpuwarden.jobs.services import Service
 from gpuwarden.sched.model import GpuState, QueuedJob
-from gpuwarden.sched.queue import Policy
 from gpuwarden.units import bounded_size, parse_size_or_fraction
 
 MAX_LOG_CHUNK = 1 << 20
@@ -42,38 +42,6 @@ class LogChunk:
     attempts: int  # how many the job has had so far, the current one too
     ended: bool  # this attempt writes nothing more
     job_ended: bool
-
-
-@dataclass(frozen=True)
-class Config:
-    """Daemon settings (from the config file; see daemon/config.py)."""
-
-    admin_groups: tuple[str, ...] = ()
-    spike_buffer: float = 0.1
-    reserve: int = 512 << 20
-    interval: float = 0.5
-    grace: float = 10.0
-    max_grace: float = 300.0  # the longest --grace a job may ask for
-    policy: Policy = field(default_factory=lambda: Policy(aging=3600.0))
-    retry_backoff: float = 10.0  # seconds before a same-budget OOM retry; doubles each time
-    oom_retries: int = 1  # OOM retries of a job with a budget that does not say (--retries)
-    context_memory: int | None = None  # CUDA context per job and GPU; None: measured
-    release_timeout: float = 10.0  # seconds an ended job's memory may take to come back
-    metrics_listen: str | None = None  # HOST:PORT for /metrics; None: not served
-    metrics_cache: float = 1.0  # seconds one snapshot serves scrapes
-    history_interval: float = 10.0  # seconds between memory samples kept for the web page
-    history_retention: float = 48 * 3600.0  # samples older than this are dropped
-    web_listen: str | None = None  # HOST:PORT for the read-only web page; None: not served
-    max_connections_per_user: int = 64  # open connections of one uid on the unix socket
-    max_connections_tcp: int = 256  # open connections on web_listen, on metrics_listen
-    request_timeout: float = 5.0  # seconds a connection's first head, and a body, may take
-    idle_timeout: float = 30.0  # seconds a connection may wait for its next request
-    webhook: str | None = None  # [notify] webhook: every job's end POSTed there as JSON
-
-    def grace_of(self, asked: float | None) -> float:
-        """A job's grace (SIGTERM -> SIGKILL): its --grace, else ``grace``; never past
-        ``max_grace``, for jobs stored before a lower cap too."""
-        return min(self.grace if asked is None else asked, self.max_grace)
 
 
 def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *,
