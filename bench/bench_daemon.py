@@ -509,7 +509,7 @@ def _in_process(d: Daemon, db_copy: Path, repeat: int) -> dict[str, Any]:
     """The daemon's pass, and plan() alone, on a copy of the daemon's database."""
     from gpuwarden.daemon.config import read_config
     from gpuwarden.daemon.loop import Scheduler
-    from gpuwarden.daemon.service import queued_view
+    from gpuwarden.daemon.queueview import queued_view
     from gpuwarden.daemon.store import Store
     from gpuwarden.gpus.backend import open_backend
     from gpuwarden.observe.snapshot import take_snapshot
