@@ -8,7 +8,6 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from gpuwarden.client.views import JobDoc
 from gpuwarden.daemon.auth import Caller, admin_gids, may_manage
 from gpuwarden.daemon.config import Config
 from gpuwarden.daemon.jobjson import job_json
+from gpuwarden.daemon.joblogs import LogChunk, read_log
 from gpuwarden.daemon.queueview import estimate_view, learned_runtime
 from gpuwarden.daemon.store import Conflict, Store
 from gpuwarden.daemon.submission import spec_from_request
@@ -24,20 +24,6 @@ from gpuwarden.jobs import model
 from gpuwarden.jobs.model import Job, JobSpec
 from gpuwarden.jobs.request import EDITABLE, GUARANTEED
 from gpuwarden.sched.model import GpuState, QueuedJob
-
-MAX_LOG_CHUNK = 1 << 20
-
-
-@dataclass(frozen=True)
-class LogChunk:
-    """What one ``logs`` request returns: bytes of one attempt's stream from an offset."""
-
-    data: bytes
-    next_offset: int
-    attempt: int  # counted from 1
-    attempts: int  # how many the job has had so far, the current one too
-    ended: bool  # this attempt writes nothing more
-    job_ended: bool
 
 
 class JobService:
@@ -544,31 +530,6 @@ class JobService:
     def logs(self, caller: Caller, job_id: int, stream: str, offset: int,
              attempt: int | None = None) -> LogChunk:
         """A chunk of one attempt's output (the latest unless ``attempt``, counted from 1),
-        for ``logs`` and ``logs -f`` polling: each attempt writes a directory of its own."""
+        for ``logs`` and ``logs -f`` polling; the owner's or an admin's alone."""
         job = self._owned(caller, job_id, "read the logs of")
-        if stream not in ("stdout", "stderr"):
-            raise UsageError("stream must be stdout or stderr")
-        if offset < 0:
-            raise UsageError("offset must not be negative")
-        attempts = job.attempts + 1
-        if attempt is None:
-            attempt = attempts
-        elif not 1 <= attempt <= attempts:
-            raise UsageError(f"job {job_id} has had {attempts} attempt"
-                             f"{'' if attempts == 1 else 's'}; attempt {attempt} is not one "
-                             "of them")
-        from gpuwarden.jobs.jobdir import job_dir
-
-        path = job_dir(self.jobs_dir, dataclasses.replace(job, attempts=attempt - 1)) / stream
-        try:
-            with open(path, "rb") as f:
-                # Past the end there is nothing yet; seeking there could overflow.
-                if offset >= os.fstat(f.fileno()).st_size:
-                    chunk = b""
-                else:
-                    f.seek(offset)
-                    chunk = f.read(MAX_LOG_CHUNK)
-        except FileNotFoundError:
-            chunk = b""
-        return LogChunk(chunk, offset + len(chunk), attempt, attempts,
-                        ended=job.terminal or attempt < attempts, job_ended=job.terminal)
+        return read_log(self.jobs_dir, job, stream, offset, attempt)
