@@ -14,6 +14,7 @@ from typing import Any
 from gpuwarden.client.views import JobDoc
 from gpuwarden.daemon.auth import Caller, admin_gids, may_manage
 from gpuwarden.daemon.config import Config
+from gpuwarden.daemon.drains import GpuDrains
 from gpuwarden.daemon.jobjson import job_json
 from gpuwarden.daemon.joblogs import LogChunk, read_log
 from gpuwarden.daemon.queueview import estimate_view, learned_runtime
@@ -46,6 +47,12 @@ class JobService:
         from gpuwarden.daemon.accounting import FairUsage
 
         self.fair_usage = FairUsage(store, config.policy.fairshare_halflife, clock)
+        self.drains = GpuDrains(store, self.is_admin, gpus, wake, clock)
+
+    def is_admin(self, caller: Caller) -> bool:
+        """Root, a member of an admin group or (of a user's own daemon) its user: may act
+        on every job, and drain GPUs."""
+        return may_manage(caller, -1, self.admins, self.daemon_uid)
 
     def _may(self, caller: Caller, job: Job) -> bool:
         return may_manage(caller, job.spec.uid, self.admins, self.daemon_uid)
@@ -137,7 +144,7 @@ class JobService:
         users who are not admins (submit and edit)."""
         if spec.uid == 0 and caller.uid != 0:  # impossible by construction; kept as a guard
             raise PermissionDenied("only root may run jobs as root")
-        if not may_manage(caller, -1, self.admins, self.daemon_uid):  # admins: any
+        if not self.is_admin(caller):  # admins: any
             from gpuwarden.sched.limits import not_allowed
 
             why = not_allowed(spec.user, spec.priority, spec.qos, self.config.policy.limits)
@@ -440,7 +447,7 @@ class JobService:
     def unreserve(self, caller: Caller, job_id: int) -> JobDoc:
         """Clear the memory an ended job still holds because it was not verified back (a
         leak): admins only, since it hands that memory to other jobs."""
-        if not may_manage(caller, -1, self.admins, self.daemon_uid):
+        if not self.is_admin(caller):
             raise PermissionDenied("only root or an admin may clear a job's memory "
                                    "reservation")
         job = self.store.get(job_id)
@@ -455,41 +462,6 @@ class JobService:
                                          + (f": {h.leak}" if h.leak else ""))
         self.wake()
         return self.view(caller, self.store.get(job.id))
-
-    def drain(self, caller: Caller, index: int, reason: Any) -> dict[str, Any]:
-        """Admins: no new placement on GPU ``index`` (its running jobs finish), as
-        ``scontrol update state=drain`` does; ``reason`` is shown in ``status`` and ``ps``
-        and in the wait reason of the jobs it keeps waiting."""
-        if not may_manage(caller, -1, self.admins, self.daemon_uid):
-            raise PermissionDenied("only root or an admin may drain a GPU")
-        if reason is not None and (not isinstance(reason, str) or not reason
-                                   or len(reason) > 200 or "\0" in reason):
-            raise UsageError("reason must be a non-empty string of at most 200 characters")
-        self._gpu_index(index)
-        self.store.drain(index, reason, caller.user, self.clock())
-        self.wake()
-        return self.drains(caller)
-
-    def undrain(self, caller: Caller, index: int) -> dict[str, Any]:
-        if not may_manage(caller, -1, self.admins, self.daemon_uid):
-            raise PermissionDenied("only root or an admin may undrain a GPU")
-        self._gpu_index(index)
-        if not self.store.undrain(index):
-            raise UsageError(f"GPU {index} is not drained")
-        self.wake()
-        return self.drains(caller)
-
-    def drains(self, caller: Caller) -> dict[str, Any]:
-        """The drained GPUs, to any local user (``status``, ``ps``, the web page)."""
-        return {"drains": [{"gpu": i, "reason": d["reason"], "by": d["by"],
-                            "at": model.iso(d["at"])}
-                           for i, d in self.store.drains().items()]}
-
-    def _gpu_index(self, index: int) -> None:
-        known = sorted(g.index for g in self.gpus())
-        if known and index not in known:
-            raise UsageError(f"no GPU with index {index} (GPUs here: "
-                             f"{', '.join(map(str, known))})")
 
     def retry(self, caller: Caller, job_id: int) -> JobDoc:
         job = self._owned(caller, job_id, "retry")
