@@ -1,5 +1,7 @@
 """What the API can ask of the daemon, with validation and authorization. The HTTP layer
-(api.py) only translates; every rule about who may do what lives here."""
+(api.py) only translates; every rule about who may do what lives here. ``JobService``
+holds the GPU drains (daemon/drains.py, which ask its ``is_admin``), and checks a
+request's fields with daemon/submission.py and reads logs with daemon/joblogs.py."""
 
 from __future__ import annotations
 
