@@ -509,7 +509,7 @@ def _in_process(d: Daemon, db_copy: Path, repeat: int) -> dict[str, Any]:
     """The daemon's pass, and plan() alone, on a copy of the daemon's database."""
     from gpuwarden.daemon.config import read_config
     from gpuwarden.daemon.loop import Scheduler
-    from gpuwarden.daemon.service import queued_view
+    from gpuwarden.daemon.queueview import queued_view
     from gpuwarden.daemon.store import Store
     from gpuwarden.gpus.backend import open_backend
     from gpuwarden.observe.snapshot import take_snapshot
@@ -715,7 +715,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     facts = machine()
     tsp = _tsp()
     interval = args.interval
-    from gpuwarden.daemon.service import Config
+    from gpuwarden.daemon.config import Config
 
     notes: list[str] = []
     if args.queued != 10000 or args.submitters != 50:

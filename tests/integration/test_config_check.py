@@ -8,8 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpuwarden.daemon.config import LIMIT_SETTINGS, SETTINGS, read_config
-from gpuwarden.daemon.service import Config
+from gpuwarden.daemon.config import LIMIT_SETTINGS, SETTINGS, Config, read_config
 from tests.conftest import SRC
 
 SAMPLE = SRC.parent / "deploy" / "config.toml"

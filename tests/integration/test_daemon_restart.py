@@ -24,8 +24,9 @@ import pytest
 
 from gpuwarden.client.api import Client
 from gpuwarden.daemon.auth import Caller
+from gpuwarden.daemon.config import Config
 from gpuwarden.daemon.loop import Scheduler
-from gpuwarden.daemon.service import Config, JobService
+from gpuwarden.daemon.service import JobService
 from gpuwarden.daemon.store import Store
 from gpuwarden.gpus.backend import Backend, open_backend
 from gpuwarden.jobs import model

@@ -10,7 +10,7 @@ from typing import Any
 
 from hypothesis import given, note, settings
 
-from gpuwarden.daemon.service import estimate_view, learned_runtime, queued_view
+from gpuwarden.daemon.queueview import estimate_view, learned_runtime, queued_view
 from gpuwarden.daemon.store import Store
 from gpuwarden.jobs.model import QUEUED, RESERVED, RUNNING, SUCCEEDED, JobSpec
 from gpuwarden.sched import backfill

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.daemon.config import read_config
-from gpuwarden.daemon.service import Config
+from gpuwarden.daemon.config import Config, read_config
 from gpuwarden.errors import UsageError
 from gpuwarden.sched.limits import Limits, UserLimits
 

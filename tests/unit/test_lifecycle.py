@@ -93,7 +93,8 @@ def test_a_retried_job_keeps_nothing_of_its_last_attempt(store: Store, tmp_path:
     watchdog's kill reason left behind would turn the next attempt's cancel into a
     failure for the old reason."""
     from gpuwarden.daemon.auth import Caller
-    from gpuwarden.daemon.service import Config, JobService
+    from gpuwarden.daemon.config import Config
+    from gpuwarden.daemon.service import JobService
 
     job, _ = store.submit(spec(uid=1000), 1.0)
     store.transition(job.id, ("queued",), "reserved", now=2.0, kind="placed", gpus=(0,),

@@ -15,7 +15,7 @@ from gpuwarden.cli.jobs import NOT_ONE_FIELD, submit
 from gpuwarden.daemon.auth import Caller
 from gpuwarden.daemon.openapi import document
 from gpuwarden.daemon.restart import SERVICE_FIELDS
-from gpuwarden.daemon.service import spec_from_request
+from gpuwarden.daemon.submission import spec_from_request
 from gpuwarden.errors import UsageError
 from gpuwarden.gpus.model import MIG_PROFILE
 from gpuwarden.jobs import request

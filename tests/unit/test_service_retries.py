@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gpuwarden.daemon.auth import Caller
-from gpuwarden.daemon.service import spec_from_request
+from gpuwarden.daemon.submission import spec_from_request
 from gpuwarden.errors import UsageError
 
 ME = Caller(pid=1, uid=1000, gid=1000, user="alice", groups=(1000,))

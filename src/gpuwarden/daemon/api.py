@@ -426,7 +426,7 @@ def _gpu_index(request: web.Request) -> int:
 
 async def drains(request: web.Request) -> web.Response:
     svc, caller = request.app[SERVICE], caller_of(request)
-    return web.json_response(await call(svc.drains, caller))
+    return web.json_response(await call(svc.drains.list, caller))
 
 
 async def drain(request: web.Request) -> web.Response:
@@ -437,12 +437,12 @@ async def drain(request: web.Request) -> web.Response:
         body = {}
     if not isinstance(body, dict) or set(body) - {"reason"}:
         raise UsageError("the body is an object with an optional reason")
-    return web.json_response(await call(svc.drain, caller, index, body.get("reason")))
+    return web.json_response(await call(svc.drains.drain, caller, index, body.get("reason")))
 
 
 async def undrain(request: web.Request) -> web.Response:
     svc, caller = request.app[SERVICE], caller_of(request)
-    return web.json_response(await call(svc.undrain, caller, _gpu_index(request)))
+    return web.json_response(await call(svc.drains.undrain, caller, _gpu_index(request)))
 
 
 async def accounting(request: web.Request) -> web.Response:

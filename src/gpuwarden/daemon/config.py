@@ -1,4 +1,5 @@
-"""The daemon's config file (TOML): admin groups, headroom settings, loop interval.
+"""The daemon's settings (``Config``) and the config file (TOML) they are read from: admin
+groups, headroom settings, loop interval.
 
     admin_groups = ["gpuadmin"]
     spike_buffer = 0.1      # foreign processes count at their peak x (1 + this)
@@ -50,10 +51,10 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuwarden.daemon.service import Config
 from gpuwarden.daemon.usercmd import checked_url
 from gpuwarden.errors import UsageError
 from gpuwarden.jobs.request import QOS_CLASSES
@@ -65,6 +66,39 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
+
+
+@dataclass(frozen=True)
+class Config:
+    """Daemon settings: the config file's, read by ``read_config``; the defaults without
+    one."""
+
+    admin_groups: tuple[str, ...] = ()
+    spike_buffer: float = 0.1
+    reserve: int = 512 << 20
+    interval: float = 0.5
+    grace: float = 10.0
+    max_grace: float = 300.0  # the longest --grace a job may ask for
+    policy: Policy = field(default_factory=lambda: Policy(aging=3600.0))
+    retry_backoff: float = 10.0  # seconds before a same-budget OOM retry; doubles each time
+    oom_retries: int = 1  # OOM retries of a job with a budget that does not say (--retries)
+    context_memory: int | None = None  # CUDA context per job and GPU; None: measured
+    release_timeout: float = 10.0  # seconds an ended job's memory may take to come back
+    metrics_listen: str | None = None  # HOST:PORT for /metrics; None: not served
+    metrics_cache: float = 1.0  # seconds one snapshot serves scrapes
+    history_interval: float = 10.0  # seconds between memory samples kept for the web page
+    history_retention: float = 48 * 3600.0  # samples older than this are dropped
+    web_listen: str | None = None  # HOST:PORT for the read-only web page; None: not served
+    max_connections_per_user: int = 64  # open connections of one uid on the unix socket
+    max_connections_tcp: int = 256  # open connections on web_listen, on metrics_listen
+    request_timeout: float = 5.0  # seconds a connection's first head, and a body, may take
+    idle_timeout: float = 30.0  # seconds a connection may wait for its next request
+    webhook: str | None = None  # [notify] webhook: every job's end POSTed there as JSON
+
+    def grace_of(self, asked: float | None) -> float:
+        """A job's grace (SIGTERM -> SIGKILL): its --grace, else ``grace``; never past
+        ``max_grace``, for jobs stored before a lower cap too."""
+        return min(self.grace if asked is None else asked, self.max_grace)
 
 
 SETTINGS = ("admin_groups", "spike_buffer", "reserve", "context_memory", "interval", "grace",

@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from gpuwarden.daemon.accounting import FairUsage
+from gpuwarden.daemon.config import Config
 from gpuwarden.daemon.mps_jobs import MpsPool, client_env
 from gpuwarden.daemon.mps_jobs import key as mps_key
 from gpuwarden.daemon.notify import Notifier
+from gpuwarden.daemon.queueview import learned_runtime, queued_view
 from gpuwarden.daemon.reconcile import (
     ADOPT,
     FINISH,
@@ -38,7 +40,6 @@ from gpuwarden.daemon.reconcile import (
     recovery_step,
 )
 from gpuwarden.daemon.restart import HealthChecks, cancel_asked
-from gpuwarden.daemon.service import Config, learned_runtime, queued_view
 from gpuwarden.daemon.store import Conflict, JobNotFound
 from gpuwarden.jobs import lifecycle, model
 from gpuwarden.jobs.jobdir import job_dir

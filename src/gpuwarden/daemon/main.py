@@ -18,8 +18,9 @@ from typing import IO, Any
 from aiohttp import web
 
 from gpuwarden.client.paths import Paths, resolve_paths
+from gpuwarden.daemon.config import Config
 from gpuwarden.daemon.repeated import log_repeated, loop_errors
-from gpuwarden.daemon.service import Config, JobService
+from gpuwarden.daemon.service import JobService
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.procs.identity import boot_id
 

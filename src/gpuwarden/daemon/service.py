@@ -1,236 +1,32 @@
 """What the API can ask of the daemon, with validation and authorization. The HTTP layer
-(api.py) only translates; every rule about who may do what lives here."""
+(api.py) only translates; every rule about who may do what lives here. ``JobService``
+holds the GPU drains (daemon/drains.py, which ask its ``is_admin``), and checks a
+request's fields with daemon/submission.py and reads logs with daemon/joblogs.py."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuwarden.client.views import EstimateDoc, JobDoc
+from gpuwarden.client.views import JobDoc
 from gpuwarden.daemon.auth import Caller, admin_gids, may_manage
-from gpuwarden.daemon.envsnap import snapshot_env
+from gpuwarden.daemon.config import Config
+from gpuwarden.daemon.drains import GpuDrains
 from gpuwarden.daemon.jobjson import job_json
-from gpuwarden.daemon.restart import service_from_request
+from gpuwarden.daemon.joblogs import LogChunk, read_log
+from gpuwarden.daemon.queueview import estimate_view, learned_runtime
 from gpuwarden.daemon.store import Conflict, Store
-from gpuwarden.daemon.usercmd import checked_command
+from gpuwarden.daemon.submission import spec_from_request
 from gpuwarden.errors import PermissionDenied, UsageError
 from gpuwarden.jobs import model
 from gpuwarden.jobs.model import Job, JobSpec
-from gpuwarden.jobs.request import BESTEFFORT, EDITABLE, GUARANTEED, check_fields
-from gpuwarden.jobs.services import Service
+from gpuwarden.jobs.request import EDITABLE, GUARANTEED
 from gpuwarden.sched.model import GpuState, QueuedJob
-from gpuwarden.sched.queue import Policy
-from gpuwarden.units import bounded_size, parse_size_or_fraction
-
-MAX_LOG_CHUNK = 1 << 20
-
-
-@dataclass(frozen=True)
-class LogChunk:
-    """What one ``logs`` request returns: bytes of one attempt's stream from an offset."""
-
-    data: bytes
-    next_offset: int
-    attempt: int  # counted from 1
-    attempts: int  # how many the job has had so far, the current one too
-    ended: bool  # this attempt writes nothing more
-    job_ended: bool
-
-
-@dataclass(frozen=True)
-class Config:
-    """Daemon settings (from the config file; see daemon/config.py)."""
-
-    admin_groups: tuple[str, ...] = ()
-    spike_buffer: float = 0.1
-    reserve: int = 512 << 20
-    interval: float = 0.5
-    grace: float = 10.0
-    max_grace: float = 300.0  # the longest --grace a job may ask for
-    policy: Policy = field(default_factory=lambda: Policy(aging=3600.0))
-    retry_backoff: float = 10.0  # seconds before a same-budget OOM retry; doubles each time
-    oom_retries: int = 1  # OOM retries of a job with a budget that does not say (--retries)
-    context_memory: int | None = None  # CUDA context per job and GPU; None: measured
-    release_timeout: float = 10.0  # seconds an ended job's memory may take to come back
-    metrics_listen: str | None = None  # HOST:PORT for /metrics; None: not served
-    metrics_cache: float = 1.0  # seconds one snapshot serves scrapes
-    history_interval: float = 10.0  # seconds between memory samples kept for the web page
-    history_retention: float = 48 * 3600.0  # samples older than this are dropped
-    web_listen: str | None = None  # HOST:PORT for the read-only web page; None: not served
-    max_connections_per_user: int = 64  # open connections of one uid on the unix socket
-    max_connections_tcp: int = 256  # open connections on web_listen, on metrics_listen
-    request_timeout: float = 5.0  # seconds a connection's first head, and a body, may take
-    idle_timeout: float = 30.0  # seconds a connection may wait for its next request
-    webhook: str | None = None  # [notify] webhook: every job's end POSTed there as JSON
-
-    def grace_of(self, asked: float | None) -> float:
-        """A job's grace (SIGTERM -> SIGKILL): its --grace, else ``grace``; never past
-        ``max_grace``, for jobs stored before a lower cap too."""
-        return min(self.grace if asked is None else asked, self.max_grace)
-
-
-def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *,
-                      capacities: Mapping[int, int] | None = None, oom_retries: int = 0,
-                      max_grace: float = math.inf) -> tuple[JobSpec, list[str]]:
-    """Validate a submit request into a JobSpec; returns the env names dropped. Each
-    field's type and bounds come from the table of request fields (jobs/request.py);
-    the rules here are those between fields, or of this daemon.
-    ``capacities`` (GPU index -> what it can give one job) turns a fractional ``mem``
-    (``0.5`` of a GPU) into bytes. ``oom_retries``: the retries of a job with a budget
-    that does not ask for a number (the daemon's ``oom_retries``); ``max_grace``: the
-    longest ``grace`` allowed (the daemon's ``max_grace``)."""
-    if not isinstance(body, Mapping):
-        raise UsageError("the request body must be a JSON object")
-    v = check_fields(body)
-    attach = v["attach"]
-    if attach is not None:
-        from gpuwarden.daemon.attached import refuse_clashes
-
-        refuse_clashes(body)
-    raw_env = v["env"]
-    bad_env = sorted(k for k, x in raw_env.items() if not k or "=" in k or "\0" in k + x)
-    if bad_env:  # execve would refuse them: the job could never start
-        raise UsageError(f"invalid environment variable(s): {', '.join(map(repr, bad_env))}")
-    env, dropped = snapshot_env(raw_env, v["env_keep"])
-    mem_auto = v["mem"] == "auto"
-    mem = None if mem_auto else _mem(v["mem"], v["gpu_ids"], capacities or {})
-    if mem_auto and v["key"] is None and v["name"] is None:
-        raise UsageError("mem auto learns from earlier runs with the same key or name: "
-                         "give one")
-    mem_limit = _size(v["mem_limit"], "mem_limit")
-    qos = v["qos"]
-    if mem_limit is not None:
-        if mem is None and not mem_auto:
-            raise UsageError("mem_limit needs mem: the limit is how far past its request "
-                             "a job may grow")
-        if mem is not None and mem_limit < mem:
-            raise UsageError("mem_limit must be at least mem")
-        if qos == GUARANTEED and mem_limit != mem:
-            raise UsageError("a guaranteed job is capped at its request: drop mem_limit")
-    if qos == BESTEFFORT and v["exclusive"]:
-        raise UsageError("a besteffort job cannot hold GPUs exclusively")
-    grace = v["grace"]
-    if grace is not None and grace > max_grace:  # SIGTERM-trapping jobs would never end
-        raise UsageError(f"grace must be at most {max_grace:g}s (the daemon's max_grace)")
-    if v["sm_percent"] is not None and not v["mps"]:
-        raise UsageError("sm_percent needs mps: only MPS can share a GPU's SMs")
-    if v["mps"] and mem is None and not mem_auto:
-        raise UsageError("mps needs mem: the budget is the limit MPS enforces")
-    retries = v["retries"]
-    if retries is None:  # a whole GPU cannot grow
-        retries = oom_retries if (mem is not None or mem_auto) and attach is None else 0
-    if v["cpus"] is not None and v["no_numa"]:
-        raise UsageError("cpus binds the job to cores near its GPUs; no_numa turns "
-                         "binding off: choose one")
-    mig = v["mig"]
-    if mig is not None:
-        from gpuwarden.gpus.model import MIG_PROFILE
-
-        if not MIG_PROFILE.match(mig):
-            raise UsageError(f"mig: {mig!r} is not a MIG profile such as 1g.10gb or 3g.40gb")
-        if v["mps"]:
-            raise UsageError("mps and mig: gpuwarden runs no MPS server on a MIG instance")
-    gpu_ids = v["gpu_ids"]
-    if gpu_ids is not None:
-        bad = [i for i in gpu_ids if i >= gpu_count]
-        if bad:
-            raise UsageError(f"no GPU with index {', '.join(map(str, bad))} "
-                             f"(this machine has {gpu_count})")
-        gpu_ids = tuple(sorted(set(gpu_ids)))
-    spec = JobSpec(
-        command=v["command"], user=caller.user, uid=caller.uid, gid=caller.gid,
-        groups=caller.groups, cwd=v["cwd"], env=env, name=v["name"],
-        group=v["group"], key=v["key"], mem=mem, gpus=v["gpus"],
-        gpu_ids=gpu_ids, after=v["after"], after_any=v["after_any"],
-        after_fail=v["after_fail"], timeout=v["timeout"], exclusive=v["exclusive"],
-        priority=v["priority"], requeue_on_reboot=v["requeue_on_reboot"],
-        qos=qos, mem_limit=mem_limit, grace=grace,
-        # An attached job's launcher is gone once it is stopped: nothing could requeue it.
-        no_requeue=v["no_requeue"] or attach is not None, retries=retries,
-        checkpoint=v["checkpoint"], mps=v["mps"], sm_percent=v["sm_percent"],
-        mem_auto=mem_auto, cpus=v["cpus"], no_numa=v["no_numa"], mig=mig, attach=attach,
-        service=_service(body, attach),
-        notify=None if v["notify"] is None else checked_command(v["notify"], "notify"),
-    )
-    return spec, dropped
-
-
-def _service(body: Mapping[str, Any], attach: str | None) -> Service | None:
-    svc = service_from_request(body)
-    if svc is not None and attach is not None:
-        raise UsageError("restart: an attached job is started by its launcher, which "
-                         "restarts it or not")
-    return svc
-
-
-def _size(raw: Any, label: str) -> int | None:
-    return None if raw is None else bounded_size(raw, label, positive=True, example="14G")
-
-
-def _mem(raw: Any, gpu_ids: tuple[int, ...] | None,
-         capacities: Mapping[int, int]) -> int | None:
-    """``mem`` as bytes: a size, or a fraction of what a GPU can give one job (its total
-    less the reserve) -- of the smallest of the GPUs it may use, so that it fits on each."""
-    if not isinstance(raw, str):
-        return _size(raw, "mem")
-    try:
-        size, fraction = parse_size_or_fraction(raw)
-    except UsageError as e:
-        raise UsageError(f"mem: {e}") from None
-    if fraction is None:
-        return size
-    allowed = gpu_ids or list(capacities)
-    caps = [capacities[i] for i in allowed if i in capacities]
-    if not caps:
-        raise UsageError(f"mem: a fraction ({raw}) needs the daemon's view of the GPUs, "
-                         "which it does not have yet: give a size such as 20G")
-    return max(int(min(caps) * fraction), 1)
-
-
-def queued_view(job: Job, estimate: float | None = None, now: float = 0.0) -> QueuedJob:
-    """The job as the queue policy sees it at ``now``; ``estimate`` is its learned run
-    time (``learned_runtime``), its ``--timeout`` the bound."""
-    s = job.spec
-    return QueuedJob(id=job.id, user=s.user, mem=job.request, mem_ceiling=job.retry_ceiling,
-                     wait_for_ceiling=now < (job.ceiling_until or 0.0), count=s.gpus,
-                     gpu_ids=s.gpu_ids, exclusive=s.exclusive, priority=s.priority,
-                     submitted_at=job.submitted_at, qos=s.qos, runtime=s.timeout,
-                     estimate=estimate, not_before=job.not_before or 0.0, cpus=s.cpus,
-                     mig=s.mig, mps=s.mps, returning=job.returning)
-
-
-def learned_runtime(store: Store, job: Job) -> tuple[float | None, str | None]:
-    """The run time of the job's key (else name) learned from its user's earlier
-    successful runs, and how it was found (None: nothing to learn from)."""
-    from gpuwarden.sched.history import learned_runtime as learn
-
-    s = job.spec
-    return learn(store.runtimes(s.uid, key=s.key, name=s.name))
-
-
-def estimate_view(job: Job, learned: float | None, how: str | None) -> EstimateDoc:
-    """What backfill expects of the job's run time, for ``show``: the seconds it plans
-    with and where they come from."""
-    from gpuwarden.units import format_duration
-
-    seconds = queued_view(job, learned).expected_runtime
-    timeout = job.spec.timeout
-    if seconds is None:
-        why = ("unknown: no --timeout and no earlier successful run of its key or name; "
-               "backfill counts it as running until it ends")
-    elif learned is not None and (timeout is None or learned <= timeout):
-        why = f"learned: {how}" + ("" if timeout is None else
-                                   f" (--timeout {format_duration(timeout)} bounds it)")
-    else:
-        why = f"its --timeout, {format_duration(seconds)}"
-    return {"seconds": seconds, "learned": learned, "how": why}
 
 
 class JobService:
@@ -253,6 +49,12 @@ class JobService:
         from gpuwarden.daemon.accounting import FairUsage
 
         self.fair_usage = FairUsage(store, config.policy.fairshare_halflife, clock)
+        self.drains = GpuDrains(store, self.is_admin, gpus, wake, clock)
+
+    def is_admin(self, caller: Caller) -> bool:
+        """Root, a member of an admin group or (of a user's own daemon) its user: may act
+        on every job, and drain GPUs."""
+        return may_manage(caller, -1, self.admins, self.daemon_uid)
 
     def _may(self, caller: Caller, job: Job) -> bool:
         return may_manage(caller, job.spec.uid, self.admins, self.daemon_uid)
@@ -344,7 +146,7 @@ class JobService:
         users who are not admins (submit and edit)."""
         if spec.uid == 0 and caller.uid != 0:  # impossible by construction; kept as a guard
             raise PermissionDenied("only root may run jobs as root")
-        if not may_manage(caller, -1, self.admins, self.daemon_uid):  # admins: any
+        if not self.is_admin(caller):  # admins: any
             from gpuwarden.sched.limits import not_allowed
 
             why = not_allowed(spec.user, spec.priority, spec.qos, self.config.policy.limits)
@@ -647,7 +449,7 @@ class JobService:
     def unreserve(self, caller: Caller, job_id: int) -> JobDoc:
         """Clear the memory an ended job still holds because it was not verified back (a
         leak): admins only, since it hands that memory to other jobs."""
-        if not may_manage(caller, -1, self.admins, self.daemon_uid):
+        if not self.is_admin(caller):
             raise PermissionDenied("only root or an admin may clear a job's memory "
                                    "reservation")
         job = self.store.get(job_id)
@@ -662,41 +464,6 @@ class JobService:
                                          + (f": {h.leak}" if h.leak else ""))
         self.wake()
         return self.view(caller, self.store.get(job.id))
-
-    def drain(self, caller: Caller, index: int, reason: Any) -> dict[str, Any]:
-        """Admins: no new placement on GPU ``index`` (its running jobs finish), as
-        ``scontrol update state=drain`` does; ``reason`` is shown in ``status`` and ``ps``
-        and in the wait reason of the jobs it keeps waiting."""
-        if not may_manage(caller, -1, self.admins, self.daemon_uid):
-            raise PermissionDenied("only root or an admin may drain a GPU")
-        if reason is not None and (not isinstance(reason, str) or not reason
-                                   or len(reason) > 200 or "\0" in reason):
-            raise UsageError("reason must be a non-empty string of at most 200 characters")
-        self._gpu_index(index)
-        self.store.drain(index, reason, caller.user, self.clock())
-        self.wake()
-        return self.drains(caller)
-
-    def undrain(self, caller: Caller, index: int) -> dict[str, Any]:
-        if not may_manage(caller, -1, self.admins, self.daemon_uid):
-            raise PermissionDenied("only root or an admin may undrain a GPU")
-        self._gpu_index(index)
-        if not self.store.undrain(index):
-            raise UsageError(f"GPU {index} is not drained")
-        self.wake()
-        return self.drains(caller)
-
-    def drains(self, caller: Caller) -> dict[str, Any]:
-        """The drained GPUs, to any local user (``status``, ``ps``, the web page)."""
-        return {"drains": [{"gpu": i, "reason": d["reason"], "by": d["by"],
-                            "at": model.iso(d["at"])}
-                           for i, d in self.store.drains().items()]}
-
-    def _gpu_index(self, index: int) -> None:
-        known = sorted(g.index for g in self.gpus())
-        if known and index not in known:
-            raise UsageError(f"no GPU with index {index} (GPUs here: "
-                             f"{', '.join(map(str, known))})")
 
     def retry(self, caller: Caller, job_id: int) -> JobDoc:
         job = self._owned(caller, job_id, "retry")
@@ -737,31 +504,6 @@ class JobService:
     def logs(self, caller: Caller, job_id: int, stream: str, offset: int,
              attempt: int | None = None) -> LogChunk:
         """A chunk of one attempt's output (the latest unless ``attempt``, counted from 1),
-        for ``logs`` and ``logs -f`` polling: each attempt writes a directory of its own."""
+        for ``logs`` and ``logs -f`` polling; the owner's or an admin's alone."""
         job = self._owned(caller, job_id, "read the logs of")
-        if stream not in ("stdout", "stderr"):
-            raise UsageError("stream must be stdout or stderr")
-        if offset < 0:
-            raise UsageError("offset must not be negative")
-        attempts = job.attempts + 1
-        if attempt is None:
-            attempt = attempts
-        elif not 1 <= attempt <= attempts:
-            raise UsageError(f"job {job_id} has had {attempts} attempt"
-                             f"{'' if attempts == 1 else 's'}; attempt {attempt} is not one "
-                             "of them")
-        from gpuwarden.jobs.jobdir import job_dir
-
-        path = job_dir(self.jobs_dir, dataclasses.replace(job, attempts=attempt - 1)) / stream
-        try:
-            with open(path, "rb") as f:
-                # Past the end there is nothing yet; seeking there could overflow.
-                if offset >= os.fstat(f.fileno()).st_size:
-                    chunk = b""
-                else:
-                    f.seek(offset)
-                    chunk = f.read(MAX_LOG_CHUNK)
-        except FileNotFoundError:
-            chunk = b""
-        return LogChunk(chunk, offset + len(chunk), attempt, attempts,
-                        ended=job.terminal or attempt < attempts, job_ended=job.terminal)
+        return read_log(self.jobs_dir, job, stream, offset, attempt)

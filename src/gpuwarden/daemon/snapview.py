@@ -258,7 +258,7 @@ async def snapshot_route(request: web.Request) -> web.Response:
     from gpuwarden.daemon.api import SERVICE, call, caller_of
 
     body = await call(answer, caller_of(request), request.app[KEEPER], dict(request.query),
-                      request.app[SERVICE].drains)
+                      request.app[SERVICE].drains.list)
     return web.Response(body=body, content_type="application/json")
 
 
