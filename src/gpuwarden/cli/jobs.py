@@ -15,6 +15,7 @@ import click
 
 from gpuwarden.cli.common import DURATION, emit_json, warn
 from gpuwarden.cli.daemon import connect
+from gpuwarden.cli.jobrefs import JOB, one_job, resolve_ids
 from gpuwarden.errors import UsageError
 
 if TYPE_CHECKING:
@@ -23,51 +24,6 @@ if TYPE_CHECKING:
 
 TERMINAL = ("succeeded", "failed", "cancelled", "infeasible")
 DIRECTIVE = "#gpuwarden"
-
-
-def resolve_ids(client: Client, specs: Sequence[str]) -> tuple[list[int], bool]:
-    """The job ids that ``specs`` name (an array's id: each of its tasks; ``12_7``: one
-    task), asked of the daemon, and whether any named nothing (each said on stderr)."""
-    from gpuwarden.jobs.arrays import parse_refs
-
-    parse_refs(specs)  # a bad one is an error before the daemon is asked
-    out = client.request("POST", "/v1/resolve", body={"refs": list(specs)})
-    for ref in out["missing"]:
-        click.echo(f"gpuwarden: error: no job {ref}", err=True)
-    return out["ids"], bool(out["missing"])
-
-
-class JobRef(click.ParamType):  # type: ignore[type-arg]
-    """One job: its id, or an array's task as ``12_7``."""
-
-    name = "ID"
-
-    def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> str:
-        from gpuwarden.jobs.arrays import parse_refs
-
-        text = str(value)
-        try:
-            refs = parse_refs([text])
-        except UsageError as e:
-            self.fail(str(e), param, ctx)
-        if len(refs) != 1 or "," in text:
-            self.fail(f"{text!r} is not one job (an id, or a task such as 12_7)", param, ctx)
-        return text
-
-
-JOB = JobRef()
-
-
-def one_job(client: Client, ref: str) -> int:
-    """The job id of a JOB argument: ``12_7`` asked of the daemon; an id as it is (an
-    array's id names its first task here)."""
-    if "_" not in ref:
-        return int(ref)
-    ids, missing = resolve_ids(client, [ref])
-    if missing or not ids:
-        raise SystemExit(2)
-    return ids[0]
 
 
 def read_directives(command: Sequence[str]) -> list[str]:
