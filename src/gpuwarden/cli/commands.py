@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "completion": ("gpuwarden.cli.completion", "completion",
                    "Shell completion script: bash, zsh or fish."),
     "man": ("gpuwarden.cli.manpage", "man", "The manual page: every command, exit codes."),
-    "submit": ("gpuwarden.cli.jobs", "submit", "Queue a command; prints its job id."),
+    "submit": ("gpuwarden.cli.submit", "submit", "Queue a command; prints its job id."),
     "ps": ("gpuwarden.cli.jobs", "ps", "The job queue."),
     "show": ("gpuwarden.cli.jobs", "show", "One job, with its events."),
     "logs": ("gpuwarden.cli.jobs", "logs", "A job's stdout or stderr (-f to follow)."),
