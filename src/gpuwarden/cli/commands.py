@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                    "Shell completion script: bash, zsh or fish."),
     "man": ("gpuwarden.cli.manpage", "man", "The manual page: every command, exit codes."),
     "submit": ("gpuwarden.cli.submit", "submit", "Queue a command; prints its job id."),
-    "ps": ("gpuwarden.cli.jobs", "ps", "The job queue."),
+    "ps": ("gpuwarden.cli.ps", "ps", "The job queue."),
     "show": ("gpuwarden.cli.jobs", "show", "One job, with its events."),
     "logs": ("gpuwarden.cli.jobs", "logs", "A job's stdout or stderr (-f to follow)."),
     "cancel": ("gpuwarden.cli.jobs", "cancel", "Cancel jobs and their process trees."),
