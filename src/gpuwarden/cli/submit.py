@@ -14,7 +14,6 @@ import click
 
 from gpuwarden.cli.common import DURATION, emit_json, warn
 from gpuwarden.cli.daemon import connect
-from gpuwarden.cli.jobrefs import resolve_ids
 from gpuwarden.errors import UsageError
 
 DIRECTIVE = "#gpuwarden"
@@ -202,6 +201,7 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
         except ValueError:
             raise UsageError(f"invalid --gpu-ids {opts['gpu_ids']!r}") from None
     _check_launchable(command, body["cwd"])
+    from gpuwarden.cli.jobrefs import resolve_ids
     from gpuwarden.jobs.arrays import parse_refs
 
     for kind in ("after", "after_any", "after_fail"):
