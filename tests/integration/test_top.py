@@ -21,7 +21,8 @@ textual = pytest.importorskip("textual")
 from textual.pilot import Pilot  # noqa: E402
 
 from gpuwarden.gpus.backend import Backend, open_backend  # noqa: E402
-from gpuwarden.tui.app import ConfirmScreen, PromptScreen, TextScreen, TopApp  # noqa: E402
+from gpuwarden.tui.app import TopApp  # noqa: E402
+from gpuwarden.tui.screens import ConfirmScreen, PromptScreen, TextScreen  # noqa: E402
 
 SIZE = (80, 24)
 

@@ -12,7 +12,8 @@ pytest.importorskip("textual")
 from textual.pilot import Pilot
 
 from gpuwarden.gpus.backend import Backend
-from gpuwarden.tui.app import TextScreen, TopApp
+from gpuwarden.tui.app import TopApp
+from gpuwarden.tui.screens import TextScreen
 from tests.integration.test_top import plain, run, table_lines, until
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import click
 import pytest
 
-from gpuwarden.cli.jobs import NOT_ONE_FIELD, submit
+from gpuwarden.cli.submit import NOT_ONE_FIELD, submit
 from gpuwarden.daemon.auth import Caller
 from gpuwarden.daemon.openapi import document
 from gpuwarden.daemon.restart import SERVICE_FIELDS

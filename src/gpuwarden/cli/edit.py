@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from gpuwarden.cli.common import DURATION, emit_json
-from gpuwarden.cli.jobs import JOB
+from gpuwarden.cli.jobrefs import JOB
 from gpuwarden.jobs.request import FIELDS
 
 # Bounds are left to the daemon, which says them as submit does; the text and the
@@ -29,7 +29,7 @@ def edit(job: str, as_json: bool, **opts: Any) -> None:
     """Change a queued or held job (yours, or any as an admin): the same checks as submit
     (bounds, [limits], whether it could ever run here); it keeps its place in the queue."""
     from gpuwarden.cli.daemon import connect
-    from gpuwarden.cli.jobs import one_job
+    from gpuwarden.cli.jobrefs import one_job
     from gpuwarden.errors import UsageError
 
     body = {k: v for k, v in opts.items() if v is not None}

@@ -2,7 +2,7 @@
 default and help. The daemon's per-field checks (``check_fields``, for
 ``daemon/submission.spec_from_request``), the request's OpenAPI properties (``schema``, for
 ``daemon/openapi.py``) and the help and bounds of the ``submit`` options that are one
-field each (``cli/jobs.py``) are all read from it, so a bound is written once. Rules
+field each (``cli/submit.py``) are all read from it, so a bound is written once. Rules
 between fields (``cpus`` and ``no_numa``, a fractional ``mem``, services) stay code in
 the daemon. Standard library and lower layers only: the CLI imports this at start."""
 

@@ -1,5 +1,6 @@
 """The textual app behind ``gpuwarden top``: GPU memory bars, a table of processes and
-daemon jobs, and screens for details, doctor findings and confirming a cancel.
+daemon jobs, and the keys that open details, doctor findings and a cancel's question
+(the pages are ``tui/screens.py``, the drawing ``tui/draw.py``).
 
 Snapshots are taken in a worker thread with the one backend the app was given, so the UI
 never waits on NVML or /proc; the table is rebuilt only when its rows changed."""
@@ -8,199 +9,28 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, cast
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical, VerticalScroll
-from textual.screen import ModalScreen
-from textual.widgets import DataTable, Footer, Input, Static
+from textual.widgets import DataTable, Footer, Static
 
 from gpuwarden.errors import GpuwardenError
-from gpuwarden.tui import model
-from gpuwarden.tui.model import FOREIGN, FREE, LEAKED, Row
+from gpuwarden.tui import draw, model
+from gpuwarden.tui.model import Observation, Row
+from gpuwarden.tui.screens import ConfirmScreen, PromptScreen, TextScreen
 
 if TYPE_CHECKING:
     from gpuwarden.client.api import Client
     from gpuwarden.client.views import JobDoc
     from gpuwarden.gpus.backend import Backend
-    from gpuwarden.observe.leaks import Leak
     from gpuwarden.observe.snapshot import Snapshot
 
 DOCTOR_SAMPLES, DOCTOR_INTERVAL = 3, 0.5  # as `gpuwarden doctor` samples by default
 _HISTORY = 3  # snapshots a leak must persist over, as in `status --watch`
-_STYLES = {FOREIGN: "grey62", LEAKED: "bold red", FREE: "grey35", "dim": "dim",
-           "bold": "bold", "mark": "bold yellow", "": ""}
-_JOB_STATE_STYLE = {"running": "green", "queued": "yellow", "held": "yellow",
-                    "reserved": "cyan"}
-
-
-def style_of(key: str) -> str:
-    if key.startswith("job:"):
-        return model.job_color(int(key[4:]))
-    return _STYLES.get(key, "")
-
-
-def legend() -> Text:
-    t = Text()
-    t.append(model.BAR_CHARS[model.JOB], "green")
-    t.append("job ")
-    t.append(model.BAR_CHARS[FOREIGN], style_of(FOREIGN))
-    t.append("other ")
-    t.append(model.BAR_CHARS[LEAKED], style_of(LEAKED))
-    t.append("leak ")
-    t.append(model.BAR_CHARS[FREE], style_of(FREE))
-    t.append("free")
-    return t
-
-
-COLUMNS = (("GPU", "the GPU index (a job: its GPUs)"),
-           ("PID", "the process id (- for a job with no process on a GPU yet)"),
-           ("USER", "its user"), ("JOB", "its gpuwarden job"),
-           ("QOS", "the job's class: guar(anteed), burst(able), best(effort)"),
-           ("MEM/BUDGET", "GPU memory it holds / what its job may hold per GPU"),
-           ("STATE", "the process's state, or its job's"),
-           ("%CPU", "host CPU since the last refresh (100: one core)"),
-           ("RSS", "host memory resident"), ("COMMAND", "its command line"))
-
-
-def keys_help(bindings: Sequence[BindingType]) -> RenderableType:
-    """What ``?`` shows: every key, the memory bar legend and the columns, since the
-    footer has room for only some of them."""
-    keys = [("enter / i", "the selected row's details (a job's, as `gpuwarden show`)"),
-            ("↑ ↓ PgUp PgDn", "move in the table")]
-    for b in bindings:
-        if isinstance(b, Binding) and b.action != "details":
-            shown = "?" if b.key == "question_mark" else b.key
-            keys.append((shown, _KEY_HELP.get(b.action, b.description)))
-    bar = Text("memory bars: ")
-    bar.append_text(legend())
-    return Group(_pairs(keys), Text(""), bar, Text(""), _pairs(list(COLUMNS)))
-
-
-_KEY_HELP = {"cycle_sort": "sort by memory, pid, user or GPU (next)",
-             "filter_user": "only one user's processes and jobs (empty: everyone)",
-             "cycle_gpu": "only one GPU (next; then all)",
-             "cancel_job": "cancel the selected job (asks first; the daemon decides)",
-             "doctor": "doctor findings with their fixes", "refresh": "refresh now",
-             "keys": "this page", "quit": "quit"}
-
-
-@dataclass(frozen=True)
-class Observation:
-    """One refresh: the snapshot, the leaks over recent ones, the daemon's jobs (None:
-    no daemon answered, ``daemon`` says why) or an error that stopped the snapshot."""
-
-    snapshot: Snapshot | None
-    leaks: tuple[Leak, ...] = ()
-    jobs: tuple[JobDoc, ...] | None = None
-    daemon: str | None = None
-    error: str | None = None
-    rows: tuple[Row, ...] = field(default_factory=tuple)
-
-
-def _pairs(pairs: Sequence[tuple[str, str]]) -> Table:
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(style="bold", no_wrap=True)
-    grid.add_column(overflow="fold")
-    for k, v in pairs:
-        grid.add_row(k, Text(v))
-    return grid
-
-
-class TextScreen(ModalScreen[None]):
-    """A scrollable page over the table: details of a row, or doctor findings."""
-
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape,q,enter", "close", "Close"),
-    ]
-    DEFAULT_CSS = """
-    TextScreen { align: center middle; }
-    TextScreen > Vertical { width: 100%; height: 100%; border: round $accent;
-                            background: $surface; }
-    TextScreen #title { height: 1; text-style: bold; }
-    TextScreen #hint { height: 1; color: $text-muted; }
-    """
-
-    def __init__(self, title: str, body: RenderableType) -> None:
-        super().__init__()
-        self._title = title
-        self._body = body
-
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Static(Text(self._title), id="title")
-            with VerticalScroll():
-                yield Static(self._body, id="body")
-            yield Static(Text("esc / q: close   ↑↓ PgUp PgDn: scroll"), id="hint")
-
-    def set_body(self, body: RenderableType) -> None:
-        self._body = body
-        self.query_one("#body", Static).update(body)
-
-    @property
-    def body(self) -> RenderableType:
-        return self._body
-
-    def action_close(self) -> None:
-        self.dismiss(None)
-
-
-class ConfirmScreen(ModalScreen[bool]):
-    """Yes or no, before a request that cannot be taken back."""
-
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("y", "answer(True)", "Yes"),
-        Binding("n,escape", "answer(False)", "No"),
-    ]
-    DEFAULT_CSS = """
-    ConfirmScreen { align: center middle; }
-    ConfirmScreen > Static { width: 60; height: auto; border: thick $error;
-                             background: $surface; padding: 1 2; }
-    """
-
-    def __init__(self, question: str) -> None:
-        super().__init__()
-        self.question = question
-
-    def compose(self) -> ComposeResult:
-        yield Static(Text(f"{self.question}\n\ny: yes   n / esc: no"))
-
-    def action_answer(self, yes: bool) -> None:
-        self.dismiss(yes)
-
-
-class PromptScreen(ModalScreen["str | None"]):
-    """One line of input; Enter submits (empty clears the filter), Escape keeps it."""
-
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Keep")]
-    DEFAULT_CSS = """
-    PromptScreen { align: center middle; }
-    PromptScreen > Vertical { width: 60; height: auto; border: round $accent;
-                              background: $surface; padding: 0 1; }
-    """
-
-    def __init__(self, label: str, value: str = "") -> None:
-        super().__init__()
-        self.label = label
-        self.value = value
-
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Static(Text(self.label))
-            yield Input(value=self.value, placeholder="empty: everyone")
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        self.dismiss(event.value.strip())
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
 
 
 class RowTable(DataTable[Text]):
@@ -336,61 +166,13 @@ class TopApp(App[None]):
         self._render_table()
 
     def _render_header(self) -> None:
-        """One line: what is shown, the filters and the bar legend. Where the width is
-        short, the backend, the GPU count, the sort and the job count give way (in that
-        order), so the filters and the legend stay."""
-        obs = self.observation
-        parts: list[tuple[str, str, int]] = [(" gpuwarden", "bold", 0)]  # text, style, rank
-        if obs is None:
-            parts.append((" · starting…", "", 0))
-        elif obs.error:
-            parts.append((f" · {obs.error}", "bold red", 0))
-        else:
-            snap = obs.snapshot
-            assert snap is not None
-            parts += [(f" · {snap.backend}", "", 1), (f" · {len(snap.gpus)} GPUs", "", 2)]
-            if obs.jobs is None:
-                parts.append((f" · {obs.daemon or 'no daemon'}", "yellow", 4))
-            else:
-                n = len(obs.jobs)
-                parts.append((f" · {n} job{'' if n == 1 else 's'}", "", 4))
-        parts.append((f" · sort {self.sort}", "", 3))
-        if self.user_filter:
-            parts.append((f" · user {self.user_filter}", "bold cyan", 0))
-        if self.gpu_filter is not None:
-            parts.append((f" · gpu {self.gpu_filter}", "bold cyan", 0))
-        width = self.size.width
-        lg = legend()
-        room = width - lg.cell_len - 1  # the legend stays while the filters fit beside it
-        for rank in (1, 2, 3, 4):
-            if sum(len(t) for t, _, _ in parts) <= room:
-                break
-            parts = [p for p in parts if p[2] != rank]
-        left = Text()
-        for text, style, _ in parts:
-            left.append(text, style)
-        if left.cell_len <= room:
-            left.append(" " * (room - left.cell_len))
-            left.append_text(lg)
-        left.truncate(width, overflow="ellipsis")
-        self.query_one("#header", Static).update(left)
+        """One line: what is shown, the filters and the bar legend (``draw.header_line``)."""
+        self.query_one("#header", Static).update(draw.header_line(
+            self.observation, self.sort, self.user_filter, self.gpu_filter, self.size.width))
 
     def gpu_text(self) -> Text:
         """The GPU panel as one Text (a line per GPU)."""
-        obs = self.observation
-        if obs is None or obs.snapshot is None:
-            return Text("")
-        lines = model.gpu_lines(obs.snapshot, obs.leaks)
-        out = Text(no_wrap=True, overflow="ellipsis")
-        if not lines:
-            out.append("no GPUs", style="dim")
-        for i, pieces in enumerate(model.render_gpu_lines(lines, self.size.width,
-                                                          self.gpu_filter)):
-            if i:
-                out.append("\n")
-            for text, key in pieces:
-                out.append(text, style_of(key))
-        return out
+        return draw.gpu_panel(self.observation, self.size.width, self.gpu_filter)
 
     def _render_gpus(self) -> None:
         self.query_one("#gpus", Static).update(self.gpu_text())
@@ -413,26 +195,13 @@ class TopApp(App[None]):
         selected = self.selected()
         table.clear()
         for r in rows:
-            table.add_row(*self._styled(r, layout), key=r.key)
+            table.add_row(*draw.styled_cells(r, layout), key=r.key)
         self.shown = rows
         if selected is not None:
             for i, r in enumerate(rows):
                 if r.key == selected.key:
                     table.move_cursor(row=i, animate=False)
                     break
-
-    @staticmethod
-    def _styled(r: Row, layout: Sequence[model.Column]) -> list[Text]:
-        cells = [Text(c) for c in model.row_cells(r, layout)]
-        if r.job is not None:
-            cells[3].stylize(f"bold {model.job_color(r.job)}")
-        if r.over_budget:
-            cells[5].stylize("bold red")
-        if r.kind == model.QUEUED_JOB or r.job is not None:
-            cells[6].stylize(_JOB_STATE_STYLE.get(r.state, "red"))
-        elif r.state != "running":
-            cells[6].stylize("red")
-        return cells
 
     # -- the selected row -----------------------------------------------------------------
 
@@ -493,7 +262,7 @@ class TopApp(App[None]):
             return
         parts: list[RenderableType] = []
         if row.pid is not None:
-            parts.append(_pairs(model.process_details(obs.snapshot, row.gpus[0], row.pid)))
+            parts.append(draw.pairs(model.process_details(obs.snapshot, row.gpus[0], row.pid)))
         if row.job is None:
             title = f"process {row.pid} on GPU {row.gpus[0]}"
             self.push_screen(TextScreen(title, Group(*parts)))
@@ -507,7 +276,7 @@ class TopApp(App[None]):
     def _load_job(self, screen: TextScreen, job: int, parts: list[RenderableType]) -> None:
         try:
             j = self.client.job(job)
-            body: RenderableType = _pairs(model.job_details(j))
+            body: RenderableType = draw.pairs(model.job_details(j))
         except GpuwardenError as e:
             body = Text(f"job {job}: {e}", style="red")
         rule = [Text("")] if parts else []
@@ -540,7 +309,7 @@ class TopApp(App[None]):
         self.call_from_thread(self.action_refresh)
 
     def action_keys(self) -> None:
-        self.push_screen(TextScreen("gpuwarden top: keys", keys_help(self.BINDINGS)))
+        self.push_screen(TextScreen("gpuwarden top: keys", draw.keys_help(self.BINDINGS)))
 
     def action_doctor(self) -> None:
         screen = TextScreen("doctor findings (as `gpuwarden doctor`)",

@@ -1,12 +1,12 @@
 """What ``gpuwarden top`` shows, as plain values: per-GPU memory bars split by who holds
 the memory, and the rows of processes and daemon jobs. Pure functions of a Snapshot, the
 leaks found over recent snapshots and the daemon's job list, so they are tested without
-a terminal; the textual app only styles and places them."""
+a terminal; ``tui/draw.py`` styles them and the textual app places them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpuwarden.observe.leaks import Leak
@@ -217,6 +217,19 @@ class Row:
     command: str
     cpu: float | None = None  # host CPU % since the previous refresh (100: one core)
     rss: int | None = None  # host memory resident, bytes
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One refresh: the snapshot, the leaks over recent ones, the daemon's jobs (None:
+    no daemon answered, ``daemon`` says why) or an error that stopped the snapshot."""
+
+    snapshot: Snapshot | None
+    leaks: tuple[Leak, ...] = ()
+    jobs: tuple[JobDoc, ...] | None = None
+    daemon: str | None = None
+    error: str | None = None
+    rows: tuple[Row, ...] = field(default_factory=tuple)
 
 
 def cpu_percent(p: ProcessView, previous: Snapshot | None, now: float) -> float | None:
