@@ -288,6 +288,14 @@ class TestMps:
         assert g.mps is True
 
 
+    def test_a_process_name_that_is_not_utf8_does_not_kill_the_view(self) -> None:
+        # Linux names are bytes; pynvml decodes the name as UTF-8 and raises on others.
+        odd = FakeProcess(pid=4603, used_memory=GiB, name=b"/opt/\xe9t\xe9/train")
+        with opened(FakeNvmlLibrary([one_gpu(compute=[odd])])) as nv:
+            (g,) = nv.gpus()
+        assert g.mps is False and g.memory_total == 48 * GiB
+
+
 class TestFailures:
     def test_an_unexpected_error_is_none_and_one_warning(self) -> None:
         gpu = one_gpu(errors={"nvmlDeviceGetTemperature": UNKNOWN})

@@ -327,11 +327,12 @@ class NvmlBackend:
         nv = self._nv
         try:
             name = nv.nvmlSystemGetProcessName(pid)
-        except nv.NVMLError:
+        except (nv.NVMLError, UnicodeDecodeError):
+            # pynvml decodes the name as UTF-8, and a Linux name may be any bytes.
             name = None
         if not name:
             try:
-                with open(f"/proc/{pid}/comm") as f:
+                with open(f"/proc/{pid}/comm", errors="replace") as f:
                     name = f.read().strip()
             except OSError:
                 return None
