@@ -74,6 +74,13 @@ class TestDatacenterGpu:
         assert (g1.memory_used, g1.memory_free, g1.cpus) == (0, 80 * GiB - 512 * MiB, "8-15,24-31")
         assert g0.mig_instances == ()
 
+    def test_gpus_behind_nvswitch_all_reach_each_other(self) -> None:
+        gpus = [*h100_with_processes(), one_gpu(nvlinks=["0000FA11:F0:00.0"] * 18)]
+        for g in gpus:
+            g.nvlink_remote_type = pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+        with opened(FakeNvmlLibrary(gpus)) as nv:
+            assert [g.nvlink_peers for g in nv.gpus()] == [(1, 2), (0, 2), (0, 1)]
+
     def test_processes_with_their_memory_and_sm_share(self) -> None:
         with opened(FakeNvmlLibrary(h100_with_processes())) as nv:
             procs = nv.processes()
