@@ -152,7 +152,7 @@ def test_local_cpus_are_what_nvml_affinity_says(backend: NvmlBackend) -> None:
     affinity call takes milliseconds): the same CPUs NVML names."""
     import pynvml
 
-    from gpuwarden.gpus.nvml import cpu_mask_to_cpulist
+    from gpuwarden.gpus.nvml_values import cpu_mask_to_cpulist
     from gpuwarden.gpus.topology import parse_cpulist
 
     for g in backend.gpus():

@@ -12,7 +12,7 @@ import pytest
 import gpuwarden
 from gpuwarden.errors import UsageError
 from gpuwarden.gpus.model import COMPUTE_MODES
-from gpuwarden.gpus.nvml import (
+from gpuwarden.gpus.nvml_values import (
     compute_mode_name,
     compute_mode_value,
     cpu_mask_to_cpulist,

@@ -15,12 +15,9 @@ from typing import Any, TypeVar
 
 from gpuwarden.errors import BackendUnavailable, GpuwardenError, PermissionDenied, UsageError
 from gpuwarden.gpus.model import COMPUTE_MODES, GpuFacts, GpuProcessFacts, MigInstanceFacts
-from gpuwarden.gpus.topology import (
-    format_cpulist,
-    node_cpulist,
-    sysfs_local_cpulist,
-    sysfs_numa_node,
-)
+from gpuwarden.gpus.nvlink import nvlink_peers
+from gpuwarden.gpus.nvml_values import compute_mode_name, compute_mode_value, cpu_mask_to_cpulist
+from gpuwarden.gpus.topology import node_cpulist, sysfs_local_cpulist, sysfs_numa_node
 from gpuwarden.procs.live import LiveProcesses
 
 T = TypeVar("T")
@@ -47,52 +44,6 @@ _PROCESS_LISTS = (
     ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
     ("mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
 )
-
-
-def cpu_mask_to_cpulist(words: list[int], bits_per_word: int = 64) -> str:
-    """Turn an NVML CPU affinity bitmask (array of words, CPU 0 = bit 0 of word 0)
-    into a kernel cpulist such as ``0-23,48-71``; an all-zero mask gives ``""``."""
-    if bits_per_word <= 0:
-        raise ValueError("bits_per_word must be positive")
-    cpus: list[int] = []
-    for w, word in enumerate(words):
-        if word < 0:
-            raise ValueError(f"negative mask word {word}")
-        base = w * bits_per_word
-        for bit in range(bits_per_word):
-            if word >> bit & 1:
-                cpus.append(base + bit)
-    return format_cpulist(cpus)
-
-
-def compute_mode_name(value: int) -> str | None:
-    """NVML's compute-mode number as one of ``COMPUTE_MODES``; None for a value this
-    version does not know (newer drivers may add modes)."""
-    # NVML_COMPUTEMODE_DEFAULT=0, EXCLUSIVE_THREAD=1, PROHIBITED=2, EXCLUSIVE_PROCESS=3:
-    # COMPUTE_MODES lists them in exactly that order.
-    if 0 <= value < len(COMPUTE_MODES):
-        return COMPUTE_MODES[value]
-    return None
-
-
-def compute_mode_value(name: str) -> int:
-    """The NVML number for a compute-mode name. Case and ``-``/``_`` are forgiven
-    because people type these; anything else is a UsageError listing the choices."""
-    wanted = name.strip().lower().replace("-", "_")
-    for value, mode in enumerate(COMPUTE_MODES):
-        if mode.lower() == wanted:
-            return value
-    raise UsageError(f"unknown compute mode {name!r}; choose one of {', '.join(COMPUTE_MODES)}")
-
-
-def normalize_bus_id(bus_id: str | bytes) -> str:
-    """Comparable PCI bus id: lower case, 4-digit domain (NVML mixes 4 and 8 digits)."""
-    text = bus_id.decode(errors="replace") if isinstance(bus_id, bytes) else bus_id
-    text = text.strip().lower()
-    domain, sep, rest = text.partition(":")
-    if sep and len(domain) == 8:
-        domain = domain[4:]
-    return f"{domain}{sep}{rest}"
 
 
 def _one_line(text: str) -> str:
@@ -327,11 +278,12 @@ class NvmlBackend:
         nv = self._nv
         try:
             name = nv.nvmlSystemGetProcessName(pid)
-        except nv.NVMLError:
+        except (nv.NVMLError, UnicodeDecodeError):
+            # pynvml decodes the name as UTF-8, and a Linux name may be any bytes.
             name = None
         if not name:
             try:
-                with open(f"/proc/{pid}/comm") as f:
+                with open(f"/proc/{pid}/comm", errors="replace") as f:
                     name = f.read().strip()
             except OSError:
                 return None
@@ -371,63 +323,12 @@ class NvmlBackend:
     def _nvlink_peers(
         self, handles: dict[int, Any], bus_ids: dict[int, str | None]
     ) -> dict[int, tuple[int, ...]]:
-        """GPU index -> indices of GPUs reachable over active NVLink. Best effort and
-        cached: topology does not change while the driver is loaded."""
+        """``nvlink_peers``, cached: topology does not change while the driver is loaded."""
         key = tuple(bus_ids.get(i) for i in sorted(handles))
         cached = self._peer_cache.get(key)
-        if cached is not None:
-            return cached
-        nv = self._nv
-        by_bus = {normalize_bus_id(b): i for i, b in bus_ids.items() if b}
-        peers: dict[int, set[int]] = {i: set() for i in handles}
-        on_switch: set[int] = set()
-        has_links: set[int] = set()
-        max_links = int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))
-        switch_type = getattr(nv, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
-        type_fn = getattr(nv, "nvmlDeviceGetNvLinkRemoteDeviceType", None)
-        for i, h in handles.items():
-            for link in range(max_links):
-                try:
-                    if int(nv.nvmlDeviceGetNvLinkState(h, link)) != nv.NVML_FEATURE_ENABLED:
-                        continue
-                except nv.NVMLError:
-                    continue  # no such link, or NVLink not supported at all
-                has_links.add(i)
-                if type_fn is not None:
-                    try:
-                        if int(type_fn(h, link)) == switch_type:
-                            on_switch.add(i)
-                            continue
-                    except nv.NVMLError:
-                        pass
-                try:
-                    remote = nv.nvmlDeviceGetNvLinkRemotePciInfo(h, link)
-                except nv.NVMLError:
-                    continue
-                peer = by_bus.get(normalize_bus_id(remote.busId))
-                if peer is not None and peer != i:
-                    peers[i].add(peer)
-                    peers[peer].add(i)
-        # Behind NVSwitch every switch-attached GPU reaches every other one.
-        for i in on_switch:
-            peers[i] |= on_switch - {i}
-        # Links up but no peer identified (remote type unknown): ask P2P over NVLink.
-        p2p = getattr(nv, "nvmlDeviceGetP2PStatus", None)
-        for i in sorted(has_links):
-            if peers[i] or p2p is None:
-                continue
-            for j, hj in handles.items():
-                if j == i:
-                    continue
-                try:
-                    status = p2p(handles[i], hj, nv.NVML_P2P_CAPS_INDEX_NVLINK)
-                except nv.NVMLError:
-                    continue
-                if int(status) == nv.NVML_P2P_STATUS_OK:
-                    peers[i].add(j)
-        result = {i: tuple(sorted(p)) for i, p in peers.items()}
-        self._peer_cache[key] = result
-        return result
+        if cached is None:
+            cached = self._peer_cache[key] = nvlink_peers(self._nv, handles, bus_ids)
+        return cached
 
     # -- processes ------------------------------------------------------------
 
