@@ -50,7 +50,7 @@ def start_detached(paths: Paths, wait: float = 15.0) -> Client:
     """Start a daemon in its own session, logging to the state directory, and wait until
     it answers."""
     from gpuwarden.client.api import Client
-    from gpuwarden.daemon.main import load_config
+    from gpuwarden.daemon.config import load_config
 
     _make_home(paths)
     load_config(paths)  # a bad config or socket path: its one line, here and now

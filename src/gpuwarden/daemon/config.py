@@ -53,7 +53,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwarden.daemon.usercmd import checked_url
 from gpuwarden.errors import UsageError
@@ -61,6 +61,9 @@ from gpuwarden.jobs.request import QOS_CLASSES
 from gpuwarden.sched.limits import Limits, UserLimits
 from gpuwarden.sched.queue import Policy
 from gpuwarden.units import bounded_duration, bounded_size, parse_listen, parse_size
+
+if TYPE_CHECKING:
+    from gpuwarden.client.paths import Paths
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -129,6 +132,14 @@ def _load(path: Path) -> dict[str, Any] | None:
         raise UsageError(f"cannot read the config file {path}: {e}") from None
     except RecursionError:
         raise UsageError(f"cannot read the config file {path}: nested too deeply") from None
+
+
+def load_config(paths: Paths) -> Config:
+    """The daemon's config, checked with everything else a start needs before it binds
+    anything (``daemon start`` runs this before it detaches, without importing the
+    daemon itself: a client that starts one waits for this)."""
+    paths.check_socket()
+    return read_config(paths.config)
 
 
 def read_config(path: Path) -> Config:

@@ -18,7 +18,7 @@ from typing import IO, Any
 from aiohttp import web
 
 from gpuwarden.client.paths import Paths, resolve_paths
-from gpuwarden.daemon.config import Config
+from gpuwarden.daemon.config import Config, load_config
 from gpuwarden.daemon.repeated import log_repeated, loop_errors
 from gpuwarden.daemon.service import JobService
 from gpuwarden.errors import GpuwardenError
@@ -166,15 +166,6 @@ async def _serve_tcp(config: Config, app: web.Application, name: str,
 
 def _metrics_registry(config: Config) -> DaemonMetrics | None:
     return None if config.metrics_listen is None else DaemonMetrics(config)
-
-
-def load_config(paths: Paths) -> Config:
-    """The daemon's config, checked with everything else a start needs before it binds
-    anything (``daemon start`` runs this before it detaches)."""
-    from gpuwarden.daemon.config import read_config
-
-    paths.check_socket()
-    return read_config(paths.config)
 
 
 async def _start_public_web(config: Config, store: Any,
