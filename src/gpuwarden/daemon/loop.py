@@ -14,10 +14,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from gpuwarden.daemon.accounting import FairUsage
 from gpuwarden.daemon.config import Config
+from gpuwarden.daemon.holds import Holds
 from gpuwarden.daemon.mps_jobs import MpsPool, client_env
 from gpuwarden.daemon.mps_jobs import key as mps_key
 from gpuwarden.daemon.notify import Notifier
@@ -34,8 +33,6 @@ from gpuwarden.daemon.reconcile import (
     VOID,
     exit_verdict,
     foreign_figure,
-    hold_left,
-    new_hold,
     pass_step,
     recovery_step,
 )
@@ -43,7 +40,7 @@ from gpuwarden.daemon.restart import HealthChecks, cancel_asked
 from gpuwarden.daemon.store import Conflict, JobNotFound
 from gpuwarden.jobs import lifecycle, model
 from gpuwarden.jobs.jobdir import job_dir
-from gpuwarden.jobs.model import Hold, Job, NewHold
+from gpuwarden.jobs.model import Hold, Job
 from gpuwarden.jobs.request import GUARANTEED
 from gpuwarden.procs.identity import same_boot
 from gpuwarden.sched.model import GpuState, Infeasible, ManagedUse, Place, Preempt, QueuedJob, Wait
@@ -71,23 +68,6 @@ log = logging.getLogger("gpuwarden.loop")
 CLAIM_WAIT = 30.0
 REPORTS = "reports"  # beside jobs/: one allocator report file per attempt (the cap hook's)
 PREEMPT_NOTICE = "preempt"  # in the attempt directory; GPUWARDEN_PREEMPT_FILE names it
-
-
-def _tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
-def _still_running(hold: Hold) -> list[int]:
-    """The ended attempt's processes that still run: the same processes (pid and start
-    time) the passes saw in its tree, not zombies. A supervisor ends the whole tree, so
-    these are what a lost supervisor or launcher left."""
-    from gpuwarden.procs.identity import alive
-
-    return [pid for pid, start in sorted(hold.starts.items()) if alive(pid, start)]
 
 
 def _driver_limit(cap: int | None, context: int) -> int | None:
@@ -156,13 +136,13 @@ class Scheduler:
         self._backend: Backend | None = None
         self._watched: set[tuple[int, int, str]] = set()  # (job, attempt, action) recorded
         self._estimates: dict[int, float | None] = {}  # job id -> learned run time
-        # job id -> its processes this attempt, with their start times where known
-        self._seen_pids: dict[int, dict[int, float | None]] = {}
         self._last_sample = float("-inf")  # when memory history was last recorded
         self._mps_in_use: set[str] | None = None  # MPS daemons running jobs used last pass
         self._allowed_cpus: frozenset[int] | None = None  # this daemon's CPU mask
         self.health = HealthChecks()  # services' health checks, beside the passes
         self.notifier = Notifier(config.webhook)  # word of each job's end, beside them
+        self.holds = Holds(store, config, jobs_dir, clock, self._open_backend,
+                           self._unaccounted_seen)
         store.on_end = self.notifier.ended
 
     # -- supervisor bookkeeping --------------------------------------------------------
@@ -207,7 +187,7 @@ class Scheduler:
                               now=now, kind=state, detail=detail,
                               exit_code=exit_info.exit_code, ended_at=exit_info.ended_at,
                               started_at=started, preempting_at=None,
-                              reason=reason, hold=self._hold(job, exit_info.ended_at))
+                              reason=reason, hold=self.holds.new(job, exit_info.ended_at))
         if state == model.FAILED and job.spec.group is not None:
             self._hold_failing_group(job)
 
@@ -234,7 +214,7 @@ class Scheduler:
             detail=f"restart {job.restarts + 1} ({svc.restart}) after {detail}; "
                    f"in {delay:g}s", reason=f"restarting after {detail}", **model.FRESH_ATTEMPT,
             attempts=job.attempts + 1, restarts=job.restarts + 1, not_before=now + delay,
-            hold=self._hold(job, now))
+            hold=self.holds.new(job, now))
         return None
 
     def _check_health(self, active: list[Job]) -> None:
@@ -282,97 +262,6 @@ class Scheduler:
                 self.store.transition(waiting.id, (model.QUEUED,), model.HELD, now=now,
                                       kind="group_held", detail=why, reason=why)
 
-    def _hold(self, job: Job, exited_at: float) -> NewHold | None:
-        """What the ending attempt leaves reserved until its memory is verified back."""
-        return new_hold(job, self._seen_pids.pop(job.id, {}), self._status(job).child,
-                        self._unaccounted_seen, exited_at, self.clock())
-
-    def _verify_holds(self, snap: Snapshot) -> list[Hold]:
-        """Release the memory of ended attempts once it is back: none of their processes
-        is listed on their GPUs and the memory no process accounts for did not grow.
-        Past ``release_timeout`` what is left is a leak, attributed to the job (one
-        event) and handed to the reap logic; the memory stays reserved meanwhile.
-        Returns the holds still open."""
-        now = self.clock()
-        still: list[Hold] = []
-        for h in self.store.open_holds():
-            left = hold_left(h, snap.gpus, _still_running(h), psutil.pid_exists)
-            took = now - h.exited_at
-            if not left:
-                how = "verified" if h.pids or h.baseline else \
-                    "unverified: the daemon did not see the attempt run"
-                self.store.close_hold(h.id, now, how, kind="memory_returned",
-                                      detail=f"{format_bytes(h.budget)} on "
-                                             f"{len(h.gpu_uuids)} GPU(s) back {took:.2f} s "
-                                             "after the end" + ("" if how == "verified"
-                                                                else f" ({how})"))
-                continue
-            if took > self.config.release_timeout and h.leak is None:
-                what = "; ".join(left) + f" ({took:.1f} s after the end)"
-                if self.store.report_leak(h.id, what, now):
-                    self._reap_for(h)
-            still.append(h)
-        return still
-
-    def _reap_for(self, hold: Hold) -> None:
-        """Run the reap logic on what the attempt left: kill its processes that are
-        still there; for memory no process holds, say what would free it. Once per
-        leak, so it takes a full snapshot (holders and process details: the pass's own
-        leaves them out to stay cheap). A process counts as the attempt's only by the
-        (pid, start time) a pass recorded for it: a pid reused since is someone else's."""
-        from gpuwarden.observe.leaks import Leak, find_leaks
-        from gpuwarden.observe.reap import plan_reap
-        from gpuwarden.observe.snapshot import take_snapshot
-        from gpuwarden.procs.terminate import same_start, signal_parent, terminate
-
-        snap = take_snapshot(self._open_backend())
-        self._end_orphans(hold)
-        gpus = {v.facts.index for v in snap.gpus if v.facts.uuid in hold.gpu_uuids}
-        mine: list[Leak] = []
-        reused: set[int] = set()
-        for lk in find_leaks([snap]):
-            if lk.pid is None:
-                if lk.gpu in gpus:
-                    mine.append(lk)
-            elif lk.pid in hold.starts and (lk.start_time is None  # gone: advice only
-                                            or same_start(lk.start_time, hold.starts[lk.pid])):
-                mine.append(lk)
-            elif lk.pid in hold.pids and lk.start_time is not None:
-                reused.add(lk.pid)
-        for pid in sorted(reused):
-            self.store.add_event(hold.job_id, "reap_advice",
-                                 f"pid {pid} is now another process than the job's: left "
-                                 "alone", self.clock())
-        for a in plan_reap(mine, snap, caller_uid=os.geteuid()):
-            acted = True  # "reaped" only for a process signalled; else what would free it
-            if a.action == "terminate" and a.pid is not None:
-                result = terminate(a.pid, hold.starts[a.pid], self.config.grace)
-            elif a.action == "signal_parent" and a.target is not None and a.pid is not None:
-                result = signal_parent(a.target, a.pid)
-            else:
-                acted = False
-                result = "; ".join(x for x in (a.reason, a.next_step) if x)
-            who = (None if a.pid is None else f"dead pid {a.pid}" if a.kind == "dead_pid"
-                   else f"{a.kind} pid {a.pid}")
-            self.store.add_event(hold.job_id, "reaped" if acted else "reap_advice",
-                                 result if who is None else f"{who}: {result}", self.clock())
-
-    def _end_orphans(self, hold: Hold) -> None:
-        """Processes of the job still running after its end: what a supervisor (or an
-        attached job's launcher) killed before it could end the tree leaves. They go
-        the way the tree would have (invariant 5) — only those whose pid and start
-        time a pass recorded for this attempt (``terminate`` checks the start again as
-        it signals): a pid the passes did not see with its start, or one reused since,
-        may be anyone's process."""
-        from gpuwarden.procs.terminate import terminate
-
-        targets = {pid: hold.starts[pid] for pid in _still_running(hold)}
-        for pid, started in sorted(targets.items()):
-            result = terminate(pid, started, self.config.grace)
-            self.store.add_event(hold.job_id, "reaped",
-                                 f"pid {pid}, left running by the job: {result}",
-                                 self.clock())
-
     def _requeue_preempted(self, job: Job, detail: str) -> None:
         now = self.clock()
         if job.spec.no_requeue:
@@ -382,13 +271,13 @@ class Scheduler:
                                   else f"preempted; {job.spec.attach} may start it again",
                                   ended_at=now,
                                   preempting_at=None, preemptions=job.preemptions + 1,
-                                  hold=self._hold(job, now))
+                                  hold=self.holds.new(job, now))
             return
         self.store.transition(job.id, model.ACTIVE, model.QUEUED, now=now, kind="requeued",
                               detail=f"after preemption {job.preemptions + 1}; {detail}",
                               reason="requeued after preemption", **model.FRESH_ATTEMPT,
                               attempts=job.attempts + 1, preemptions=job.preemptions + 1,
-                              hold=self._hold(job, now))
+                              hold=self.holds.new(job, now))
 
     def _context_allowance(self, job: Job) -> int:
         """The CUDA context allowance an OOM retry takes out of NVML's figures (the
@@ -445,7 +334,7 @@ class Scheduler:
             ceiling_until=None if decision.ceiling is None else now + CREEP_WAIT,
             not_before=now + decision.delay,
             oom_tried=None if ask is None else ask.tried, oom_need=decision.need,
-            hold=self._hold(job, now))
+            hold=self.holds.new(job, now))
         return True
 
     def _output_tail(self, job: Job, limit: int = 64 << 10) -> str:
@@ -520,7 +409,7 @@ class Scheduler:
         self.store.transition(job.id, (model.RESERVED, model.RUNNING), model.FAILED,
                               now=now, kind="lost",
                               detail="its supervisor died without recording an exit",
-                              reason="supervisor lost", ended_at=now, hold=self._hold(job, now))
+                              reason="supervisor lost", ended_at=now, hold=self.holds.new(job, now))
 
     def _adopt(self, job: Job, supervisor: SupervisorHandle) -> None:
         """Record a reserved job's running supervisor, found where the pass that
@@ -619,16 +508,8 @@ class Scheduler:
         for job in active:
             if job.supervisor_pid is None:
                 continue
-            procs = _tree(job.supervisor_pid)
-            tree = {p.pid for p in procs}
+            tree = {p.pid for p in self.holds.record_tree(job.id, job.supervisor_pid)}
             managed_pids |= tree
-            seen = self._seen_pids.setdefault(job.id, {})
-            for proc in procs:
-                if proc.pid not in seen:
-                    try:
-                        seen[proc.pid] = proc.create_time()
-                    except psutil.Error:
-                        seen[proc.pid] = None
             per_gpu: dict[str, int] = {}
             for g in snap.gpus:
                 for p in g.processes:
@@ -639,7 +520,7 @@ class Scheduler:
                 self.store.set_peak(job.id, max(per_gpu.values()))
         if any(j.spec.mps for j in active):
             managed_pids |= self.mps.server_pids()
-        holds = self._verify_holds(snap)
+        holds = self.holds.verify(snap)
         self.last_states = self._gpu_states(snap, active, managed_pids, used, holds)
         index = {v.facts.uuid: v.facts.index for v in snap.gpus}
         self.last_running = [  # limits as the driver counts (its figures hold the context)
@@ -736,7 +617,7 @@ class Scheduler:
         for job in active:
             # Every process seen in this attempt is the job's, also in the moments
             # before its tree is read or after it left: never foreign.
-            managed_pids |= set(self._seen_pids.get(job.id, ()))
+            managed_pids |= set(self.holds.seen_pids.get(job.id, ()))
             if job.budget is None:
                 continue
             view = queued_view(job, self._estimate(job))
