@@ -10,12 +10,13 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.daemon.accounting import FairUsage
 from gpuwarden.daemon.config import Config
+from gpuwarden.daemon.gpu_states import GpuStates, driver_limit, report_path
 from gpuwarden.daemon.holds import Holds
 from gpuwarden.daemon.mps_jobs import MpsPool, client_env
 from gpuwarden.daemon.mps_jobs import key as mps_key
@@ -25,14 +26,11 @@ from gpuwarden.daemon.reconcile import (
     ADOPT,
     FINISH,
     LOST,
-    PEAK_WINDOW,
     REBOOTED,
     SETTLE,
     STARTED,
-    UNACCOUNTED_PERSIST,
     VOID,
     exit_verdict,
-    foreign_figure,
     pass_step,
     recovery_step,
 )
@@ -41,9 +39,8 @@ from gpuwarden.daemon.store import Conflict, JobNotFound
 from gpuwarden.jobs import lifecycle, model
 from gpuwarden.jobs.jobdir import job_dir
 from gpuwarden.jobs.model import Hold, Job
-from gpuwarden.jobs.request import GUARANTEED
 from gpuwarden.procs.identity import same_boot
-from gpuwarden.sched.model import GpuState, Infeasible, ManagedUse, Place, Preempt, QueuedJob, Wait
+from gpuwarden.sched.model import GpuState, Infeasible, Place, Preempt, QueuedJob, Wait
 from gpuwarden.sched.oom import (
     CREEP_WAIT,
     GiveUp,
@@ -66,14 +63,7 @@ log = logging.getLogger("gpuwarden.loop")
 # An attached job is stored, then its launcher named in its directory: a pass between
 # the two waits this long for the name before it takes the launcher for gone.
 CLAIM_WAIT = 30.0
-REPORTS = "reports"  # beside jobs/: one allocator report file per attempt (the cap hook's)
 PREEMPT_NOTICE = "preempt"  # in the attempt directory; GPUWARDEN_PREEMPT_FILE names it
-
-
-def _driver_limit(cap: int | None, context: int) -> int | None:
-    """A job's memory limit as the driver counts it: its allocator's cap plus the CUDA
-    context booked beside it (None: a whole GPU, no limit)."""
-    return None if cap is None else cap + context
 
 
 def _report_file(path: Path, uid: int, gid: int) -> None:
@@ -128,22 +118,22 @@ class Scheduler:
         self.backend = backend
         self.boot_id = boot_id
         self.clock = clock
-        self.last_states: list[GpuState] = []
-        self._peaks: dict[str, list[tuple[float, int]]] = {}  # uuid -> (time, foreign bytes)
-        self._unaccounted_seen: dict[str, list[tuple[float, int]]] = {}  # uuid -> samples
-        self._models: dict[str, tuple[str, str]] = {}  # GPU uuid -> (model, driver)
-        self._context_samples: dict[tuple[str, str], list[int]] | None = None  # cached
         self._backend: Backend | None = None
         self._watched: set[tuple[int, int, str]] = set()  # (job, attempt, action) recorded
         self._estimates: dict[int, float | None] = {}  # job id -> learned run time
         self._last_sample = float("-inf")  # when memory history was last recorded
         self._mps_in_use: set[str] | None = None  # MPS daemons running jobs used last pass
-        self._allowed_cpus: frozenset[int] | None = None  # this daemon's CPU mask
         self.health = HealthChecks()  # services' health checks, beside the passes
         self.notifier = Notifier(config.webhook)  # word of each job's end, beside them
+        self.gpus = GpuStates(store, config, jobs_dir, clock, self._estimate)
         self.holds = Holds(store, config, jobs_dir, clock, self._open_backend,
-                           self._unaccounted_seen)
+                           self.gpus.unaccounted_seen)
         store.on_end = self.notifier.ended
+
+    @property
+    def last_states(self) -> list[GpuState]:
+        """The GPU states the last pass planned with."""
+        return self.gpus.last
 
     # -- supervisor bookkeeping --------------------------------------------------------
     def jobdir(self, job: Job) -> Path:
@@ -157,7 +147,7 @@ class Scheduler:
             child = self._status(job).child
             started = child.started_at if child is not None else None
         now = self.clock()
-        self._measure_context(job, exit_info.started)
+        self.gpus.measure_context(job, exit_info.started)
         if verdict.preempted:
             self._requeue_preempted(job, detail)
             return
@@ -174,7 +164,7 @@ class Scheduler:
             if signature is not None:
                 oom = {"oom_tried": None if ask is None else ask.tried,
                        "oom_need": None if ask is None else
-                       ask.need(self._context_allowance(job))}
+                       ask.need(self.gpus.context_allowance(job))}
         svc = job.spec.service
         if svc is not None and state != model.CANCELLED and not cancel_asked(job.events) \
                 and svc.restarts_from(state == model.SUCCEEDED):
@@ -279,32 +269,15 @@ class Scheduler:
                               attempts=job.attempts + 1, preemptions=job.preemptions + 1,
                               hold=self.holds.new(job, now))
 
-    def _context_allowance(self, job: Job) -> int:
-        """The CUDA context allowance an OOM retry takes out of NVML's figures (the
-        message's "in use", the sampled peak): the one booked for the job, else its
-        GPUs' allowance as last measured (sched/context.py)."""
-        if job.context is not None:
-            return job.context
-        return self._booked_context(job.gpus)
-
-    def _booked_context(self, gpus: Iterable[int]) -> int:
-        """The context allowance to book per GPU for a job on ``gpus``: the largest of
-        theirs (one figure per job, as its budget is)."""
-        from gpuwarden.sched.context import DEFAULT_CONTEXT
-
-        wanted = set(gpus)
-        found = [g.context for g in self.last_states if g.index in wanted]
-        return max(found) if found else DEFAULT_CONTEXT
-
     def _after_oom(self, job: Job, signature: str, ask: OomAsk | None, detail: str) -> bool:
         """Record the OOM; queue the job again with a bigger budget when it may: at once
         (a bigger budget waits only for room), in its place in the queue (its submission
         time is kept). True when it was queued again (the caller records nothing more)."""
         now = self.clock()
-        context = self._context_allowance(job)
+        context = self.gpus.context_allowance(job)
         asked = "" if ask is None else f"; {describe_ask(ask, context)}"
         self.store.add_event(job.id, "oom", f"{signature}; {detail}{asked}", now)
-        largest = max((capacity(g) for g in self.last_states), default=0)
+        largest = max((capacity(g) for g in self.gpus.last), default=0)
         decision = after_oom(old_budget=job.budget if job.request is not None else None,
                              peak=job.peak_memory, largest=largest, used=job.oom_retries,
                              allowed=job.spec.retries, backoff=self.config.retry_backoff,
@@ -521,11 +494,11 @@ class Scheduler:
         if any(j.spec.mps for j in active):
             managed_pids |= self.mps.server_pids()
         holds = self.holds.verify(snap)
-        self.last_states = self._gpu_states(snap, active, managed_pids, used, holds)
+        self.gpus.update(snap, active, managed_pids, used, holds, self.holds.seen_pids)
         index = {v.facts.uuid: v.facts.index for v in snap.gpus}
         self.last_running = [  # limits as the driver counts (its figures hold the context)
-            {"id": j.id, "user": j.user, "qos": j.spec.qos, "limit": _driver_limit(
-                j.cap(j.budget), self._context_allowance(j)),
+            {"id": j.id, "user": j.user, "qos": j.spec.qos, "limit": driver_limit(
+                j.cap(j.budget), self.gpus.context_allowance(j)),
              "used": {str(index[u]): b for u, b in used.get(j.id, {}).items() if u in index}}
             for j in active if j.state == model.RUNNING]
 
@@ -554,153 +527,24 @@ class Scheduler:
         except StoreError as e:
             log.warning("memory history not recorded: %s", e)
 
-    def contexts(self, snap: Snapshot) -> dict[str, int]:
-        """The CUDA context allowance of each GPU (by uuid): config ``context_memory``,
-        else what jobs on that GPU model and driver measured (sched/context.py)."""
-        from gpuwarden.sched.context import allowance
-
-        if self._context_samples is None:
-            self._context_samples = self.store.context_samples()
-        driver = snap.driver_version or "unknown"
-        out = {}
-        for v in snap.gpus:
-            key = (v.facts.name, driver)
-            self._models[v.facts.uuid] = key
-            out[v.facts.uuid] = allowance(self._context_samples.get(key, []),
-                                          self.config.context_memory)
-        return out
-
-    def report_file(self, job: Job) -> Path:
-        """Where this attempt's cap hook reports its allocator's peak: a file of the
-        job's user in a directory others may pass through but not list."""
-        return self.jobs_dir.parent / REPORTS / f"{job.id}.{job.attempts}.json"
-
-    def _measure_context(self, job: Job, started: bool) -> None:
-        """A single-GPU job that ended: its driver peak less its allocator's peak (the
-        cap hook's report, read and removed here) is one measurement of the context on
-        that GPU model."""
-        from gpuwarden.sched.context import sample
-
-        path = self.report_file(job)
-        try:
-            with open(path, "rb") as f:
-                report = json.loads(f.read(4096) or b"null")
-            peaks = report["max_reserved"] if isinstance(report, dict) else None
-            peak = peaks[0] if isinstance(peaks, list) and len(peaks) == 1 else None
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):  # the job wrote it
-            return
-        finally:
-            with contextlib.suppress(OSError):
-                path.unlink()
-        if not started or len(job.gpu_uuids) != 1 or isinstance(peak, bool) \
-                or not isinstance(peak, int) or not 0 <= peak < 1 << 50:
-            return
-        self.store.set_allocated_peak(job.id, peak)
-        if job.peak_memory is None or job.attempts:
-            return  # (a later attempt's peak may be an earlier one's, at a lower cap)
-        key = self._models.get(job.gpu_uuids[0])
-        if key is None:
-            return
-        value = sample(job.peak_memory, peak)
-        if value is None:
-            return
-        self.store.add_context_sample(key[0], key[1], value, self.clock())
-        self._context_samples = None  # read again next pass
-
-    def _gpu_states(self, snap: Snapshot, active: list[Job], managed_pids: set[int],
-                    used: dict[int, dict[str, int]], holds: list[Hold]) -> list[GpuState]:
-        from gpuwarden.sched.placement import foreign_parts, gpu_states, reservation
-
-        now = self.clock()
-        contexts = self.contexts(snap)
-        uses: dict[str, list[ManagedUse]] = {}
-        for job in active:
-            # Every process seen in this attempt is the job's, also in the moments
-            # before its tree is read or after it left: never foreign.
-            managed_pids |= set(self.holds.seen_pids.get(job.id, ()))
-            if job.budget is None:
-                continue
-            view = queued_view(job, self._estimate(job))
-            for uuid in job.gpu_uuids:
-                uses.setdefault(uuid, []).append(reservation(
-                    view, job.budget, started_at=job.started_at or now,
-                    used=used.get(job.id, {}).get(uuid),
-                    preempting=job.preempting_at is not None,
-                    context=job.context if job.context is not None else
-                    contexts.get(uuid, 0)))
-        for h in holds:  # ended attempts whose memory is not back yet
-            for uuid in h.gpu_uuids:
-                uses.setdefault(uuid, []).append(ManagedUse(
-                    job_id=-h.id, budget=h.budget, qos=GUARANTEED, started_at=h.exited_at,
-                    context=contexts.get(uuid, 0), ended=True))
-            managed_pids |= set(h.pids)  # what they leave is theirs, not foreign
-        foreign: dict[str, int] = {}
-        for gpu in snap.gpus:
-            uuid = gpu.facts.uuid
-            procs, unaccounted = foreign_parts(gpu, managed_pids)
-            hist = [(t, b) for t, b in self._peaks.get(uuid, []) if now - t < PEAK_WINDOW]
-            hist.append((now, procs))
-            self._peaks[uuid] = hist[-600:]
-            seen: list[tuple[float, int]] = []
-            if unaccounted is not None:
-                seen = [(t, b) for t, b in self._unaccounted_seen.get(uuid, [])
-                        if now - t < UNACCOUNTED_PERSIST]
-                seen.append((now, unaccounted))
-                self._unaccounted_seen[uuid] = seen[-600:]
-            foreign[uuid] = foreign_figure(hist, seen, now)
-        states = gpu_states(snap, uses, managed_pids, foreign, self.config.reserve,
-                            contexts=contexts)
-        return self._drained(self._with_cpus(states, snap, active))
-
-    def _drained(self, states: list[GpuState]) -> list[GpuState]:
-        """The GPUs an admin drained (``gpu drain``) marked so: placement skips them."""
-        drains = self.store.drains()
-        if not drains:
-            return states
-        return [dataclasses.replace(g, drained=drains[g.index]["reason"] or "")
-                if g.index in drains else g for g in states]
-
-    def _with_cpus(self, states: list[GpuState], snap: Snapshot,
-                   active: list[Job]) -> list[GpuState]:
-        """Each GPU's local CPUs (those this daemon may use) and which of them no job
-        holds alone (--cpus), for placement."""
-        from gpuwarden.gpus.topology import parse_cpulist
-        from gpuwarden.launch import probe_host
-
-        if self._allowed_cpus is None:
-            self._allowed_cpus = probe_host().allowed_cpus or frozenset()
-        held = frozenset(c for j in active for c in j.cpu_set)
-        facts = {v.facts.index: v.facts for v in snap.gpus}
-        out = []
-        for g in states:
-            text = facts[g.index].cpus if g.index in facts else None
-            if text is None:
-                out.append(g)
-                continue
-            local = parse_cpulist(text)
-            if self._allowed_cpus:
-                local &= self._allowed_cpus
-            out.append(dataclasses.replace(g, local_cpus=local, free_cpus=local - held))
-        return out
-
     def _watch(self, active: list[Job], used: dict[int, dict[str, int]],
                room_wanted: bool) -> None:
         """The watchdog: a running job past its limit is noted, warned about or killed,
         per its class (``sched/watchdog.py``); each finding is one event per attempt."""
         from gpuwarden.sched.watchdog import KILL, check
 
-        index = {g.uuid: g.index for g in self.last_states}
+        index = {g.uuid: g.index for g in self.gpus.last}
         for job in active:
             if job.state != model.RUNNING or job.budget is None or job.preempting_at \
                     or job.kill_reason:
                 continue
             # The driver's figures hold the job's CUDA context: so do its limits here.
-            context = self._context_allowance(job)
+            context = self.gpus.context_allowance(job)
             request = job.budget + context if job.request is not None else None
             by_index = {str(index[uuid]): b for uuid, b in used.get(job.id, {}).items()
                         if uuid in index}
             d = check(job.id, job.spec.qos, request,
-                      _driver_limit(job.cap(job.budget), context), by_index, room_wanted)
+                      driver_limit(job.cap(job.budget), context), by_index, room_wanted)
             if d is None:
                 continue
             key = (job.id, job.attempts, d.action)
@@ -746,7 +590,7 @@ class Scheduler:
         views = [self._view(j, now) for j in ready]
         if fair:
             views = [dataclasses.replace(v, fair_usage=fair.get(v.user, 0.0)) for v in views]
-        for d in plan(self.last_states, views,
+        for d in plan(self.gpus.last, views,
                       self.config.spike_buffer, now=now, policy=self.config.policy):
             job = by_id[d.job_id]
             if isinstance(d, Preempt):
@@ -769,7 +613,7 @@ class Scheduler:
         view = queued_view(job, self._estimate(job), now)
         if job.spec.service is None or not job.restarts or job.release is None:
             return view
-        index = {g.uuid: g.index for g in self.last_states}
+        index = {g.uuid: g.index for g in self.gpus.last}
         prefer = tuple(index[u] for u in job.release.gpu_uuids if u in index)
         if len(prefer) != len(job.release.gpu_uuids):
             return view
@@ -876,7 +720,7 @@ class Scheduler:
                    f"each; started by {job.spec.attach} (pid {handle.pid})",
             gpus=place.gpus, gpu_uuids=uuids, budget=place.budget, cpu_set=place.cpus,
             reason=None, supervisor_pid=handle.pid, supervisor_start=handle.start_time,
-            boot_id=self.boot_id, context=self._booked_context(place.gpus))
+            boot_id=self.boot_id, context=self.gpus.booked_context(place.gpus))
 
     def _launch(self, job: Job, place: Place, snap: Snapshot) -> None:
         if job.spec.attach is not None:
@@ -893,7 +737,7 @@ class Scheduler:
         chosen = [places[u] for u in place.uuids] if place.uuids else \
             [facts[i] for i in place.gpus]
         budget_text = format_bytes(place.budget)
-        context = self._booked_context(place.gpus)
+        context = self.gpus.booked_context(place.gpus)
         job = self.store.transition(
             job.id, (model.QUEUED,), model.RESERVED, now=self.clock(), kind="placed",
             detail=f"GPU {','.join(map(str, place.gpus))}, {budget_text} each "
@@ -902,7 +746,7 @@ class Scheduler:
             cpu_set=place.cpus, reason=None, context=context)
         try:
             d = self.jobdir(job)
-            report = self.report_file(job)
+            report = report_path(self.jobs_dir, job)
             env = {**job_env(job, place.budget, d), "GPUWARDEN_CONTEXT_BYTES": str(context),
                    "GPUWARDEN_ALLOCATOR_REPORT": str(report)}
             launch = plan_launch(job.spec.command, chosen, base_env=env,
