@@ -24,22 +24,18 @@ from gpuwarden.daemon.mps_jobs import key as mps_key
 from gpuwarden.daemon.notify import Notifier
 from gpuwarden.daemon.queueview import learned_runtime, queued_view
 from gpuwarden.daemon.reconcile import (
-    ADOPT,
     FINISH,
     LOST,
-    REBOOTED,
     SETTLE,
     STARTED,
-    VOID,
     pass_step,
-    recovery_step,
 )
+from gpuwarden.daemon.recovery import Recovery
 from gpuwarden.daemon.restart import HealthChecks
 from gpuwarden.daemon.store import Conflict, JobNotFound
-from gpuwarden.jobs import lifecycle, model
+from gpuwarden.jobs import model
 from gpuwarden.jobs.jobdir import job_dir
 from gpuwarden.jobs.model import Hold, Job
-from gpuwarden.procs.identity import same_boot
 from gpuwarden.sched.model import GpuState, Infeasible, Place, Preempt, QueuedJob, Wait
 from gpuwarden.units import format_bytes
 
@@ -119,6 +115,8 @@ class Scheduler:
         self.holds = Holds(store, config, jobs_dir, clock, self._open_backend,
                            self.gpus.unaccounted_seen)
         self.exits = ExitCollector(store, config, jobs_dir, clock, self.gpus, self.holds)
+        self.recovery = Recovery(store, jobs_dir, boot_id, clock, self.exits.finish,
+                                 self.holds.new)
         store.on_end = self.notifier.ended
 
     @property
@@ -162,96 +160,8 @@ class Scheduler:
         cancel(self.jobdir(job), kill=kill)
 
     def recover(self) -> None:
-        """After a (re)start: adopt supervisors that kept running, collect exits recorded
-        while the daemon was down, and settle jobs lost to a reboot or an early crash."""
-        from gpuwarden.supervisor.control import alive
-
-        for job in self.store.active():
-            st = self._status(job)
-            step = recovery_step(job, st, same_boot=same_boot(job.boot_id, self.boot_id),
-                                 alive=alive)
-            if step == FINISH:
-                assert st.exit is not None
-                self.exits.finish(job, st.exit)
-            elif step == REBOOTED:
-                self._lost_on_reboot(job)
-            elif step == ADOPT:
-                assert st.supervisor is not None
-                self._adopt(job, st.supervisor)
-            elif step == VOID:
-                # Reserved, not launched as far as we know. A supervisor the last daemon
-                # started may still be coming up (it read spec.json and is about to claim
-                # the directory), so voiding the spec is not enough: take its claim
-                # first. Whoever creates supervisor.json owns this attempt.
-                if self._void_attempt(job):
-                    self.store.transition(job.id, (model.RESERVED,), model.QUEUED,
-                                          now=self.clock(), kind="requeued",
-                                          detail="the daemon stopped before launching it",
-                                          **model.FRESH_ATTEMPT, attempts=job.attempts + 1)
-                    continue
-                st = self._status(job)  # a supervisor won: adopt it, or collect its end
-                if st.exit is None and st.supervisor is not None and alive(st.supervisor):
-                    self._adopt(job, st.supervisor)
-                else:
-                    self._finish_or_lost(job)
-            elif step == LOST:
-                self._finish_or_lost(job)
-
-    def _finish_or_lost(self, job: Job) -> None:
-        """A job whose supervisor is gone: collect the end it may have written just now,
-        else the job failed, its supervisor lost (what its tree left is a hold's)."""
-        st = self._status(job)
-        if st.exit is not None:
-            self.exits.finish(job, st.exit)
-            return
-        now = self.clock()
-        self.store.transition(job.id, (model.RESERVED, model.RUNNING), model.FAILED,
-                              now=now, kind="lost",
-                              detail="its supervisor died without recording an exit",
-                              reason="supervisor lost", ended_at=now, hold=self.holds.new(job, now))
-
-    def _adopt(self, job: Job, supervisor: SupervisorHandle) -> None:
-        """Record a reserved job's running supervisor, found where the pass that
-        launched it could not record it (a restart, a launch cut short)."""
-        self.store.transition(job.id, (model.RESERVED,), model.RESERVED, now=self.clock(),
-                              kind=lifecycle.ADOPTED, supervisor_pid=supervisor.pid,
-                              supervisor_start=supervisor.start_time, boot_id=self.boot_id)
-
-    def _settle_unlaunched(self, job: Job, st: SupervisorStatus) -> None:
-        """A reserved job whose launch did not complete: the pass that placed it failed
-        before recording the supervisor (a full disk, a failed spawn whose failure could
-        not be written either). Adopt the supervisor if one claimed the attempt, else
-        void the attempt and queue the job again."""
-        from gpuwarden.supervisor.control import alive
-
-        if st.supervisor is not None:
-            if alive(st.supervisor):
-                self._adopt(job, st.supervisor)
-            return  # a dead one: its exit.json, or the lost-supervisor rule, settles it
-        if self._void_attempt(job):
-            self.store.transition(job.id, (model.RESERVED,), model.QUEUED, now=self.clock(),
-                                  kind="requeued", detail="its launch did not complete",
-                                  **model.FRESH_ATTEMPT, attempts=job.attempts + 1)
-
-    def _void_attempt(self, job: Job) -> bool:
-        """Make sure no supervisor ever runs this attempt of a job: its claim, taken
-        first (``jobdir.void_start``), so exactly one of us gets it. True when the
-        attempt is void (now or by an earlier recovery); False when a supervisor claimed
-        it first (then it runs the job: adopt it, never requeue)."""
-        from gpuwarden.jobs.jobdir import void_start
-
-        return void_start(self.jobdir(job), "gpuwarden daemon recovery", job=job.id)
-
-    def _lost_on_reboot(self, job: Job) -> None:
-        now = self.clock()
-        if job.spec.requeue_on_reboot:
-            self.store.transition(job.id, (model.RESERVED, model.RUNNING), model.QUEUED,
-                                  now=now, kind="requeued", detail="the machine rebooted",
-                                  **model.FRESH_ATTEMPT, attempts=job.attempts + 1)
-        else:
-            self.store.transition(job.id, (model.RESERVED, model.RUNNING), model.FAILED,
-                                  now=now, kind="lost", detail="lost on reboot",
-                                  reason="lost on reboot", ended_at=now)
+        """Settle the active jobs once after the daemon (re)starts, before its passes."""
+        self.recovery.recover()
 
     # -- one pass -----------------------------------------------------------------------
     def _open_backend(self) -> Backend:
@@ -279,7 +189,7 @@ class Scheduler:
                 assert st.exit is not None
                 self.exits.finish(job, st.exit)
             elif step == SETTLE:
-                self._settle_unlaunched(job, st)
+                self.recovery.settle_unlaunched(job, st)
             elif step == STARTED:
                 assert st.child is not None
                 self.store.transition(job.id, (model.RESERVED,), model.RUNNING,
@@ -287,7 +197,7 @@ class Scheduler:
                                       detail=f"pid {st.child.pid}",
                                       started_at=st.child.started_at or self.clock())
             elif step == LOST:
-                self._finish_or_lost(job)
+                self.recovery.finish_or_lost(job)
 
         # 2. Observe: one snapshot, job trees, peaks.
         backend = self._open_backend()
