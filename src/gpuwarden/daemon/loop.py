@@ -1,14 +1,16 @@
-"""The scheduling loop: reconcile running jobs with their supervisors, observe the GPUs,
-ask the placement policy, and carry out its decisions — each state change written to the
-store before the action it records (reserve, then launch)."""
+"""The scheduling loop: one pass (a tick) reconciles the active jobs with their
+supervisors, observes the GPUs, asks the placement policy, and carries out its decisions
+— each state change written to the store before the action it records (reserve, then
+launch). The pass's order is here; what each step does belongs to a collaborator: a
+job's end (``exits``), a supervisor not recorded or lost (``recovery``), an ended
+attempt's memory (``holds``), the GPU states planned with (``gpu_states``), placements
+and preemptions carried out (``placing``)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 from gpuwarden.daemon.accounting import FairUsage
 from gpuwarden.daemon.config import Config
 from gpuwarden.daemon.exits import ExitCollector
-from gpuwarden.daemon.gpu_states import GpuStates, driver_limit, report_path
+from gpuwarden.daemon.gpu_states import GpuStates, driver_limit
 from gpuwarden.daemon.holds import Holds
-from gpuwarden.daemon.mps_jobs import MpsPool, client_env
+from gpuwarden.daemon.mps_jobs import MpsPool
 from gpuwarden.daemon.mps_jobs import key as mps_key
 from gpuwarden.daemon.notify import Notifier
+from gpuwarden.daemon.placing import Placer
 from gpuwarden.daemon.queueview import learned_runtime, queued_view
 from gpuwarden.daemon.reconcile import (
     FINISH,
@@ -37,7 +40,6 @@ from gpuwarden.jobs import model
 from gpuwarden.jobs.jobdir import job_dir
 from gpuwarden.jobs.model import Hold, Job
 from gpuwarden.sched.model import GpuState, Infeasible, Place, Preempt, QueuedJob, Wait
-from gpuwarden.units import format_bytes
 
 if TYPE_CHECKING:
     from gpuwarden.daemon.store import Store
@@ -46,47 +48,14 @@ if TYPE_CHECKING:
     from gpuwarden.observe.snapshot import Snapshot
 
 log = logging.getLogger("gpuwarden.loop")
-# An attached job is stored, then its launcher named in its directory: a pass between
-# the two waits this long for the name before it takes the launcher for gone.
-CLAIM_WAIT = 30.0
-PREEMPT_NOTICE = "preempt"  # in the attempt directory; GPUWARDEN_PREEMPT_FILE names it
-
-
-def _report_file(path: Path, uid: int, gid: int) -> None:
-    """An empty file the job's cap hook may write its allocator report to: the job
-    writes that file alone, never a name of its choosing; a file left by an earlier
-    daemon under the same name is replaced."""
-    path.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
-    try:
-        if os.geteuid() == 0:
-            os.fchown(fd, uid, gid)
-    finally:
-        os.close(fd)
-
-
-def job_env(job: Job, budget: int, jobdir: Path) -> dict[str, str]:
-    """The job's environment on top of its snapshot: its id and budget (and array task),
-    the preemption notice file of checkpoint-friendly jobs, and expandable segments for
-    PyTorch's allocator (fragmentation otherwise makes a job OOM below its budget) unless
-    the user chose allocator settings."""
-    env = {**job.spec.env, "GPUWARDEN_JOB": str(job.id), "GPUWARDEN_BUDGET": str(budget),
-           "GPUWARDEN_QOS": job.spec.qos}
-    if job.spec.array is not None:  # as Slurm's SLURM_ARRAY_JOB_ID and _TASK_ID
-        env["GPUWARDEN_ARRAY_ID"] = str(job.spec.array.array_id)
-        env["GPUWARDEN_ARRAY_INDEX"] = str(job.spec.array.index)
-    if job.spec.checkpoint:
-        env["GPUWARDEN_PREEMPT_FILE"] = str(jobdir / PREEMPT_NOTICE)
-    if job.request is not None and "PYTORCH_CUDA_ALLOC_CONF" not in env \
-            and "PYTORCH_ALLOC_CONF" not in env:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    return env
 
 
 class Scheduler:
+    """The daemon's reconcile loop: runs a pass (``tick``) and the recovery after a
+    restart (``recover``), and holds the collaborators that carry their steps out; the
+    running jobs' health and limits, the memory history and the queue's dependencies
+    are watched here, between the steps."""
+
     def __init__(self, store: Store, jobs_dir: Path, config: Config,
                  backend: Callable[[], Backend], boot_id: str,
                  clock: Callable[[], float] = time.time,
@@ -97,12 +66,10 @@ class Scheduler:
         self.on_pass = on_pass  # told each pass's duration (the metrics histogram)
         self.last_running: list[dict[str, Any]] = []  # running jobs' use, last pass
         self.mps = mps or MpsPool(jobs_dir.parent / "mps")
-        self.spawn = spawn  # starts a supervisor (the daemon's fork server); None: fresh
         self.jobs_dir = jobs_dir
         self.config = config
         self.fair_usage = FairUsage(store, config.policy.fairshare_halflife, clock)
         self.backend = backend
-        self.boot_id = boot_id
         self.clock = clock
         self._backend: Backend | None = None
         self._watched: set[tuple[int, int, str]] = set()  # (job, attempt, action) recorded
@@ -117,6 +84,8 @@ class Scheduler:
         self.exits = ExitCollector(store, config, jobs_dir, clock, self.gpus, self.holds)
         self.recovery = Recovery(store, jobs_dir, boot_id, clock, self.exits.finish,
                                  self.holds.new)
+        self.placer = Placer(store, config, jobs_dir, boot_id, clock, spawn, self.mps,
+                             self.gpus.booked_context, self.cancel_running)
         store.on_end = self.notifier.ended
 
     @property
@@ -309,7 +278,7 @@ class Scheduler:
         queued = self.store.list(states=[model.QUEUED], with_env=False)
         ready: list[Job] = []
         for job in queued:
-            if job.spec.attach is not None and self._waiting_launcher(job) is None:
+            if job.spec.attach is not None and self.placer.waiting_launcher(job) is None:
                 continue
             blocked = self._dependency_block(job)
             if blocked is None:
@@ -330,9 +299,9 @@ class Scheduler:
                       self.config.spike_buffer, now=now, policy=self.config.policy):
             job = by_id[d.job_id]
             if isinstance(d, Preempt):
-                self._preempt(job, d)
+                self.placer.preempt(job, d)
             elif isinstance(d, Place):
-                self._launch(job, d, snap)
+                self.placer.launch(job, d, snap)
                 # Later jobs in this pass were planned with this reservation applied.
             elif isinstance(d, Wait):
                 room_wanted = room_wanted or d.cause in ("room", "preemption")
@@ -364,38 +333,6 @@ class Scheduler:
             self._estimates[job.id] = learned_runtime(self.store, job)[0]
         return self._estimates[job.id]
 
-    def _preempt(self, job: Job, d: Preempt) -> None:
-        """Stop the victims so ``job`` can start: record the preemption on each (written
-        before the signal), leave the notice file for checkpoint-friendly jobs, then ask
-        its supervisor to end it (SIGTERM, the job's grace, SIGKILL). Its end is then a
-        requeue (``_finish``); ``job`` waits until their memory is back."""
-        now = self.clock()
-        for victim_id in d.victims:
-            try:
-                victim = self.store.transition(
-                    victim_id, model.ACTIVE, None, now=now, kind="preempted",
-                    detail=f"for job {job.id}: {d.reason}", preempting_at=now)
-            except (Conflict, JobNotFound):
-                continue  # it ended meanwhile: its room is coming back anyway
-            if victim.spec.checkpoint:
-                self._write_preempt_notice(victim, job, now)
-            self.cancel_running(victim)
-        self.store.set_reason(job.id, f"waiting for preempted job(s) "
-                                      f"{', '.join(map(str, d.victims))} to stop")
-
-    def _write_preempt_notice(self, victim: Job, job: Job, now: float) -> None:
-        path = self.jobdir(victim) / PREEMPT_NOTICE
-        grace = self.config.grace_of(victim.spec.grace)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o644)
-            with os.fdopen(fd, "w") as f:
-                json.dump({"job": victim.id, "preempted_by": job.id, "at": now,
-                           "grace": grace}, f)
-                f.write("\n")
-        except OSError as e:
-            log.warning("cannot write the preemption notice of job %s: %s", victim.id, e)
-
     def _dependency_block(self, job: Job) -> str | None:
         """None when every dependency is met; else why it waits. A dependency that can
         never be met (--after on a job that did not succeed, --after-fail on one that
@@ -422,111 +359,3 @@ class Scheduler:
                 return "waiting"
         return None
 
-    def _waiting_launcher(self, job: Job) -> SupervisorHandle | None:
-        """The launcher of a queued attached job. One that went away before the job was
-        placed has its job cancelled (nobody would start it): None then."""
-        from gpuwarden.daemon.attached import live_launcher
-        from gpuwarden.jobs.jobdir import SUPERVISOR
-
-        handle = live_launcher(self.jobdir(job))
-        if handle is not None:
-            return handle
-        if not (self.jobdir(job) / SUPERVISOR).exists() and \
-                self.clock() - job.submitted_at < CLAIM_WAIT:
-            return None  # stored, its launcher not yet named (the API names it next)
-        with contextlib.suppress(Conflict, JobNotFound):
-            self.store.transition(job.id, (model.QUEUED,), model.CANCELLED, now=self.clock(),
-                                  kind="cancelled", detail="its launcher went away",
-                                  reason=f"its launcher ({job.spec.attach}) went away before "
-                                         "it was placed", ended_at=self.clock())
-        return None
-
-    def _reserve_attached(self, job: Job, place: Place, snap: Snapshot) -> None:
-        """Place an attached job: reserve its budget and name its launcher as its
-        supervisor, in one transition. The launcher, which polls the job, then starts
-        the command on these GPUs with this budget and reports the start."""
-        handle = self._waiting_launcher(job)
-        if handle is None:
-            return
-        facts = {g.index: g.facts for g in snap.gpus}
-        uuids = place.uuids or tuple(facts[i].uuid for i in place.gpus)
-        self.store.transition(
-            job.id, (model.QUEUED,), model.RESERVED, now=self.clock(), kind="placed",
-            detail=f"GPU {','.join(map(str, place.gpus))}, {format_bytes(place.budget)} "
-                   f"each; started by {job.spec.attach} (pid {handle.pid})",
-            gpus=place.gpus, gpu_uuids=uuids, budget=place.budget, cpu_set=place.cpus,
-            reason=None, supervisor_pid=handle.pid, supervisor_start=handle.start_time,
-            boot_id=self.boot_id, context=self.gpus.booked_context(place.gpus))
-
-    def _launch(self, job: Job, place: Place, snap: Snapshot) -> None:
-        if job.spec.attach is not None:
-            self._reserve_attached(job, place, snap)
-            return
-        from gpuwarden.gpus.visible import devices
-        from gpuwarden.jobs.jobdir import write_spec
-        from gpuwarden.launch import plan_launch, probe_host
-        from gpuwarden.supervisor.spawn import NotStarted, spawn_supervisor, spec_from_plan
-
-        facts = {g.index: g.facts for g in snap.gpus}
-        places = {d.uuid: d for d in devices([g.facts for g in snap.gpus])}
-        # a MIG instance is a device of its own, named by its MIG- UUID
-        chosen = [places[u] for u in place.uuids] if place.uuids else \
-            [facts[i] for i in place.gpus]
-        budget_text = format_bytes(place.budget)
-        context = self.gpus.booked_context(place.gpus)
-        job = self.store.transition(
-            job.id, (model.QUEUED,), model.RESERVED, now=self.clock(), kind="placed",
-            detail=f"GPU {','.join(map(str, place.gpus))}, {budget_text} each "
-                   f"(+ {format_bytes(context)} CUDA context)",
-            gpus=place.gpus, gpu_uuids=tuple(f.uuid for f in chosen), budget=place.budget,
-            cpu_set=place.cpus, reason=None, context=context)
-        try:
-            d = self.jobdir(job)
-            report = report_path(self.jobs_dir, job)
-            env = {**job_env(job, place.budget, d), "GPUWARDEN_CONTEXT_BYTES": str(context),
-                   "GPUWARDEN_ALLOCATOR_REPORT": str(report)}
-            launch = plan_launch(job.spec.command, chosen, base_env=env,
-                                 host=probe_host(env), mem_limit=job.cap(place.budget),
-                                 bind=not job.spec.no_numa,
-                                 cores=frozenset(place.cpus) if place.cpus else None)
-            if job.spec.mps:
-                # MPS limits the whole client, its CUDA context inside the limit.
-                control = self.mps.ensure(job.spec.uid, job.spec.gid, place.gpus)
-                limit = (job.cap(place.budget) or place.budget) + context
-                launch = dataclasses.replace(launch, env={
-                    **launch.env, **client_env(control, place.gpus, limit,
-                                               job.spec.sm_percent)})
-            grace = self.config.grace_of(job.spec.grace)
-            write_spec(d, spec_from_plan(job.id, launch, job.spec.command, cwd=job.spec.cwd,
-                                         uid=job.spec.uid, gid=job.spec.gid,
-                                         groups=job.spec.groups, timeout=job.spec.timeout,
-                                         grace=grace))
-            _report_file(report, job.spec.uid, job.spec.gid)
-            if job.spec.checkpoint:
-                d.chmod(0o711)  # the job may look up its notice file, not list the rest
-            handle = (self.spawn or spawn_supervisor)(d)
-        except NotStarted as e:  # proven: nothing of it ran
-            log.warning("launching job %s failed before it started (%s); queued again",
-                        job.id, e)
-            self.store.transition(job.id, (model.RESERVED,), model.QUEUED, now=self.clock(),
-                                  kind="requeued", detail=str(e), **model.FRESH_ATTEMPT,
-                                  attempts=job.attempts + 1)
-            return
-        except Exception as e:
-            log.exception("launching job %s failed", job.id)
-            self.store.transition(job.id, (model.RESERVED,), model.FAILED, now=self.clock(),
-                                  kind="launch_failed", detail=str(e),
-                                  reason=f"launch failed: {e}", ended_at=self.clock())
-            return
-        try:
-            self.store.transition(job.id, (model.RESERVED,), model.RESERVED,
-                                  now=self.clock(), kind="launched",
-                                  detail=f"supervisor pid {handle.pid}; {launch.describe()}"
-                                  + "".join(f"; {n}" for n in launch.notes),
-                                  supervisor_pid=handle.pid,
-                                  supervisor_start=handle.start_time, boot_id=self.boot_id)
-        except Conflict:
-            # Cancelled through the API while we launched it (a reserved job without a
-            # supervisor is cancelled in the store alone): stop what we started.
-            log.info("job %s was cancelled while launching; stopping it", job.id)
-            self.cancel_running(job)
