@@ -1,136 +1,61 @@
-"""The scheduling loop: reconcile running jobs with their supervisors, observe the GPUs,
-ask the placement policy, and carry out its decisions — each state change written to the
-store before the action it records (reserve, then launch)."""
+"""The scheduling loop: one pass (a tick) reconciles the active jobs with their
+supervisors, observes the GPUs, asks the placement policy, and carries out its decisions
+— each state change written to the store before the action it records (reserve, then
+launch). The pass's order is here; what each step does belongs to a collaborator: a
+job's end (``exits``), a supervisor not recorded or lost (``recovery``), an ended
+attempt's memory (``holds``), the GPU states planned with (``gpu_states``), placements
+and preemptions carried out (``placing``)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
-import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from gpuwarden.daemon.accounting import FairUsage
 from gpuwarden.daemon.config import Config
-from gpuwarden.daemon.mps_jobs import MpsPool, client_env
+from gpuwarden.daemon.exits import ExitCollector
+from gpuwarden.daemon.gpu_states import GpuStates, driver_limit
+from gpuwarden.daemon.holds import Holds
+from gpuwarden.daemon.mps_jobs import MpsPool
 from gpuwarden.daemon.mps_jobs import key as mps_key
 from gpuwarden.daemon.notify import Notifier
+from gpuwarden.daemon.placing import Placer
 from gpuwarden.daemon.queueview import learned_runtime, queued_view
 from gpuwarden.daemon.reconcile import (
-    ADOPT,
     FINISH,
     LOST,
-    PEAK_WINDOW,
-    REBOOTED,
     SETTLE,
     STARTED,
-    UNACCOUNTED_PERSIST,
-    VOID,
-    exit_verdict,
-    foreign_figure,
-    hold_left,
-    new_hold,
     pass_step,
-    recovery_step,
 )
-from gpuwarden.daemon.restart import HealthChecks, cancel_asked
+from gpuwarden.daemon.recovery import Recovery
+from gpuwarden.daemon.restart import HealthChecks
 from gpuwarden.daemon.store import Conflict, JobNotFound
-from gpuwarden.jobs import lifecycle, model
+from gpuwarden.jobs import model
 from gpuwarden.jobs.jobdir import job_dir
-from gpuwarden.jobs.model import Hold, Job, NewHold
-from gpuwarden.jobs.request import GUARANTEED
-from gpuwarden.procs.identity import same_boot
-from gpuwarden.sched.model import GpuState, Infeasible, ManagedUse, Place, Preempt, QueuedJob, Wait
-from gpuwarden.sched.oom import (
-    CREEP_WAIT,
-    GiveUp,
-    OomAsk,
-    after_oom,
-    describe_ask,
-    oom_signature,
-    parse_oom,
-)
-from gpuwarden.sched.placement import capacity
-from gpuwarden.units import format_bytes
+from gpuwarden.jobs.model import Hold, Job
+from gpuwarden.sched.model import GpuState, Infeasible, Place, Preempt, QueuedJob, Wait
 
 if TYPE_CHECKING:
     from gpuwarden.daemon.store import Store
     from gpuwarden.gpus.backend import Backend
-    from gpuwarden.jobs.jobdir import ExitInfo, SupervisorHandle, SupervisorStatus
+    from gpuwarden.jobs.jobdir import SupervisorHandle, SupervisorStatus
     from gpuwarden.observe.snapshot import Snapshot
 
 log = logging.getLogger("gpuwarden.loop")
-# An attached job is stored, then its launcher named in its directory: a pass between
-# the two waits this long for the name before it takes the launcher for gone.
-CLAIM_WAIT = 30.0
-REPORTS = "reports"  # beside jobs/: one allocator report file per attempt (the cap hook's)
-PREEMPT_NOTICE = "preempt"  # in the attempt directory; GPUWARDEN_PREEMPT_FILE names it
-
-
-def _tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
-def _still_running(hold: Hold) -> list[int]:
-    """The ended attempt's processes that still run: the same processes (pid and start
-    time) the passes saw in its tree, not zombies. A supervisor ends the whole tree, so
-    these are what a lost supervisor or launcher left."""
-    from gpuwarden.procs.identity import alive
-
-    return [pid for pid, start in sorted(hold.starts.items()) if alive(pid, start)]
-
-
-def _driver_limit(cap: int | None, context: int) -> int | None:
-    """A job's memory limit as the driver counts it: its allocator's cap plus the CUDA
-    context booked beside it (None: a whole GPU, no limit)."""
-    return None if cap is None else cap + context
-
-
-def _report_file(path: Path, uid: int, gid: int) -> None:
-    """An empty file the job's cap hook may write its allocator report to: the job
-    writes that file alone, never a name of its choosing; a file left by an earlier
-    daemon under the same name is replaced."""
-    path.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
-    try:
-        if os.geteuid() == 0:
-            os.fchown(fd, uid, gid)
-    finally:
-        os.close(fd)
-
-
-def job_env(job: Job, budget: int, jobdir: Path) -> dict[str, str]:
-    """The job's environment on top of its snapshot: its id and budget (and array task),
-    the preemption notice file of checkpoint-friendly jobs, and expandable segments for
-    PyTorch's allocator (fragmentation otherwise makes a job OOM below its budget) unless
-    the user chose allocator settings."""
-    env = {**job.spec.env, "GPUWARDEN_JOB": str(job.id), "GPUWARDEN_BUDGET": str(budget),
-           "GPUWARDEN_QOS": job.spec.qos}
-    if job.spec.array is not None:  # as Slurm's SLURM_ARRAY_JOB_ID and _TASK_ID
-        env["GPUWARDEN_ARRAY_ID"] = str(job.spec.array.array_id)
-        env["GPUWARDEN_ARRAY_INDEX"] = str(job.spec.array.index)
-    if job.spec.checkpoint:
-        env["GPUWARDEN_PREEMPT_FILE"] = str(jobdir / PREEMPT_NOTICE)
-    if job.request is not None and "PYTORCH_CUDA_ALLOC_CONF" not in env \
-            and "PYTORCH_ALLOC_CONF" not in env:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    return env
 
 
 class Scheduler:
+    """The daemon's reconcile loop: runs a pass (``tick``) and the recovery after a
+    restart (``recover``), and holds the collaborators that carry their steps out; the
+    running jobs' health and limits, the memory history and the queue's dependencies
+    are watched here, between the steps."""
+
     def __init__(self, store: Store, jobs_dir: Path, config: Config,
                  backend: Callable[[], Backend], boot_id: str,
                  clock: Callable[[], float] = time.time,
@@ -141,101 +66,36 @@ class Scheduler:
         self.on_pass = on_pass  # told each pass's duration (the metrics histogram)
         self.last_running: list[dict[str, Any]] = []  # running jobs' use, last pass
         self.mps = mps or MpsPool(jobs_dir.parent / "mps")
-        self.spawn = spawn  # starts a supervisor (the daemon's fork server); None: fresh
         self.jobs_dir = jobs_dir
         self.config = config
         self.fair_usage = FairUsage(store, config.policy.fairshare_halflife, clock)
         self.backend = backend
-        self.boot_id = boot_id
         self.clock = clock
-        self.last_states: list[GpuState] = []
-        self._peaks: dict[str, list[tuple[float, int]]] = {}  # uuid -> (time, foreign bytes)
-        self._unaccounted_seen: dict[str, list[tuple[float, int]]] = {}  # uuid -> samples
-        self._models: dict[str, tuple[str, str]] = {}  # GPU uuid -> (model, driver)
-        self._context_samples: dict[tuple[str, str], list[int]] | None = None  # cached
         self._backend: Backend | None = None
         self._watched: set[tuple[int, int, str]] = set()  # (job, attempt, action) recorded
         self._estimates: dict[int, float | None] = {}  # job id -> learned run time
-        # job id -> its processes this attempt, with their start times where known
-        self._seen_pids: dict[int, dict[int, float | None]] = {}
         self._last_sample = float("-inf")  # when memory history was last recorded
         self._mps_in_use: set[str] | None = None  # MPS daemons running jobs used last pass
-        self._allowed_cpus: frozenset[int] | None = None  # this daemon's CPU mask
         self.health = HealthChecks()  # services' health checks, beside the passes
         self.notifier = Notifier(config.webhook)  # word of each job's end, beside them
+        self.gpus = GpuStates(store, config, jobs_dir, clock, self._estimate)
+        self.holds = Holds(store, config, jobs_dir, clock, self._open_backend,
+                           self.gpus.unaccounted_seen)
+        self.exits = ExitCollector(store, config, jobs_dir, clock, self.gpus, self.holds)
+        self.recovery = Recovery(store, jobs_dir, boot_id, clock, self.exits.finish,
+                                 self.holds.new)
+        self.placer = Placer(store, config, jobs_dir, boot_id, clock, spawn, self.mps,
+                             self.gpus.booked_context, self.cancel_running)
         store.on_end = self.notifier.ended
+
+    @property
+    def last_states(self) -> list[GpuState]:
+        """The GPU states the last pass planned with."""
+        return self.gpus.last
 
     # -- supervisor bookkeeping --------------------------------------------------------
     def jobdir(self, job: Job) -> Path:
         return job_dir(self.jobs_dir, job)
-
-    def _finish(self, job: Job, exit_info: ExitInfo) -> None:
-        verdict = exit_verdict(job, exit_info)
-        state, detail, reason = verdict.state, verdict.detail, verdict.reason
-        started = job.started_at
-        if started is None:
-            child = self._status(job).child
-            started = child.started_at if child is not None else None
-        now = self.clock()
-        self._measure_context(job, exit_info.started)
-        if verdict.preempted:
-            self._requeue_preempted(job, detail)
-            return
-        oom: dict[str, Any] = {}  # what a final OOM asked for (``show``, ``wait``)
-        if state == model.FAILED and exit_info.started:
-            tail = self._output_tail(job)
-            signature = oom_signature(tail)
-            ask = None if signature is None else parse_oom(tail)
-            if signature is not None and job.spec.attach is not None:
-                self.store.add_event(job.id, "oom", f"{signature}; {detail}; a retry is "
-                                     f"its launcher's ({job.spec.attach})", now)
-            elif signature is not None and self._after_oom(job, signature, ask, detail):
-                return
-            if signature is not None:
-                oom = {"oom_tried": None if ask is None else ask.tried,
-                       "oom_need": None if ask is None else
-                       ask.need(self._context_allowance(job))}
-        svc = job.spec.service
-        if svc is not None and state != model.CANCELLED and not cancel_asked(job.events) \
-                and svc.restarts_from(state == model.SUCCEEDED):
-            given_up = self._restart(job, detail, now)
-            if given_up is None:
-                return
-            if state != model.SUCCEEDED:  # a success keeps no reason
-                reason = given_up
-        self.store.transition(job.id, model.ACTIVE, state, **oom,
-                              now=now, kind=state, detail=detail,
-                              exit_code=exit_info.exit_code, ended_at=exit_info.ended_at,
-                              started_at=started, preempting_at=None,
-                              reason=reason, hold=self._hold(job, exit_info.ended_at))
-        if state == model.FAILED and job.spec.group is not None:
-            self._hold_failing_group(job)
-
-    def _restart(self, job: Job, detail: str, now: float) -> str | None:
-        """Queue a service that ended again, in its place (its submission time kept) with
-        the same budget, after its backoff; None when it was. Past its restart limit it
-        is given up: one ``restart_limit`` event, and the reason it ends with returned."""
-        from gpuwarden.daemon.restart import backoff, recent_restarts
-        from gpuwarden.jobs.lifecycle import RESTART_LIMIT, RESTARTED
-        from gpuwarden.units import format_duration
-
-        svc = job.spec.service
-        assert svc is not None
-        recent = recent_restarts(job.events, now, svc.window)
-        if recent >= svc.limit:
-            why = (f"restart limit: {recent} restart(s) within {format_duration(svc.window)} "
-                   f"(--restart-limit {svc.limit}/{format_duration(svc.window)}); last end: "
-                   f"{detail}")
-            self.store.add_event(job.id, RESTART_LIMIT, why, now)
-            return why
-        delay = backoff(recent)
-        self.store.transition(
-            job.id, model.ACTIVE, model.QUEUED, now=now, kind=RESTARTED,
-            detail=f"restart {job.restarts + 1} ({svc.restart}) after {detail}; "
-                   f"in {delay:g}s", reason=f"restarting after {detail}", **model.FRESH_ATTEMPT,
-            attempts=job.attempts + 1, restarts=job.restarts + 1, not_before=now + delay,
-            hold=self._hold(job, now))
-        return None
 
     def _check_health(self, active: list[Job]) -> None:
         """Take the health-check failures found since the last pass (the checks run in
@@ -258,211 +118,6 @@ class Scheduler:
                 continue
             self.cancel_running(job)
 
-    def _hold_failing_group(self, job: Job) -> None:
-        """A group whose last jobs all failed the same way is held, not burned through:
-        its queued jobs wait for the user to look (``release`` lets them go)."""
-        from gpuwarden.sched.history import STREAK, failing_streak, failure_signature
-
-        assert job.spec.group is not None
-        recent = self.store.recent_ends(job.spec.uid, job.spec.group, STREAK)
-        same = failing_streak([failure_signature(j.state, j.exit_code, j.reason,
-                                                 any(e.kind == "oom" for e in j.events))
-                               for j in recent])
-        if same is None:
-            return
-        why = (f"group {job.spec.group}: its last {STREAK} jobs failed the same way "
-               f"({same}); held until released")
-        now = self.clock()
-        for waiting in self.store.list(states=[model.QUEUED], user=job.spec.user,
-                                       group=job.spec.group, with_events=False,
-                                       with_env=False):
-            if waiting.spec.uid != job.spec.uid:
-                continue
-            with contextlib.suppress(Conflict, JobNotFound):
-                self.store.transition(waiting.id, (model.QUEUED,), model.HELD, now=now,
-                                      kind="group_held", detail=why, reason=why)
-
-    def _hold(self, job: Job, exited_at: float) -> NewHold | None:
-        """What the ending attempt leaves reserved until its memory is verified back."""
-        return new_hold(job, self._seen_pids.pop(job.id, {}), self._status(job).child,
-                        self._unaccounted_seen, exited_at, self.clock())
-
-    def _verify_holds(self, snap: Snapshot) -> list[Hold]:
-        """Release the memory of ended attempts once it is back: none of their processes
-        is listed on their GPUs and the memory no process accounts for did not grow.
-        Past ``release_timeout`` what is left is a leak, attributed to the job (one
-        event) and handed to the reap logic; the memory stays reserved meanwhile.
-        Returns the holds still open."""
-        now = self.clock()
-        still: list[Hold] = []
-        for h in self.store.open_holds():
-            left = hold_left(h, snap.gpus, _still_running(h), psutil.pid_exists)
-            took = now - h.exited_at
-            if not left:
-                how = "verified" if h.pids or h.baseline else \
-                    "unverified: the daemon did not see the attempt run"
-                self.store.close_hold(h.id, now, how, kind="memory_returned",
-                                      detail=f"{format_bytes(h.budget)} on "
-                                             f"{len(h.gpu_uuids)} GPU(s) back {took:.2f} s "
-                                             "after the end" + ("" if how == "verified"
-                                                                else f" ({how})"))
-                continue
-            if took > self.config.release_timeout and h.leak is None:
-                what = "; ".join(left) + f" ({took:.1f} s after the end)"
-                if self.store.report_leak(h.id, what, now):
-                    self._reap_for(h)
-            still.append(h)
-        return still
-
-    def _reap_for(self, hold: Hold) -> None:
-        """Run the reap logic on what the attempt left: kill its processes that are
-        still there; for memory no process holds, say what would free it. Once per
-        leak, so it takes a full snapshot (holders and process details: the pass's own
-        leaves them out to stay cheap). A process counts as the attempt's only by the
-        (pid, start time) a pass recorded for it: a pid reused since is someone else's."""
-        from gpuwarden.observe.leaks import Leak, find_leaks
-        from gpuwarden.observe.reap import plan_reap
-        from gpuwarden.observe.snapshot import take_snapshot
-        from gpuwarden.procs.terminate import same_start, signal_parent, terminate
-
-        snap = take_snapshot(self._open_backend())
-        self._end_orphans(hold)
-        gpus = {v.facts.index for v in snap.gpus if v.facts.uuid in hold.gpu_uuids}
-        mine: list[Leak] = []
-        reused: set[int] = set()
-        for lk in find_leaks([snap]):
-            if lk.pid is None:
-                if lk.gpu in gpus:
-                    mine.append(lk)
-            elif lk.pid in hold.starts and (lk.start_time is None  # gone: advice only
-                                            or same_start(lk.start_time, hold.starts[lk.pid])):
-                mine.append(lk)
-            elif lk.pid in hold.pids and lk.start_time is not None:
-                reused.add(lk.pid)
-        for pid in sorted(reused):
-            self.store.add_event(hold.job_id, "reap_advice",
-                                 f"pid {pid} is now another process than the job's: left "
-                                 "alone", self.clock())
-        for a in plan_reap(mine, snap, caller_uid=os.geteuid()):
-            acted = True  # "reaped" only for a process signalled; else what would free it
-            if a.action == "terminate" and a.pid is not None:
-                result = terminate(a.pid, hold.starts[a.pid], self.config.grace)
-            elif a.action == "signal_parent" and a.target is not None and a.pid is not None:
-                result = signal_parent(a.target, a.pid)
-            else:
-                acted = False
-                result = "; ".join(x for x in (a.reason, a.next_step) if x)
-            who = (None if a.pid is None else f"dead pid {a.pid}" if a.kind == "dead_pid"
-                   else f"{a.kind} pid {a.pid}")
-            self.store.add_event(hold.job_id, "reaped" if acted else "reap_advice",
-                                 result if who is None else f"{who}: {result}", self.clock())
-
-    def _end_orphans(self, hold: Hold) -> None:
-        """Processes of the job still running after its end: what a supervisor (or an
-        attached job's launcher) killed before it could end the tree leaves. They go
-        the way the tree would have (invariant 5) — only those whose pid and start
-        time a pass recorded for this attempt (``terminate`` checks the start again as
-        it signals): a pid the passes did not see with its start, or one reused since,
-        may be anyone's process."""
-        from gpuwarden.procs.terminate import terminate
-
-        targets = {pid: hold.starts[pid] for pid in _still_running(hold)}
-        for pid, started in sorted(targets.items()):
-            result = terminate(pid, started, self.config.grace)
-            self.store.add_event(hold.job_id, "reaped",
-                                 f"pid {pid}, left running by the job: {result}",
-                                 self.clock())
-
-    def _requeue_preempted(self, job: Job, detail: str) -> None:
-        now = self.clock()
-        if job.spec.no_requeue:
-            self.store.transition(job.id, model.ACTIVE, model.CANCELLED, now=now,
-                                  kind=model.CANCELLED, detail=f"preempted; {detail}",
-                                  reason="preempted (--no-requeue)" if job.spec.attach is None
-                                  else f"preempted; {job.spec.attach} may start it again",
-                                  ended_at=now,
-                                  preempting_at=None, preemptions=job.preemptions + 1,
-                                  hold=self._hold(job, now))
-            return
-        self.store.transition(job.id, model.ACTIVE, model.QUEUED, now=now, kind="requeued",
-                              detail=f"after preemption {job.preemptions + 1}; {detail}",
-                              reason="requeued after preemption", **model.FRESH_ATTEMPT,
-                              attempts=job.attempts + 1, preemptions=job.preemptions + 1,
-                              hold=self._hold(job, now))
-
-    def _context_allowance(self, job: Job) -> int:
-        """The CUDA context allowance an OOM retry takes out of NVML's figures (the
-        message's "in use", the sampled peak): the one booked for the job, else its
-        GPUs' allowance as last measured (sched/context.py)."""
-        if job.context is not None:
-            return job.context
-        return self._booked_context(job.gpus)
-
-    def _booked_context(self, gpus: Iterable[int]) -> int:
-        """The context allowance to book per GPU for a job on ``gpus``: the largest of
-        theirs (one figure per job, as its budget is)."""
-        from gpuwarden.sched.context import DEFAULT_CONTEXT
-
-        wanted = set(gpus)
-        found = [g.context for g in self.last_states if g.index in wanted]
-        return max(found) if found else DEFAULT_CONTEXT
-
-    def _after_oom(self, job: Job, signature: str, ask: OomAsk | None, detail: str) -> bool:
-        """Record the OOM; queue the job again with a bigger budget when it may: at once
-        (a bigger budget waits only for room), in its place in the queue (its submission
-        time is kept). True when it was queued again (the caller records nothing more)."""
-        now = self.clock()
-        context = self._context_allowance(job)
-        asked = "" if ask is None else f"; {describe_ask(ask, context)}"
-        self.store.add_event(job.id, "oom", f"{signature}; {detail}{asked}", now)
-        largest = max((capacity(g) for g in self.last_states), default=0)
-        decision = after_oom(old_budget=job.budget if job.request is not None else None,
-                             peak=job.peak_memory, largest=largest, used=job.oom_retries,
-                             allowed=job.spec.retries, backoff=self.config.retry_backoff,
-                             ask=ask, context=context)
-        if isinstance(decision, GiveUp):
-            self.store.add_event(job.id, "not_retried", decision.reason, now)
-            return False
-        shown = ("" if decision.need is None else
-                 f"shown to need {format_bytes(decision.need)}"
-                 + (" (the OOM message)" if ask is not None and decision.need ==
-                    ask.need(context) else " (its peak)") + "; ")
-        self.store.transition(
-            job.id, model.ACTIVE, model.QUEUED, now=now, kind="retried",
-            detail=(f"CUDA OOM retry {job.oom_retries + 1} of {job.spec.retries}: {shown}"
-                    f"budget {format_bytes(job.budget or 0)} -> "
-                    f"{format_bytes(decision.budget)}"
-                    + ("" if decision.ceiling is None else
-                       f" or up to {format_bytes(decision.ceiling)} where a GPU has room (it "
-                       "crept into its cap in small steps: the message shows only that it "
-                       "needs more)")
-                    + ", "
-                    + (f"in {decision.delay:g}s (the same budget: backing off)"
-                       if decision.delay > 0 else "as soon as it fits")),
-            reason="retrying after a CUDA OOM", **model.FRESH_ATTEMPT,
-            attempts=job.attempts + 1, oom_retries=job.oom_retries + 1,
-            retry_mem=decision.budget, retry_ceiling=decision.ceiling,
-            ceiling_until=None if decision.ceiling is None else now + CREEP_WAIT,
-            not_before=now + decision.delay,
-            oom_tried=None if ask is None else ask.tried, oom_need=decision.need,
-            hold=self._hold(job, now))
-        return True
-
-    def _output_tail(self, job: Job, limit: int = 64 << 10) -> str:
-        """The end of the job's stderr and stdout, where an OOM message would be."""
-        from gpuwarden.jobs.jobdir import STDERR, STDOUT
-
-        parts = []
-        for name in (STDERR, STDOUT):
-            try:
-                with open(self.jobdir(job) / name, "rb") as f:
-                    f.seek(0, os.SEEK_END)
-                    f.seek(max(f.tell() - limit, 0))
-                    parts.append(f.read().decode(errors="replace"))
-            except OSError:
-                continue
-        return "\n".join(parts)
-
     def _status(self, job: Job) -> SupervisorStatus:
         from gpuwarden.jobs.jobdir import read_status
 
@@ -474,96 +129,8 @@ class Scheduler:
         cancel(self.jobdir(job), kill=kill)
 
     def recover(self) -> None:
-        """After a (re)start: adopt supervisors that kept running, collect exits recorded
-        while the daemon was down, and settle jobs lost to a reboot or an early crash."""
-        from gpuwarden.supervisor.control import alive
-
-        for job in self.store.active():
-            st = self._status(job)
-            step = recovery_step(job, st, same_boot=same_boot(job.boot_id, self.boot_id),
-                                 alive=alive)
-            if step == FINISH:
-                assert st.exit is not None
-                self._finish(job, st.exit)
-            elif step == REBOOTED:
-                self._lost_on_reboot(job)
-            elif step == ADOPT:
-                assert st.supervisor is not None
-                self._adopt(job, st.supervisor)
-            elif step == VOID:
-                # Reserved, not launched as far as we know. A supervisor the last daemon
-                # started may still be coming up (it read spec.json and is about to claim
-                # the directory), so voiding the spec is not enough: take its claim
-                # first. Whoever creates supervisor.json owns this attempt.
-                if self._void_attempt(job):
-                    self.store.transition(job.id, (model.RESERVED,), model.QUEUED,
-                                          now=self.clock(), kind="requeued",
-                                          detail="the daemon stopped before launching it",
-                                          **model.FRESH_ATTEMPT, attempts=job.attempts + 1)
-                    continue
-                st = self._status(job)  # a supervisor won: adopt it, or collect its end
-                if st.exit is None and st.supervisor is not None and alive(st.supervisor):
-                    self._adopt(job, st.supervisor)
-                else:
-                    self._finish_or_lost(job)
-            elif step == LOST:
-                self._finish_or_lost(job)
-
-    def _finish_or_lost(self, job: Job) -> None:
-        """A job whose supervisor is gone: collect the end it may have written just now,
-        else the job failed, its supervisor lost (what its tree left is a hold's)."""
-        st = self._status(job)
-        if st.exit is not None:
-            self._finish(job, st.exit)
-            return
-        now = self.clock()
-        self.store.transition(job.id, (model.RESERVED, model.RUNNING), model.FAILED,
-                              now=now, kind="lost",
-                              detail="its supervisor died without recording an exit",
-                              reason="supervisor lost", ended_at=now, hold=self._hold(job, now))
-
-    def _adopt(self, job: Job, supervisor: SupervisorHandle) -> None:
-        """Record a reserved job's running supervisor, found where the pass that
-        launched it could not record it (a restart, a launch cut short)."""
-        self.store.transition(job.id, (model.RESERVED,), model.RESERVED, now=self.clock(),
-                              kind=lifecycle.ADOPTED, supervisor_pid=supervisor.pid,
-                              supervisor_start=supervisor.start_time, boot_id=self.boot_id)
-
-    def _settle_unlaunched(self, job: Job, st: SupervisorStatus) -> None:
-        """A reserved job whose launch did not complete: the pass that placed it failed
-        before recording the supervisor (a full disk, a failed spawn whose failure could
-        not be written either). Adopt the supervisor if one claimed the attempt, else
-        void the attempt and queue the job again."""
-        from gpuwarden.supervisor.control import alive
-
-        if st.supervisor is not None:
-            if alive(st.supervisor):
-                self._adopt(job, st.supervisor)
-            return  # a dead one: its exit.json, or the lost-supervisor rule, settles it
-        if self._void_attempt(job):
-            self.store.transition(job.id, (model.RESERVED,), model.QUEUED, now=self.clock(),
-                                  kind="requeued", detail="its launch did not complete",
-                                  **model.FRESH_ATTEMPT, attempts=job.attempts + 1)
-
-    def _void_attempt(self, job: Job) -> bool:
-        """Make sure no supervisor ever runs this attempt of a job: its claim, taken
-        first (``jobdir.void_start``), so exactly one of us gets it. True when the
-        attempt is void (now or by an earlier recovery); False when a supervisor claimed
-        it first (then it runs the job: adopt it, never requeue)."""
-        from gpuwarden.jobs.jobdir import void_start
-
-        return void_start(self.jobdir(job), "gpuwarden daemon recovery", job=job.id)
-
-    def _lost_on_reboot(self, job: Job) -> None:
-        now = self.clock()
-        if job.spec.requeue_on_reboot:
-            self.store.transition(job.id, (model.RESERVED, model.RUNNING), model.QUEUED,
-                                  now=now, kind="requeued", detail="the machine rebooted",
-                                  **model.FRESH_ATTEMPT, attempts=job.attempts + 1)
-        else:
-            self.store.transition(job.id, (model.RESERVED, model.RUNNING), model.FAILED,
-                                  now=now, kind="lost", detail="lost on reboot",
-                                  reason="lost on reboot", ended_at=now)
+        """Settle the active jobs once after the daemon (re)starts, before its passes."""
+        self.recovery.recover()
 
     # -- one pass -----------------------------------------------------------------------
     def _open_backend(self) -> Backend:
@@ -589,9 +156,9 @@ class Scheduler:
             step = pass_step(job, st, alive)
             if step == FINISH:
                 assert st.exit is not None
-                self._finish(job, st.exit)
+                self.exits.finish(job, st.exit)
             elif step == SETTLE:
-                self._settle_unlaunched(job, st)
+                self.recovery.settle_unlaunched(job, st)
             elif step == STARTED:
                 assert st.child is not None
                 self.store.transition(job.id, (model.RESERVED,), model.RUNNING,
@@ -599,7 +166,7 @@ class Scheduler:
                                       detail=f"pid {st.child.pid}",
                                       started_at=st.child.started_at or self.clock())
             elif step == LOST:
-                self._finish_or_lost(job)
+                self.recovery.finish_or_lost(job)
 
         # 2. Observe: one snapshot, job trees, peaks.
         backend = self._open_backend()
@@ -619,16 +186,8 @@ class Scheduler:
         for job in active:
             if job.supervisor_pid is None:
                 continue
-            procs = _tree(job.supervisor_pid)
-            tree = {p.pid for p in procs}
+            tree = {p.pid for p in self.holds.record_tree(job.id, job.supervisor_pid)}
             managed_pids |= tree
-            seen = self._seen_pids.setdefault(job.id, {})
-            for proc in procs:
-                if proc.pid not in seen:
-                    try:
-                        seen[proc.pid] = proc.create_time()
-                    except psutil.Error:
-                        seen[proc.pid] = None
             per_gpu: dict[str, int] = {}
             for g in snap.gpus:
                 for p in g.processes:
@@ -639,12 +198,12 @@ class Scheduler:
                 self.store.set_peak(job.id, max(per_gpu.values()))
         if any(j.spec.mps for j in active):
             managed_pids |= self.mps.server_pids()
-        holds = self._verify_holds(snap)
-        self.last_states = self._gpu_states(snap, active, managed_pids, used, holds)
+        holds = self.holds.verify(snap)
+        self.gpus.update(snap, active, managed_pids, used, holds, self.holds.seen_pids)
         index = {v.facts.uuid: v.facts.index for v in snap.gpus}
         self.last_running = [  # limits as the driver counts (its figures hold the context)
-            {"id": j.id, "user": j.user, "qos": j.spec.qos, "limit": _driver_limit(
-                j.cap(j.budget), self._context_allowance(j)),
+            {"id": j.id, "user": j.user, "qos": j.spec.qos, "limit": driver_limit(
+                j.cap(j.budget), self.gpus.context_allowance(j)),
              "used": {str(index[u]): b for u, b in used.get(j.id, {}).items() if u in index}}
             for j in active if j.state == model.RUNNING]
 
@@ -673,153 +232,24 @@ class Scheduler:
         except StoreError as e:
             log.warning("memory history not recorded: %s", e)
 
-    def contexts(self, snap: Snapshot) -> dict[str, int]:
-        """The CUDA context allowance of each GPU (by uuid): config ``context_memory``,
-        else what jobs on that GPU model and driver measured (sched/context.py)."""
-        from gpuwarden.sched.context import allowance
-
-        if self._context_samples is None:
-            self._context_samples = self.store.context_samples()
-        driver = snap.driver_version or "unknown"
-        out = {}
-        for v in snap.gpus:
-            key = (v.facts.name, driver)
-            self._models[v.facts.uuid] = key
-            out[v.facts.uuid] = allowance(self._context_samples.get(key, []),
-                                          self.config.context_memory)
-        return out
-
-    def report_file(self, job: Job) -> Path:
-        """Where this attempt's cap hook reports its allocator's peak: a file of the
-        job's user in a directory others may pass through but not list."""
-        return self.jobs_dir.parent / REPORTS / f"{job.id}.{job.attempts}.json"
-
-    def _measure_context(self, job: Job, started: bool) -> None:
-        """A single-GPU job that ended: its driver peak less its allocator's peak (the
-        cap hook's report, read and removed here) is one measurement of the context on
-        that GPU model."""
-        from gpuwarden.sched.context import sample
-
-        path = self.report_file(job)
-        try:
-            with open(path, "rb") as f:
-                report = json.loads(f.read(4096) or b"null")
-            peaks = report["max_reserved"] if isinstance(report, dict) else None
-            peak = peaks[0] if isinstance(peaks, list) and len(peaks) == 1 else None
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):  # the job wrote it
-            return
-        finally:
-            with contextlib.suppress(OSError):
-                path.unlink()
-        if not started or len(job.gpu_uuids) != 1 or isinstance(peak, bool) \
-                or not isinstance(peak, int) or not 0 <= peak < 1 << 50:
-            return
-        self.store.set_allocated_peak(job.id, peak)
-        if job.peak_memory is None or job.attempts:
-            return  # (a later attempt's peak may be an earlier one's, at a lower cap)
-        key = self._models.get(job.gpu_uuids[0])
-        if key is None:
-            return
-        value = sample(job.peak_memory, peak)
-        if value is None:
-            return
-        self.store.add_context_sample(key[0], key[1], value, self.clock())
-        self._context_samples = None  # read again next pass
-
-    def _gpu_states(self, snap: Snapshot, active: list[Job], managed_pids: set[int],
-                    used: dict[int, dict[str, int]], holds: list[Hold]) -> list[GpuState]:
-        from gpuwarden.sched.placement import foreign_parts, gpu_states, reservation
-
-        now = self.clock()
-        contexts = self.contexts(snap)
-        uses: dict[str, list[ManagedUse]] = {}
-        for job in active:
-            # Every process seen in this attempt is the job's, also in the moments
-            # before its tree is read or after it left: never foreign.
-            managed_pids |= set(self._seen_pids.get(job.id, ()))
-            if job.budget is None:
-                continue
-            view = queued_view(job, self._estimate(job))
-            for uuid in job.gpu_uuids:
-                uses.setdefault(uuid, []).append(reservation(
-                    view, job.budget, started_at=job.started_at or now,
-                    used=used.get(job.id, {}).get(uuid),
-                    preempting=job.preempting_at is not None,
-                    context=job.context if job.context is not None else
-                    contexts.get(uuid, 0)))
-        for h in holds:  # ended attempts whose memory is not back yet
-            for uuid in h.gpu_uuids:
-                uses.setdefault(uuid, []).append(ManagedUse(
-                    job_id=-h.id, budget=h.budget, qos=GUARANTEED, started_at=h.exited_at,
-                    context=contexts.get(uuid, 0), ended=True))
-            managed_pids |= set(h.pids)  # what they leave is theirs, not foreign
-        foreign: dict[str, int] = {}
-        for gpu in snap.gpus:
-            uuid = gpu.facts.uuid
-            procs, unaccounted = foreign_parts(gpu, managed_pids)
-            hist = [(t, b) for t, b in self._peaks.get(uuid, []) if now - t < PEAK_WINDOW]
-            hist.append((now, procs))
-            self._peaks[uuid] = hist[-600:]
-            seen: list[tuple[float, int]] = []
-            if unaccounted is not None:
-                seen = [(t, b) for t, b in self._unaccounted_seen.get(uuid, [])
-                        if now - t < UNACCOUNTED_PERSIST]
-                seen.append((now, unaccounted))
-                self._unaccounted_seen[uuid] = seen[-600:]
-            foreign[uuid] = foreign_figure(hist, seen, now)
-        states = gpu_states(snap, uses, managed_pids, foreign, self.config.reserve,
-                            contexts=contexts)
-        return self._drained(self._with_cpus(states, snap, active))
-
-    def _drained(self, states: list[GpuState]) -> list[GpuState]:
-        """The GPUs an admin drained (``gpu drain``) marked so: placement skips them."""
-        drains = self.store.drains()
-        if not drains:
-            return states
-        return [dataclasses.replace(g, drained=drains[g.index]["reason"] or "")
-                if g.index in drains else g for g in states]
-
-    def _with_cpus(self, states: list[GpuState], snap: Snapshot,
-                   active: list[Job]) -> list[GpuState]:
-        """Each GPU's local CPUs (those this daemon may use) and which of them no job
-        holds alone (--cpus), for placement."""
-        from gpuwarden.gpus.topology import parse_cpulist
-        from gpuwarden.launch import probe_host
-
-        if self._allowed_cpus is None:
-            self._allowed_cpus = probe_host().allowed_cpus or frozenset()
-        held = frozenset(c for j in active for c in j.cpu_set)
-        facts = {v.facts.index: v.facts for v in snap.gpus}
-        out = []
-        for g in states:
-            text = facts[g.index].cpus if g.index in facts else None
-            if text is None:
-                out.append(g)
-                continue
-            local = parse_cpulist(text)
-            if self._allowed_cpus:
-                local &= self._allowed_cpus
-            out.append(dataclasses.replace(g, local_cpus=local, free_cpus=local - held))
-        return out
-
     def _watch(self, active: list[Job], used: dict[int, dict[str, int]],
                room_wanted: bool) -> None:
         """The watchdog: a running job past its limit is noted, warned about or killed,
         per its class (``sched/watchdog.py``); each finding is one event per attempt."""
         from gpuwarden.sched.watchdog import KILL, check
 
-        index = {g.uuid: g.index for g in self.last_states}
+        index = {g.uuid: g.index for g in self.gpus.last}
         for job in active:
             if job.state != model.RUNNING or job.budget is None or job.preempting_at \
                     or job.kill_reason:
                 continue
             # The driver's figures hold the job's CUDA context: so do its limits here.
-            context = self._context_allowance(job)
+            context = self.gpus.context_allowance(job)
             request = job.budget + context if job.request is not None else None
             by_index = {str(index[uuid]): b for uuid, b in used.get(job.id, {}).items()
                         if uuid in index}
             d = check(job.id, job.spec.qos, request,
-                      _driver_limit(job.cap(job.budget), context), by_index, room_wanted)
+                      driver_limit(job.cap(job.budget), context), by_index, room_wanted)
             if d is None:
                 continue
             key = (job.id, job.attempts, d.action)
@@ -848,7 +278,7 @@ class Scheduler:
         queued = self.store.list(states=[model.QUEUED], with_env=False)
         ready: list[Job] = []
         for job in queued:
-            if job.spec.attach is not None and self._waiting_launcher(job) is None:
+            if job.spec.attach is not None and self.placer.waiting_launcher(job) is None:
                 continue
             blocked = self._dependency_block(job)
             if blocked is None:
@@ -865,13 +295,13 @@ class Scheduler:
         views = [self._view(j, now) for j in ready]
         if fair:
             views = [dataclasses.replace(v, fair_usage=fair.get(v.user, 0.0)) for v in views]
-        for d in plan(self.last_states, views,
+        for d in plan(self.gpus.last, views,
                       self.config.spike_buffer, now=now, policy=self.config.policy):
             job = by_id[d.job_id]
             if isinstance(d, Preempt):
-                self._preempt(job, d)
+                self.placer.preempt(job, d)
             elif isinstance(d, Place):
-                self._launch(job, d, snap)
+                self.placer.launch(job, d, snap)
                 # Later jobs in this pass were planned with this reservation applied.
             elif isinstance(d, Wait):
                 room_wanted = room_wanted or d.cause in ("room", "preemption")
@@ -888,7 +318,7 @@ class Scheduler:
         view = queued_view(job, self._estimate(job), now)
         if job.spec.service is None or not job.restarts or job.release is None:
             return view
-        index = {g.uuid: g.index for g in self.last_states}
+        index = {g.uuid: g.index for g in self.gpus.last}
         prefer = tuple(index[u] for u in job.release.gpu_uuids if u in index)
         if len(prefer) != len(job.release.gpu_uuids):
             return view
@@ -902,38 +332,6 @@ class Scheduler:
                 self._estimates.clear()  # ended jobs' entries: read again when needed
             self._estimates[job.id] = learned_runtime(self.store, job)[0]
         return self._estimates[job.id]
-
-    def _preempt(self, job: Job, d: Preempt) -> None:
-        """Stop the victims so ``job`` can start: record the preemption on each (written
-        before the signal), leave the notice file for checkpoint-friendly jobs, then ask
-        its supervisor to end it (SIGTERM, the job's grace, SIGKILL). Its end is then a
-        requeue (``_finish``); ``job`` waits until their memory is back."""
-        now = self.clock()
-        for victim_id in d.victims:
-            try:
-                victim = self.store.transition(
-                    victim_id, model.ACTIVE, None, now=now, kind="preempted",
-                    detail=f"for job {job.id}: {d.reason}", preempting_at=now)
-            except (Conflict, JobNotFound):
-                continue  # it ended meanwhile: its room is coming back anyway
-            if victim.spec.checkpoint:
-                self._write_preempt_notice(victim, job, now)
-            self.cancel_running(victim)
-        self.store.set_reason(job.id, f"waiting for preempted job(s) "
-                                      f"{', '.join(map(str, d.victims))} to stop")
-
-    def _write_preempt_notice(self, victim: Job, job: Job, now: float) -> None:
-        path = self.jobdir(victim) / PREEMPT_NOTICE
-        grace = self.config.grace_of(victim.spec.grace)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o644)
-            with os.fdopen(fd, "w") as f:
-                json.dump({"job": victim.id, "preempted_by": job.id, "at": now,
-                           "grace": grace}, f)
-                f.write("\n")
-        except OSError as e:
-            log.warning("cannot write the preemption notice of job %s: %s", victim.id, e)
 
     def _dependency_block(self, job: Job) -> str | None:
         """None when every dependency is met; else why it waits. A dependency that can
@@ -961,111 +359,3 @@ class Scheduler:
                 return "waiting"
         return None
 
-    def _waiting_launcher(self, job: Job) -> SupervisorHandle | None:
-        """The launcher of a queued attached job. One that went away before the job was
-        placed has its job cancelled (nobody would start it): None then."""
-        from gpuwarden.daemon.attached import live_launcher
-        from gpuwarden.jobs.jobdir import SUPERVISOR
-
-        handle = live_launcher(self.jobdir(job))
-        if handle is not None:
-            return handle
-        if not (self.jobdir(job) / SUPERVISOR).exists() and \
-                self.clock() - job.submitted_at < CLAIM_WAIT:
-            return None  # stored, its launcher not yet named (the API names it next)
-        with contextlib.suppress(Conflict, JobNotFound):
-            self.store.transition(job.id, (model.QUEUED,), model.CANCELLED, now=self.clock(),
-                                  kind="cancelled", detail="its launcher went away",
-                                  reason=f"its launcher ({job.spec.attach}) went away before "
-                                         "it was placed", ended_at=self.clock())
-        return None
-
-    def _reserve_attached(self, job: Job, place: Place, snap: Snapshot) -> None:
-        """Place an attached job: reserve its budget and name its launcher as its
-        supervisor, in one transition. The launcher, which polls the job, then starts
-        the command on these GPUs with this budget and reports the start."""
-        handle = self._waiting_launcher(job)
-        if handle is None:
-            return
-        facts = {g.index: g.facts for g in snap.gpus}
-        uuids = place.uuids or tuple(facts[i].uuid for i in place.gpus)
-        self.store.transition(
-            job.id, (model.QUEUED,), model.RESERVED, now=self.clock(), kind="placed",
-            detail=f"GPU {','.join(map(str, place.gpus))}, {format_bytes(place.budget)} "
-                   f"each; started by {job.spec.attach} (pid {handle.pid})",
-            gpus=place.gpus, gpu_uuids=uuids, budget=place.budget, cpu_set=place.cpus,
-            reason=None, supervisor_pid=handle.pid, supervisor_start=handle.start_time,
-            boot_id=self.boot_id, context=self._booked_context(place.gpus))
-
-    def _launch(self, job: Job, place: Place, snap: Snapshot) -> None:
-        if job.spec.attach is not None:
-            self._reserve_attached(job, place, snap)
-            return
-        from gpuwarden.gpus.visible import devices
-        from gpuwarden.jobs.jobdir import write_spec
-        from gpuwarden.launch import plan_launch, probe_host
-        from gpuwarden.supervisor.spawn import NotStarted, spawn_supervisor, spec_from_plan
-
-        facts = {g.index: g.facts for g in snap.gpus}
-        places = {d.uuid: d for d in devices([g.facts for g in snap.gpus])}
-        # a MIG instance is a device of its own, named by its MIG- UUID
-        chosen = [places[u] for u in place.uuids] if place.uuids else \
-            [facts[i] for i in place.gpus]
-        budget_text = format_bytes(place.budget)
-        context = self._booked_context(place.gpus)
-        job = self.store.transition(
-            job.id, (model.QUEUED,), model.RESERVED, now=self.clock(), kind="placed",
-            detail=f"GPU {','.join(map(str, place.gpus))}, {budget_text} each "
-                   f"(+ {format_bytes(context)} CUDA context)",
-            gpus=place.gpus, gpu_uuids=tuple(f.uuid for f in chosen), budget=place.budget,
-            cpu_set=place.cpus, reason=None, context=context)
-        try:
-            d = self.jobdir(job)
-            report = self.report_file(job)
-            env = {**job_env(job, place.budget, d), "GPUWARDEN_CONTEXT_BYTES": str(context),
-                   "GPUWARDEN_ALLOCATOR_REPORT": str(report)}
-            launch = plan_launch(job.spec.command, chosen, base_env=env,
-                                 host=probe_host(env), mem_limit=job.cap(place.budget),
-                                 bind=not job.spec.no_numa,
-                                 cores=frozenset(place.cpus) if place.cpus else None)
-            if job.spec.mps:
-                # MPS limits the whole client, its CUDA context inside the limit.
-                control = self.mps.ensure(job.spec.uid, job.spec.gid, place.gpus)
-                limit = (job.cap(place.budget) or place.budget) + context
-                launch = dataclasses.replace(launch, env={
-                    **launch.env, **client_env(control, place.gpus, limit,
-                                               job.spec.sm_percent)})
-            grace = self.config.grace_of(job.spec.grace)
-            write_spec(d, spec_from_plan(job.id, launch, job.spec.command, cwd=job.spec.cwd,
-                                         uid=job.spec.uid, gid=job.spec.gid,
-                                         groups=job.spec.groups, timeout=job.spec.timeout,
-                                         grace=grace))
-            _report_file(report, job.spec.uid, job.spec.gid)
-            if job.spec.checkpoint:
-                d.chmod(0o711)  # the job may look up its notice file, not list the rest
-            handle = (self.spawn or spawn_supervisor)(d)
-        except NotStarted as e:  # proven: nothing of it ran
-            log.warning("launching job %s failed before it started (%s); queued again",
-                        job.id, e)
-            self.store.transition(job.id, (model.RESERVED,), model.QUEUED, now=self.clock(),
-                                  kind="requeued", detail=str(e), **model.FRESH_ATTEMPT,
-                                  attempts=job.attempts + 1)
-            return
-        except Exception as e:
-            log.exception("launching job %s failed", job.id)
-            self.store.transition(job.id, (model.RESERVED,), model.FAILED, now=self.clock(),
-                                  kind="launch_failed", detail=str(e),
-                                  reason=f"launch failed: {e}", ended_at=self.clock())
-            return
-        try:
-            self.store.transition(job.id, (model.RESERVED,), model.RESERVED,
-                                  now=self.clock(), kind="launched",
-                                  detail=f"supervisor pid {handle.pid}; {launch.describe()}"
-                                  + "".join(f"; {n}" for n in launch.notes),
-                                  supervisor_pid=handle.pid,
-                                  supervisor_start=handle.start_time, boot_id=self.boot_id)
-        except Conflict:
-            # Cancelled through the API while we launched it (a reserved job without a
-            # supervisor is cancelled in the store alone): stop what we started.
-            log.info("job %s was cancelled while launching; stopping it", job.id)
-            self.cancel_running(job)

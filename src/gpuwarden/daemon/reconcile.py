@@ -1,9 +1,10 @@
 """The loop's reconciling rules as values: what an active job's directory means for the
 job each pass and after a restart, what a supervisor's recorded end makes of a job,
 what an ended attempt keeps reserved and whether its memory is back, and what memory
-counts as foreign. ``daemon/loop.py`` gathers the facts (job directories, liveness,
-snapshots) and carries the answers out; these functions read no files and signal no
-process, so they are tested without either (docs/design.md, invariants 3, 5 and 8)."""
+counts as foreign. ``daemon/loop.py`` and its collaborators (``recovery``, ``exits``,
+``holds``, ``gpu_states``) gather the facts (job directories, liveness, snapshots) and
+carry the answers out; these functions read no files and signal no process, so they are
+tested without either (docs/design.md, invariants 3, 5 and 8)."""
 
 from __future__ import annotations
 

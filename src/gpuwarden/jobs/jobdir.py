@@ -1,7 +1,7 @@
 """The job directory: the files through which the daemon and a job's supervisor speak
 (``supervisor/``), and every reader and writer of them. Nothing else writes these files
 by hand: the daemon's attached jobs (``daemon/attached.py``) and its recovery
-(``daemon/loop.py``) go through here too.
+(``daemon/recovery.py``) go through here too.
 
 Files in ``<jobdir>`` (all JSON written atomically; each ``*.json`` but spec.json once):
 
