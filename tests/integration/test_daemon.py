@@ -71,7 +71,9 @@ def test_jobs_pack_by_memory_and_wait_when_full(daemon: Daemon) -> None:
     time.sleep(0.5)
     assert all(daemon.job(j)["peak_memory"] == 9 * GiB + 512 * MiB for j in ids)
     assert daemon.cli("wait", str(late), timeout=60).returncode == 0
-    assert daemon.job(late)["started_at"] >= min(daemon.job(j)["ended_at"] for j in ids)
+    # It started once one of the four had ended; the others may still run when it ends.
+    ends = [e for j in ids if (e := daemon.job(j)["ended_at"]) is not None]
+    assert ends and daemon.job(late)["started_at"] >= min(ends)
 
 
 def test_exit_codes_and_wait(daemon: Daemon) -> None:
