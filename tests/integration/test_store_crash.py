@@ -27,7 +27,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from gpuwarden.daemon.store import KEY_RELEASED, Store
+from gpuwarden.daemon.schema import KEY_RELEASED
+from gpuwarden.daemon.store import Store
 from gpuwarden.jobs.model import STATES
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -36,7 +37,8 @@ ROUNDS = 20
 
 
 def _worker(db: str, report_path: str, seed: int) -> None:  # pragma: no cover - subprocess
-    from gpuwarden.daemon.store import Conflict, Store
+    from gpuwarden.daemon.store import Store
+    from gpuwarden.daemon.store_errors import Conflict
     from gpuwarden.jobs.lifecycle import TRANSITIONS
     from gpuwarden.jobs.model import (
         CANCELLED,

@@ -27,16 +27,14 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from gpuwarden.client.paths import Paths, resolve_paths
 from gpuwarden.daemon.jobjson import job_json
+from gpuwarden.daemon.schema import KEY_RELEASED, MIGRATIONS, SCHEMA_VERSION
 from gpuwarden.daemon.sql.job_changes import TRANSITION_FIELDS
-from gpuwarden.daemon.store import (
-    KEY_RELEASED,
-    MIGRATIONS,
-    SCHEMA_VERSION,
+from gpuwarden.daemon.store import Store
+from gpuwarden.daemon.store_errors import (
     Conflict,
     DependencyNotFound,
     JobNotFound,
     SchemaTooNew,
-    Store,
     StoreError,
 )
 from gpuwarden.errors import GpuwardenError, UsageError

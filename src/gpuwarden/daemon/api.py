@@ -22,7 +22,7 @@ from gpuwarden.daemon.auth import Caller, Peer, identify
 from gpuwarden.daemon.openapi import document
 from gpuwarden.daemon.repeated import log_repeated
 from gpuwarden.daemon.service import JobService
-from gpuwarden.daemon.store import Conflict, JobNotFound, StoreError
+from gpuwarden.daemon.store_errors import Conflict, JobNotFound, StoreError
 from gpuwarden.errors import GpuwardenError, PermissionDenied, UsageError
 from gpuwarden.printable import visible
 from gpuwarden.units import parse_duration

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuwarden.daemon.reconcile import exit_verdict
 from gpuwarden.daemon.restart import cancel_asked
-from gpuwarden.daemon.store import Conflict, JobNotFound
+from gpuwarden.daemon.store_errors import Conflict, JobNotFound
 from gpuwarden.jobs import model
 from gpuwarden.jobs.jobdir import job_dir, read_status
 from gpuwarden.sched.oom import (

@@ -35,7 +35,7 @@ from gpuwarden.daemon.reconcile import (
 )
 from gpuwarden.daemon.recovery import Recovery
 from gpuwarden.daemon.restart import HealthChecks
-from gpuwarden.daemon.store import Conflict, JobNotFound
+from gpuwarden.daemon.store_errors import Conflict, JobNotFound
 from gpuwarden.jobs import model
 from gpuwarden.jobs.jobdir import job_dir
 from gpuwarden.jobs.model import Hold, Job
@@ -222,7 +222,7 @@ class Scheduler:
         if interval <= 0 or now - self._last_sample < interval:
             return
         from gpuwarden.daemon.history import sample_gpus
-        from gpuwarden.daemon.store import StoreError
+        from gpuwarden.daemon.store_errors import StoreError
 
         self._last_sample = now
         try:

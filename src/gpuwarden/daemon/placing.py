@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from gpuwarden.daemon.gpu_states import report_path
 from gpuwarden.daemon.mps_jobs import MpsPool, client_env
-from gpuwarden.daemon.store import Conflict, JobNotFound
+from gpuwarden.daemon.store_errors import Conflict, JobNotFound
 from gpuwarden.jobs import model
 from gpuwarden.jobs.jobdir import job_dir
 from gpuwarden.units import format_bytes

@@ -20,7 +20,8 @@ from gpuwarden.daemon.drains import GpuDrains
 from gpuwarden.daemon.jobjson import job_json
 from gpuwarden.daemon.joblogs import LogChunk, read_log
 from gpuwarden.daemon.queueview import estimate_view, learned_runtime
-from gpuwarden.daemon.store import Conflict, Store
+from gpuwarden.daemon.store import Store
+from gpuwarden.daemon.store_errors import Conflict
 from gpuwarden.daemon.submission import spec_from_request
 from gpuwarden.errors import PermissionDenied, UsageError
 from gpuwarden.jobs import model

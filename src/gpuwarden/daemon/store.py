@@ -51,10 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.daemon.rows import check_spec, ints_ok
-from gpuwarden.daemon.schema import KEY_RELEASED as KEY_RELEASED
-from gpuwarden.daemon.schema import MIGRATIONS as MIGRATIONS
-from gpuwarden.daemon.schema import SCHEMA_VERSION as SCHEMA_VERSION
-from gpuwarden.daemon.schema import Migration, migrate
+from gpuwarden.daemon.schema import MIGRATIONS, Migration, migrate
 from gpuwarden.daemon.sql import (
     drains,
     events,
@@ -65,11 +62,10 @@ from gpuwarden.daemon.sql import (
     maintenance,
     measurements,
 )
-from gpuwarden.daemon.store_errors import Conflict as Conflict
-from gpuwarden.daemon.store_errors import DependencyNotFound as DependencyNotFound
-from gpuwarden.daemon.store_errors import JobNotFound as JobNotFound
-from gpuwarden.daemon.store_errors import SchemaTooNew as SchemaTooNew
-from gpuwarden.daemon.store_errors import StoreError as StoreError
+from gpuwarden.daemon.store_errors import (
+    JobNotFound,
+    StoreError,
+)
 from gpuwarden.jobs import lifecycle
 from gpuwarden.jobs.arrays import Array, Ref
 from gpuwarden.jobs.model import ACTIVE, QUEUED, TERMINAL, Event, Hold, Job, JobSpec, NewHold
