@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import EXAMPLES, SRC, json_answer
+from tests.conftest import EXAMPLES, SRC, json_answer, wait_for
 
 PY = sys.executable
 STARTED: set[Path] = set()
@@ -66,26 +65,18 @@ class Daemon:
         return dict(self.api("GET", f"/v1/jobs/{job_id}"))
 
     def wait_state(self, job_id: int, *states: str, timeout: float = 30) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            j = self.job(job_id)
-            if j["state"] in states:
-                return j
-            if time.monotonic() > deadline:
-                raise AssertionError(f"job {job_id} stayed {j['state']}: {j}")
-            time.sleep(0.1)
+        return dict(wait_for(lambda: self.job(job_id), timeout, 0.1,
+                             until=lambda j: j["state"] in states,
+                             what=lambda j: f"job {job_id} stayed {j['state']}: {j}"))
 
     def wait_for_release(self, job_id: int, timeout: float = 30) -> dict[str, Any]:
         """The job once the memory of its last attempt is released (or cleared)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            j = self.job(job_id)
+        def released(j: dict[str, Any]) -> bool:
             rel = j.get("memory_release")
-            if rel is not None and rel["released_at"] is not None:
-                return j
-            if time.monotonic() > deadline:
-                raise AssertionError(f"job {job_id}'s memory was not released: {j}")
-            time.sleep(0.1)
+            return rel is not None and rel["released_at"] is not None
+
+        return dict(wait_for(lambda: self.job(job_id), timeout, 0.1, until=released,
+                             what=lambda j: f"job {job_id}'s memory was not released: {j}"))
 
     def pid(self) -> int | None:
         try:

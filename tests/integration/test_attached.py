@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, wait_for
 from tests.integration.daemon_fixture import Daemon, http_request, raw_http, start_daemon
 
 PY = sys.executable
@@ -57,14 +57,9 @@ def attached_jobs(d: Daemon) -> list[dict[str, Any]]:
 
 
 def wait_attached(d: Daemon, count: int = 1, timeout: float = 30) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while True:
-        jobs = attached_jobs(d)
-        if len(jobs) >= count:
-            return jobs
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{count} attached job(s) never showed: {jobs}")
-        time.sleep(0.1)
+    return list(wait_for(lambda: attached_jobs(d), timeout, 0.1,
+                         until=lambda jobs: len(jobs) >= count,
+                         what=lambda jobs: f"{count} attached job(s) never showed: {jobs}"))
 
 
 def finish(p: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str]:
@@ -78,10 +73,10 @@ def test_an_attached_job_is_placed_watched_and_ended_by_the_node_daemon(node: Da
     assert job["attach"] == "ray job raysubmit_t1" and job["gpu_ids"] == [1]
     running = node.wait_state(job["id"], "running")
     assert running["budget"] == 4 * GiB and running["gpus"] == [1]
-    deadline = time.monotonic() + 10  # the daemon sees the command's memory as the job's
-    while node.job(job["id"])["peak_memory"] is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert node.job(job["id"])["peak_memory"] == 3 * GiB + 512 * MiB  # its CUDA context too
+    # The daemon sees the command's memory as the job's.
+    peak = wait_for(lambda: node.job(job["id"])["peak_memory"], 10, 0.1,
+                    until=lambda v: v is not None, what="the job's peak memory")
+    assert peak == 3 * GiB + 512 * MiB  # its CUDA context too
     status = node.json("status")
     gpu1 = next(g for g in status["gpus"] if g["index"] == 1)
     assert any(pr.get("job") == str(job["id"]) for pr in gpu1["processes"]), gpu1

@@ -35,7 +35,7 @@ from gpuwarden.jobs.model import Job, JobSpec
 from gpuwarden.procs.identity import boot_id
 from gpuwarden.supervisor.control import alive, cancel
 from gpuwarden.supervisor.spawn import spawn_supervisor
-from tests.conftest import SRC
+from tests.conftest import SRC, wait_for
 from tests.integration.daemon_fixture import PY, Daemon, start_daemon
 
 JOBS = 30
@@ -91,10 +91,7 @@ def kill9(d: Daemon, pid: int | None = None) -> int:
     pid = pid if pid is not None else d.pid()
     assert pid is not None and _is_daemon(pid), f"no daemon to kill (lock says {pid})"
     os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while not _gone(pid):
-        assert time.monotonic() < deadline, f"daemon {pid} survived SIGKILL"
-        time.sleep(0.01)
+    wait_for(lambda: _gone(pid), 10, 0.01, what=lambda _: f"daemon {pid} survived SIGKILL")
     return pid
 
 
@@ -107,11 +104,11 @@ def start_and_kill_early(d: Daemon, rng: random.Random) -> None:
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 start_new_session=True, cwd="/")
     try:
-        deadline = time.monotonic() + 15
-        while d.pid() in (None, old):  # the lock file names it once it holds the lock
+        def took_lock() -> bool:  # the lock file names it once it holds the lock
             assert proc.poll() is None, "the daemon exited while starting"
-            assert time.monotonic() < deadline, "the daemon did not take its lock"
-            time.sleep(0.005)
+            return d.pid() not in (None, old)
+
+        wait_for(took_lock, 15, 0.005, what=lambda _: "the daemon did not take its lock")
         time.sleep(rng.uniform(0.0, 0.5))
         kill9(d, proc.pid)
     finally:
@@ -193,16 +190,14 @@ def test_kill_9_at_random_moments_loses_and_duplicates_no_job(
         expected[jid] = ("cancelled" if not will_run else
                          "succeeded" if jid % 4 == 0 else "failed")
 
-    deadline = time.monotonic() + 60
-    while True:
-        jobs = {j["id"]: j for j in client.request("GET", "/v1/jobs",
-                                                   query={"all": "1"})["jobs"]}
-        pending = {i: j["state"] for i, j in jobs.items()
-                   if j["state"] not in ("succeeded", "failed", "cancelled", "infeasible")}
-        if not pending:
-            break
-        assert time.monotonic() < deadline, f"jobs never finished: {pending}"
-        time.sleep(0.2)
+    def pending(jobs: dict[int, dict[str, object]]) -> dict[int, object]:
+        return {i: j["state"] for i, j in jobs.items()
+                if j["state"] not in ("succeeded", "failed", "cancelled", "infeasible")}
+
+    jobs = wait_for(lambda: {j["id"]: j for j in client.request(
+                        "GET", "/v1/jobs", query={"all": "1"})["jobs"]}, 60, 0.2,
+                    until=lambda jobs: not pending(jobs),
+                    what=lambda jobs: f"jobs never finished: {pending(jobs)}")
     d.stop()
     seen = collections.Counter(e["kind"] for j in jobs.values() for e in j["events"])
     print(f"events: {dict(sorted(seen.items()))}")
@@ -240,10 +235,8 @@ def test_kill_9_at_random_moments_loses_and_duplicates_no_job(
     assert {j.id: j.state for j in store.list()} == expected
 
     # Nothing of the jobs is left running.
-    deadline = time.monotonic() + 10
-    while live_job_processes(d.home, ledger):
-        assert time.monotonic() < deadline, live_job_processes(d.home, ledger)
-        time.sleep(0.1)
+    wait_for(lambda: live_job_processes(d.home, ledger), 10, 0.1,
+             until=lambda live: not live, what=str)
     assert all(_gone(int(pid)) for _, pid in lines)
 
 
@@ -336,10 +329,8 @@ def test_a_crash_inside_a_launch_neither_loses_nor_repeats_the_job(
         # Its supervisor runs it: adopted, and its exit code collected when it ends.
         assert after.state == model.RESERVED and after.supervisor_pid is not None
         assert after.events[-1].kind == "adopted"
-        deadline = time.monotonic() + 30
-        while read_status(jobdir).exit is None:
-            assert time.monotonic() < deadline, "the adopted job never ended"
-            time.sleep(0.05)
+        wait_for(lambda: read_status(jobdir), 30, 0.05, until=lambda st: st.exit is not None,
+                 what=lambda _: "the adopted job never ended")
         sched.recover()
         after = store.get(job.id)
         assert after.state == (model.SUCCEEDED if job.id % 4 == 0 else model.FAILED)
@@ -387,10 +378,9 @@ def test_a_job_cancelled_while_it_is_launched_does_not_run_on(
         after = store.get(job.id)
         assert after.state == model.CANCELLED
         assert "launched" not in [e.kind for e in after.events]
-        deadline = time.monotonic() + 20
-        while (st := read_status(jobdir)).exit is None:
-            assert time.monotonic() < deadline, "the cancelled job runs on"
-            time.sleep(0.05)
+        st = wait_for(lambda: read_status(jobdir), 20, 0.05,
+                      until=lambda st: st.exit is not None,
+                      what=lambda _: "the cancelled job runs on")
         assert st.exit.reason == "cancelled"
         assert st.supervisor is not None and not alive(st.supervisor)
     finally:

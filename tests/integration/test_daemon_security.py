@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import EXAMPLES, SRC
+from tests.conftest import EXAMPLES, SRC, wait_for
 from tests.integration.daemon_fixture import PY, Daemon, start_daemon
 
 pytestmark = [
@@ -311,10 +311,8 @@ def test_root_and_admin_group_members_may_manage_any_job(root_daemon: Daemon,
     by_root = submit_as(root_daemon, a, SLEEP, "--mem", "1G")
     root_daemon.wait_state(by_admin, "running")
     root_daemon.wait_state(by_root, "running")
-    deadline = time.monotonic() + 20
-    while cli_as(root_daemon, c, "logs", str(by_admin)).stdout != "hello admin\n":
-        assert time.monotonic() < deadline, "the admin could not read the job's log"
-        time.sleep(0.2)
+    wait_for(lambda: cli_as(root_daemon, c, "logs", str(by_admin)).stdout == "hello admin\n",
+             20, 0.2, what=lambda _: "the admin could not read the job's log")
     r = cli_as(root_daemon, c, "cancel", str(by_admin))
     assert r.returncode == 0, r.stderr
     job = root_daemon.wait_state(by_admin, "cancelled")

@@ -4,9 +4,9 @@ A dependency that can never be met cancels the waiting job, saying which."""
 
 from __future__ import annotations
 
-import time
 from datetime import datetime
 
+from tests.conftest import wait_for
 from tests.integration.daemon_fixture import PY, Daemon
 
 SIM = [PY, "-m", "gpuwarden.sim.job", "--mem", "256M"]
@@ -66,10 +66,8 @@ def test_a_waiting_dependant_says_what_it_waits_for(daemon: Daemon) -> None:
     first = daemon.submit("--mem", "1G", cmd=[*SIM, "--seconds", "30"])
     daemon.wait_state(first, "running")
     then = daemon.submit("--mem", "1G", "--after-fail", str(first), cmd=[*SIM, "--seconds", "0"])
-    deadline = time.monotonic() + 20
-    while daemon.job(then)["reason"] != f"waiting for job {first} (running)":
-        assert time.monotonic() < deadline, daemon.job(then)
-        time.sleep(0.1)
+    wait_for(lambda: daemon.job(then), 20, 0.1,
+             until=lambda j: j["reason"] == f"waiting for job {first} (running)", what=str)
     daemon.cli("cancel", "--kill", str(first), check=True)
     daemon.cli("wait", str(then), timeout=60)
     assert daemon.job(then)["state"] == "succeeded"  # cancelled is an end without success

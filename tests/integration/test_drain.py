@@ -13,20 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, wait_for
 from tests.integration.daemon_fixture import PY, Daemon, http_request, raw_http
 
 SIM = [PY, "-m", "gpuwarden.sim.job"]
 
 
 def _wait_reason(daemon: Daemon, jid: int, text: str, timeout: float = 20) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        j = daemon.job(jid)
-        if j["state"] == "queued" and text in (j["reason"] or ""):
-            return str(j["reason"])
-        assert time.monotonic() < deadline, j
-        time.sleep(0.1)
+    j = wait_for(lambda: daemon.job(jid), timeout, 0.1,
+                 until=lambda j: j["state"] == "queued" and text in (j["reason"] or ""),
+                 what=str)
+    return str(j["reason"])
 
 
 def test_a_drained_gpu_gets_no_placement_and_undrain_restores_it(daemon: Daemon) -> None:

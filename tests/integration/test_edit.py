@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.units import GiB
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, wait_for
 from tests.integration.daemon_fixture import PY, Daemon, start_daemon
 
 SIM = [PY, "-m", "gpuwarden.sim.job"]
@@ -43,10 +43,8 @@ def test_edit_changes_placement_and_submit_bounds_refuse(limited: Daemon) -> Non
         daemon.wait_state(jid, "running")
     big = daemon.submit("--mem", "10G", "--name", "eval", cmd=[*SIM, "--mem", "1G",
                                                                  "--seconds", "0"])
-    deadline = time.monotonic() + 20
-    while "waiting for 10.0GiB free" not in (daemon.job(big)["reason"] or ""):
-        assert time.monotonic() < deadline, daemon.job(big)
-        time.sleep(0.1)
+    wait_for(lambda: daemon.job(big), 20, 0.1,
+             until=lambda j: "waiting for 10.0GiB free" in (j["reason"] or ""), what=str)
     time.sleep(0.5)
     assert daemon.job(big)["state"] == "queued"  # no GPU has 10G: it waits
 

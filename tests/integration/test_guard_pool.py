@@ -20,6 +20,7 @@ from gpuwarden.guard import BrokenPool, GpuPool, WorkerDied
 from gpuwarden.guard.pool import RemoteTraceback
 from gpuwarden.launch import HOOK_DIR
 from gpuwarden.units import GiB
+from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,12 +72,8 @@ def broken_init() -> None:
 
 
 def wait_file(path: Path, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text():
-            return path.read_text()
-        time.sleep(0.02)
-    raise AssertionError(f"{path} never appeared")
+    return str(wait_for(lambda: path.exists() and path.read_text(), timeout, 0.02,
+                        what=lambda _: f"{path} never appeared"))
 
 
 def test_each_worker_is_pinned_to_its_gpu_capped_and_on_the_gpus_cpus() -> None:
