@@ -10,12 +10,12 @@ memory a moment after it leaves the process list (as the real driver does):
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_for
 from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, start_daemon
 
 GiB = 1 << 30
@@ -39,14 +39,10 @@ def _events(job: dict[str, object]) -> dict[str, float]:
 def test_a_job_that_allocates_exactly_its_budget_succeeds(daemon: Daemon) -> None:
     first = daemon.submit("--mem", "10G", cmd=sim_job("10G", 2))
     daemon.wait_state(first, "running")
-    deadline = time.monotonic() + 10
-    procs: list[dict[str, object]] = []
-    while time.monotonic() < deadline and not procs:
-        status = daemon.json("status")
-        procs = [p for g in status["gpus"] for p in g["processes"]
-                 if "gpuwarden.sim.job --mem 10G" in str(p.get("command", ""))]
-        time.sleep(0.1)
-    assert procs and procs[0]["memory"] == 10 * GiB + 512 * MiB  # budget + its context
+    procs = wait_for(lambda: [p for g in daemon.json("status")["gpus"] for p in g["processes"]
+                              if "gpuwarden.sim.job --mem 10G" in str(p.get("command", ""))],
+                     timeout=10, interval=0.1, what="the 10G job's process in status")
+    assert procs[0]["memory"] == 10 * GiB + 512 * MiB  # budget + its context
     done = daemon.wait_state(first, "succeeded", "failed", timeout=30)
     assert done["state"] == "succeeded", done
     assert done["oom_retries"] == 0 and not any(e["kind"] == "oom" for e in done["events"])

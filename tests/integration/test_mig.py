@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpuwarden.gpus.sim import SimBackend
 from gpuwarden.sim.scenario import ScenarioError, load_scenario
-from tests.conftest import EXAMPLES, SimMachine
+from tests.conftest import EXAMPLES, SimMachine, wait_for
+from tests.integration.daemon_fixture import Daemon
 
 SCENARIO = EXAMPLES / "a100-mig.json"
 BIG, SMALL = "MIG-00000000-0000-4000-8000-00000000a102", "MIG-00000000-0000-4000-8000-00000000a109"
@@ -222,6 +223,14 @@ def test_metrics_per_instance(tmp_path: Path) -> None:
         lambda: take_snapshot(plain)).render_text().decode()
 
 
+def _allocated_instance(d: Daemon) -> dict[str, Any] | None:
+    """The 3g.40gb instance once a process allocates in it: the one
+    CUDA_VISIBLE_DEVICES names."""
+    (gpu,) = d.json("status", "--fresh")["gpus"]
+    (inst,) = [m for m in gpu["mig_instances"] if m["profile"] == "3g.40gb"]
+    return inst if inst["processes"] else None
+
+
 def test_the_daemon_places_a_20g_job_on_the_3g40gb_instance(tmp_path: Path) -> None:
     from tests.integration.daemon_fixture import start_daemon
 
@@ -233,14 +242,8 @@ def test_the_daemon_places_a_20g_job_on_the_3g40gb_instance(tmp_path: Path) -> N
             "'--seconds', '30'])"])
         job = d.wait_state(jid, "running")
         assert job["gpu_uuids"] == [BIG] and job["gpus"] == [0]
-        deadline = time.monotonic() + 30
-        while True:  # the job allocates in the instance CUDA_VISIBLE_DEVICES names
-            (gpu,) = d.json("status", "--fresh")["gpus"]
-            (inst,) = [m for m in gpu["mig_instances"] if m["profile"] == "3g.40gb"]
-            if inst["processes"]:
-                break
-            assert time.monotonic() < deadline, "the job never allocated in its instance"
-            time.sleep(0.2)
+        inst = wait_for(lambda d=d: _allocated_instance(d), timeout=30, interval=0.2,
+                        what="the job to allocate in its instance")
         assert inst["memory_used"] >= 20 << 30
         r = d.cli("submit", "--mem", "50G", "--", "true")
         assert r.returncode == 2 and "37.3GiB total" in r.stderr  # refused there

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import EXAMPLES, SimMachine
+from tests.conftest import EXAMPLES, SimMachine, wait_for
 from tests.integration.daemon_fixture import Daemon
 
 CONTAINER = "docker:9c0ffee12345"
@@ -35,13 +35,9 @@ def test_status_takes_job_ids_from_the_daemon(daemon: Daemon) -> None:
     jid = d.submit("--mem", "1G", cmd=[sys.executable, "-m", "gpuwarden.sim.job",
                                        "--mem", "1G", "--seconds", "30"])
     d.wait_state(jid, "running")
-    deadline = time.monotonic() + 30
-    while True:
-        procs = [p for g in d.json("status")["gpus"] for p in g["processes"]]
-        if procs:
-            break
-        assert time.monotonic() < deadline, "the job never allocated"
-        time.sleep(0.1)
+    started = time.monotonic()
+    procs = wait_for(lambda: [p for g in d.json("status")["gpus"] for p in g["processes"]],
+                     timeout=30, interval=0.1, what="the job to allocate")
     assert [p["job"] for p in procs] == [str(jid)]
     # A process that merely claims a job in its environment is not that job's.
     env = {**d.env, "GPUWARDEN_JOB": str(jid), "CUDA_VISIBLE_DEVICES": "1"}
@@ -51,13 +47,16 @@ def test_status_takes_job_ids_from_the_daemon(daemon: Daemon) -> None:
                                  "--seconds", "30"], env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert impostor.stdout is not None and impostor.stdout.readline().startswith("ready")
-        while True:  # the daemon's snapshot may be a second older than the impostor
+
+        def with_impostor() -> dict[int, str | None] | None:
             jobs = {p["pid"]: p["job"] for g in d.json("status")["gpus"]
                     for p in g["processes"]}
-            if impostor.pid in jobs:
-                break
-            assert time.monotonic() < deadline + 30, "status never showed the impostor"
-            time.sleep(0.1)
+            return jobs if impostor.pid in jobs else None
+
+        # The daemon's snapshot may be a second older than the impostor; both waits
+        # share one minute.
+        jobs = wait_for(with_impostor, timeout=started + 60 - time.monotonic(),
+                        interval=0.1, what="status to show the impostor")
         assert jobs[impostor.pid] is None and list(jobs.values()).count(str(jid)) == 1
     finally:
         impostor.kill()

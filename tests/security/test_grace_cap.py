@@ -12,7 +12,7 @@ import pytest
 
 from gpuwarden.daemon.config import read_config
 from gpuwarden.errors import UsageError
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, wait_for
 from tests.integration.daemon_fixture import start_daemon
 from tests.security import pidns
 from tests.security.pidns import User
@@ -36,10 +36,8 @@ def test_grace_past_max_grace_is_refused_and_kill_ends_a_job_in_its_grace(
         assert r.returncode == 0, r.stderr
         job = int(r.stdout)
         d.wait_state(job, "running")
-        deadline = time.monotonic() + 20
-        while "up" not in d.cli("logs", str(job)).stdout:  # its SIGTERM handler is set
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_for(lambda d=d, job=job: "up" in d.cli("logs", str(job)).stdout, timeout=20,
+                 interval=0.1, what="the job's SIGTERM handler to be set")
 
         other = d.cli("cancel", "--kill", str(job), env=env_b, prefix=b.prefix)
         assert other.returncode != 0 and "Traceback" not in other.stderr
@@ -80,10 +78,8 @@ def test_a_stored_grace_past_a_lowered_max_grace_is_capped(tmp_path: Path) -> No
         d.start()
         assert d.job(job)["grace"] == 1800.0
         d.wait_state(job, "running")
-        deadline = time.monotonic() + 20
-        while "up" not in d.cli("logs", str(job)).stdout:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_for(lambda d=d, job=job: "up" in d.cli("logs", str(job)).stdout, timeout=20,
+                 interval=0.1, what="the job's SIGTERM handler to be set")
         start = time.monotonic()
         assert d.cli("cancel", str(job)).returncode == 0
         d.wait_state(job, "cancelled", timeout=30)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import EXAMPLES, SRC
+from tests.conftest import EXAMPLES, SRC, wait_for
 from tests.integration.daemon_fixture import PY, start_daemon
 from tests.security import pidns
 from tests.security.pidns import User
@@ -44,10 +44,8 @@ def test_notify_runs_as_the_jobs_user(users: tuple[User, User]) -> None:
             "command": ["true"], "cwd": a.home, "mem": "1G",
             "notify": f"{{ id -u; id -g; cat {secret} || echo denied; cat; }} > {out}"})
         d.wait_state(jid, "succeeded", timeout=60)
-        deadline = time.monotonic() + 30
-        while not (out.exists() and out.read_text().count("\n") >= 3):
-            assert time.monotonic() < deadline, "the notify command did not run"
-            time.sleep(0.1)
+        wait_for(lambda: out.exists() and out.read_text().count("\n") >= 3, timeout=30,
+                 interval=0.1, what="the notify command to run")
         time.sleep(0.3)
         uid, gid, read, doc = out.read_text().split("\n", 3)
         assert (int(uid), int(gid)) == (a.uid, a.gid)

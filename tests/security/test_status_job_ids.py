@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from typing import Any
 
 import pytest
 
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, wait_for
 from tests.integration.daemon_fixture import PY, start_daemon
 from tests.security import pidns
 from tests.security.pidns import User
@@ -46,10 +45,8 @@ def status_of_anothers_job(args: dict[str, Any]) -> dict[str, Any]:
         assert r.returncode == 0, r.stderr
         jid = int(r.stdout)
         d.wait_state(jid, "running")
-        deadline = time.monotonic() + 30
-        while not [p for g in d.json("status")["gpus"] for p in g["processes"]]:
-            assert time.monotonic() < deadline, "the job never allocated"
-            time.sleep(0.1)
+        wait_for(lambda d=d: [p for g in d.json("status")["gpus"] for p in g["processes"]],
+                 timeout=30, interval=0.1, what="the job to allocate")
         as_b = d.cli("status", "--json", env=pidns.env_of(d.env, b), prefix=b.prefix)
         assert as_b.returncode == 0, as_b.stderr
         procs = [p for g in json.loads(as_b.stdout)["gpus"] for p in g["processes"]]
