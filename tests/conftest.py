@@ -35,7 +35,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Ray's cluster tests first: one file, a few minutes on one worker (a file's tests
     stay on one), so started last they would be the last to finish."""
-    items.sort(key=lambda item: 0 if "ray" in item.path.parent.parts[-1:] else 1)
+    items.sort(key=lambda item: item.path.parent.name != "ray")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

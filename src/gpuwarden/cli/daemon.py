@@ -148,22 +148,16 @@ def start(foreground: bool) -> None:
               help="How long to wait for it to stop (e.g. 30s).")
 def stop(timeout: float) -> None:
     """Stop the daemon. Running jobs keep running under their supervisors."""
-    import psutil
-
     from gpuwarden.client.api import Client
     from gpuwarden.client.paths import resolve_paths
-    from gpuwarden.procs.identity import alive, identify
+    from gpuwarden.procs.identity import alive, start_ticks
 
     paths = resolve_paths()
     pid = _pid(paths)
     if pid is None or not Client(str(paths.socket)).alive():
         click.echo("gpuwarden daemon is not running")
         return
-    proc = identify(pid, None)
-    try:
-        started = proc.create_time() if proc is not None else None
-    except psutil.Error:
-        started = None
+    ticks = start_ticks(pid)  # so that a pid reused meanwhile is not waited on
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -175,7 +169,7 @@ def stop(timeout: float) -> None:
     while time.monotonic() < deadline:
         # Stopped once it has exited: a zombie its parent (often init) has not yet
         # reaped has stopped too (docs/design.md, invariant 7).
-        if not alive(pid, started):
+        if not alive(pid, None, ticks):
             click.echo(f"gpuwarden daemon (pid {pid}) stopped")
             return
         time.sleep(0.05)
