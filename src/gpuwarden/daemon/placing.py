@@ -128,11 +128,16 @@ class Placer:
         from gpuwarden.daemon.attached import live_launcher
         from gpuwarden.jobs.jobdir import SUPERVISOR
 
-        handle = live_launcher(job_dir(self.jobs_dir, job))
+        jobdir = job_dir(self.jobs_dir, job)
+        # Whether the launcher was named is looked at before its record is read: the API
+        # writes the claim (once, atomically) in another thread right after it stores the
+        # job, and a claim that appeared between a read that missed it and a look that
+        # found it was taken for a launcher gone.
+        named = (jobdir / SUPERVISOR).exists()
+        handle = live_launcher(jobdir)
         if handle is not None:
             return handle
-        if not (job_dir(self.jobs_dir, job) / SUPERVISOR).exists() and \
-                self.clock() - job.submitted_at < CLAIM_WAIT:
+        if not named and self.clock() - job.submitted_at < CLAIM_WAIT:
             return None  # stored, its launcher not yet named (the API names it next)
         with contextlib.suppress(Conflict, JobNotFound):
             self.store.transition(job.id, (model.QUEUED,), model.CANCELLED, now=self.clock(),
