@@ -236,7 +236,8 @@ class Store:
                                          before=before, after=after, array=array)
         sql = f"SELECT {'*' if with_env else self._columns_but_env()} FROM jobs{tail}"
         with self._tx(write=False) as conn:
-            return job_queries.list_jobs(conn, sql, args, with_events=with_events)
+            listed = job_queries.list_rows(conn, sql, args, with_events=with_events)
+        return job_queries.jobs_of(listed)
 
     def peaks(self, uid: int, *, key: str | None = None, name: str | None = None,
               limit: int = 5) -> builtins.list[int]:
