@@ -340,6 +340,19 @@ def test_list_filters_and_order(store: Store) -> None:
     assert set(counts) == set(STATES)
 
 
+def test_the_history_takes_only_the_events_the_lifecycle_names(store: Store) -> None:
+    """Every event goes through one writer, which refuses a kind jobs/lifecycle.py does
+    not name; nothing is written then."""
+    from gpuwarden.daemon.sql import events
+
+    job, _ = store.submit(spec(), 1.0)
+    with store._tx(write=True) as conn:
+        with pytest.raises(ValueError, match="not an event"):
+            events.append(conn, job.id, 2.0, "memory_retuned", None)
+        events.append(conn, job.id, 2.0, "memory_returned", "back")
+    assert [e.kind for e in store.get(job.id).events] == ["submitted", "memory_returned"]
+
+
 def test_a_listing_decodes_its_rows_after_letting_go_of_the_store(
         store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """A page of 1,000 jobs took 30 ms to decode; under the store's lock that delayed

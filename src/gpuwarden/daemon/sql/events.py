@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from gpuwarden.daemon.rows import json_ids
 from gpuwarden.daemon.store_errors import JobNotFound
+from gpuwarden.jobs import lifecycle
 from gpuwarden.jobs.model import STATES, Event
 
 # Each job's (from, to) states, in order, by job id.
@@ -40,9 +41,19 @@ def add_note(conn: sqlite3.Connection, job_id: int, kind: str, detail: str | Non
     """Append a note to an existing job (JobNotFound when there is none)."""
     if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None:
         raise JobNotFound(job_id)
-    conn.execute("INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, ?, ?)",
-                 (job_id, now, kind, detail))
+    append(conn, job_id, now, kind, detail)
     return Event(at=now, kind=kind, detail=detail)
+
+
+def append(conn: sqlite3.Connection, job_id: int, at: float, kind: str, detail: str | None,
+           from_state: str | None = None, to_state: str | None = None) -> None:
+    """The one writer of a job's history: a submission, a transition (with its states)
+    or a note, of a kind ``jobs/lifecycle.py`` names (ValueError for any other, so a
+    misspelt kind cannot reach the history that ``show`` and ``logs`` read)."""
+    if kind not in lifecycle.EVENTS:
+        raise ValueError(f"{kind!r} is not an event (jobs/lifecycle.py)")
+    conn.execute("INSERT INTO events (job_id, at, kind, detail, from_state, to_state) "
+                 "VALUES (?, ?, ?, ?, ?, ?)", (job_id, at, kind, detail, from_state, to_state))
 
 
 def transitions(conn: sqlite3.Connection, job_id: int) -> list[tuple[str | None, str]]:

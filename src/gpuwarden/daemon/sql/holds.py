@@ -9,6 +9,8 @@ import sqlite3
 from collections.abc import Sequence
 
 from gpuwarden.daemon.rows import hold_columns, json_ids, row_to_hold
+from gpuwarden.daemon.sql import events
+from gpuwarden.jobs import lifecycle
 from gpuwarden.jobs.model import Hold, NewHold
 
 
@@ -44,8 +46,7 @@ def close_hold(conn: sqlite3.Connection, hold_id: int, now: float, how: str, *, 
         return False
     conn.execute("UPDATE holds SET released_at = ?, how = ? WHERE id = ?",
                  (now, how, hold_id))
-    conn.execute("INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, ?, ?)",
-                 (row["job_id"], now, kind, detail))
+    events.append(conn, row["job_id"], now, kind, detail)
     return True
 
 
@@ -57,6 +58,5 @@ def report_leak(conn: sqlite3.Connection, hold_id: int, what: str, now: float) -
     if row is None:
         return False
     conn.execute("UPDATE holds SET leak = ? WHERE id = ?", (what, hold_id))
-    conn.execute("INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, "
-                 "'leak', ?)", (row["job_id"], now, what))
+    events.append(conn, row["job_id"], now, lifecycle.LEAK, what)
     return True

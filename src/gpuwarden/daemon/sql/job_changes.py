@@ -23,6 +23,7 @@ from gpuwarden.daemon.rows import (
     states_arg,
 )
 from gpuwarden.daemon.schema import RELEASED_SQL
+from gpuwarden.daemon.sql import events
 from gpuwarden.daemon.sql.holds import add_hold
 from gpuwarden.daemon.sql.job_queries import load
 from gpuwarden.daemon.store_errors import Conflict, DependencyNotFound, JobNotFound
@@ -84,10 +85,8 @@ def insert(conn: sqlite3.Connection, spec: JobSpec, now: float, state: str,
                        f"VALUES ({', '.join('?' * len(columns))})", list(columns.values()))
     job_id = cur.lastrowid
     assert job_id is not None
-    conn.execute(
-        "INSERT INTO events (job_id, at, kind, detail, from_state, to_state) "
-        "VALUES (?, ?, 'submitted', ?, NULL, ?)",
-        (job_id, now, reason if state != QUEUED else None, state))
+    events.append(conn, job_id, now, lifecycle.SUBMITTED,
+                  reason if state != QUEUED else None, None, state)
     return job_id
 
 
@@ -152,9 +151,7 @@ def transition(conn: sqlite3.Connection, job_id: int, plan: TransitionPlan, *, n
         raise Conflict(f"job {job_id} cannot become {to_state}: another job of "
                        "this user holds its key", job_id=job_id,
                        state=current) from None
-    conn.execute(
-        "INSERT INTO events (job_id, at, kind, detail, from_state, to_state) "
-        "VALUES (?, ?, ?, ?, ?, ?)", (job_id, now, kind, detail, current, to_state))
+    events.append(conn, job_id, now, kind, detail, current, to_state)
     if hold is not None and hold.gpu_uuids:
         add_hold(conn, job_id, row["attempts"], hold)
     return current, load(conn, job_id)
@@ -188,8 +185,7 @@ def edit(conn: sqlite3.Connection, job_id: int, froms: tuple[str, ...],
         sets += ", retry_mem = NULL, retry_ceiling = NULL, ceiling_until = NULL"
     conn.execute(f"UPDATE jobs SET {sets} WHERE id = ?",
                  [*(changes[k] for k in sorted(changes)), job_id])
-    conn.execute("INSERT INTO events (job_id, at, kind, detail) VALUES "
-                 "(?, ?, 'edited', ?)", (job_id, now, detail))
+    events.append(conn, job_id, now, lifecycle.EDITED, detail)
     return load(conn, job_id)
 
 
@@ -203,9 +199,7 @@ def set_reason(conn: sqlite3.Connection, job_id: int, reason: str | None,
     if not cur.rowcount:
         return False
     if now is not None:
-        conn.execute(
-            "INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, 'waiting', ?)",
-            (job_id, now, reason))
+        events.append(conn, job_id, now, lifecycle.WAITING, reason)
     return True
 
 
