@@ -262,3 +262,30 @@ def test_the_mig_pattern_is_the_gpu_models(profile: str) -> None:
     pattern = FIELDS["mig"].pattern
     assert pattern is not None
     assert bool(re.match(pattern, profile)) == bool(MIG_PROFILE.match(profile))
+
+
+# -- the store ------------------------------------------------------------------------
+
+# The JobSpec attributes that are no request field of their own name: who asked (from the
+# caller), the environment (an object filtered by env_keep), what submit decided or
+# built from several fields. Every other attribute is a stored field of the table.
+NOT_STORED_AS_A_FIELD = {"user", "uid", "gid", "groups", "env", "mem_auto", "service",
+                         "array"}
+
+
+def test_each_stored_field_is_a_spec_attribute_kept_in_a_column_of_its_own(
+        tmp_path: Any) -> None:
+    """``daemon/rows.py`` writes and reads a stored field by its entry: its column must
+    exist once the migrations ran, and JobSpec must have the attribute."""
+    import dataclasses
+
+    from gpuwarden.daemon.store import Store
+    from gpuwarden.jobs.model import JobSpec
+
+    with Store(tmp_path / "state.db") as store, store._tx(write=False) as conn:
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}
+    stored = {f.name: f.column for f in FIELDS.values() if f.stored}
+    assert not set(stored.values()) - columns
+    assert len(set(stored.values())) == len(stored)  # one column a field
+    attributes = {f.name for f in dataclasses.fields(JobSpec)}
+    assert set(stored) == attributes - NOT_STORED_AS_A_FIELD

@@ -48,6 +48,11 @@ a path made absolute, a repeated option): help of their own. Every other option 
 after a field takes its help, bounds and choices from the table (jobs/request.py)."""
 
 
+FIELD_OPTIONS: list[str] = []
+"""The fields that have an option of their own (``_field_option``): the request carries
+each as the option gives it, a flag always, another where it was given."""
+
+
 def _field_option(name: str, **kw: Any) -> Any:
     """``--NAME`` for one request field: an integer's range, a choice's list (but
     restart's, which the daemon explains), a flag for a boolean, the help; ``kw`` adds
@@ -55,6 +60,7 @@ def _field_option(name: str, **kw: Any) -> Any:
     from gpuwarden.jobs import request
 
     f = request.FIELDS[name]
+    FIELD_OPTIONS.append(name)
     if f.kind == request.INTEGER:
         kw["type"] = click.IntRange(f.lo, f.hi)
         if f.default is not None:
@@ -166,19 +172,16 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
         for name, value in dctx.params.items():
             if ctx.get_parameter_source(name) != click.core.ParameterSource.COMMANDLINE:
                 opts[name] = value
+    from gpuwarden.jobs.request import BOOLEAN, FIELDS
+
     body: dict[str, Any] = {
         "command": list(command), "cwd": os.path.abspath(opts["cwd"] or os.getcwd()),
         "env": dict(os.environ), "env_keep": list(opts["env_keep"]),
-        "gpus": opts["gpus"], "priority": opts["priority"],
-        "exclusive": opts["exclusive"], "requeue_on_reboot": opts["requeue_on_reboot"],
         # Job ids, ranges and tasks (12_7); an array's id stands for each of its tasks.
         "after": [], "after_any": [], "after_fail": [],
-        "no_requeue": opts["no_requeue"],
-        "checkpoint": opts["checkpoint"], "mps": opts["mps"], "no_numa": opts["no_numa"],
+        **{name: opts[name] for name in FIELD_OPTIONS
+           if opts[name] is not None or FIELDS[name].kind == BOOLEAN},
     }
-    for name in ("mig", "notify", "array"):
-        if opts.get(name) is not None:
-            body[name] = opts[name]
     if opts.get("array") is not None:
         from gpuwarden.jobs.arrays import parse_array
 
@@ -190,11 +193,6 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
             parse_size_or_fraction(opts["mem"])
         except UsageError as e:
             raise UsageError(f"--mem: {e}") from None
-    for key in ("mem", "name", "group", "key", "timeout", "qos", "mem_limit", "grace",
-                "sm_percent", "cpus", "retries", "restart", "restart_limit", "health_cmd",
-                "health_url", "health_interval", "health_grace"):
-        if opts[key] is not None:
-            body[key] = opts[key]
     if opts["gpu_ids"]:
         try:
             body["gpu_ids"] = [int(x) for x in opts["gpu_ids"].split(",")]

@@ -22,6 +22,7 @@ from gpuwarden.jobs.model import (
     JobSpec,
     NewHold,
 )
+from gpuwarden.jobs.request import ARGV, BOOLEAN, FIELDS, IDS
 from gpuwarden.jobs.services import Service
 
 # Transition fields stored as JSON lists (the others as they are).
@@ -70,24 +71,25 @@ def check_spec(spec: JobSpec) -> None:
         raise UsageError("a number in the job request is out of range")
 
 
+# The request's fields that a column keeps as their JobSpec attribute, by how the
+# column holds them (jobs/request.py names each one's column): as they are, 0 or 1, or
+# a JSON list (an absent one: the field's default).
+_STORED = [(f, f.column) for f in FIELDS.values() if f.column is not None]
+_AS_IS = [(f.name, c) for f, c in _STORED if f.kind not in (BOOLEAN, ARGV, IDS)]
+_FLAGS = [(f.name, c) for f, c in _STORED if f.kind == BOOLEAN]
+_LISTS = [(f.name, c, f.default) for f, c in _STORED if f.kind in (ARGV, IDS)]
+
+
 def spec_columns(spec: JobSpec) -> dict[str, object]:
     """A job's request as its columns store it (``row_to_job`` reads them back)."""
     return {
         "user": spec.user, "uid": spec.uid, "gid": spec.gid, "groups": json_ids(spec.groups),
-        "cwd": spec.cwd, "env": json.dumps(dict(spec.env), sort_keys=True),
-        "command": json_ids(spec.command), "name": spec.name, "job_group": spec.group,
-        "job_key": spec.key, "mem": spec.mem, "gpu_count": spec.gpus,
-        "gpu_ids": None if spec.gpu_ids is None else json_ids(spec.gpu_ids),
-        "after_ids": json_ids(spec.after), "timeout": spec.timeout,
-        "exclusive": int(spec.exclusive), "priority": spec.priority,
-        "requeue_on_reboot": int(spec.requeue_on_reboot), "qos": spec.qos,
-        "mem_limit": spec.mem_limit, "grace": spec.grace, "no_requeue": int(spec.no_requeue),
-        "retries": spec.retries, "checkpoint": int(spec.checkpoint), "mps": int(spec.mps),
-        "sm_percent": spec.sm_percent, "mem_auto": int(spec.mem_auto), "cpus": spec.cpus,
-        "no_numa": int(spec.no_numa), "attach": spec.attach,
+        "env": json.dumps(dict(spec.env), sort_keys=True), "mem_auto": int(spec.mem_auto),
         "service": None if spec.service is None else spec.service.dumps(),
-        "mig": spec.mig, "notify": spec.notify,
-        "after_any_ids": json_ids(spec.after_any), "after_fail_ids": json_ids(spec.after_fail),
+        **{column: getattr(spec, name) for name, column in _AS_IS},
+        **{column: int(getattr(spec, name)) for name, column in _FLAGS},
+        **{column: None if (v := getattr(spec, name)) is None else json_ids(v)
+           for name, column, _ in _LISTS},
     }
 
 
@@ -100,6 +102,15 @@ def hold_columns(hold: NewHold) -> dict[str, object]:
         "exited_at": hold.exited_at,
         "starts": json.dumps({str(k): v for k, v in sorted(hold.starts.items())}),
     }
+
+
+def _stored_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """The JobSpec attributes of the request's stored fields, from their columns."""
+    out: dict[str, Any] = {name: row[column] for name, column in _AS_IS}
+    out.update((name, bool(row[column])) for name, column in _FLAGS)
+    out.update((name, (None if default is None else tuple(default)) if row[column] is None
+                else _loads_tuple(row[column])) for name, column, default in _LISTS)
+    return out
 
 
 def _loads_tuple(text: str | None) -> tuple[Any, ...]:
@@ -122,46 +133,18 @@ def row_to_job(raw: sqlite3.Row, events: Sequence[Event], hold: Hold | None = No
     # A Row finds a column by name by comparing it with every column's name in turn:
     # 60 lookups over 60 columns were most of the time of listing 10,000 jobs.
     row = dict(zip(raw.keys(), raw, strict=True))
-    gpu_ids = row["gpu_ids"]
     spec = JobSpec(
-        command=tuple(json.loads(row["command"])),
         user=row["user"],
         uid=row["uid"],
         gid=row["gid"],
         groups=_loads_tuple(row["groups"]),
-        cwd=row["cwd"],
         env=ENV_NOT_READ if row["env"] is None
         else {} if row["env"] == "{}" else dict(json.loads(row["env"])),
-        name=row["name"],
-        group=row["job_group"],
-        key=row["job_key"],
-        mem=row["mem"],
-        gpus=row["gpu_count"],
-        gpu_ids=None if gpu_ids is None else tuple(json.loads(gpu_ids)),
-        after=_loads_tuple(row["after_ids"]),
-        after_any=_loads_tuple(row["after_any_ids"]),
-        after_fail=_loads_tuple(row["after_fail_ids"]),
-        timeout=row["timeout"],
-        exclusive=bool(row["exclusive"]),
-        priority=row["priority"],
-        requeue_on_reboot=bool(row["requeue_on_reboot"]),
-        qos=row["qos"],
-        mem_limit=row["mem_limit"],
-        grace=row["grace"],
-        no_requeue=bool(row["no_requeue"]),
-        retries=row["retries"],
-        checkpoint=bool(row["checkpoint"]),
-        mps=bool(row["mps"]),
-        sm_percent=row["sm_percent"],
         mem_auto=bool(row["mem_auto"]),
-        cpus=row["cpus"],
-        no_numa=bool(row["no_numa"]),
-        mig=row["mig"],
-        attach=row["attach"],
         service=Service.loads(row["service"]),
-        notify=row["notify"],
         array=None if row["array_id"] is None else Member(
             row["array_id"], row["array_index"], row["array_limit"]),
+        **_stored_fields(row),
     )
     return Job(
         id=row["id"],

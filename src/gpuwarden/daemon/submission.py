@@ -15,7 +15,7 @@ from gpuwarden.daemon.restart import service_from_request
 from gpuwarden.daemon.usercmd import checked_command
 from gpuwarden.errors import UsageError
 from gpuwarden.jobs.model import JobSpec
-from gpuwarden.jobs.request import BESTEFFORT, GUARANTEED, check_fields
+from gpuwarden.jobs.request import BESTEFFORT, FIELDS, GUARANTEED, check_fields
 from gpuwarden.jobs.services import Service
 from gpuwarden.units import bounded_size, parse_size_or_fraction
 
@@ -88,21 +88,15 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *
             raise UsageError(f"no GPU with index {', '.join(map(str, bad))} "
                              f"(this machine has {gpu_count})")
         gpu_ids = tuple(sorted(set(gpu_ids)))
-    spec = JobSpec(
-        command=v["command"], user=caller.user, uid=caller.uid, gid=caller.gid,
-        groups=caller.groups, cwd=v["cwd"], env=env, name=v["name"],
-        group=v["group"], key=v["key"], mem=mem, gpus=v["gpus"],
-        gpu_ids=gpu_ids, after=v["after"], after_any=v["after_any"],
-        after_fail=v["after_fail"], timeout=v["timeout"], exclusive=v["exclusive"],
-        priority=v["priority"], requeue_on_reboot=v["requeue_on_reboot"],
-        qos=qos, mem_limit=mem_limit, grace=grace,
+    decided: dict[str, Any] = dict(
+        user=caller.user, uid=caller.uid, gid=caller.gid, groups=caller.groups, env=env,
+        mem=mem, gpu_ids=gpu_ids, qos=qos, mem_limit=mem_limit, grace=grace,
         # An attached job's launcher is gone once it is stopped: nothing could requeue it.
         no_requeue=v["no_requeue"] or attach is not None, retries=retries,
-        checkpoint=v["checkpoint"], mps=v["mps"], sm_percent=v["sm_percent"],
-        mem_auto=mem_auto, cpus=v["cpus"], no_numa=v["no_numa"], mig=mig, attach=attach,
-        service=_service(body, attach),
-        notify=None if v["notify"] is None else checked_command(v["notify"], "notify"),
-    )
+        mem_auto=mem_auto, mig=mig, service=_service(body, attach),
+        notify=None if v["notify"] is None else checked_command(v["notify"], "notify"))
+    # Every stored field as its own check left it, unless a rule here decided it.
+    spec = JobSpec(**{f.name: v[f.name] for f in FIELDS.values() if f.stored} | decided)
     return spec, dropped
 
 

@@ -1,8 +1,10 @@
 """The submit request's fields, one table: each field's JSON type, bounds or choices,
 default and help. The daemon's per-field checks (``check_fields``, for
 ``daemon/submission.spec_from_request``), the request's OpenAPI properties (``schema``, for
-``daemon/openapi.py``) and the help and bounds of the ``submit`` options that are one
-field each (``cli/submit.py``) are all read from it, so a bound is written once. Rules
+``daemon/openapi.py``), the help and bounds of the ``submit`` options that are one
+field each (``cli/submit.py``), the ``JobSpec`` a submit makes and how the jobs table
+keeps it (each stored field's ``column``: ``daemon/rows.py``) are all read from it, so a
+bound or a column is written once. Rules
 between fields (``cpus`` and ``no_numa``, a fractional ``mem``, services) stay code in
 the daemon. Standard library and lower layers only: the CLI imports this at start."""
 
@@ -63,76 +65,85 @@ class Field:
     example: str = ""
     nullable: bool = True
     required: bool = False
+    column: str | None = None
+
+    @property
+    def stored(self) -> bool:
+        return self.column is not None
 
 
-def _label(name: str, help: str) -> Field:
-    return Field(name, STRING, help, min_length=1, max_length=200)
+def _label(name: str, help: str, column: str) -> Field:
+    return Field(name, STRING, help, min_length=1, max_length=200, column=column)
 
 
 FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("command", ARGV, "The command and its arguments, run without a shell.",
-          required=True, nullable=False),
+          required=True, nullable=False, column="command"),
     Field("cwd", STRING, "Working directory.", default="/", pattern="^/",
-          shape="an absolute path", nullable=False),
+          shape="an absolute path", nullable=False, column="cwd"),
     Field("env", ENV, "The job's environment (credential-looking variables are dropped "
                       "unless env_keep names them).", default={}, nullable=False),
     Field("env_keep", STRINGS, "Keep this credential-looking variable (repeatable).",
           default=(), nullable=False),
-    _label("name", "A name to recognise the job by."),
-    _label("group", "A group, for `cancel --group` and `ps`."),
-    _label("key", "Idempotency key: resubmitting it returns the existing job."),
+    _label("name", "A name to recognise the job by.", "name"),
+    _label("group", "A group, for `cancel --group` and `ps`.", "job_group"),
+    _label("key", "Idempotency key: resubmitting it returns the existing job.", "job_key"),
     Field("mem", SIZE, "GPU memory per GPU: a size (14G, 512MiB), a fraction of a GPU "
                        "(0.5), or auto: learned from earlier runs with the same "
-                       "--key/--name. Without: a whole idle GPU.", example="14G"),
-    Field("gpus", INTEGER, "How many GPUs.", default=1, lo=1, hi=64, nullable=False),
+                       "--key/--name. Without: a whole idle GPU.", example="14G", column="mem"),
+    Field("gpus", INTEGER, "How many GPUs.", default=1, lo=1, hi=64, nullable=False,
+          column="gpu_count"),
     Field("gpu_ids", IDS, "Only these GPUs (their indices).", lo=0, min_items=1,
-          shape="a non-empty list of GPU indices"),
+          shape="a non-empty list of GPU indices", column="gpu_ids"),
     Field("after", IDS, "Start only after these jobs succeeded.", default=(), lo=1,
-          hi=MAX_ID, shape="a list of job ids"),
+          hi=MAX_ID, shape="a list of job ids", column="after_ids"),
     Field("after_any", IDS, "Start only after these jobs ended, however they ended.",
-          default=(), lo=1, hi=MAX_ID, shape="a list of job ids"),
+          default=(), lo=1, hi=MAX_ID, shape="a list of job ids", column="after_any_ids"),
     Field("after_fail", IDS, "Start only after these jobs ended without succeeding.",
-          default=(), lo=1, hi=MAX_ID, shape="a list of job ids"),
+          default=(), lo=1, hi=MAX_ID, shape="a list of job ids", column="after_fail_ids"),
     Field("timeout", DURATION, "Kill the job after this long (2h, 30m).", positive=True,
-          example="2h"),
-    Field("exclusive", BOOLEAN, "Take the GPU(s) alone.", default=False, nullable=False),
+          example="2h", column="timeout"),
+    Field("exclusive", BOOLEAN, "Take the GPU(s) alone.", default=False, nullable=False,
+          column="exclusive"),
     Field("priority", INTEGER, "Higher starts first.", default=0, lo=-1000, hi=1000,
-          nullable=False),
+          nullable=False, column="priority"),
     Field("requeue_on_reboot", BOOLEAN, "Queue the job again if the machine reboots while "
-                                        "it runs.", default=False, nullable=False),
+                                        "it runs.", default=False, nullable=False,
+          column="requeue_on_reboot"),
     Field("qos", CHOICE, "guaranteed: never preempted; burstable (default): may grow to "
                          "--mem-limit; besteffort: preempted first.", default=BURSTABLE,
-          choices=QOS_CLASSES, nullable=False),
+          choices=QOS_CLASSES, nullable=False, column="qos"),
     Field("mem_limit", SIZE, "Burstable: how far past --mem the job may grow.",
-          example="14G"),
+          example="14G", column="mem_limit"),
     Field("grace", DURATION, "SIGTERM to SIGKILL on cancel or preemption (default: the "
-                             "daemon's).", example="2h"),
+                             "daemon's).", example="2h", column="grace"),
     Field("no_requeue", BOOLEAN, "If preempted, end as cancelled instead of queueing "
-                                 "again.", default=False, nullable=False),
+                                 "again.", default=False, nullable=False, column="no_requeue"),
     Field("retries", INTEGER, "Retry a CUDA OOM this many times, with the budget it showed "
                               "it needs (default: the daemon's oom_retries, 1, for jobs "
-                              "with --mem; 0: off).", lo=0, hi=100),
+                              "with --mem; 0: off).", lo=0, hi=100, column="retries"),
     Field("checkpoint", BOOLEAN, "Set GPUWARDEN_PREEMPT_FILE: it appears before a "
-                                 "preemption.", default=False, nullable=False),
+                                 "preemption.", default=False, nullable=False, column="checkpoint"),
     Field("mps", BOOLEAN, "Run as an MPS client: the driver enforces --mem as a hard "
-                          "limit.", default=False, nullable=False),
+                          "limit.", default=False, nullable=False, column="mps"),
     Field("sm_percent", INTEGER, "With --mps: the share of the GPU's SMs the job may use.",
-          lo=1, hi=100),
+          lo=1, hi=100, column="sm_percent"),
     Field("cpus", INTEGER, "Hold this many CPU cores near the GPUs alone (among gpuwarden "
-                           "jobs).", lo=1, hi=4096),
+                           "jobs).", lo=1, hi=4096, column="cpus"),
     Field("no_numa", BOOLEAN, "No CPU affinity and no NUMA memory binding.", default=False,
-          nullable=False),
+          nullable=False, column="no_numa"),
     # The daemon checks a profile with gpus/model.MIG_PROFILE (a GPU fact, a layer
     # above); the unit tests hold this pattern to it.
     Field("mig", STRING, "A MIG instance of this profile (e.g. 3g.40gb): on a GPU in MIG "
                          "mode each instance is a place of its own.",
-          pattern=r"^[1-8]g\.[1-9][0-9]*gb$"),
+          pattern=r"^[1-8]g\.[1-9][0-9]*gb$", column="mig"),
     Field("attach", STRING, "The caller starts the command itself once the job is "
                             "reserved, and reports its start and end; names the launcher "
-                            "(e.g. \"ray job ID\").", min_length=1, max_length=200),
+                            "(e.g. \"ray job ID\").", min_length=1, max_length=200,
+          column="attach"),
     Field("notify", STRING, "Run CMD (with /bin/sh, as you) once the job ends, however it "
                             "ends, the job's JSON on its standard input.",
-          min_length=1, max_length=MAX_COMMAND, shape=_COMMAND),
+          min_length=1, max_length=MAX_COMMAND, shape=_COMMAND, column="notify"),
     Field("array", STRING, "An array: one job a task (0-99, 1,3,5-9, 0-20:5), each with "
                            "GPUWARDEN_ARRAY_INDEX; %N: at most N at once. Prints the "
                            "array's id; a task is ID_INDEX (12_7).",

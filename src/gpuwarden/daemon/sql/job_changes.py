@@ -30,6 +30,7 @@ from gpuwarden.daemon.store_errors import Conflict, DependencyNotFound, JobNotFo
 from gpuwarden.jobs import lifecycle
 from gpuwarden.jobs.arrays import Array
 from gpuwarden.jobs.model import HELD, QUEUED, STATES, Job, JobSpec, NewHold
+from gpuwarden.jobs.request import EDITABLE, FIELDS
 
 # Columns a transition may set (rows.field_value: how each is stored).
 TRANSITION_FIELDS = frozenset({
@@ -43,8 +44,7 @@ TRANSITION_FIELDS = frozenset({
 })
 WAITING = (QUEUED, HELD)
 # What ``edit`` may change in a waiting job: JobSpec field -> column.
-EDIT_COLUMNS = {"mem": "mem", "mem_limit": "mem_limit", "priority": "priority",
-                "qos": "qos", "gpus": "gpu_count", "timeout": "timeout", "name": "name"}
+EDIT_COLUMNS = {name: FIELDS[name].column for name in EDITABLE}
 
 
 def submit(conn: sqlite3.Connection, spec: JobSpec, now: float, state: str,
