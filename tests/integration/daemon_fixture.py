@@ -1,5 +1,7 @@
 """A real daemon in an isolated GPUWARDEN_HOME over a simulated machine, driven through
-the real CLI — the fixture the daemon tests share."""
+the real CLI — the fixture the daemon tests share. A process per CLI call where the
+test checks the command (``cli``); the CLI's own code in the test's process for set-up
+and reads (``submit``, ``json``), which start no interpreter."""
 
 from __future__ import annotations
 
@@ -21,6 +23,10 @@ import pytest
 from tests.conftest import EXAMPLES, SRC, json_answer, wait_for
 
 PY = sys.executable
+ASKS_ONLY = frozenset({"status", "ps", "leaks", "report", "show", "doctor", "reap", "clean",
+                       "hold"})
+"""Commands that send the daemon requests and print its answers, nothing else: no exec,
+no daemon started, no terminal (``Daemon.json`` runs them in this process)."""
 STARTED: set[Path] = set()
 """Homes of every daemon a test started: ``stop_all`` ends what is left of them."""
 
@@ -45,12 +51,55 @@ class Daemon:
         return r
 
     def json(self, *args: str) -> Any:
-        return json_answer(self.cli(*args, "--json"), args)
+        """What ``gpuwarden ARGS --json`` prints, parsed; the commands that only ask the
+        daemon or read the machine are run in this process (``in_process``)."""
+        run = self.in_process if args and args[0] in ASKS_ONLY else self.cli
+        return json_answer(run(*args, "--json"), args)
 
     def submit(self, *args: str, cmd: list[str] | None = None) -> int:
+        """A job submitted with ``gpuwarden submit ARGS -- CMD``, for set-up: the CLI run
+        in this process (``in_process``), which sends the daemon the request a fresh
+        ``gpuwarden`` would; what a test checks of the command itself goes through
+        ``cli``."""
         command = cmd if cmd is not None else [PY, "-m", "gpuwarden.sim.job", "--seconds", "0"]
-        out = self.cli("submit", *args, "--", *command, check=True).stdout
+        out = self.in_process("submit", *args, "--", *command, check=True).stdout
         return int(out.strip())
+
+    def in_process(self, *args: str,
+                   check: bool = False) -> subprocess.CompletedProcess[str]:
+        """``gpuwarden ARGS`` run by this process with the daemon's environment (alone,
+        as a fresh process would have it) and its output captured: the same request
+        and the same words as ``cli``, without an interpreter started for it (over a
+        thousand of them were a third of the suite's CPU)."""
+        import io
+
+        from gpuwarden.cli.main import main
+
+        # Text over bytes, as a process's own streams are (the JSON fast path writes
+        # the daemon's bytes to sys.stdout.buffer).
+        out, err = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="replace")
+                    for _ in range(2))
+        saved, code = dict(os.environ), 0
+        os.environ.clear()
+        os.environ.update(self.env)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    main(list(args))
+                except SystemExit as e:
+                    code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        texts = []
+        for stream in (out, err):
+            stream.flush()
+            texts.append(stream.buffer.getvalue().decode("utf-8", "replace"))  # type: ignore[attr-defined]
+        r = subprocess.CompletedProcess(["gpuwarden", *args], code, *texts)
+        if check and r.returncode != 0:
+            raise AssertionError(f"gpuwarden {' '.join(args)} -> {r.returncode}\n"
+                                 f"{r.stdout}\n{r.stderr}")
+        return r
 
     def api(self, method: str, path: str, **kw: Any) -> Any:
         """The daemon's API asked from this process, as the CLI asks it: for polls and

@@ -382,6 +382,10 @@ def test_a_job_cancelled_while_it_is_launched_does_not_run_on(
                       until=lambda st: st.exit is not None,
                       what=lambda _: "the cancelled job runs on")
         assert st.exit.reason == "cancelled"
-        assert st.supervisor is not None and not alive(st.supervisor)
+        assert st.supervisor is not None
+        # exit.json is the supervisor's last write: it may still be exiting just after.
+        handle = st.supervisor
+        wait_for(lambda: not alive(handle), 10, 0.05,
+                 what="the supervisor of the cancelled job runs on")
     finally:
         cancel(jobdir)  # whatever happened, leave nothing running
