@@ -34,7 +34,8 @@ STARTED = web.AppKey("started", float)
 MAX_BODY = 4 << 20
 REQUEST_TIMEOUT = web.AppKey("request_timeout", float)  # for a request's body
 PEERS = web.AppKey("peers", dict[Any, Peer])  # transport -> Peer, from accept to close
-LISTING = web.AppKey("listing", asyncio.Semaphore)  # one job listing at a time, for all
+# One job listing at a time per user (uid -> its turn): a page is up to 60 ms of CPU.
+LISTING = web.AppKey("listing", dict[int, asyncio.Semaphore])
 
 
 def _status_for(e: Exception) -> int:
@@ -271,9 +272,10 @@ async def list_jobs(request: web.Request) -> web.Response:
     latest before ``before`` (or the latest of all), in id order; ``more`` says whether
     the listing goes on past it. 10,000 jobs in one answer, asked for in a loop, kept
     the daemon's threads busy for everyone. A page (up to 60 ms of CPU) is read and
-    encoded in one worker thread, one listing at a time for all users: eight loops of
-    listings then cost another user's submit one thread's share of the interpreter,
-    not three (two threads of the lister's and the serving loop encoding pages)."""
+    encoded in one worker thread, one listing of a user's at a time: a user's eight
+    listing loops then cost another user's submit one thread's share of the
+    interpreter, not three (two of the lister's threads, and the serving loop encoding
+    pages), and the other user's own listing waits for none of them."""
     svc, caller = request.app[SERVICE], caller_of(request)
     states = [s for v in request.query.getall("state", []) for s in v.split(",") if s]
     limit = _int_query(request, "limit", 1, MAX_PAGE) or PAGE
@@ -294,7 +296,8 @@ async def list_jobs(request: web.Request) -> web.Response:
             jobs = jobs[:limit] if after is not None else jobs[1:]
         return json.dumps({"jobs": jobs, "more": more}).encode()
 
-    async with _slot(caller), request.app[LISTING]:  # the user's turn, then the lane's
+    turn = request.app[LISTING].setdefault(caller.uid, asyncio.Semaphore(1))
+    async with _slot(caller), turn:
         body = await asyncio.to_thread(page)
     return web.Response(body=body, content_type="application/json")
 
@@ -475,7 +478,7 @@ def make_app(service: JobService) -> web.Application:
     app[SERVICE] = service
     app[STARTED] = time.time()
     app[PEERS] = {}
-    app[LISTING] = asyncio.Semaphore(1)
+    app[LISTING] = {}
     app.router.add_get("/v1/health", health)
     app.router.add_get("/v1/report", accounting)  # accounting (gpuwarden report)
     app.router.add_get("/v1/drains", drains)  # drained GPUs (gpu drain)
