@@ -118,6 +118,14 @@ class Daemon:
                              until=lambda j: j["state"] in states,
                              what=lambda j: f"job {job_id} stayed {j['state']}: {j}"))
 
+    def wait_reason(self, job_id: int, text: str, timeout: float = 10) -> dict[str, Any]:
+        """The job once it waits, queued, for a reason that says ``text``: the pass after
+        its submission writes the reason, so a job seen at once may not have one yet."""
+        return dict(wait_for(lambda: self.job(job_id), timeout, 0.05,
+                             until=lambda j: j["state"] == "queued"
+                             and text in (j["reason"] or ""),
+                             what=lambda j: f"job {job_id} to wait for {text!r}: {j}"))
+
     def wait_for_release(self, job_id: int, timeout: float = 30) -> dict[str, Any]:
         """The job once the memory of its last attempt is released (or cleared)."""
         def released(j: dict[str, Any]) -> bool:

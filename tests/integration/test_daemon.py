@@ -64,8 +64,7 @@ def test_jobs_pack_by_memory_and_wait_when_full(daemon: Daemon) -> None:
         daemon.wait_state(jid, "running", timeout=30)
     gpus = sorted(daemon.job(j)["gpus"][0] for j in ids)
     assert gpus == [0, 0, 1, 1]  # two 10 GiB jobs per 24 GiB GPU
-    waiting = daemon.job(late)
-    assert waiting["state"] == "queued" and "waiting for" in (waiting["reason"] or "")
+    daemon.wait_reason(late, "waiting for")
     # Peaks come from the driver's view of each job's process tree: its allocations and
     # the CUDA context the (simulated) driver charges beside them.
     time.sleep(0.5)

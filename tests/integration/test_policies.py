@@ -161,9 +161,7 @@ def test_per_user_limits_hold_jobs_back(tmp_path: Path) -> None:
         first = d.submit("--mem", "1G", cmd=sim_job("1G", 2))
         second = d.submit("--mem", "1G", cmd=sim_job("1G", 0))
         d.wait_state(first, "running")
-        waiting = d.job(second)
-        assert waiting["state"] == "queued"
-        assert "may run 1 job(s) at once" in waiting["reason"]
+        d.wait_reason(second, "may run 1 job(s) at once")
         assert d.cli("wait", str(second), timeout=60).returncode == 0
         assert d.job(second)["started_at"] >= d.job(first)["ended_at"]
 
@@ -333,8 +331,7 @@ def test_cpus_are_held_alone_near_the_gpu(fast_daemon: Daemon) -> None:
                      cmd=[PY, "-c", AFFINITY + "; import time; time.sleep(2)"])
     second = d.submit("--gpu-ids", "1", "--mem", "1G", "--cpus", "1", cmd=[PY, "-c", AFFINITY])
     d.wait_state(first, "running")
-    waiting = d.job(second)
-    assert waiting["state"] == "queued" and "0 free CPU core(s) near it" in waiting["reason"]
+    d.wait_reason(second, "0 free CPU core(s) near it")
     for jid in (first, second):
         assert d.cli("wait", str(jid), timeout=60).returncode == 0
         assert d.job(jid)["cpu_set"] == [1]
