@@ -243,9 +243,13 @@ def _simulate_reboot(daemon: Daemon, job_ids: list[int]) -> None:
     from gpuwarden.supervisor.control import live_supervisors
 
     for p in live_supervisors(daemon.home / "jobs"):
-        for c in p.children(recursive=True):
-            os.kill(c.pid, signal.SIGKILL)
+        # The supervisor first: one that saw its job killed could write the job's end
+        # (exit.json) before its own turn came, which no reboot leaves.
+        children = p.children(recursive=True)
         os.kill(p.pid, signal.SIGKILL)
+        for c in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(c.pid, signal.SIGKILL)
     # Pretend the machine rebooted: the jobs' attempts belong to an earlier boot. No event
     # of the lifecycle says that (a reboot is found, never recorded), so the row is
     # edited directly, with the daemon stopped.
