@@ -77,8 +77,8 @@ class Daemon:
 
         # Text over bytes, as a process's own streams are (the JSON fast path writes
         # the daemon's bytes to sys.stdout.buffer).
-        out, err = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="replace")
-                    for _ in range(2))
+        raw = (io.BytesIO(), io.BytesIO())
+        out, err = (io.TextIOWrapper(b, encoding="utf-8", errors="replace") for b in raw)
         saved, code = dict(os.environ), 0
         os.environ.clear()
         os.environ.update(self.env)
@@ -91,10 +91,9 @@ class Daemon:
         finally:
             os.environ.clear()
             os.environ.update(saved)
-        texts = []
-        for stream in (out, err):
-            stream.flush()
-            texts.append(stream.buffer.getvalue().decode("utf-8", "replace"))  # type: ignore[attr-defined]
+        out.flush()
+        err.flush()
+        texts = [b.getvalue().decode("utf-8", "replace") for b in raw]
         r = subprocess.CompletedProcess(["gpuwarden", *args], code, *texts)
         if check and r.returncode != 0:
             raise AssertionError(f"gpuwarden {' '.join(args)} -> {r.returncode}\n"

@@ -13,17 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES, wait_for
+from tests.conftest import EXAMPLES
 from tests.integration.daemon_fixture import PY, Daemon, http_request, raw_http
 
 SIM = [PY, "-m", "gpuwarden.sim.job"]
-
-
-def _wait_reason(daemon: Daemon, jid: int, text: str, timeout: float = 20) -> str:
-    j = wait_for(lambda: daemon.job(jid), timeout, 0.1,
-                 until=lambda j: j["state"] == "queued" and text in (j["reason"] or ""),
-                 what=str)
-    return str(j["reason"])
 
 
 def test_a_drained_gpu_gets_no_placement_and_undrain_restores_it(daemon: Daemon) -> None:
@@ -36,7 +29,7 @@ def test_a_drained_gpu_gets_no_placement_and_undrain_restores_it(daemon: Daemon)
     assert [(d["gpu"], d["reason"], d["by"]) for d in drains] == [(0, "ECC errors", "root")]
 
     pinned = daemon.submit("--mem", "2G", "--gpu-ids", "0", cmd=[*SIM, "--seconds", "0"])
-    reason = _wait_reason(daemon, pinned, "drained")
+    reason = daemon.wait_reason(pinned, "drained", timeout=20)["reason"]
     assert "GPU 0: drained (ECC errors)" in reason, reason
     free = [daemon.submit("--mem", "2G", cmd=[*SIM, "--seconds", "0"]) for _ in range(3)]
     for jid in free:  # each would fit on GPU 0 beside the running job: only GPU 1 is used

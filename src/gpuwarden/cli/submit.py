@@ -48,11 +48,6 @@ a path made absolute, a repeated option): help of their own. Every other option 
 after a field takes its help, bounds and choices from the table (jobs/request.py)."""
 
 
-FIELD_OPTIONS: list[str] = []
-"""The fields that have an option of their own (``_field_option``): the request carries
-each as the option gives it, a flag always, another where it was given."""
-
-
 def _field_option(name: str, **kw: Any) -> Any:
     """``--NAME`` for one request field: an integer's range, a choice's list (but
     restart's, which the daemon explains), a flag for a boolean, the help; ``kw`` adds
@@ -60,7 +55,6 @@ def _field_option(name: str, **kw: Any) -> Any:
     from gpuwarden.jobs import request
 
     f = request.FIELDS[name]
-    FIELD_OPTIONS.append(name)
     if f.kind == request.INTEGER:
         kw["type"] = click.IntRange(f.lo, f.hi)
         if f.default is not None:
@@ -179,8 +173,10 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
         "env": dict(os.environ), "env_keep": list(opts["env_keep"]),
         # Job ids, ranges and tasks (12_7); an array's id stands for each of its tasks.
         "after": [], "after_any": [], "after_fail": [],
-        **{name: opts[name] for name in FIELD_OPTIONS
-           if opts[name] is not None or FIELDS[name].kind == BOOLEAN},
+        # Each field with an option of its own, as the option gives it: a flag always,
+        # another where it was given.
+        **{name: value for name, value in opts.items() if name in FIELDS
+           and name not in NOT_ONE_FIELD and (value is not None or FIELDS[name].kind == BOOLEAN)},
     }
     if opts.get("array") is not None:
         from gpuwarden.jobs.arrays import parse_array

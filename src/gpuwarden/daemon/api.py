@@ -296,8 +296,10 @@ async def list_jobs(request: web.Request) -> web.Response:
             jobs = jobs[:limit] if after is not None else jobs[1:]
         return json.dumps({"jobs": jobs, "more": more}).encode()
 
+    # The listing's turn first: a listing waiting for it holds none of the user's
+    # threads, which the user's other requests (a submit, a show) can have meanwhile.
     turn = request.app[LISTING].setdefault(caller.uid, asyncio.Semaphore(1))
-    async with _slot(caller), turn:
+    async with turn, _slot(caller):
         body = await asyncio.to_thread(page)
     return web.Response(body=body, content_type="application/json")
 

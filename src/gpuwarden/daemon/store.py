@@ -62,10 +62,7 @@ from gpuwarden.daemon.sql import (
     maintenance,
     measurements,
 )
-from gpuwarden.daemon.store_errors import (
-    JobNotFound,
-    StoreError,
-)
+from gpuwarden.daemon.store_errors import JobNotFound, StoreError
 from gpuwarden.jobs import lifecycle
 from gpuwarden.jobs.arrays import Array, Ref
 from gpuwarden.jobs.model import ACTIVE, QUEUED, TERMINAL, Event, Hold, Job, JobSpec, NewHold
