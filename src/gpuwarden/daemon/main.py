@@ -105,7 +105,8 @@ class DaemonMetrics:
         from prometheus_client.exposition import gzip_accepted
 
         from gpuwarden.gpus.backend import open_backend
-        from gpuwarden.metrics.collector import SnapshotCollector, gzip_scrape, render_text
+        from gpuwarden.metrics.collector import SnapshotCollector, render_segments, render_text
+        from gpuwarden.metrics.gzipped import GzipSegments
         from gpuwarden.metrics.jobs import JobsCollector
         from gpuwarden.observe.snapshot import take_snapshot
         from gpuwarden.web.routes import off_loop
@@ -118,12 +119,13 @@ class DaemonMetrics:
         parts = (self.registry, SnapshotCollector(lambda: take_snapshot(backend),
                                                   cache_seconds=self.config.metrics_cache),
                  JobsCollector(store, lambda: sched.last_running))
+        gzipped = GzipSegments()
 
         async def metrics(request: web.Request) -> web.Response:
             headers = {"Content-Type": CONTENT_TYPE_LATEST}
             if gzip_accepted(request.headers.get("Accept-Encoding", "")):
                 headers["Content-Encoding"] = "gzip"
-                body = await off_loop(pool, lambda: gzip_scrape(render_text(parts)))
+                body = await off_loop(pool, lambda: gzipped.compress(render_segments(parts)))
             else:
                 body = await off_loop(pool, render_text, parts)
             return web.Response(body=body, headers=headers)

@@ -38,9 +38,11 @@ def wsgi_app(registry: CollectorRegistry) -> Callable[..., Any]:
         generate_latest as openmetrics_latest,
     )
 
-    from gpuwarden.metrics.collector import SnapshotRegistry, gzip_scrape
+    from gpuwarden.metrics.collector import SnapshotRegistry
+    from gpuwarden.metrics.gzipped import GzipSegments
 
     fallback = make_wsgi_app(registry)
+    gzipped: dict[str, GzipSegments] = {}  # per format: the last scrape's pieces differ
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         if (isinstance(registry, SnapshotRegistry) and environ["REQUEST_METHOD"] == "GET"
@@ -51,11 +53,13 @@ def wsgi_app(registry: CollectorRegistry) -> Callable[..., Any]:
             if base is generate_latest or base is openmetrics_latest:
                 fmt = repr((base.__module__, getattr(encoder, "args", ()),
                             sorted(getattr(encoder, "keywords", {}).items())))
-                output = registry.collector.render_text(encoder, fmt)
                 headers = [("Content-Type", content_type)]
                 if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
-                    output = gzip_scrape(output)
+                    pieces = registry.collector.render_segments(encoder, fmt)
+                    output = gzipped.setdefault(fmt, GzipSegments()).compress(pieces)
                     headers.append(("Content-Encoding", "gzip"))
+                else:
+                    output = registry.collector.render_text(encoder, fmt)
                 start_response("200 OK", headers)
                 return [output]
         result: list[bytes] = fallback(environ, start_response)
@@ -95,6 +99,13 @@ def start(listen: str, registry: CollectorRegistry) -> tuple[Any, threading.Thre
 def serve(listen: str, registry: CollectorRegistry,
           ready: Callable[[str, int], None] | None = None) -> None:
     """Serve /metrics until SIGTERM or SIGINT."""
+    import gc
+
+    # A scrape of 8 GPUs x 200 processes makes some 10,000 short-lived objects, and
+    # with the default first threshold (700) the collector's older generations were
+    # walked often enough to cost 12% of each scrape (8.7 -> 7.6 ms). Collecting less
+    # often keeps at most a scrape's worth of garbage a little longer.
+    gc.set_threshold(10_000, 10, 10)
     host, _ = parse_listen(listen)
     server, thread = start(listen, registry)
     stop = threading.Event()

@@ -85,6 +85,8 @@ def _leaks_of(snap: Snapshot) -> list[Leak]:
                 holding.setdefault(idx, []).append(h.pid)
     for g in snap.gpus:
         for p in g.processes:
+            if p.state not in _STATE_KIND:  # running: most processes, most of the time
+                continue
             leak = _process_leak(p, g.index)
             if leak and leak.kind == "dead_pid" and g.index in holding:
                 pids = ", ".join(map(str, sorted(holding[g.index])))

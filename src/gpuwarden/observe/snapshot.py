@@ -7,6 +7,7 @@ import os
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from gpuwarden.gpus.model import GpuFacts, GpuProcessFacts
@@ -86,6 +87,10 @@ class ProcessView:
 
 @dataclass(frozen=True)
 class GpuView:
+    """A GPU and its processes. What is summed over the processes is computed once per
+    view (``cached_property``: a view never changes), since the exporter, the leak rules
+    and the placement policies each ask for it."""
+
     facts: GpuFacts
     processes: tuple[ProcessView, ...]
 
@@ -93,21 +98,22 @@ class GpuView:
     def index(self) -> int:
         return self.facts.index
 
-    @property
+    @cached_property
     def users(self) -> frozenset[str]:
         return frozenset(p.user for p in self.processes if p.user and p.state == RUNNING)
 
-    @property
+    @cached_property
     def process_memory(self) -> int | None:
         """Sum of process memory; None when the driver withheld any process's figure."""
         total = 0
         for p in self.processes:
-            if p.memory is None:
+            memory = p.gpu.memory
+            if memory is None:
                 return None
-            total += p.memory
+            total += memory
         return total
 
-    @property
+    @cached_property
     def unaccounted(self) -> int | None:
         """Memory in use that no listed process accounts for (after the driver baseline)."""
         pm = self.process_memory
@@ -133,11 +139,11 @@ class Snapshot:
                 return g
         return None
 
-    @property
+    @cached_property
     def listed_pids(self) -> frozenset[int]:
-        return frozenset(p.pid for g in self.gpus for p in g.processes)
+        return frozenset(p.gpu.pid for g in self.gpus for p in g.processes)
 
-    @property
+    @cached_property
     def hidden_holders(self) -> tuple[Holder, ...]:
         """Holders of NVIDIA device files that the driver lists on no GPU."""
         listed = self.listed_pids
@@ -169,18 +175,21 @@ def take_snapshot(backend: Backend, *, holders: bool = True, detail: bool = True
     procs = backend.processes()
     source = backend.process_source()
     by_gpu: dict[int, list[ProcessView]] = {g.index: [] for g in facts}
+    info_of = source.info
     for p in procs:
-        if p.gpu_index not in by_gpu:
+        on = by_gpu.get(p.gpu_index)
+        if on is None:
             continue
         info = known.get(p.pid) if known is not None else None
         if info is None:
-            info = source.info(p.pid, detail=detail)
-        elapsed = None if info.start_time is None else max(taken_at - info.start_time, 0.0)
-        by_gpu[p.gpu_index].append(ProcessView(p, info, process_state(info), elapsed))
+            info = info_of(p.pid, detail=detail)
+        start = info.start_time
+        on.append(ProcessView(p, info, process_state(info),
+                              None if start is None else max(taken_at - start, 0.0)))
     views = tuple(
         GpuView(
             g,
-            tuple(sorted(by_gpu[g.index], key=lambda v: (-(v.memory or 0), v.pid))),
+            tuple(sorted(by_gpu[g.index], key=lambda v: (-(v.gpu.memory or 0), v.gpu.pid))),
         )
         for g in sorted(facts, key=lambda g: g.index)
     )

@@ -4,7 +4,7 @@ in-process and without a subprocess, so it is fast enough to run on every snapsh
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -20,10 +20,12 @@ def scan_holders(
     proc: str = "/proc",
     exclude: Iterable[int] = (),
     only: Iterable[int] | None = None,
+    listing: Sequence[str] | None = None,
 ) -> list[RawHolder]:
     """Every process (of ``only``, when given) with one of ``device_files`` open.
-    Processes that vanish or deny access mid-scan are skipped (their fds cannot be read
-    without root anyway)."""
+    ``listing``: the entries of ``proc`` when the caller has just listed it. Processes
+    that vanish or deny access mid-scan are skipped (their fds cannot be read without
+    root anyway)."""
     if not device_files:
         return []
     wanted = set(device_files)
@@ -33,7 +35,8 @@ def scan_holders(
     readlink = os.readlink
     out: list[RawHolder] = []
     try:
-        entries = os.listdir(proc) if only is None else [str(p) for p in sorted(set(only))]
+        entries = (listing if listing is not None else os.listdir(proc)) if only is None \
+            else [str(p) for p in sorted(set(only))]
     except OSError:
         return []
     for name in entries:

@@ -252,10 +252,12 @@ class LiveProcesses:
         """Processes (of ``only``, when given) holding NVIDIA device files, with user
         and command filled in."""
         out: list[Holder] = []
+        listing: list[str] | None = None
         if only is None:
             with contextlib.suppress(OSError):  # processes gone since: their facts go too
-                self.kept.prune(int(n) for n in os.listdir("/proc") if n.isdigit())
-        for raw in scan_holders(device_files, exclude=exclude, only=only):
+                listing = os.listdir("/proc")
+                self.kept.prune(int(n) for n in listing if n.isdigit())
+        for raw in scan_holders(device_files, exclude=exclude, only=only, listing=listing):
             info = self.info(raw.pid, detail=False)
             indices = sorted(
                 {i for d in raw.devices if (i := device_files.get(d)) is not None}
