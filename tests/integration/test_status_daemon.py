@@ -36,7 +36,7 @@ def _served(d: Daemon, *args: str) -> dict[str, Any]:
         time.sleep(0.2)
 
 
-def _without_times(doc: dict[str, Any]) -> dict[str, Any]:
+def without_times(doc: dict[str, Any]) -> dict[str, Any]:
     """The document less what differs between two snapshots of the simulated machine:
     when it was taken and the processes' start times (which the simulator counts back
     from when the backend was opened, by the daemon long before this client)."""
@@ -56,7 +56,7 @@ def test_status_json_is_the_daemons_snapshot_with_its_age(leaky: Daemon) -> None
     assert abs(time.time() - served["daemon"]["age"] - served["taken_at"]) < 5
     fresh = json.loads(leaky.cli("status", "--json", "--fresh", check=True).stdout)
     assert "daemon" not in fresh
-    assert _without_times(served) == _without_times(fresh)
+    assert without_times(served) == without_times(fresh)
     assert served["leaks"] and served["holders"]  # the scenario's leaks, its holders
 
 
@@ -66,7 +66,7 @@ def test_filters_and_an_unknown_gpu_as_without_a_daemon(leaky: Daemon) -> None:
     assert "daemon" in one
     assert [g["index"] for g in one["gpus"]] == [2]
     assert {p["user"] for g in one["gpus"] for p in g["processes"]} == {"bob"}
-    assert _without_times(one) == _without_times(json.loads(leaky.cli(
+    assert without_times(one) == without_times(json.loads(leaky.cli(
         "status", "--json", "--fresh", "--gpu", "2", "--user", "bob", check=True).stdout))
     r = leaky.cli("status", "--gpu", "9")
     assert r.returncode == 2 and "no GPU with index 9" in r.stderr
@@ -112,7 +112,7 @@ def test_no_daemon_answering_means_a_snapshot_taken_here(leaky: Daemon) -> None:
     assert "daemon" in served
     leaky.stop()
     alone = json.loads(leaky.cli("status", "--json", check=True).stdout)
-    assert "daemon" not in alone and _without_times(alone) == _without_times(served)
+    assert "daemon" not in alone and without_times(alone) == without_times(served)
     # A socket that accepts but never answers (a daemon stuck): the client does not wait.
     with tempfile.TemporaryDirectory(prefix="gw-") as tmp:
         stuck = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

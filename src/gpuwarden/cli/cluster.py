@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gpuwarden.cli.common import emit_json
+from gpuwarden.cli.plain import emit_json
 
 
 @click.group()

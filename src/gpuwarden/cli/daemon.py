@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import click
 
-from gpuwarden.cli.common import DURATION, emit_json
+from gpuwarden.cli.common import DURATION
+from gpuwarden.cli.plain import emit_json
 from gpuwarden.errors import GpuwardenError
 
 if TYPE_CHECKING:

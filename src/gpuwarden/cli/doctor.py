@@ -7,7 +7,8 @@ import time
 
 import click
 
-from gpuwarden.cli.common import DURATION, backend, check_gpu_indices, emit_json, warn
+from gpuwarden.cli.common import DURATION, warn
+from gpuwarden.cli.plain import backend, check_gpu_indices, emit_json
 
 EXIT_CRITICAL = 1
 

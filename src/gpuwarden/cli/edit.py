@@ -6,8 +6,9 @@ from typing import Any
 
 import click
 
-from gpuwarden.cli.common import DURATION, emit_json
+from gpuwarden.cli.common import DURATION
 from gpuwarden.cli.jobrefs import JOB
+from gpuwarden.cli.plain import emit_json
 from gpuwarden.jobs.request import FIELDS
 
 # Bounds are left to the daemon, which says them as submit does; the text and the

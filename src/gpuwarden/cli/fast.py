@@ -209,3 +209,11 @@ def served(argv: list[str]) -> bool:
     emit([*lines, *(ink(line, "yellow") for line in drain_lines(answer.get("drains") or [])),
           ink(f"from the daemon's snapshot, {age:.1f} s old (--fresh: take one now)", "dim")])
     return True
+
+
+def plain_status(argv: list[str]) -> dict[str, Any] | None:
+    """The options of a ``status`` this path would serve (``_parse``), for
+    ``cli/statusonce.py`` to answer without click when no daemon did; None otherwise."""
+    if not argv or argv[0] != "status":
+        return None
+    return _parse(argv[1:], ("--format", "--gpu", "--user", "--pid"))

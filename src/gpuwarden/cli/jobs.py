@@ -11,9 +11,10 @@ from typing import Any
 
 import click
 
-from gpuwarden.cli.common import DURATION, emit_json
+from gpuwarden.cli.common import DURATION
 from gpuwarden.cli.daemon import connect
 from gpuwarden.cli.jobrefs import JOB, one_job, resolve_ids
+from gpuwarden.cli.plain import emit_json
 from gpuwarden.errors import UsageError
 
 TERMINAL = ("succeeded", "failed", "cancelled", "infeasible")

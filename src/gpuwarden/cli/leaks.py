@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from gpuwarden.cli.common import DURATION, SIZE, backend, check_gpu_indices, emit_json
+from gpuwarden.cli.common import DURATION, SIZE
+from gpuwarden.cli.plain import backend, check_gpu_indices, emit_json
 from gpuwarden.printable import visible
 
 if TYPE_CHECKING:

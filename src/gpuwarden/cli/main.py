@@ -7,7 +7,7 @@ import sys
 
 TYPE_CHECKING = False  # typing itself is not imported: cli/fast.py starts on this module
 if TYPE_CHECKING:
-    from typing import NoReturn
+    from typing import Any, NoReturn
 
     import click
 
@@ -35,10 +35,14 @@ def _negative(e: click.UsageError, argv: list[str] | None) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
-    from gpuwarden.cli.fast import served
+    from gpuwarden.cli.fast import plain_status, served
 
-    if served(sys.argv[1:] if argv is None else argv):
+    args = sys.argv[1:] if argv is None else argv
+    if served(args):
         sys.exit(0)
+    once = plain_status(args)
+    if once is not None:  # no daemon answered: the snapshot is taken here, still no click
+        _status_once(once)
     import click
 
     from gpuwarden.cli.group import cli
@@ -73,3 +77,23 @@ def main(argv: list[str] | None = None) -> NoReturn:
         sys.exit(0)
     # Without standalone mode click returns the exit code of ctx.exit() instead of exiting.
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _status_once(opts: dict[str, Any]) -> NoReturn:
+    """A plain ``status`` (options as ``cli/fast.py`` parsed them) answered without
+    click; its errors end as ``main`` ends click's: one line, the error's exit code."""
+    from gpuwarden.cli.statusonce import status_once
+    from gpuwarden.errors import GpuwardenError
+
+    try:
+        status_once(opts["json"], tuple(opts["gpus"]), opts["user"], opts["pid"])
+        sys.stdout.flush()
+    except GpuwardenError as e:
+        sys.stderr.write(f"gpuwarden: error: {e}\n")
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.stderr.close()
+        sys.exit(0)
+    sys.exit(0)

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from gpuwarden.cli.common import DURATION, emit_json
+from gpuwarden.cli.common import DURATION
 from gpuwarden.cli.daemon import connect
+from gpuwarden.cli.plain import emit_json
 from gpuwarden.errors import UsageError
 
 if TYPE_CHECKING:

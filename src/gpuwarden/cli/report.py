@@ -7,7 +7,8 @@ from typing import Any
 
 import click
 
-from gpuwarden.cli.common import DURATION, emit_csv, emit_json
+from gpuwarden.cli.common import DURATION, emit_csv
+from gpuwarden.cli.plain import emit_json
 
 
 def _wait(seconds: float | None) -> str:

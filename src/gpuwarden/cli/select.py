@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from gpuwarden.cli.common import DURATION, backend, emit_json, warn
+from gpuwarden.cli.common import DURATION, warn
+from gpuwarden.cli.plain import backend, emit_json
 from gpuwarden.errors import NothingFits, UsageError
 from gpuwarden.leases import DEFAULT_TIMEOUT
 from gpuwarden.units import parse_size_or_fraction

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from gpuwarden.cli.common import backend, check_gpu_indices, emit_json, warn
+from gpuwarden.cli.common import warn
+from gpuwarden.cli.plain import backend, check_gpu_indices, emit_json
 from gpuwarden.errors import BackendUnavailable, PermissionDenied
 
 if TYPE_CHECKING:

@@ -8,40 +8,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from gpuwarden.cli.common import (
-    DURATION,
-    backend,
-    check_gpu_indices,
-    emit_json,
-    watch_header,
-)
+from gpuwarden.cli.common import DURATION, watch_header
+from gpuwarden.cli.plain import backend, check_gpu_indices
+from gpuwarden.cli.statusonce import print_once, render, snapshot_now
 from gpuwarden.errors import UsageError
 
 if TYPE_CHECKING:
     from gpuwarden.gpus.backend import Backend
-    from gpuwarden.observe.leaks import Leak
     from gpuwarden.observe.snapshot import Snapshot
-    from gpuwarden.render.ink import Ink
-
-
-def render(snap: Snapshot, leaks: list[Leak], gpus: tuple[int, ...], user: str | None,
-           pid: int | None, ink: Ink, width: int) -> list[str]:
-    """The screen's lines for ``width`` columns (``statusview.WIDE`` or more add UUIDs
-    and power). Drawn
-    from the ``--json`` document (``render/statusview.py``), as a daemon serves it."""
-    from gpuwarden.observe.jsonview import snapshot_json
-    from gpuwarden.render.statusview import render_doc
-
-    doc = snapshot_json(snap, leaks, gpus=gpus, user=user, pid=pid)
-    return render_doc(doc, matching=bool(user or pid), width=width, ink=ink)
-
-
-def _snapshot(b: Backend) -> Snapshot:
-    """A snapshot with each process's job as the daemon knows it, when one answers."""
-    from gpuwarden.cli.common import daemon_job_pids
-    from gpuwarden.observe.snapshot import take_snapshot, with_daemon_jobs
-
-    return with_daemon_jobs(take_snapshot(b), daemon_job_pids())
 
 
 def _watch_json(b: Backend, snap: Snapshot, interval: float, gpus: tuple[int, ...],
@@ -60,7 +34,7 @@ def _watch_json(b: Backend, snap: Snapshot, interval: float, gpus: tuple[int, ..
         sys.stdout.write(json.dumps(doc, separators=(",", ":"), default=str) + "\n")
         sys.stdout.flush()
         time.sleep(interval)
-        snap = _snapshot(b)
+        snap = snapshot_now(b)
         history = [*history[-2:], snap]  # leaks must persist over 3 samples
 
 
@@ -120,28 +94,21 @@ def status(as_json: bool, fmt: str, processes: bool, watch: float | None,
     if watch is not None and fmt == "csv":
         raise UsageError("--watch prints a table or JSON lines, not CSV")
     with backend() as b:
-        snap = _snapshot(b)
+        snap = snapshot_now(b)
         check_gpu_indices(gpus, [g.index for g in snap.gpus])
         if fmt == "json" and watch is not None:
             _watch_json(b, snap, watch, gpus, user, pid)
-        if fmt != "table":
+        if fmt == "csv":
             doc = snapshot_json(snap, find_leaks([snap]), gpus=gpus, user=user, pid=pid)
-            if fmt == "csv":
-                _csv(doc, processes)
-            else:
-                emit_json(doc)
+            _csv(doc, processes)
+            return
+        if watch is None:
+            print_once(snap, fmt == "json", gpus, user, pid)
             return
         from gpuwarden.render.ink import for_stream, rows
         from gpuwarden.render.statusview import emit
 
         ink, width = for_stream(sys.stdout)
-        if watch is None:
-            from gpuwarden.cli.common import daemon_drains
-            from gpuwarden.render.statusview import drain_lines
-
-            emit([*render(snap, find_leaks([snap]), gpus, user, pid, ink, width),
-                  *(ink(line, "yellow") for line in drain_lines(daemon_drains()))])
-            return
         history = [snap]
         terminal = sys.stdout.isatty()
         while True:
@@ -159,5 +126,5 @@ def status(as_json: bool, fmt: str, processes: bool, watch: float | None,
                 emit(screen)  # piped: every screen in turn
             sys.stdout.flush()
             time.sleep(watch)
-            snap = _snapshot(b)
+            snap = snapshot_now(b)
             history = [*history[-2:], snap]  # leaks must persist over 3 samples

@@ -12,8 +12,9 @@ from typing import Any
 
 import click
 
-from gpuwarden.cli.common import DURATION, emit_json, warn
+from gpuwarden.cli.common import DURATION, warn
 from gpuwarden.cli.daemon import connect
+from gpuwarden.cli.plain import emit_json
 from gpuwarden.errors import UsageError
 
 DIRECTIVE = "#gpuwarden"
