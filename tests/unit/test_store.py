@@ -663,6 +663,32 @@ def test_older_database_is_upgraded(tmp_path: Path) -> None:
                          f"SELECT {', '.join(columns)} FROM jobs")
 
 
+@pytest.mark.parametrize("was", range(1, SCHEMA_VERSION))
+def test_a_database_of_each_earlier_version_is_upgraded(tmp_path: Path, was: int) -> None:
+    """A database as the code of schema version ``was`` left it, holding a queued job:
+    the current code upgrades it, reads the job, runs it to its end and finds the store
+    consistent."""
+    db = tmp_path / "state.db"
+    Store(db, migrations=MIGRATIONS[:was]).close()
+    with closing(sqlite3.connect(db)) as conn, conn:  # the columns every version has
+        conn.execute(
+            "INSERT INTO jobs (user, uid, gid, groups, cwd, env, command, job_key, "
+            "gpu_count, after_ids, exclusive, priority, requeue_on_reboot, state, "
+            "submitted_at) VALUES ('alice', 1000, 1000, '[]', '/', '{}', '[\"true\"]', "
+            "'k', 1, '[]', 0, 0, 0, 'queued', 1.0)")
+        conn.execute("INSERT INTO events (job_id, at, kind, to_state) "
+                     "VALUES (1, 1.0, 'submitted', 'queued')")
+    assert version(db) == was
+    with Store(db) as s:
+        assert version(db) == SCHEMA_VERSION
+        job = s.get(1)
+        assert (job.state, job.spec.command, job.spec.key) == (QUEUED, ("true",), "k")
+        move(s, job.id, SUCCEEDED, now=3.0)
+        assert s.get(job.id).state == SUCCEEDED
+        assert s.submit(spec(), 2.0)[0].id == 2
+        assert s.audit() == [] and s.integrity() == "ok"
+
+
 def test_migrations_run_in_order_inside_one_transaction(tmp_path: Path) -> None:
     db = tmp_path / "state.db"
     Store(db).close()
