@@ -40,9 +40,21 @@ def main(argv: list[str] | None = None) -> NoReturn:
     args = sys.argv[1:] if argv is None else argv
     if served(args):
         sys.exit(0)
-    once = plain_status(args)
-    if once is not None:  # no daemon answered: the snapshot is taken here, still no click
-        _status_once(once)
+    try:
+        once = plain_status(args)
+        if once is not None:  # no daemon answered: the snapshot is taken here, no click
+            _status_once(once)
+        _click_main(argv)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        # Output piped into `head`: not an error worth a traceback.
+        sys.stderr.close()
+        sys.exit(0)
+
+
+def _click_main(argv: list[str] | None) -> NoReturn:
+    """Every other command, through click; its errors end in one line."""
     import click
 
     from gpuwarden.cli.group import cli
@@ -69,12 +81,6 @@ def main(argv: list[str] | None = None) -> NoReturn:
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except BrokenPipeError:
-        # Output piped into `head`: not an error worth a traceback.
-        sys.stderr.close()
-        sys.exit(0)
     # Without standalone mode click returns the exit code of ctx.exit() instead of exiting.
     sys.exit(rv if isinstance(rv, int) else 0)
 
@@ -91,9 +97,4 @@ def _status_once(opts: dict[str, Any]) -> NoReturn:
     except GpuwardenError as e:
         sys.stderr.write(f"gpuwarden: error: {e}\n")
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except BrokenPipeError:
-        sys.stderr.close()
-        sys.exit(0)
     sys.exit(0)
