@@ -636,15 +636,24 @@ def test_pragmas_and_file_mode(store: Store) -> None:
     assert store.integrity() == "ok"
 
 
-def test_older_database_is_upgraded(tmp_path: Path) -> None:
-    db = tmp_path / "state.db"
-    Store(db, migrations=MIGRATIONS[:1]).close()
-    with closing(sqlite3.connect(db)) as conn, conn:  # a job as the version-1 code wrote it
+def _insert_v1_job(db: Path, submitted_event: bool = False) -> None:
+    """A queued job written as the version-1 code wrote it (the columns every later
+    version still has), with its submitted event if asked."""
+    with closing(sqlite3.connect(db)) as conn, conn:
         conn.execute(
             "INSERT INTO jobs (user, uid, gid, groups, cwd, env, command, job_key, "
             "gpu_count, after_ids, exclusive, priority, requeue_on_reboot, state, "
             "submitted_at) VALUES ('alice', 1000, 1000, '[]', '/', '{}', '[\"true\"]', "
             "'k', 1, '[]', 0, 0, 0, 'queued', 1.0)")
+        if submitted_event:
+            conn.execute("INSERT INTO events (job_id, at, kind, to_state) "
+                         "VALUES (1, 1.0, 'submitted', 'queued')")
+
+
+def test_older_database_is_upgraded(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    Store(db, migrations=MIGRATIONS[:1]).close()
+    _insert_v1_job(db)
     assert version(db) == 1
     with closing(sqlite3.connect(db)) as conn:
         assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = "
@@ -670,14 +679,7 @@ def test_a_database_of_each_earlier_version_is_upgraded(tmp_path: Path, was: int
     consistent."""
     db = tmp_path / "state.db"
     Store(db, migrations=MIGRATIONS[:was]).close()
-    with closing(sqlite3.connect(db)) as conn, conn:  # the columns every version has
-        conn.execute(
-            "INSERT INTO jobs (user, uid, gid, groups, cwd, env, command, job_key, "
-            "gpu_count, after_ids, exclusive, priority, requeue_on_reboot, state, "
-            "submitted_at) VALUES ('alice', 1000, 1000, '[]', '/', '{}', '[\"true\"]', "
-            "'k', 1, '[]', 0, 0, 0, 'queued', 1.0)")
-        conn.execute("INSERT INTO events (job_id, at, kind, to_state) "
-                     "VALUES (1, 1.0, 'submitted', 'queued')")
+    _insert_v1_job(db, submitted_event=True)
     assert version(db) == was
     with Store(db) as s:
         assert version(db) == SCHEMA_VERSION

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 GLANCE = 0.1  # seconds the daemon may take to answer before status takes its own snapshot
 SAMPLES = 3  # leaks --samples' default: the snapshots a leak must be found in
+STATUS_VALUED = ("--format", "--gpu", "--user", "--pid")  # the status options with a value
 
 
 def _parse(args: list[str], valued: tuple[str, ...]) -> dict[str, Any] | None:
@@ -112,7 +113,8 @@ def _get(sock: str, path: str, query: dict[str, Any]) -> bytes | None:
 
 
 def _emit_json(doc: Any) -> None:
-    """As ``cli.common.emit_json``: indented on a terminal, compact when piped."""
+    """As ``cli.plain.emit_json`` (whose module imports typing, which this path
+    does not): indented on a terminal, compact when piped."""
     if sys.stdout.isatty():
         sys.stdout.write(json.dumps(doc, indent=2, default=str))
     else:
@@ -151,7 +153,7 @@ def served(argv: list[str]) -> bool:
     if not argv or argv[0] not in ("status", "leaks"):
         return False
     leaks = argv[0] == "leaks"
-    opts = _parse(argv[1:], ("--gpu",) if leaks else ("--format", "--gpu", "--user", "--pid"))
+    opts = _parse(argv[1:], ("--gpu",) if leaks else STATUS_VALUED)
     if opts is None:
         return False
     try:
@@ -216,4 +218,4 @@ def plain_status(argv: list[str]) -> dict[str, Any] | None:
     ``cli/statusonce.py`` to answer without click when no daemon did; None otherwise."""
     if not argv or argv[0] != "status":
         return None
-    return _parse(argv[1:], ("--format", "--gpu", "--user", "--pid"))
+    return _parse(argv[1:], STATUS_VALUED)

@@ -1,6 +1,7 @@
 """What the CLI's verbs share that needs no click: the backend, JSON out, a glance at
-the daemon, GPU indices. A one-shot ``status`` without a daemon (``cli/fast.py``) runs on
-these before click is imported, which costs more than the rest of its start."""
+the daemon, GPU indices. A one-shot ``status`` that no daemon answered
+(``cli/statusonce.py``) runs on these without importing click, which costs more than the
+rest of its start."""
 
 from __future__ import annotations
 

@@ -37,11 +37,11 @@ def snapshot_now(b: Backend) -> Snapshot:
 
 def print_once(snap: Snapshot, as_json: bool, gpus: tuple[int, ...], user: str | None,
                pid: int | None) -> None:
-    """``snap`` as ``status --json`` or the table (with the drained GPUs under it)."""
-    from gpuwarden.cli.plain import check_gpu_indices, daemon_drains, emit_json
+    """``snap`` as ``status --json`` or the table (with the drained GPUs under it);
+    ``gpus`` already checked against it."""
+    from gpuwarden.cli.plain import daemon_drains, emit_json
     from gpuwarden.observe.leaks import find_leaks
 
-    check_gpu_indices(gpus, [g.index for g in snap.gpus])
     if as_json:
         from gpuwarden.observe.jsonview import snapshot_json
 
@@ -58,7 +58,9 @@ def print_once(snap: Snapshot, as_json: bool, gpus: tuple[int, ...], user: str |
 def status_once(as_json: bool, gpus: tuple[int, ...], user: str | None,
                 pid: int | None) -> None:
     """Open the backend, take one snapshot, print it."""
-    from gpuwarden.cli.plain import backend
+    from gpuwarden.cli.plain import backend, check_gpu_indices
 
     with backend() as b:
-        print_once(snapshot_now(b), as_json, gpus, user, pid)
+        snap = snapshot_now(b)
+        check_gpu_indices(gpus, [g.index for g in snap.gpus])
+        print_once(snap, as_json, gpus, user, pid)

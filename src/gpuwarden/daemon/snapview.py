@@ -178,7 +178,7 @@ def _indices(raw: str | None) -> tuple[int, ...]:
 
 
 def _compact(value: Any) -> bytes:
-    """JSON as ``status --json`` prints it into a pipe (``cli.common.emit_json``)."""
+    """JSON as ``status --json`` prints it into a pipe (``cli.plain.emit_json``)."""
     return json.dumps(value, separators=(",", ":"), default=str).encode()
 
 
