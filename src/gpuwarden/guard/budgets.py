@@ -17,9 +17,7 @@ the whole process is the daemon's (or the worker pool's)."""
 
 from __future__ import annotations
 
-import gc
 import os
-import sys
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -33,6 +31,7 @@ from gpuwarden.guard.memory import (
     context_allowance,
     job_budget,
 )
+from gpuwarden.guard.oom import free_memory
 from gpuwarden.units import format_bytes, parse_size
 
 Size = int | str
@@ -154,16 +153,11 @@ class MemoryBudgets:
             return budget
 
     def release(self, name: str) -> None:
-        """Drop a budget and hand freed memory back: gc, then PyTorch's cached blocks
-        (only when the program has CUDA up already)."""
+        """Drop a budget and hand freed memory back (``free_memory``)."""
         with self._lock:
             if self._budgets.pop(name, None) is None:
                 raise UsageError(f"no budget named {name!r}")
-        gc.collect()
-        torch = sys.modules.get("torch")
-        cuda = getattr(torch, "cuda", None)
-        if cuda is not None and cuda.is_initialized():
-            cuda.empty_cache()
+        free_memory()
 
     @contextmanager
     def budget(self, name: str, size: Size, device: int = 0) -> Iterator[Budget]:
