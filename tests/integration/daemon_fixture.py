@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import EXAMPLES, SRC, json_answer, wait_for
+from tests.conftest import EXAMPLES, SRC, json_answer, run_in_process, wait_for
 
 PY = sys.executable
 ASKS_ONLY = frozenset({"status", "ps", "leaks", "report", "show", "doctor", "reap", "clean",
@@ -67,38 +67,9 @@ class Daemon:
 
     def in_process(self, *args: str,
                    check: bool = False) -> subprocess.CompletedProcess[str]:
-        """``gpuwarden ARGS`` run by this process with the daemon's environment (alone,
-        as a fresh process would have it) and its output captured: the same request
-        and the same words as ``cli``, without an interpreter started for it (over a
-        thousand of them were a third of the suite's CPU)."""
-        import io
-
-        from gpuwarden.cli.main import main
-
-        # Text over bytes, as a process's own streams are (the JSON fast path writes
-        # the daemon's bytes to sys.stdout.buffer).
-        raw = (io.BytesIO(), io.BytesIO())
-        out, err = (io.TextIOWrapper(b, encoding="utf-8", errors="replace") for b in raw)
-        saved, code = dict(os.environ), 0
-        os.environ.clear()
-        os.environ.update(self.env)
-        try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                try:
-                    main(list(args))
-                except SystemExit as e:
-                    code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-        out.flush()
-        err.flush()
-        texts = [b.getvalue().decode("utf-8", "replace") for b in raw]
-        r = subprocess.CompletedProcess(["gpuwarden", *args], code, *texts)
-        if check and r.returncode != 0:
-            raise AssertionError(f"gpuwarden {' '.join(args)} -> {r.returncode}\n"
-                                 f"{r.stdout}\n{r.stderr}")
-        return r
+        """``gpuwarden ARGS`` run by this process with the daemon's environment
+        (``run_in_process``): the same request and the same words as ``cli``."""
+        return run_in_process(self.env, *args, check=check)
 
     def api(self, method: str, path: str, **kw: Any) -> Any:
         """The daemon's API asked from this process, as the CLI asks it: for polls and
