@@ -514,8 +514,8 @@ def _in_process(d: Daemon, db_copy: Path, repeat: int) -> dict[str, Any]:
     from gpuwarden.gpus.backend import open_backend
     from gpuwarden.observe.snapshot import take_snapshot
     from gpuwarden.procs.identity import boot_id
+    from gpuwarden.sched.headroom import gpu_states
     from gpuwarden.sched.model import Place, Wait
-    from gpuwarden.sched.placement import gpu_states
     from gpuwarden.sched.queue import plan
 
     saved = {k: os.environ.get(k) for k in ("GPUWARDEN_SIM", "GPUWARDEN_SIM_STATE")}

@@ -15,7 +15,7 @@ Policies, each an event-driven replay (an event is an arrival or an end):
 - ``gpuwarden``: ``sched.queue.plan`` exactly as the daemon calls it (aged priority order,
   EASY backfill on the jobs' ``--timeout`` or learned estimate, the 15-minute starvation
   guard, best fit behind the first waiting job, 512 MiB reserve per GPU), with its
-  decisions applied by ``sched.placement.apply``; each call is timed.
+  decisions applied by ``sched.booking.apply``; each call is timed.
 - ``whole-fifo``: each job takes whole idle GPUs, strictly first come first served
   (task-spooler, gq-style queues).
 - ``first-fit``: jobs in submit order, each placed on the first GPUs whose free memory
@@ -45,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from _common import machine, percentile
 
+from gpuwarden.sched.booking import apply, release
 from gpuwarden.sched.model import GpuState, Place, QueuedJob
-from gpuwarden.sched.placement import apply, release
 from gpuwarden.sched.queue import Policy, plan
 
 GiB = 1 << 30

@@ -251,8 +251,10 @@ def test_the_daemon_places_a_20g_job_on_the_3g40gb_instance(tmp_path: Path) -> N
 
 def test_placement_treats_each_instance_as_a_place(tmp_path: Path) -> None:
     from gpuwarden.observe.snapshot import take_snapshot
+    from gpuwarden.sched.booking import apply
+    from gpuwarden.sched.headroom import gpu_states
     from gpuwarden.sched.model import QueuedJob
-    from gpuwarden.sched.placement import apply, fits, gpu_states
+    from gpuwarden.sched.placement import fits
 
     snap = take_snapshot(SimBackend(load_scenario(SCENARIO), tmp_path / "state"))
     states = gpu_states(snap, {}, set())

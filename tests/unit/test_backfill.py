@@ -14,9 +14,10 @@ from gpuwarden.daemon.queueview import estimate_view, learned_runtime, queued_vi
 from gpuwarden.daemon.store import Store
 from gpuwarden.jobs.model import QUEUED, RESERVED, RUNNING, SUCCEEDED, JobSpec
 from gpuwarden.sched import backfill
+from gpuwarden.sched.booking import apply, reservation
 from gpuwarden.sched.history import learned_runtime as learn
 from gpuwarden.sched.model import GpuState, ManagedUse, Place, QueuedJob, Wait
-from gpuwarden.sched.placement import apply, fits, reservation
+from gpuwarden.sched.placement import fits
 from gpuwarden.sched.queue import BEST_FIT_WINDOW, Policy, plan
 from tests.unit.test_policies import NOW, by_id, g, job, scenes, use
 

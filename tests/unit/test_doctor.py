@@ -11,14 +11,8 @@ from hypothesis import strategies as st
 
 from gpuwarden.gpus.model import COMPUTE_MODES, GpuFacts, GpuProcessFacts
 from gpuwarden.mps.state import MpsDaemon, MpsState
-from gpuwarden.observe.doctor import (
-    RULE_IDS,
-    RULES,
-    SEVERITIES,
-    Finding,
-    diagnose,
-    summarize,
-)
+from gpuwarden.observe.doctor import RULE_IDS, RULES, diagnose, summarize
+from gpuwarden.observe.doctor_findings import SEVERITIES, Finding
 from gpuwarden.observe.leaks import find_leaks
 from gpuwarden.observe.snapshot import GpuView, ProcessView, Snapshot, process_state
 from gpuwarden.procs.model import Holder, ProcInfo

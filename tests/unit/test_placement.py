@@ -8,21 +8,22 @@ from fractions import Fraction
 
 import pytest
 
-from gpuwarden.sched.model import GpuState, ManagedUse, Place, QueuedJob
-from gpuwarden.sched.placement import (
+from gpuwarden.sched.booking import apply, reservation
+from gpuwarden.sched.headroom import (
     DEFAULT_RESERVE,
-    apply,
     capacity,
-    fits,
     foreign_charge,
     foreign_parts,
     foreign_usage,
     gpu_states,
     headroom,
+)
+from gpuwarden.sched.model import GpuState, ManagedUse, Place, QueuedJob
+from gpuwarden.sched.placement import (
+    fits,
     infeasible_reason,
     missing_links,
     numa_nodes,
-    reservation,
     wait_reason,
 )
 from tests.unit.builders import gpu as facts

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from gpuwarden.gpus.sim import SimBackend
 from gpuwarden.observe.snapshot import take_snapshot
+from gpuwarden.sched.headroom import DEFAULT_RESERVE, gpu_states
 from gpuwarden.sched.model import QueuedJob
-from gpuwarden.sched.placement import DEFAULT_RESERVE, fits, gpu_states
+from gpuwarden.sched.placement import fits
 from gpuwarden.sched.select import Choice, Request, choose_gpus
 from tests.conftest import EXAMPLES
 from tests.unit.builders import GiB, gpu, proc, snapshot

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from gpuwarden.jobs.request import BESTEFFORT, BURSTABLE, GUARANTEED, QOS_CLASSES
 from gpuwarden.sched import backfill, preempt
+from gpuwarden.sched.booking import apply, claims, release
 from gpuwarden.sched.limits import Limits, UserLimits
 from gpuwarden.sched.model import (
     QOS_RANK,
@@ -22,7 +23,7 @@ from gpuwarden.sched.model import (
     QueuedJob,
     Wait,
 )
-from gpuwarden.sched.placement import apply, claims, fits, release
+from gpuwarden.sched.placement import fits
 from gpuwarden.sched.queue import (
     DEFAULT_STARVE_AFTER,
     Policy,

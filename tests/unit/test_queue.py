@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuwarden.sched.headroom import headroom
 from gpuwarden.sched.model import (
     Decision,
     GpuState,
@@ -20,7 +21,7 @@ from gpuwarden.sched.model import (
     QueuedJob,
     Wait,
 )
-from gpuwarden.sched.placement import fits, headroom, infeasible_reason
+from gpuwarden.sched.placement import fits, infeasible_reason
 from gpuwarden.sched.queue import Policy, order, plan
 
 GiB = 1 << 30

@@ -8,7 +8,8 @@ import json
 
 from rich.console import Console
 
-from gpuwarden.observe.doctor import Finding, report
+from gpuwarden.observe.doctor import report
+from gpuwarden.observe.doctor_findings import Finding
 from gpuwarden.render.doctor import render
 
 

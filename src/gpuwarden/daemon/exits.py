@@ -17,6 +17,7 @@ from gpuwarden.daemon.restart import cancel_asked
 from gpuwarden.daemon.store_errors import Conflict, JobNotFound
 from gpuwarden.jobs import model
 from gpuwarden.jobs.jobdir import job_dir, read_status
+from gpuwarden.sched.headroom import capacity
 from gpuwarden.sched.oom import (
     CREEP_WAIT,
     GiveUp,
@@ -26,7 +27,6 @@ from gpuwarden.sched.oom import (
     oom_signature,
     parse_oom,
 )
-from gpuwarden.sched.placement import capacity
 from gpuwarden.units import format_bytes
 
 if TYPE_CHECKING:

@@ -134,7 +134,8 @@ class GpuStates:
                seen_pids: Mapping[int, Mapping[int, float | None]]) -> list[GpuState]:
         """This pass's states, kept as ``last``. ``managed_pids`` grows by every process
         of an active attempt (``seen_pids``) and of an open hold: none is foreign."""
-        from gpuwarden.sched.placement import foreign_parts, gpu_states, reservation
+        from gpuwarden.sched.booking import reservation
+        from gpuwarden.sched.headroom import foreign_parts, gpu_states
 
         now = self.clock()
         contexts = self.contexts(snap)

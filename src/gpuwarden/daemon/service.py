@@ -135,7 +135,7 @@ class JobService:
                   gpus: Sequence[GpuState]) -> tuple[JobSpec, list[str]]:
         """``spec_from_request`` with this daemon's GPUs and settings: the one check of
         a request's fields, for submit and edit."""
-        from gpuwarden.sched.placement import capacity
+        from gpuwarden.sched.headroom import capacity
 
         return spec_from_request(body, caller, len(gpus) or 1 << 16,
                                  capacities={g.index: capacity(g) for g in gpus},

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpuwarden.sched.booking import apply, claims, release
 from gpuwarden.sched.model import GpuState, ManagedUse, Place, QueuedJob
-from gpuwarden.sched.placement import apply, claims, release
 from gpuwarden.sched.queue_types import Fit
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpuwarden.sched.booking import claims
 from gpuwarden.sched.model import GpuState, Place, QueuedJob
-from gpuwarden.sched.placement import claims
 from gpuwarden.units import format_bytes
 
 

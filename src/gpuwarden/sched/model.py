@@ -94,6 +94,11 @@ class QueuedJob:
         known = [t for t in (self.estimate, self.runtime) if t is not None]
         return min(known) if known else None
 
+    @property
+    def alone(self) -> bool:
+        """The job takes its GPUs alone: it asked to, or it wants whole GPUs."""
+        return self.exclusive or self.mem is None
+
 
 @dataclass(frozen=True)
 class Place:

@@ -1,154 +1,31 @@
-"""Placement: which GPUs one queued job gets, as a pure function of GPU states.
+"""Placement: which GPUs one queued job gets, as a pure function of GPU states, and why
+it gets none.
 
-A GPU's headroom is what it can still promise: total − reserve − Σ managed (budget +
-CUDA context allowance, or what a job uses when that is more) − foreign peak × (1 +
-spike buffer). A job's budget is what its allocations may hold (what ``--mem`` means);
-the context its process creates on the GPU is booked beside it (``GpuState.context``),
-so a job that allocates exactly its budget fits where it was placed. A Place never
-asks more than the headroom of any of its GPUs (docs/design.md, invariant 1);
-``apply`` re-checks it for every Place it books. The fit check lives here and the queue
-order in queue.py, apart, so QoS and preemption can replace either one without touching
-the other."""
+A Place never asks more than the headroom of any of its GPUs (docs/design.md,
+invariant 1; the arithmetic is headroom.py's), and ``booking.apply`` re-checks it for
+every Place it books. A job's budget is what its allocations may hold (what ``--mem``
+means); the context its process creates on the GPU is booked beside it
+(``GpuState.context``), so a job that allocates exactly its budget fits where it was
+placed. The fit check lives here and the queue order in queue.py, apart, so QoS and
+preemption can replace either one without touching the other; the reasons a job
+waits or can never run stay with the fit check, whose per-GPU verdicts they explain."""
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence, Set
-from dataclasses import replace
-from fractions import Fraction
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from gpuwarden.gpus.model import GpuFacts
-from gpuwarden.gpus.visible import mig_device
-from gpuwarden.observe.snapshot import RUNNING, GpuView, Snapshot
-from gpuwarden.sched.model import GpuState, ManagedUse, Place, QueuedJob
-from gpuwarden.units import MiB, format_bytes
-
-DEFAULT_RESERVE = 512 * MiB
-"""Per-GPU bytes never given to jobs: the driver's own allocations."""
-DEFAULT_SPIKE_BUFFER = 0.1
-"""Foreign processes are charged at their peak plus this fraction: they may grow again."""
+from gpuwarden.sched.headroom import DEFAULT_SPIKE_BUFFER, capacity, headroom, room_for_budget
+from gpuwarden.sched.model import GpuState, Place, QueuedJob
+from gpuwarden.units import format_bytes
 
 PROHIBITED = "Prohibited"
 # One context per GPU (Exclusive_Thread is NVML's deprecated form of the same).
 _SOLO_MODES = frozenset({"Exclusive_Process", "Exclusive_Thread"})
 # Past this many candidate sets, pick per NUMA node greedily instead of enumerating.
 _MAX_SETS = 256
-
-
-# --- headroom ---------------------------------------------------------------------------
-
-@functools.lru_cache(maxsize=64)
-def _spike_ratio(spike_buffer: float) -> tuple[int, int]:
-    """1 + spike as an exact fraction of the decimal the user wrote (0.1 is 1/10, not the
-    binary float just above it)."""
-    if not math.isfinite(spike_buffer) or spike_buffer < 0:
-        raise ValueError(f"spike buffer must be a finite fraction ≥ 0, not {spike_buffer}")
-    ratio = 1 + Fraction(repr(float(spike_buffer)))
-    return ratio.numerator, ratio.denominator
-
-
-def foreign_charge(foreign_peak: int, spike_buffer: float) -> int:
-    """``foreign_peak × (1 + spike_buffer)`` rounded up, in integers so the invariant
-    holds to the byte, not to a float's rounding."""
-    num, den = _spike_ratio(spike_buffer)
-    return -(-max(foreign_peak, 0) * num // den)
-
-
-def capacity(gpu: GpuState) -> int:
-    """The largest budget this GPU could give one job when empty: total − reserve − the
-    job's CUDA context."""
-    return max(gpu.total - gpu.reserve - gpu.context, 0)
-
-
-def headroom(gpu: GpuState, spike_buffer: float = DEFAULT_SPIKE_BUFFER) -> int:
-    """Bytes placement may still promise on this GPU, contexts included (never
-    negative). A job using more than it booked (a burstable job bursting) counts at what
-    it uses."""
-    booked = sum(u.booked for u in gpu.managed)
-    return max(gpu.total - gpu.reserve - booked - foreign_charge(gpu.foreign_peak, spike_buffer),
-               0)
-
-
-def room_for_budget(gpu: GpuState, room: int) -> int:
-    """The largest budget a job could get from ``room`` of headroom on this GPU: what its
-    context leaves."""
-    return max(room - gpu.context, 0)
-
-
-# --- from a Snapshot ---------------------------------------------------------------------
-
-def foreign_memory(view: GpuView, managed_pids: Set[int]) -> int:
-    """Bytes on this GPU that no managed job accounts for: foreign processes plus memory
-    no process accounts for (leaked memory is not free). When the driver withholds a
-    process's figure, everything not shown as managed counts, to stay on the safe side."""
-    unaccounted = view.unaccounted
-    if unaccounted is None:
-        mine = sum(p.memory or 0 for p in view.processes if p.pid in managed_pids)
-        return max(view.facts.memory_used - view.facts.driver_baseline - mine, 0)
-    foreign = sum(p.memory or 0 for p in view.processes if p.pid not in managed_pids)
-    return foreign + max(unaccounted, 0)
-
-
-def foreign_parts(view: GpuView, managed_pids: Set[int]) -> tuple[int, int | None]:
-    """``foreign_memory`` in its two parts: foreign processes' bytes, and memory no
-    process accounts for (None when the driver withholds figures: then the first part
-    is all that is not shown as managed)."""
-    unaccounted = view.unaccounted
-    if unaccounted is None:
-        return foreign_memory(view, managed_pids), None
-    return foreign_memory(view, managed_pids) - max(unaccounted, 0), max(unaccounted, 0)
-
-
-def foreign_usage(snapshot: Snapshot, managed_pids: Set[int]) -> dict[str, int]:
-    """Foreign bytes now, per GPU uuid: the daemon folds these into the peaks it keeps."""
-    return {v.facts.uuid: foreign_memory(v, managed_pids) for v in snapshot.gpus}
-
-
-def gpu_states(snapshot: Snapshot, managed: Mapping[str, Sequence[ManagedUse]],
-               managed_pids: Set[int], foreign_peaks: Mapping[str, int] | None = None,
-               reserve: int = DEFAULT_RESERVE, *,
-               contexts: Mapping[str, int] | None = None) -> list[GpuState]:
-    """GPU states for placement. ``managed`` maps a GPU uuid to the reservations of
-    reserved/running jobs; ``managed_pids`` are the pids of their process trees, so the
-    rest is foreign; ``foreign_peaks`` are the per-uuid foreign figures the daemon
-    keeps (its peaks and what persisted), used instead of this snapshot's where given;
-    ``contexts`` the CUDA context allowance per uuid."""
-    peaks = foreign_peaks or {}
-    ctx = contexts or {}
-    states = []
-    for gpu, view, mig in _places(snapshot):
-        f = view.facts
-        states.append(GpuState(
-            index=f.index, uuid=f.uuid, total=f.memory_total, reserve=reserve,
-            numa_node=f.numa_node, nvlink_peers=f.nvlink_peers,
-            compute_mode=f.compute_mode or "Default",
-            managed=tuple(managed.get(f.uuid, ())),
-            context=ctx.get(f.uuid, ctx.get(gpu.uuid, 0)), mig=mig,
-            foreign_peak=peaks[f.uuid] if f.uuid in peaks else
-            foreign_memory(view, managed_pids),
-            foreign_processes=sum(1 for p in view.processes if p.pid not in managed_pids),
-            foreign_users=frozenset(p.user for p in view.processes
-                                    if p.pid not in managed_pids and p.user
-                                    and p.state == RUNNING),
-        ))
-    return states
-
-
-def _places(snapshot: Snapshot) -> list[tuple[GpuFacts, GpuView, str | None]]:
-    """(GPU, place, MIG profile): each GPU is a place, except that a GPU in MIG mode is
-    its instances, each with its own memory and the processes NVML lists on it."""
-    out: list[tuple[GpuFacts, GpuView, str | None]] = []
-    for view in snapshot.gpus:
-        f = view.facts
-        if not f.mig_instances:
-            out.append((f, view, None))
-        for m in f.mig_instances:
-            out.append((f, GpuView(replace(mig_device(f, m), driver_baseline=0), tuple(
-                p for p in view.processes if p.gpu.mig_uuid == m.uuid)), m.profile))
-    return out
 
 
 # --- topology ----------------------------------------------------------------------------
@@ -191,11 +68,6 @@ def gpu_users(gpu: GpuState) -> frozenset[str]:
 
 # --- the fit check -----------------------------------------------------------------------
 
-def _alone(job: QueuedJob) -> bool:
-    """The job takes its GPUs alone: it asked to, or it wants whole GPUs."""
-    return job.exclusive or job.mem is None
-
-
 def _plural(n: int, word: str, suffix: str = "s") -> str:
     return f"{n} {word}{'' if n == 1 else suffix}"
 
@@ -232,7 +104,7 @@ def _blocked(job: QueuedJob, gpu: GpuState, room: int) -> tuple[bool, str] | Non
     for use in gpu.managed:
         if use.exclusive:
             return False, f"held alone by job {use.job_id}"
-    if _alone(job) and busy:
+    if job.alone and busy:
         bits = []
         if gpu.managed:
             bits.append(_plural(len(gpu.managed), "job"))
@@ -374,68 +246,6 @@ def fits(job: QueuedJob, gpus: Sequence[GpuState],
     mig = any(g.mig is not None for g, _ in chosen)
     return Place(job.id, tuple(g.index for g, _ in chosen), budget, cores,
                  uuids=tuple(g.uuid for g, _ in chosen) if mig else ())
-
-
-def reservation(job: QueuedJob, budget: int, *, started_at: float | None = None,
-                used: int | None = None, preempting: bool = False,
-                context: int = 0) -> ManagedUse:
-    """The claim a placed job holds on each of its GPUs (whole-GPU jobs hold theirs alone).
-    The daemon builds the ``managed`` input of ``gpu_states`` with this too: a job must
-    end by its start plus its ``--timeout`` and is expected to by its start plus its
-    expected run time."""
-    ends = started_at + job.runtime if started_at is not None and job.runtime is not None \
-        else None
-    expected = job.expected_runtime
-    return ManagedUse(job_id=job.id, budget=budget, exclusive=_alone(job), user=job.user,
-                      qos=job.qos, priority=job.priority, started_at=started_at, ends_at=ends,
-                      expected_end=None if started_at is None or expected is None
-                      else started_at + expected, used=used, preempting=preempting,
-                      context=context)
-
-
-def apply(gpus: Sequence[GpuState], job: QueuedJob, place: Place,
-          spike_buffer: float = DEFAULT_SPIKE_BUFFER, *,
-          started_at: float | None = None) -> list[GpuState]:
-    """The GPU states after booking ``place``. Raises ValueError if the Place asks more
-    than a GPU's headroom: the guard of invariant 1, whatever fit policy made it."""
-    by_uuid = bool(place.uuids)  # a GPU's MIG instances share its index
-    targets: set[int | str] = set(place.uuids) if by_uuid else set(place.gpus)
-    out = []
-    for gpu in gpus:
-        if (gpu.uuid if by_uuid else gpu.index) in targets:
-            room = headroom(gpu, spike_buffer)
-            if place.budget + gpu.context > room or place.budget < 0:
-                raise ValueError(f"job {job.id}: {format_bytes(place.budget)} (+ "
-                                 f"{format_bytes(gpu.context)} context) on GPU {gpu.index} "
-                                 f"exceeds its headroom {format_bytes(room)}")
-            gpu = replace(gpu, managed=(*gpu.managed, reservation(
-                job, place.budget, started_at=started_at, context=gpu.context)))
-            targets.discard(gpu.uuid if by_uuid else gpu.index)
-        if place.cpus and gpu.free_cpus is not None and gpu.free_cpus & set(place.cpus):
-            gpu = replace(gpu, free_cpus=gpu.free_cpus - set(place.cpus))
-        out.append(gpu)
-    if targets:
-        where = (",".join(sorted(map(str, targets))) if by_uuid
-                 else _ids(t for t in targets if isinstance(t, int)))
-        raise ValueError(f"job {job.id}: placed on unknown GPU {where}")
-    return out
-
-
-def release(gpus: Sequence[GpuState], job_ids: Set[int]) -> list[GpuState]:
-    """The GPU states once the jobs ``job_ids`` have ended (their claims dropped)."""
-    if not job_ids:
-        return list(gpus)
-    return [replace(g, managed=tuple(u for u in g.managed if u.job_id not in job_ids))
-            if any(u.job_id in job_ids for u in g.managed) else g for g in gpus]
-
-
-def claims(gpus: Sequence[GpuState]) -> dict[int, list[ManagedUse]]:
-    """Every managed job's claims, by job id (a multi-GPU job holds one per GPU)."""
-    out: dict[int, list[ManagedUse]] = {}
-    for g in gpus:
-        for u in g.managed:
-            out.setdefault(u.job_id, []).append(u)
-    return out
 
 
 # --- reasons -----------------------------------------------------------------------------

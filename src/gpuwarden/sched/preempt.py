@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence, Set
 
 from gpuwarden.jobs.request import GUARANTEED
+from gpuwarden.sched.booking import claims, release
 from gpuwarden.sched.model import QOS_RANK, GpuState, ManagedUse, QueuedJob
-from gpuwarden.sched.placement import claims, release
 from gpuwarden.sched.queue_types import Fit
 
 

@@ -25,6 +25,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuwarden.sched import backfill, limits, preempt
+from gpuwarden.sched.booking import apply, release
+from gpuwarden.sched.headroom import DEFAULT_SPIKE_BUFFER, headroom
 from gpuwarden.sched.model import (
     QOS_RANK,
     Decision,
@@ -35,15 +37,7 @@ from gpuwarden.sched.model import (
     QueuedJob,
     Wait,
 )
-from gpuwarden.sched.placement import (
-    DEFAULT_SPIKE_BUFFER,
-    apply,
-    fits,
-    headroom,
-    infeasible_reason,
-    release,
-    wait_reason,
-)
+from gpuwarden.sched.placement import fits, infeasible_reason, wait_reason
 from gpuwarden.sched.queue_types import Fit, Ordering
 from gpuwarden.units import format_duration
 
