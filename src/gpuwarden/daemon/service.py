@@ -1,13 +1,15 @@
 """What the API can ask of the daemon, with validation and authorization. The HTTP layer
-(api.py) only translates; every rule about who may do what lives here. ``JobService``
-holds the GPU drains (daemon/drains.py, which ask its ``is_admin``), and checks a
-request's fields with daemon/submission.py and reads logs with daemon/joblogs.py."""
+(api.py) only translates; every rule about who may do what lives here or is asked of
+``JobService`` (``is_admin``, ``may``, ``owned``). It takes jobs in (submit, edit, an
+attached job's reports) and reads them, and holds the job actions (cancel, hold,
+release, retry, ...: daemon/jobactions.py) and the GPU drains (daemon/drains.py); it
+checks a request's fields with daemon/submission.py and reads logs with
+daemon/joblogs.py."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -17,11 +19,11 @@ from gpuwarden.client.views import JobDoc
 from gpuwarden.daemon.auth import Caller, admin_gids, may_manage
 from gpuwarden.daemon.config import Config
 from gpuwarden.daemon.drains import GpuDrains
+from gpuwarden.daemon.jobactions import JobActions
 from gpuwarden.daemon.jobjson import job_json
 from gpuwarden.daemon.joblogs import LogChunk, read_log
 from gpuwarden.daemon.queueview import estimate_view, learned_runtime
 from gpuwarden.daemon.store import Store
-from gpuwarden.daemon.store_errors import Conflict
 from gpuwarden.daemon.submission import spec_from_request
 from gpuwarden.errors import PermissionDenied, UsageError
 from gpuwarden.jobs import model
@@ -43,7 +45,6 @@ class JobService:
         self.config = config
         self.wake = wake
         self.gpus = gpus
-        self.cancel_running = cancel_running
         self.clock = clock
         self.admins = admin_gids(config.admin_groups)
         self.daemon_uid = os.geteuid()
@@ -51,18 +52,24 @@ class JobService:
 
         self.fair_usage = FairUsage(store, config.policy.fairshare_halflife, clock)
         self.drains = GpuDrains(store, self.is_admin, gpus, wake, clock)
+        self.actions = JobActions(store, jobs_dir, owned=self.owned, may=self.may,
+                                  is_admin=self.is_admin, view=self.view, wake=wake,
+                                  cancel_running=cancel_running, clock=clock)
 
     def is_admin(self, caller: Caller) -> bool:
         """Root, a member of an admin group or (of a user's own daemon) its user: may act
         on every job, and drain GPUs."""
         return may_manage(caller, -1, self.admins, self.daemon_uid)
 
-    def _may(self, caller: Caller, job: Job) -> bool:
+    def may(self, caller: Caller, job: Job) -> bool:
+        """Whether the caller may act on the job: its owner, or an admin."""
         return may_manage(caller, job.spec.uid, self.admins, self.daemon_uid)
 
-    def _owned(self, caller: Caller, job_id: int, verb: str) -> Job:
+    def owned(self, caller: Caller, job_id: int, verb: str) -> Job:
+        """The job, where the caller may act on it (``may``); else ``PermissionDenied``
+        saying who may ``verb`` it."""
         job = self.store.get(job_id)
-        if not self._may(caller, job):
+        if not self.may(caller, job):
             raise PermissionDenied(f"job {job_id} belongs to {job.user}; only its owner or an "
                                    f"admin may {verb} it")
         return job
@@ -71,7 +78,7 @@ class JobService:
         """The job's JSON for this caller: its environment only to its owner or an admin;
         a waiting job's fair share where that is on (``fair_share``: its user's decayed
         usage in byte-seconds, and the half-life)."""
-        out = job_json(job, with_env=self._may(caller, job))
+        out = job_json(job, with_env=self.may(caller, job))
         halflife = self.config.policy.fairshare_halflife
         if halflife > 0 and job.state in (model.QUEUED, model.HELD):
             out["fair_share"] = {"usage": self.fair_usage.get().get(job.spec.user, 0.0),
@@ -158,7 +165,7 @@ class JobService:
         """Change a queued or held job's request (owner or admin): the fields of
         EDITABLE, checked as at submit (the same bounds, [limits] and "can never run
         here"), the others kept. Its place in the queue (submission time) is kept."""
-        job = self._owned(caller, job_id, "edit")
+        job = self.owned(caller, job_id, "edit")
         if not isinstance(body, Mapping) or not body:
             raise UsageError("name what to change: " + ", ".join(EDITABLE))
         unknown = sorted(set(body) - set(EDITABLE))
@@ -259,7 +266,7 @@ class JobService:
         from gpuwarden.daemon.attached import check_reporter
         from gpuwarden.jobs.jobdir import job_dir
 
-        job = self._owned(caller, job_id, "report on")
+        job = self.owned(caller, job_id, "report on")
         if job.spec.attach is None:
             raise UsageError(f"job {job_id} is started by the daemon, not attached")
         d = job_dir(self.jobs_dir, job)
@@ -332,77 +339,6 @@ class JobService:
         return {"by": by, "since": model.iso(cutoff), "until": model.iso(now),
                 "rows": report(jobs, by)}
 
-    # -- change ---------------------------------------------------------------------
-    def cancel(self, caller: Caller, job_id: int, kill: bool = False) -> JobDoc:
-        """End a job; a running one gets SIGTERM and its grace, or with ``kill`` SIGKILL
-        at once (also when an earlier cancel is still in its grace)."""
-        job = self._cancel(caller, self._owned(caller, job_id, "cancel"), kill)
-        self.wake()
-        return self.view(caller, job)
-
-    def resolve(self, caller: Caller, refs: Any) -> dict[str, Any]:
-        """The job ids that references name (``3-7``, ``12`` for every task of array 12,
-        ``12_7`` one task), and those that name nothing: what the CLI acts on. Any user
-        may ask (``ps`` shows every job to everyone)."""
-        from gpuwarden.jobs.arrays import parse_refs
-
-        if not isinstance(refs, list) or not refs or len(refs) > 10_000 \
-                or not all(isinstance(r, str) and r[:1].isascii() and r[:1].isdigit()
-                           for r in refs):
-            raise UsageError("refs must be a list of 1 to 10000 strings such as 3, "
-                             "3-7 or 12_7")
-        ids, missing = self.store.resolve(parse_refs(refs))
-        return {"ids": ids,
-                "missing": [r if isinstance(r, int) else f"{r[0]}_{r[1]}" for r in missing]}
-
-    def cancel_many(self, caller: Caller, ids: Sequence[int], group: str | None,
-                    kill: bool = False, refs: Any = ()) -> dict[str, Any]:
-        """``cancel 1-100000``, ``cancel 12_7`` and ``cancel --group`` in one request: the
-        jobs named by id or reference (``resolve``; read in one query), and the caller's
-        waiting and running jobs of ``group``. Each job that cannot be cancelled (not the
-        caller's, already ended) is an error of its own; ids and references that name no
-        job are listed once, in ``missing``."""
-        named: list[str | int] = []
-        if refs:
-            resolved = self.resolve(caller, refs)
-            ids, named = [*ids, *resolved["ids"]], resolved["missing"]
-        jobs = {j.id: j for j in self.store.list(ids=ids, with_events=False)} if ids else {}
-        if group is not None:
-            waiting = [s for s in model.STATES if s not in model.TERMINAL]
-            jobs.update((j.id, j) for j in self.store.list(
-                states=waiting, user=caller.user, group=group, with_events=False))
-        done: list[JobDoc] = []
-        errors: list[dict[str, Any]] = []
-        for job_id in sorted(jobs):
-            try:
-                if not self._may(caller, jobs[job_id]):
-                    raise PermissionDenied(f"job {job_id} belongs to {jobs[job_id].user}; "
-                                           "only its owner or an admin may cancel it")
-                done.append(self.view(caller, self._cancel(caller, jobs[job_id], kill)))
-            except (UsageError, PermissionDenied, Conflict) as e:
-                errors.append({"id": job_id, "error": str(e)})
-        if done:
-            self.wake()
-        return {"jobs": done, "errors": errors,
-                "missing": [*sorted(set(ids) - set(jobs)), *named]}
-
-    def _cancel(self, caller: Caller, job: Job, kill: bool) -> Job:
-        job_id = job.id
-        now = self.clock()
-        if job.state in (model.QUEUED, model.HELD) or (
-                job.state == model.RESERVED and job.supervisor_pid is None):
-            job = self.store.transition(job.id, (job.state,), model.CANCELLED, now=now,
-                                        kind="cancelled", detail=f"by {caller.user}",
-                                        reason=f"cancelled by {caller.user}", ended_at=now)
-        elif job.state in model.ACTIVE:
-            self.store.add_event(job.id, "cancel_requested",
-                                 f"by {caller.user}" + (" (SIGKILL)" if kill else ""), now)
-            self.cancel_running(job, kill)
-            job = self.store.get(job.id)
-        else:
-            raise UsageError(f"job {job_id} is already {job.state}")
-        return job
-
     def job_pids(self, caller: Caller) -> dict[str, Any]:
         """pid -> job id for every process of every running job, to any local user (``ps``
         shows them every job already): ``status`` names the job of other users' processes,
@@ -429,82 +365,9 @@ class JobService:
                     todo.extend(children.get(pid, ()))
         return {"pids": pids}
 
-    def hold(self, caller: Caller, job_id: int) -> JobDoc:
-        job = self._owned(caller, job_id, "hold")
-        if job.state != model.QUEUED:
-            raise UsageError(f"job {job_id} is {job.state}; only a queued job can be held")
-        job = self.store.transition(job.id, (model.QUEUED,), model.HELD, now=self.clock(),
-                                    kind="held", detail=f"by {caller.user}",
-                                    reason=f"held by {caller.user}")
-        return self.view(caller, job)
-
-    def release(self, caller: Caller, job_id: int) -> JobDoc:
-        job = self._owned(caller, job_id, "release")
-        if job.state != model.HELD:
-            raise UsageError(f"job {job_id} is {job.state}, not held")
-        job = self.store.transition(job.id, (model.HELD,), model.QUEUED, now=self.clock(),
-                                    kind="released", detail=f"by {caller.user}", reason=None)
-        self.wake()
-        return self.view(caller, job)
-
-    def unreserve(self, caller: Caller, job_id: int) -> JobDoc:
-        """Clear the memory an ended job still holds because it was not verified back (a
-        leak): admins only, since it hands that memory to other jobs."""
-        if not self.is_admin(caller):
-            raise PermissionDenied("only root or an admin may clear a job's memory "
-                                   "reservation")
-        job = self.store.get(job_id)
-        opened = [h for h in self.store.open_holds() if h.job_id == job_id]
-        if not opened:
-            raise UsageError(f"job {job_id} holds no memory that is waiting to come back")
-        for h in opened:
-            self.store.close_hold(h.id, self.clock(), model.CLEARED_BY + caller.user,
-                                  kind="memory_cleared",
-                                  detail=f"hold released by {caller.user}; the memory was "
-                                         "not verified back"
-                                         + (f": {h.leak}" if h.leak else ""))
-        self.wake()
-        return self.view(caller, self.store.get(job.id))
-
-    def retry(self, caller: Caller, job_id: int) -> JobDoc:
-        job = self._owned(caller, job_id, "retry")
-        if job.state not in (model.FAILED, model.CANCELLED, model.INFEASIBLE):
-            raise UsageError(f"job {job_id} is {job.state}; only a failed, cancelled or "
-                             "infeasible job can be retried")
-        if job.spec.attach is not None:
-            raise UsageError(f"job {job_id} was started by its launcher ({job.spec.attach}); "
-                             "retry it there")
-        job = self.store.transition(
-            job.id, (job.state,), model.QUEUED, now=self.clock(), kind="retried",
-            detail=f"by {caller.user}", reason=None, ended_at=None, **model.FRESH_ATTEMPT,
-            attempts=job.attempts + 1)
-        self.wake()
-        return self.view(caller, job)
-
-    def remove(self, caller: Caller, job_id: int) -> None:
-        job = self._owned(caller, job_id, "remove")
-        if not job.terminal:
-            raise UsageError(f"job {job_id} is {job.state}; cancel it before removing it")
-        self.store.delete(job.id)
-        shutil.rmtree(self.jobs_dir / str(job.id), ignore_errors=True)
-
-    def clean(self, caller: Caller, older_than: float) -> int:
-        cutoff = self.clock() - older_than
-        removed = 0
-        for job in self.store.list(states=sorted(model.TERMINAL), with_events=False,
-                                   with_env=False):
-            if job.ended_at is not None and job.ended_at < cutoff and self._may(caller, job):
-                try:
-                    self.store.delete(job.id)
-                except Conflict:
-                    continue  # a waiting job still depends on it: keep it until that one ends
-                shutil.rmtree(self.jobs_dir / str(job.id), ignore_errors=True)
-                removed += 1
-        return removed
-
     def logs(self, caller: Caller, job_id: int, stream: str, offset: int,
              attempt: int | None = None) -> LogChunk:
         """A chunk of one attempt's output (the latest unless ``attempt``, counted from 1),
         for ``logs`` and ``logs -f`` polling; the owner's or an admin's alone."""
-        job = self._owned(caller, job_id, "read the logs of")
+        job = self.owned(caller, job_id, "read the logs of")
         return read_log(self.jobs_dir, job, stream, offset, attempt)
