@@ -306,7 +306,8 @@ async def list_jobs(request: web.Request) -> web.Response:
 
 async def submit(request: web.Request) -> web.Response:
     svc, caller = request.app[SERVICE], caller_of(request)
-    out = await call(svc.submit, caller, await _body(request, carried=("command", "env")))
+    body = await _body(request, carried=("command", "env"))
+    out = await call(svc.admission.submit, caller, body)
     return web.json_response(out, status=201 if out["created"] else 200)
 
 
@@ -436,7 +437,7 @@ async def edit(request: web.Request) -> web.Response:
     """Change a queued or held job's request (``gpuwarden edit``)."""
     svc, caller = request.app[SERVICE], caller_of(request)
     job_id, body = job_id_of(request), await _body(request)
-    return web.json_response(await call(svc.edit, caller, job_id, body))
+    return web.json_response(await call(svc.admission.edit, caller, job_id, body))
 
 
 def _gpu_index(request: web.Request) -> int:

@@ -1,7 +1,8 @@
 """What a caller may ask of jobs that exist: cancel (one, or many by id, reference or
 group), hold, release, retry, clear an unverified memory reservation, remove and clean.
 Each is one transition of the store, checked against who asks, so these stand apart
-from taking jobs in and reading them (daemon/service.py), which holds them."""
+from taking jobs in (daemon/admission.py) and reading them (daemon/service.py, whose
+JobService holds both)."""
 
 from __future__ import annotations
 
