@@ -368,7 +368,7 @@ def test_a_job_cancelled_while_it_is_launched_does_not_run_on(
 
     def spawn_and_cancel(jobdir: str | os.PathLike[str]) -> SupervisorHandle:
         handle = spawn(jobdir)
-        assert service.cancel(me, job.id)["state"] == "cancelled"  # in the store alone
+        assert service.actions.cancel(me, job.id)["state"] == "cancelled"  # in the store alone
         return handle
 
     monkeypatch.setattr("gpuwarden.supervisor.spawn.spawn_supervisor", spawn_and_cancel)

@@ -108,7 +108,8 @@ def test_a_retried_job_keeps_nothing_of_its_last_attempt(store: Store, tmp_path:
     service = JobService(store, tmp_path / "jobs", Config(), wake=lambda: None,
                          gpus=lambda: (), cancel_running=lambda job, kill: None,
                          clock=lambda: 6.0)
-    service.retry(Caller(pid=1, uid=1000, gid=1000, user="alice", groups=(1000,)), job.id)
+    alice = Caller(pid=1, uid=1000, gid=1000, user="alice", groups=(1000,))
+    service.actions.retry(alice, job.id)
     again = store.get(job.id)
     assert again.state == "queued" and again.attempts == job.attempts + 1
     assert again.kill_reason is None and again.preempting_at is None

@@ -306,7 +306,8 @@ async def list_jobs(request: web.Request) -> web.Response:
 
 async def submit(request: web.Request) -> web.Response:
     svc, caller = request.app[SERVICE], caller_of(request)
-    out = await call(svc.submit, caller, await _body(request, carried=("command", "env")))
+    body = await _body(request, carried=("command", "env"))
+    out = await call(svc.admission.submit, caller, body)
     return web.json_response(out, status=201 if out["created"] else 200)
 
 
@@ -318,14 +319,15 @@ async def show(request: web.Request) -> web.Response:
 async def remove(request: web.Request) -> web.Response:
     svc, caller = request.app[SERVICE], caller_of(request)
     job_id = job_id_of(request)
-    await call(svc.remove, caller, job_id)
+    await call(svc.actions.remove, caller, job_id)
     return web.json_response({"id": job_id, "removed": True})
 
 
 def _action(name: str) -> Handler:
     async def handler(request: web.Request) -> web.Response:
         svc, caller = request.app[SERVICE], caller_of(request)
-        return web.json_response(await call(getattr(svc, name), caller, job_id_of(request)))
+        action = getattr(svc.actions, name)
+        return web.json_response(await call(action, caller, job_id_of(request)))
     return handler
 
 
@@ -335,7 +337,8 @@ async def cancel(request: web.Request) -> web.Response:
     kill = request.query.get("kill", "0")
     if kill not in ("0", "1"):
         raise UsageError("kill must be 0 or 1")
-    return web.json_response(await call(svc.cancel, caller, job_id_of(request), kill == "1"))
+    job_id = job_id_of(request)
+    return web.json_response(await call(svc.actions.cancel, caller, job_id, kill == "1"))
 
 
 async def cancel_many(request: web.Request) -> web.Response:
@@ -355,7 +358,8 @@ async def cancel_many(request: web.Request) -> web.Response:
         raise UsageError("kill must be true or false")
     if not ids and not refs and group is None:
         raise UsageError("name job ids or a group")
-    return web.json_response(await call(svc.cancel_many, caller, ids, group, kill, refs))
+    return web.json_response(await call(svc.actions.cancel_many, caller, ids, group, kill,
+                                        refs))
 
 
 async def resolve(request: web.Request) -> web.Response:
@@ -364,7 +368,7 @@ async def resolve(request: web.Request) -> web.Response:
     body = await _body(request)
     if not isinstance(body, dict) or set(body) != {"refs"}:
         raise UsageError("the body is an object with refs")
-    return web.json_response(await call(svc.resolve, caller, body["refs"]))
+    return web.json_response(await call(svc.actions.resolve, caller, body["refs"]))
 
 
 async def wait(request: web.Request) -> web.Response:
@@ -425,7 +429,7 @@ async def clean(request: web.Request) -> web.Response:
     raw = body["older_than"]
     if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
         raise UsageError("older_than must be a duration")
-    removed = await call(svc.clean, caller, parse_duration(raw))
+    removed = await call(svc.actions.clean, caller, parse_duration(raw))
     return web.json_response({"removed": removed})
 
 
@@ -433,7 +437,7 @@ async def edit(request: web.Request) -> web.Response:
     """Change a queued or held job's request (``gpuwarden edit``)."""
     svc, caller = request.app[SERVICE], caller_of(request)
     job_id, body = job_id_of(request), await _body(request)
-    return web.json_response(await call(svc.edit, caller, job_id, body))
+    return web.json_response(await call(svc.admission.edit, caller, job_id, body))
 
 
 def _gpu_index(request: web.Request) -> int:

@@ -1,33 +1,33 @@
 """What the API can ask of the daemon, with validation and authorization. The HTTP layer
-(api.py) only translates; every rule about who may do what lives here. ``JobService``
-holds the GPU drains (daemon/drains.py, which ask its ``is_admin``), and checks a
-request's fields with daemon/submission.py and reads logs with daemon/joblogs.py."""
+(api.py) only translates; every rule about who may do what lives here or is asked of
+``JobService`` (``is_admin``, ``may``, ``owned``). It reads jobs and takes an attached
+job's reports, and holds the rest: taking jobs in (submit, edit: daemon/admission.py,
+which checks a request's fields with daemon/submission.py), the job actions (cancel,
+hold, release, retry, ...: daemon/jobactions.py) and the GPU drains (daemon/drains.py);
+it reads logs with daemon/joblogs.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from gpuwarden.client.views import JobDoc
+from gpuwarden.daemon.admission import JobAdmission
 from gpuwarden.daemon.auth import Caller, admin_gids, may_manage
 from gpuwarden.daemon.config import Config
 from gpuwarden.daemon.drains import GpuDrains
+from gpuwarden.daemon.jobactions import JobActions
 from gpuwarden.daemon.jobjson import job_json
 from gpuwarden.daemon.joblogs import LogChunk, read_log
 from gpuwarden.daemon.queueview import estimate_view, learned_runtime
 from gpuwarden.daemon.store import Store
-from gpuwarden.daemon.store_errors import Conflict
-from gpuwarden.daemon.submission import spec_from_request
 from gpuwarden.errors import PermissionDenied, UsageError
 from gpuwarden.jobs import model
-from gpuwarden.jobs.model import Job, JobSpec
-from gpuwarden.jobs.request import EDITABLE, GUARANTEED
-from gpuwarden.sched.model import GpuState, QueuedJob
+from gpuwarden.jobs.model import Job
+from gpuwarden.sched.model import GpuState
 
 
 class JobService:
@@ -43,7 +43,6 @@ class JobService:
         self.config = config
         self.wake = wake
         self.gpus = gpus
-        self.cancel_running = cancel_running
         self.clock = clock
         self.admins = admin_gids(config.admin_groups)
         self.daemon_uid = os.geteuid()
@@ -51,18 +50,27 @@ class JobService:
 
         self.fair_usage = FairUsage(store, config.policy.fairshare_halflife, clock)
         self.drains = GpuDrains(store, self.is_admin, gpus, wake, clock)
+        self.admission = JobAdmission(store, jobs_dir, config, gpus, is_admin=self.is_admin,
+                                      owned=self.owned, view=self.view, wake=wake,
+                                      clock=clock)
+        self.actions = JobActions(store, jobs_dir, owned=self.owned, may=self.may,
+                                  is_admin=self.is_admin, view=self.view, wake=wake,
+                                  cancel_running=cancel_running, clock=clock)
 
     def is_admin(self, caller: Caller) -> bool:
         """Root, a member of an admin group or (of a user's own daemon) its user: may act
         on every job, and drain GPUs."""
         return may_manage(caller, -1, self.admins, self.daemon_uid)
 
-    def _may(self, caller: Caller, job: Job) -> bool:
+    def may(self, caller: Caller, job: Job) -> bool:
+        """Whether the caller may act on the job: its owner, or an admin."""
         return may_manage(caller, job.spec.uid, self.admins, self.daemon_uid)
 
-    def _owned(self, caller: Caller, job_id: int, verb: str) -> Job:
+    def owned(self, caller: Caller, job_id: int, verb: str) -> Job:
+        """The job, where the caller may act on it (``may``); else ``PermissionDenied``
+        saying who may ``verb`` it."""
         job = self.store.get(job_id)
-        if not self._may(caller, job):
+        if not self.may(caller, job):
             raise PermissionDenied(f"job {job_id} belongs to {job.user}; only its owner or an "
                                    f"admin may {verb} it")
         return job
@@ -71,195 +79,19 @@ class JobService:
         """The job's JSON for this caller: its environment only to its owner or an admin;
         a waiting job's fair share where that is on (``fair_share``: its user's decayed
         usage in byte-seconds, and the half-life)."""
-        out = job_json(job, with_env=self._may(caller, job))
+        out = job_json(job, with_env=self.may(caller, job))
         halflife = self.config.policy.fairshare_halflife
         if halflife > 0 and job.state in (model.QUEUED, model.HELD):
             out["fair_share"] = {"usage": self.fair_usage.get().get(job.spec.user, 0.0),
                                  "halflife": halflife}
         return out
 
-    # -- submit and read ------------------------------------------------------------
-    def submit(self, caller: Caller, body: Mapping[str, Any]) -> dict[str, Any]:
-        from gpuwarden.jobs.arrays import parse_array
-
-        gpus = list(self.gpus())
-        spec, dropped = self._validate(body, caller, gpus)
-        array = None if body.get("array") is None else parse_array(body["array"])
-        if array is not None and spec.attach is not None:
-            raise UsageError("a job another launcher starts (attach) cannot be an array")
-        spec = self._every_task(spec)
-        self._allowed(caller, spec)
-        learned = None
-        if spec.mem_auto:
-            from gpuwarden.sched.history import learned_budget
-
-            mem, learned = learned_budget(self.store.peaks(spec.uid, key=spec.key,
-                                                           name=spec.name))
-            if mem is None and spec.mps:
-                raise UsageError("mps needs mem, and there is no earlier run to learn it "
-                                 "from: give --mem SIZE this time")
-            spec = dataclasses.replace(spec, mem=mem, mem_limit=None if mem is None else
-                                       spec.mem_limit and max(spec.mem_limit, mem))
-        never = self._never(spec, gpus)
-        if never is not None:  # as select does: exit 2, and nothing queued to wait for ever
-            raise UsageError(f"this job can never run here: {never}")
-        held = self.group_held(spec)
-        job, created = self.store.submit(spec, self.clock(),
-                                         state=model.QUEUED if held is None else model.HELD,
-                                         reason=held, array=array)
-        if created and learned is not None:
-            self.store.add_event(job.id, "budget_learned", f"mem auto: {learned}", self.clock())
-            job = self.store.get(job.id)
-        if created and spec.attach is not None:
-            self._claim(caller, job)
-        if created:
-            self.wake()
-        return {**self.view(caller, job), "created": created, "dropped_env": dropped,
-                "group_held": held if created else None,
-                "tasks": None if array is None else len(array.indices)}
-
-    def _every_task(self, spec: JobSpec) -> JobSpec:
-        """Dependencies on an array's id wait for each of its tasks (jobs/arrays.py);
-        ids that name no job stay, for the store to refuse."""
-        def every(ids: tuple[int, ...]) -> tuple[int, ...]:
-            if not ids:
-                return ids
-            found, missing = self.store.resolve(list(ids))
-            return tuple(sorted({*found, *(m for m in missing if isinstance(m, int))}))
-
-        return dataclasses.replace(spec, after=every(spec.after),
-                                   after_any=every(spec.after_any),
-                                   after_fail=every(spec.after_fail))
-
-    def _validate(self, body: Mapping[str, Any], caller: Caller,
-                  gpus: Sequence[GpuState]) -> tuple[JobSpec, list[str]]:
-        """``spec_from_request`` with this daemon's GPUs and settings: the one check of
-        a request's fields, for submit and edit."""
-        from gpuwarden.sched.headroom import capacity
-
-        return spec_from_request(body, caller, len(gpus) or 1 << 16,
-                                 capacities={g.index: capacity(g) for g in gpus},
-                                 oom_retries=self.config.oom_retries,
-                                 max_grace=self.config.max_grace)
-
-    def _allowed(self, caller: Caller, spec: JobSpec) -> None:
-        """Refuse what the caller may not ask for: [limits] max_priority and qos for
-        users who are not admins (submit and edit)."""
-        if spec.uid == 0 and caller.uid != 0:  # impossible by construction; kept as a guard
-            raise PermissionDenied("only root may run jobs as root")
-        if not self.is_admin(caller):  # admins: any
-            from gpuwarden.sched.limits import not_allowed
-
-            why = not_allowed(spec.user, spec.priority, spec.qos, self.config.policy.limits)
-            if why is not None:  # one could preempt other users' jobs at will
-                raise PermissionDenied(why)
-
-    def edit(self, caller: Caller, job_id: int, body: Any) -> JobDoc:
-        """Change a queued or held job's request (owner or admin): the fields of
-        EDITABLE, checked as at submit (the same bounds, [limits] and "can never run
-        here"), the others kept. Its place in the queue (submission time) is kept."""
-        job = self._owned(caller, job_id, "edit")
-        if not isinstance(body, Mapping) or not body:
-            raise UsageError("name what to change: " + ", ".join(EDITABLE))
-        unknown = sorted(set(body) - set(EDITABLE))
-        if unknown:
-            raise UsageError(f"cannot edit {', '.join(unknown)} (editable: "
-                             f"{', '.join(EDITABLE)})")
-        if job.state not in (model.QUEUED, model.HELD):
-            raise UsageError(f"job {job_id} is {job.state}; only a queued or held job can "
-                             "be edited")
-        if body.get("mem") == "auto":
-            raise UsageError("mem: give a size (auto is learned at submit)")
-        s = job.spec
-        was: dict[str, Any] = {"mem": s.mem, "mem_limit": s.mem_limit, "priority": s.priority,
-                               "qos": s.qos, "gpus": s.gpus, "timeout": s.timeout,
-                               "name": s.name}
-        # The fields that submit checks together with the editable ones.
-        request: dict[str, Any] = {
-            "command": list(s.command), "gpu_ids": None if s.gpu_ids is None else
-            list(s.gpu_ids), "exclusive": s.exclusive, "mps": s.mps,
-            "sm_percent": s.sm_percent, "cpus": s.cpus, "no_numa": s.no_numa,
-            "mig": s.mig, "key": s.key, "retries": s.retries,
-            **{k: v for k, v in was.items() if v is not None}, **body}
-        if "mem" in body and body["mem"] is not None and "mem_limit" not in body \
-                and s.mem_limit is not None and s.qos != GUARANTEED:
-            request.pop("mem_limit")  # a new budget: its old burst limit may be below it
-        gpus = list(self.gpus())
-        checked, _ = self._validate(request, caller, gpus)
-        changes = {k: getattr(checked, k) for k in EDITABLE if getattr(checked, k) != was[k]}
-        spec = dataclasses.replace(s, **changes)
-        self._allowed(caller, spec)
-        never = self._never(spec, gpus)
-        if never is not None:
-            raise UsageError(f"this job can never run here: {never}")
-        if not changes:
-            return self.view(caller, job)
-        from gpuwarden.units import format_bytes
-
-        def said(k: str, v: Any) -> str:
-            return format_bytes(v) if k in ("mem", "mem_limit") and v is not None else str(v)
-
-        detail = ", ".join(f"{k} {said(k, was[k])} -> {said(k, v)}" for k, v in changes.items())
-        job = self.store.edit(job.id, (model.QUEUED, model.HELD), changes, now=self.clock(),
-                              detail=f"by {caller.user}: {detail}")
-        self.wake()
-        return self.view(caller, job)
-
-    def group_held(self, spec: JobSpec) -> str | None:
-        """Why a new job of this user's group is held at submit: the group's last jobs all
-        failed the same way (as the loop holds the queued ones) and none was released
-        since; None when it may queue. An attached job is already running: never held."""
-        from gpuwarden.sched.history import STREAK, failing_streak, failure_signature
-
-        if spec.group is None or spec.attach is not None:
-            return None
-        recent = self.store.recent_ends(spec.uid, spec.group, STREAK)
-        same = failing_streak([failure_signature(j.state, j.exit_code, j.reason,
-                                                 any(e.kind == "oom" for e in j.events))
-                               for j in recent])
-        if same is None:
-            return None
-        if self.store.group_released_since(spec.uid, spec.group,
-                                           max(j.ended_at or 0.0 for j in recent)):
-            return None
-        return (f"group {spec.group}: its last {STREAK} jobs failed the same way ({same}); "
-                "held until released")
-
-    def _never(self, spec: JobSpec, gpus: Sequence[GpuState]) -> str | None:
-        """Why a job could never run on these GPUs (over every GPU's capacity, more GPUs
-        than there are, ...) or for its user (alone over a [limits] value); None when it
-        could. Without GPU states yet, the scheduling pass decides (``infeasible``)."""
-        from gpuwarden.sched.limits import never_within
-        from gpuwarden.sched.placement import infeasible_reason
-
-        if not gpus:
-            return None
-        job = QueuedJob(id=0, user=spec.user, mem=spec.mem, count=spec.gpus,
-                        gpu_ids=spec.gpu_ids, exclusive=spec.exclusive,
-                        priority=spec.priority, qos=spec.qos, runtime=spec.timeout,
-                        cpus=spec.cpus, mig=spec.mig, mps=spec.mps)
-        return infeasible_reason(job, gpus) or never_within(job, self.config.policy.limits)
-
-    def _claim(self, caller: Caller, job: Job) -> None:
-        """The attaching process stands in for the job's supervisor (daemon/attached.py).
-        Should that fail, the job is cancelled here rather than left without one."""
-        from gpuwarden.daemon.attached import claim
-        from gpuwarden.jobs.jobdir import job_dir
-
-        try:
-            claim(job_dir(self.jobs_dir, job), job.id, caller)
-        except (OSError, UsageError) as e:
-            now = self.clock()
-            self.store.transition(job.id, (model.QUEUED,), model.CANCELLED, now=now,
-                                  kind="cancelled", detail=f"cannot attach: {e}",
-                                  reason=f"cannot attach: {e}", ended_at=now)
-            raise UsageError(f"cannot attach job {job.id}: {e}") from None
-
+    # -- an attached job's launcher reports -----------------------------------------
     def _attached(self, caller: Caller, job_id: int) -> tuple[Job, Path]:
         from gpuwarden.daemon.attached import check_reporter
         from gpuwarden.jobs.jobdir import job_dir
 
-        job = self._owned(caller, job_id, "report on")
+        job = self.owned(caller, job_id, "report on")
         if job.spec.attach is None:
             raise UsageError(f"job {job_id} is started by the daemon, not attached")
         d = job_dir(self.jobs_dir, job)
@@ -290,6 +122,7 @@ class JobService:
         self.wake()
         return self.view(caller, self.store.get(job.id))
 
+    # -- read -----------------------------------------------------------------------
     def show(self, caller: Caller, job_id: int) -> JobDoc:
         job = self.store.get(job_id)
         out = self.view(caller, job)
@@ -332,77 +165,6 @@ class JobService:
         return {"by": by, "since": model.iso(cutoff), "until": model.iso(now),
                 "rows": report(jobs, by)}
 
-    # -- change ---------------------------------------------------------------------
-    def cancel(self, caller: Caller, job_id: int, kill: bool = False) -> JobDoc:
-        """End a job; a running one gets SIGTERM and its grace, or with ``kill`` SIGKILL
-        at once (also when an earlier cancel is still in its grace)."""
-        job = self._cancel(caller, self._owned(caller, job_id, "cancel"), kill)
-        self.wake()
-        return self.view(caller, job)
-
-    def resolve(self, caller: Caller, refs: Any) -> dict[str, Any]:
-        """The job ids that references name (``3-7``, ``12`` for every task of array 12,
-        ``12_7`` one task), and those that name nothing: what the CLI acts on. Any user
-        may ask (``ps`` shows every job to everyone)."""
-        from gpuwarden.jobs.arrays import parse_refs
-
-        if not isinstance(refs, list) or not refs or len(refs) > 10_000 \
-                or not all(isinstance(r, str) and r[:1].isascii() and r[:1].isdigit()
-                           for r in refs):
-            raise UsageError("refs must be a list of 1 to 10000 strings such as 3, "
-                             "3-7 or 12_7")
-        ids, missing = self.store.resolve(parse_refs(refs))
-        return {"ids": ids,
-                "missing": [r if isinstance(r, int) else f"{r[0]}_{r[1]}" for r in missing]}
-
-    def cancel_many(self, caller: Caller, ids: Sequence[int], group: str | None,
-                    kill: bool = False, refs: Any = ()) -> dict[str, Any]:
-        """``cancel 1-100000``, ``cancel 12_7`` and ``cancel --group`` in one request: the
-        jobs named by id or reference (``resolve``; read in one query), and the caller's
-        waiting and running jobs of ``group``. Each job that cannot be cancelled (not the
-        caller's, already ended) is an error of its own; ids and references that name no
-        job are listed once, in ``missing``."""
-        named: list[str | int] = []
-        if refs:
-            resolved = self.resolve(caller, refs)
-            ids, named = [*ids, *resolved["ids"]], resolved["missing"]
-        jobs = {j.id: j for j in self.store.list(ids=ids, with_events=False)} if ids else {}
-        if group is not None:
-            waiting = [s for s in model.STATES if s not in model.TERMINAL]
-            jobs.update((j.id, j) for j in self.store.list(
-                states=waiting, user=caller.user, group=group, with_events=False))
-        done: list[JobDoc] = []
-        errors: list[dict[str, Any]] = []
-        for job_id in sorted(jobs):
-            try:
-                if not self._may(caller, jobs[job_id]):
-                    raise PermissionDenied(f"job {job_id} belongs to {jobs[job_id].user}; "
-                                           "only its owner or an admin may cancel it")
-                done.append(self.view(caller, self._cancel(caller, jobs[job_id], kill)))
-            except (UsageError, PermissionDenied, Conflict) as e:
-                errors.append({"id": job_id, "error": str(e)})
-        if done:
-            self.wake()
-        return {"jobs": done, "errors": errors,
-                "missing": [*sorted(set(ids) - set(jobs)), *named]}
-
-    def _cancel(self, caller: Caller, job: Job, kill: bool) -> Job:
-        job_id = job.id
-        now = self.clock()
-        if job.state in (model.QUEUED, model.HELD) or (
-                job.state == model.RESERVED and job.supervisor_pid is None):
-            job = self.store.transition(job.id, (job.state,), model.CANCELLED, now=now,
-                                        kind="cancelled", detail=f"by {caller.user}",
-                                        reason=f"cancelled by {caller.user}", ended_at=now)
-        elif job.state in model.ACTIVE:
-            self.store.add_event(job.id, "cancel_requested",
-                                 f"by {caller.user}" + (" (SIGKILL)" if kill else ""), now)
-            self.cancel_running(job, kill)
-            job = self.store.get(job.id)
-        else:
-            raise UsageError(f"job {job_id} is already {job.state}")
-        return job
-
     def job_pids(self, caller: Caller) -> dict[str, Any]:
         """pid -> job id for every process of every running job, to any local user (``ps``
         shows them every job already): ``status`` names the job of other users' processes,
@@ -429,82 +191,9 @@ class JobService:
                     todo.extend(children.get(pid, ()))
         return {"pids": pids}
 
-    def hold(self, caller: Caller, job_id: int) -> JobDoc:
-        job = self._owned(caller, job_id, "hold")
-        if job.state != model.QUEUED:
-            raise UsageError(f"job {job_id} is {job.state}; only a queued job can be held")
-        job = self.store.transition(job.id, (model.QUEUED,), model.HELD, now=self.clock(),
-                                    kind="held", detail=f"by {caller.user}",
-                                    reason=f"held by {caller.user}")
-        return self.view(caller, job)
-
-    def release(self, caller: Caller, job_id: int) -> JobDoc:
-        job = self._owned(caller, job_id, "release")
-        if job.state != model.HELD:
-            raise UsageError(f"job {job_id} is {job.state}, not held")
-        job = self.store.transition(job.id, (model.HELD,), model.QUEUED, now=self.clock(),
-                                    kind="released", detail=f"by {caller.user}", reason=None)
-        self.wake()
-        return self.view(caller, job)
-
-    def unreserve(self, caller: Caller, job_id: int) -> JobDoc:
-        """Clear the memory an ended job still holds because it was not verified back (a
-        leak): admins only, since it hands that memory to other jobs."""
-        if not self.is_admin(caller):
-            raise PermissionDenied("only root or an admin may clear a job's memory "
-                                   "reservation")
-        job = self.store.get(job_id)
-        opened = [h for h in self.store.open_holds() if h.job_id == job_id]
-        if not opened:
-            raise UsageError(f"job {job_id} holds no memory that is waiting to come back")
-        for h in opened:
-            self.store.close_hold(h.id, self.clock(), model.CLEARED_BY + caller.user,
-                                  kind="memory_cleared",
-                                  detail=f"hold released by {caller.user}; the memory was "
-                                         "not verified back"
-                                         + (f": {h.leak}" if h.leak else ""))
-        self.wake()
-        return self.view(caller, self.store.get(job.id))
-
-    def retry(self, caller: Caller, job_id: int) -> JobDoc:
-        job = self._owned(caller, job_id, "retry")
-        if job.state not in (model.FAILED, model.CANCELLED, model.INFEASIBLE):
-            raise UsageError(f"job {job_id} is {job.state}; only a failed, cancelled or "
-                             "infeasible job can be retried")
-        if job.spec.attach is not None:
-            raise UsageError(f"job {job_id} was started by its launcher ({job.spec.attach}); "
-                             "retry it there")
-        job = self.store.transition(
-            job.id, (job.state,), model.QUEUED, now=self.clock(), kind="retried",
-            detail=f"by {caller.user}", reason=None, ended_at=None, **model.FRESH_ATTEMPT,
-            attempts=job.attempts + 1)
-        self.wake()
-        return self.view(caller, job)
-
-    def remove(self, caller: Caller, job_id: int) -> None:
-        job = self._owned(caller, job_id, "remove")
-        if not job.terminal:
-            raise UsageError(f"job {job_id} is {job.state}; cancel it before removing it")
-        self.store.delete(job.id)
-        shutil.rmtree(self.jobs_dir / str(job.id), ignore_errors=True)
-
-    def clean(self, caller: Caller, older_than: float) -> int:
-        cutoff = self.clock() - older_than
-        removed = 0
-        for job in self.store.list(states=sorted(model.TERMINAL), with_events=False,
-                                   with_env=False):
-            if job.ended_at is not None and job.ended_at < cutoff and self._may(caller, job):
-                try:
-                    self.store.delete(job.id)
-                except Conflict:
-                    continue  # a waiting job still depends on it: keep it until that one ends
-                shutil.rmtree(self.jobs_dir / str(job.id), ignore_errors=True)
-                removed += 1
-        return removed
-
     def logs(self, caller: Caller, job_id: int, stream: str, offset: int,
              attempt: int | None = None) -> LogChunk:
         """A chunk of one attempt's output (the latest unless ``attempt``, counted from 1),
         for ``logs`` and ``logs -f`` polling; the owner's or an admin's alone."""
-        job = self._owned(caller, job_id, "read the logs of")
+        job = self.owned(caller, job_id, "read the logs of")
         return read_log(self.jobs_dir, job, stream, offset, attempt)
