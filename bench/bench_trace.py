@@ -407,6 +407,38 @@ def h200_gpusched(jobs: list[tuple[int, float]], seed: int) -> float:
     return now
 
 
+def h200_in_order(jobs: list[tuple[int, float]], order: list[int]) -> float:
+    """The makespan of starting jobs in ``order`` the moment memory allows (list
+    scheduling: each pass starts, in that order, every job the free memory less 512 MiB
+    holds), with no poll delay: what a scheduler that knew the order to use would give."""
+    free = H200_TOTAL - H200_BASELINE - GPUSCHED_MARGIN
+    queued, ends, now = list(order), [], 0.0
+    while queued or ends:
+        for i in list(queued):
+            mem, seconds = jobs[i]
+            if mem + H200_CONTEXT <= free:
+                free -= mem + H200_CONTEXT
+                queued.remove(i)
+                heapq.heappush(ends, (now + _held_for(mem, seconds), i, mem + H200_CONTEXT))
+        now = ends[0][0]
+        while ends and ends[0][0] <= now:
+            free += heapq.heappop(ends)[2]
+    return now
+
+
+def hindsight(jobs: list[tuple[int, float]], tries: int, seed: int) -> dict[str, float]:
+    """Set c with what no queue knows at submission: longest run first (the classic
+    order when run times are known), and the best of ``tries`` random orders, which
+    bounds from below what any order of starts gives on this set."""
+    longest = sorted(range(len(jobs)), key=lambda i: -jobs[i][1])
+    rng, order, best = random.Random(seed), list(range(len(jobs))), float("inf")
+    for _ in range(tries):
+        rng.shuffle(order)
+        best = min(best, h200_in_order(jobs, order))
+    return {"longest_first_s": h200_in_order(jobs, longest), "best_order_s": best,
+            "tries": tries}
+
+
 def peer_family(seeds: int) -> dict[str, Any]:
     """gpuwarden's policy (best-fit windows 1, 2, the default 4, 8; backfill off) and
     gpusched's on ``seeds`` sets drawn like set c, on the modelled H200: one measured set
@@ -422,7 +454,8 @@ def peer_family(seeds: int) -> dict[str, Any]:
                            "gpusched_mean_s": statistics.mean(gs), "policies": {},
                            "set_c": {"gpuwarden_s": h200_gpuwarden(set_c),
                                      "gpuwarden_no_teardown_s": _no_teardown(set_c),
-                                     "gpusched_s": h200_gpusched(set_c, 0)}}
+                                     "gpusched_s": h200_gpusched(set_c, 0),
+                                     "hindsight": hindsight(set_c, 30_000, 1)}}
     try:
         for name, window, backfill in (("window 1", 1, True), ("window 2", 2, True),
                                        (f"window {default} (default)", default, True),
