@@ -91,9 +91,14 @@ class SimMachine:
 
     def cleanup(self) -> None:
         for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+            end_process(p)
+
+
+def end_process(p: subprocess.Popen[Any]) -> None:
+    """Kill ``p`` unless it has ended, wait for it and close its pipes (a pipe left open
+    is a ResourceWarning when it is collected)."""
+    with p:  # leaving closes the pipes and waits
+        p.kill()  # nothing where it was already waited for
 
 
 @pytest.fixture

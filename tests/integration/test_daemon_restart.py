@@ -35,7 +35,7 @@ from gpuwarden.jobs.model import Job, JobSpec
 from gpuwarden.procs.identity import boot_id
 from gpuwarden.supervisor.control import alive, cancel
 from gpuwarden.supervisor.spawn import spawn_supervisor
-from tests.conftest import SRC, wait_for
+from tests.conftest import SRC, end_process, wait_for
 from tests.integration.daemon_fixture import PY, Daemon, start_daemon
 
 JOBS = 30
@@ -324,6 +324,8 @@ def test_a_crash_inside_a_launch_neither_loses_nor_repeats_the_job(
     if late is not None and late.poll() is None:  # the slow supervisor goes on only now
         _, err = late.communicate("go\n", timeout=30)
         assert late.returncode != 0 and "another supervisor" in err, err
+    if late is not None:
+        end_process(late)  # the claimed one exited with its pipes still open
     after = store.get(job.id)
     if crash == "supervisor_claimed":
         # Its supervisor runs it: adopted, and its exit code collected when it ends.

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gpuwarden.procs.holders import scan_holders
 from gpuwarden.procs.live import LiveProcesses
+from tests.conftest import end_process
 
 HOLD = ("import sys,time; fs=[open(p) for p in sys.argv[1:]]; print('ok', flush=True); "
         "time.sleep(60)")
@@ -51,8 +52,7 @@ def test_scan_finds_holders_and_their_devices(tmp_path: Path) -> None:
     finally:
         mine.close()
         for p in (cuda, monitor):
-            p.kill()
-            p.wait()
+            end_process(p)
 
 
 def test_scan_of_nothing_is_empty() -> None:

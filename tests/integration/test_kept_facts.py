@@ -14,6 +14,7 @@ import pytest
 
 from gpuwarden.procs.live import KeptFacts, LiveProcesses
 from gpuwarden.procs.model import ProcInfo
+from tests.conftest import end_process
 
 EXEC_ON_LINE = (
     "import os, sys\n"
@@ -28,8 +29,7 @@ def child() -> Iterator[subprocess.Popen[bytes]]:
     p = subprocess.Popen([sys.executable, "-c", EXEC_ON_LINE], stdin=subprocess.PIPE,
                          env=dict(os.environ, GPUWARDEN_JOB="7"))
     yield p
-    p.kill()
-    p.wait()
+    end_process(p)
 
 
 def lasting(i: ProcInfo) -> tuple[object, ...]:

@@ -234,6 +234,8 @@ def test_status_watch_on_a_terminal_redraws_in_place_cut_to_its_height(
                     break
         p.wait(timeout=5)
         os.close(primary)
+        assert p.stderr is not None
+        p.stderr.close()
     screens = out.decode(errors="replace").split("\x1b[H")[1:]
     assert len(screens) >= 3, out[-500:]
     for screen in screens[:-1]:

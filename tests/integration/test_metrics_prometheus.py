@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -24,8 +25,12 @@ LEAKED_GPU3 = 126 << 20  # examples/a100x8-shared.json: GPU 3 holds 126 MiB, no 
 
 
 def get(url: str, timeout: float = 5) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.read().decode()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.read().decode()
+    except urllib.error.HTTPError as e:  # Prometheus answers 503 until it is ready
+        e.close()  # the answer it carries, and the socket under it
+        raise
 
 
 @pytest.fixture
@@ -42,6 +47,8 @@ def exporter(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     finally:
         proc.terminate()
         proc.wait(10)
+        if proc.stderr is not None:
+            proc.stderr.close()
 
 
 def _up(url: str) -> bool:

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import SimMachine
+from tests.conftest import SimMachine, end_process
 from tests.integration.daemon_fixture import PY, Daemon
 
 GiB = 1 << 30
@@ -157,8 +157,7 @@ def test_durations_take_units_everywhere(sim: SimMachine, tmp_path: Path) -> Non
         docs = [json.loads(p.stdout.readline()) for _ in range(3)]  # one JSON per refresh
         assert all(len(d["gpus"]) == 2 for d in docs)
     finally:
-        p.kill()
-        p.wait()
+        end_process(p)
     for bad in ("-1", "0", "2x"):
         r = sim.cli("status", "--watch", bad)
         line = one_line(r)

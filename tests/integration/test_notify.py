@@ -106,6 +106,7 @@ def hook() -> Iterator[tuple[str, list[dict[str, Any]]]]:
         yield f"http://127.0.0.1:{server.server_port}/hook", handler.got
     finally:
         server.shutdown()
+        server.server_close()
 
 
 def test_the_webhook_gets_every_jobs_end(tmp_path: Path,

@@ -11,7 +11,7 @@ import sys
 import time
 
 from gpuwarden.observe.jsonview import SCHEMA_VERSION
-from tests.conftest import EXAMPLES, SimMachine
+from tests.conftest import EXAMPLES, SimMachine, end_process
 from tests.integration.daemon_fixture import PY, Daemon
 
 
@@ -80,8 +80,7 @@ def test_ps_watch_refreshes_with_a_header_saying_when_and_how_often(daemon: Daem
             else:
                 assert any("sleeper" in line for line in seen)
         finally:
-            p.kill()
-            p.wait()
+            end_process(p)
     r = daemon.cli("ps", "--format", "csv", "--watch")
     assert r.returncode == 2 and "not CSV" in r.stderr
 
@@ -116,8 +115,7 @@ def test_status_watch_header_shows_the_interval_and_the_time(sim: SimMachine) ->
         stamp = line.rsplit("· ", 1)[1].strip()
         assert time.strptime(stamp, "%Y-%m-%d %H:%M:%S")
     finally:
-        p.kill()
-        p.wait()
+        end_process(p)
 
 
 def test_ps_o_chooses_the_columns_of_the_table_and_the_csv(daemon: Daemon) -> None:

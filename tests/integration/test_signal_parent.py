@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 
 from gpuwarden.procs.terminate import signal_parent
-from tests.conftest import wait_for
+from tests.conftest import end_process, wait_for
 
 _RECORDER = """
 import signal, sys, time
@@ -54,5 +54,4 @@ def test_sigchld_goes_only_to_the_zombies_own_parent(tmp_path: Path) -> None:
             "still_zombie"
     finally:
         for p in (recorder, parent):
-            p.kill()
-            p.wait()
+            end_process(p)

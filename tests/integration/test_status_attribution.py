@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import EXAMPLES, SimMachine, wait_for
+from tests.conftest import EXAMPLES, SimMachine, end_process, wait_for
 from tests.integration.daemon_fixture import Daemon
 
 CONTAINER = "docker:9c0ffee12345"
@@ -59,8 +59,7 @@ def test_status_takes_job_ids_from_the_daemon(daemon: Daemon) -> None:
                         interval=0.1, what="status to show the impostor")
         assert jobs[impostor.pid] is None and list(jobs.values()).count(str(jid)) == 1
     finally:
-        impostor.kill()
-        impostor.wait()
+        end_process(impostor)
     d.cli("cancel", str(jid))
 
 

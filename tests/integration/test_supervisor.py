@@ -38,7 +38,7 @@ from gpuwarden.jobs.jobdir import (
 from gpuwarden.launch import Host, plan_launch
 from gpuwarden.supervisor.control import alive, cancel
 from gpuwarden.supervisor.spawn import spawn_supervisor, spec_from_plan
-from tests.conftest import wait_for
+from tests.conftest import end_process, wait_for
 
 SRC = Path(gpuwarden.__file__).resolve().parent.parent
 PY = sys.executable
@@ -362,9 +362,7 @@ def test_supervisor_outlives_its_launcher(jobs: Jobs) -> None:
         assert alive(handle)
         ended = wait_exit(jobdir, timeout=30)
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
+        end_process(launcher)
     assert (ended.exit_code, ended.reason, ended.tree_clean) == (5, "exited", True)
     assert read_status(jobdir).supervisor == handle
 

@@ -81,10 +81,12 @@ def test_the_public_feed_has_the_history_and_no_command_lines(
                       (f"{base}/ui/data/overview?by=gpu", 400), (f"{base}/v1/jobs", 404)):
         with pytest.raises(urllib.error.HTTPError) as err:
             get(bad)
+        err.value.close()  # the answer it carries, and the socket under it
         assert err.value.code == code, bad
     post = urllib.request.Request(f"{base}/ui/data/overview", data=b"{}", method="POST")
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(post, timeout=10)
+    err.value.close()
     assert err.value.code == 405
     with urllib.request.urlopen(f"{base}/ui/", timeout=10) as r:
         assert "default-src 'self'" in r.headers["Content-Security-Policy"]
@@ -110,13 +112,17 @@ def test_gpuwarden_web_serves_the_users_view_through_the_socket(
         assert any("user root" in g["layers"] for g in data["gpus"])
         with pytest.raises(urllib.error.HTTPError) as err:
             browser.open(f"http://127.0.0.1:{port}/v1/jobs", timeout=10)  # only the page
+        err.value.close()
         assert err.value.code == 404
         with pytest.raises(urllib.error.HTTPError) as err:  # without the token: nothing
             get(f"http://127.0.0.1:{port}/ui/data/overview")
+        err.value.close()
         assert err.value.code == 403
     finally:
         proxy.terminate()
         proxy.wait(timeout=10)
+        if proxy.stderr is not None:
+            proxy.stderr.close()
     taken = subprocess.run([PY, "-m", "gpuwarden", "web", "--listen", "nonsense"], env=d.env,
                            capture_output=True, text=True, timeout=30)
     assert taken.returncode != 0 and "invalid listen address" in taken.stderr

@@ -43,18 +43,18 @@ def served(users: tuple[User, User], tmp_path: Path) -> Iterator[tuple[Daemon, i
         assert d.cli("wait", str(jid), env=env, prefix=a.prefix).returncode == 0
         assert SECRET in d.cli("logs", str(jid), env=env, prefix=a.prefix).stdout
         port = free_port()
-        proxy = subprocess.Popen([*a.prefix, PY, "-m", "gpuwarden", "web", "--listen",
-                                  f"127.0.0.1:{port}"], env=env, stderr=subprocess.PIPE,
-                                 text=True)
-        try:
-            assert proxy.stderr is not None
-            line = proxy.stderr.readline()
-            assert f"127.0.0.1:{port}/ui/" in line, line
-            token = line.split("?token=", 1)[1].split()[0] if "?token=" in line else ""
-            yield d, jid, port, token
-        finally:
-            proxy.terminate()
-            proxy.wait(timeout=10)
+        with subprocess.Popen([*a.prefix, PY, "-m", "gpuwarden", "web", "--listen",
+                               f"127.0.0.1:{port}"], env=env, stderr=subprocess.PIPE,
+                              text=True) as proxy:  # leaving closes its pipe
+            try:
+                assert proxy.stderr is not None
+                line = proxy.stderr.readline()
+                assert f"127.0.0.1:{port}/ui/" in line, line
+                token = line.split("?token=", 1)[1].split()[0] if "?token=" in line else ""
+                yield d, jid, port, token
+            finally:
+                proxy.terminate()
+                proxy.wait(timeout=10)
 
 
 def fetch_as(u: User, port: int, path: str) -> tuple[int, str]:
@@ -69,9 +69,12 @@ def fetch_as(u: User, port: int, path: str) -> tuple[int, str]:
 def fetch(port: int, path: str, cookie: str | None = None
           ) -> tuple[int, http.client.HTTPMessage, str]:
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    c.request("GET", path, headers={"Cookie": cookie} if cookie else {})
-    r = c.getresponse()
-    return r.status, r.headers, r.read().decode(errors="replace")
+    try:
+        c.request("GET", path, headers={"Cookie": cookie} if cookie else {})
+        r = c.getresponse()
+        return r.status, r.headers, r.read().decode(errors="replace")
+    finally:
+        c.close()
 
 
 def test_another_user_gets_nothing_through_gpuwarden_web(
