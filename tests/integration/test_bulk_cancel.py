@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
+from gpuwarden.errors import UsageError
 from tests.integration.daemon_fixture import PY, Daemon
 
 SLEEP = [PY, "-m", "gpuwarden.sim.job", "--seconds", "60"]
@@ -45,3 +48,19 @@ def test_a_huge_range_and_a_group_are_one_request_each(daemon: Daemon) -> None:
     out = json.loads(r.stdout)
     assert r.returncode == 2 and out["jobs"] == [] and out["missing"] == [99999]
     assert [e["id"] for e in out["errors"]] == [done]
+
+
+def test_a_field_given_must_hold_what_the_document_says(daemon: Daemon) -> None:
+    """null is no list: a body the OpenAPI document refuses is a 400, not "nothing named";
+    an empty list names no job, as ``cancel --group`` sends it."""
+    job = daemon.submit("--mem", "1G", "--group", "g", cmd=SLEEP)
+    for body, says in (({"ids": [job], "refs": None}, "refs must be a list"),
+                       ({"refs": [str(job)], "ids": None}, "ids must be a list"),
+                       ({"ids": [job], "refs": ""}, "refs must be a list"),
+                       ({"ids": [job], "kill": None}, "kill must be true or false"),
+                       ({"ids": [], "refs": []}, "name job ids or a group")):
+        with pytest.raises(UsageError, match=says):
+            daemon.api("POST", "/v1/cancel", body=body)
+    assert daemon.job(job)["state"] in ("queued", "reserved", "running")  # none cancelled it
+    out = daemon.api("POST", "/v1/cancel", body={"refs": [], "ids": [], "group": "g"})
+    assert [j["id"] for j in out["jobs"]] == [job]

@@ -347,11 +347,15 @@ async def cancel_many(request: web.Request) -> web.Response:
     body = await _body(request)
     if not isinstance(body, dict) or set(body) - {"ids", "refs", "group", "kill"}:
         raise UsageError("the body is an object with ids, refs, group and kill")
-    ids, group, kill = body.get("ids") or [], body.get("group"), body.get("kill", False)
-    refs = body.get("refs") or []
+    # A field given must hold what the document says (a list may be empty: `cancel
+    # --group` sends no refs as []); null is no list.
+    ids, group, kill = body.get("ids", []), body.get("group"), body.get("kill", False)
+    refs = body.get("refs", [])
     if not isinstance(ids, list) or not all(
             isinstance(i, int) and not isinstance(i, bool) and 0 < i < 2**63 for i in ids):
         raise UsageError("ids must be a list of job ids")
+    if not isinstance(refs, list):
+        raise UsageError("refs must be a list of job references such as 3, 3-7 or 12_7")
     if group is not None and (not isinstance(group, str) or not 0 < len(group) <= 200):
         raise UsageError("group must be a group name")
     if not isinstance(kill, bool):

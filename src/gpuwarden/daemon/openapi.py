@@ -109,10 +109,10 @@ def document() -> dict[str, Any]:
                                "anyOf": [{"required": ["ids"]}, {"required": ["refs"]},
                                          {"required": ["group"]}],
                                "properties": {
-                                   "ids": {"type": "array", "minItems": 1, "items": {
+                                   "ids": {"type": "array", "items": {
                                        "type": "integer", "minimum": 1,
                                        "maximum": 2**63 - 1}},
-                                   "refs": REFS,
+                                   "refs": {**REFS, "minItems": 0},
                                    "group": PROPERTIES["group"], "kill": {"type": "boolean"}}}}}},
                 "responses": {"200": response({"type": "object", "properties": {
                     "jobs": {"type": "array", "items": JOB},
