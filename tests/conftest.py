@@ -63,7 +63,14 @@ class SimMachine:
         return env
 
     def cli(self, *args: str, check: bool = False, timeout: float = 60,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+            env: dict[str, str] | None = None,
+            process: bool = False) -> subprocess.CompletedProcess[str]:
+        """``gpuwarden ARGS``: in this process where that is the same (see
+        ``daemon_fixture.in_process_ok``), else, or with ``process``, in its own."""
+        from tests.integration.daemon_fixture import in_process_ok
+
+        if not process and in_process_ok(args):
+            return run_in_process(env or self.env, *args, check=check)
         r = subprocess.run([sys.executable, "-m", "gpuwarden", *args], env=env or self.env,
                            capture_output=True, text=True, timeout=timeout)
         if check and r.returncode != 0:

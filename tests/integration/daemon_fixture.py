@@ -25,9 +25,13 @@ from tests.conftest import EXAMPLES, SRC, json_answer, run_in_process, wait_for
 
 PY = sys.executable
 ASKS_ONLY = frozenset({"status", "ps", "leaks", "report", "show", "doctor", "reap", "clean",
-                       "hold"})
-"""Commands that send the daemon requests and print its answers, nothing else: no exec,
-no daemon started, no terminal (``Daemon.json`` runs them in this process)."""
+                       "hold", "submit", "cancel", "rm", "release", "retry", "edit",
+                       "unreserve", "logs", "config"})
+"""Commands that send the daemon requests (or read the machine) and print the answers,
+nothing else: no exec, no daemon started, no terminal, no wait without end. ``cli`` runs
+them in this process (``run_in_process``: the same words and exit status), unless they
+loop (``LOOPS``), run as another user, or the test asks for a process of their own."""
+LOOPS = frozenset({"--watch", "-f", "--follow"})
 STARTED: set[Path] = set()
 """Homes of every daemon a test started: ``stop_all`` ends what is left of them."""
 
@@ -42,8 +46,13 @@ class Daemon:
         return self.home / "gpuwarden.sock"
 
     def cli(self, *args: str, check: bool = False, timeout: float = 60,
-            env: dict[str, str] | None = None,
-            prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+            env: dict[str, str] | None = None, prefix: tuple[str, ...] = (),
+            process: bool = False) -> subprocess.CompletedProcess[str]:
+        """``gpuwarden ARGS``: in this process where that is the same (``ASKS_ONLY``),
+        else, or with ``process``, in a process of its own (an interpreter each was
+        about a sixth of the suite's CPU)."""
+        if not (process or prefix) and in_process_ok(args):
+            return run_in_process(env or self.env, *args, check=check)
         r = subprocess.run([*prefix, PY, "-m", "gpuwarden", *args], env=env or self.env,
                            capture_output=True, text=True, timeout=timeout)
         if check and r.returncode != 0:
@@ -52,10 +61,8 @@ class Daemon:
         return r
 
     def json(self, *args: str) -> Any:
-        """What ``gpuwarden ARGS --json`` prints, parsed; the commands that only ask the
-        daemon or read the machine are run in this process (``in_process``)."""
-        run = self.in_process if args and args[0] in ASKS_ONLY else self.cli
-        return json_answer(run(*args, "--json"), args)
+        """What ``gpuwarden ARGS --json`` prints, parsed."""
+        return json_answer(self.cli(*args, "--json"), args)
 
     def submit(self, *args: str, cmd: list[str] | None = None) -> int:
         """A job submitted with ``gpuwarden submit ARGS -- CMD``, for set-up: the CLI run
@@ -126,6 +133,12 @@ class Daemon:
 
     def stop(self) -> None:
         self.in_process("daemon", "stop")
+
+
+def in_process_ok(args: tuple[str, ...]) -> bool:
+    """Whether ``gpuwarden ARGS`` may run in this process: it only asks and prints
+    (``ASKS_ONLY``) and does not loop until interrupted (``LOOPS``)."""
+    return bool(args) and args[0] in ASKS_ONLY and not LOOPS.intersection(args)
 
 
 def make_env(tmp: Path, scenario: Path) -> dict[str, str]:

@@ -150,6 +150,7 @@ def test_hold_release_retry_key_rm_and_clean(daemon: Daemon) -> None:
     b = daemon.cli("submit", "--key", "nightly", "--json", "--", PY, "-c", "pass", check=True)
     assert json.loads(a.stdout)["id"] == json.loads(b.stdout)["id"]
     assert json.loads(b.stdout)["created"] is False
+    daemon.cli("wait", str(json.loads(a.stdout)["id"]))  # ended before clean looks
 
     failing = daemon.submit(cmd=sim_job("1G", 0, "--exit-code", "2"))
     daemon.cli("wait", str(failing))
@@ -157,6 +158,7 @@ def test_hold_release_retry_key_rm_and_clean(daemon: Daemon) -> None:
     j = daemon.job(failing)
     assert j["attempts"] == 1 and "retried" in [e["kind"] for e in j["events"]]
     daemon.cli("wait", str(failing))
+    daemon.wait_for_release(failing)  # clean keeps a job until its memory is back
 
     daemon.cli("rm", str(held), check=True)
     assert daemon.cli("show", str(held)).returncode != 0

@@ -124,7 +124,8 @@ def test_zombie_holding_memory_is_reported_and_parent_named(sim: SimMachine) -> 
     assert (leak["kind"], leak["pid"], leak["gpu"]) == ("zombie", job.pid, 1)
     assert leak["parent"] == os.getpid()
 
-    r = sim.cli("reap", "--yes", "--samples", "1", "--timeout", "1", "--json")
+    # A process of its own: in this one, reap would signal the zombie's parent, itself.
+    r = sim.cli("reap", "--yes", "--samples", "1", "--timeout", "1", "--json", process=True)
     assert r.returncode == 1, "memory still held must be a non-zero exit"
     import json
 
