@@ -16,6 +16,7 @@ demo: $(BIN)/gpuwarden
 
 lint: $(BIN)/gpuwarden
 	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
 
 # Four workers keep two cores busy (tests wait on daemons and jobs between bursts); a

@@ -68,12 +68,14 @@ def mem_available() -> int | None:
 
 def machine() -> dict[str, Any]:
     """Facts that make two result files comparable (or not)."""
-    psmisc = subprocess.run(["/usr/bin/fuser", "--version"], capture_output=True, text=True,
-                            check=False)
+    psmisc = subprocess.run(
+        ["/usr/bin/fuser", "--version"], capture_output=True, text=True, check=False
+    )
     fuser_version = (psmisc.stdout + psmisc.stderr).splitlines()[0:1]
     mem = _read("/proc/meminfo") or ""
-    total = next((int(x.split()[1]) * 1024 for x in mem.splitlines()
-                  if x.startswith("MemTotal:")), None)
+    total = next(
+        (int(x.split()[1]) * 1024 for x in mem.splitlines() if x.startswith("MemTotal:")), None
+    )
     return {
         "nproc": os.cpu_count(),
         "cpu_model": cpu_model(),

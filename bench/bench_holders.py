@@ -116,8 +116,12 @@ def plan(requested: int) -> tuple[int, dict[str, Any], list[str]]:
     avail = mem_available()
     limits: dict[str, Any] = {
         "rlimit_nproc": None if nproc_soft == resource.RLIM_INFINITY else nproc_soft,
-        "pid_max": pid_max, "threads_max": threads_max, "tasks_now": tasks,
-        "pids_cgroup_max": cg_max, "pids_cgroup_current": cg_cur, "mem_available": avail,
+        "pid_max": pid_max,
+        "threads_max": threads_max,
+        "tasks_now": tasks,
+        "pids_cgroup_max": cg_max,
+        "pids_cgroup_current": cg_cur,
+        "mem_available": avail,
         "euid": os.geteuid(),
     }
     margin = 512  # leave room for the rest of the machine
@@ -129,8 +133,12 @@ def plan(requested: int) -> tuple[int, dict[str, Any], list[str]]:
     if cg_max is not None:
         caps.append(("pids cgroup", cg_max - (cg_cur or tasks) - margin))
     if avail is not None:
-        caps.append(("memory (half of MemAvailable at 2 MiB a process)",
-                     avail // 2 // ASSUMED_BYTES_PER_PROC))
+        caps.append(
+            (
+                "memory (half of MemAvailable at 2 MiB a process)",
+                avail // 2 // ASSUMED_BYTES_PER_PROC,
+            )
+        )
     n = requested
     for why, cap in caps:
         if cap < n:
@@ -186,13 +194,20 @@ def _start_sleep(keep: tuple[int, ...], pgid: int, lifetime: int) -> subprocess.
         kwargs["process_group"] = pgid
     else:  # Python 3.10: slower (no vfork) but equivalent
         kwargs["preexec_fn"] = lambda: os.setpgid(0, pgid)
-    return subprocess.Popen([sleep, str(lifetime)], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            close_fds=True, pass_fds=keep, **kwargs)
+    return subprocess.Popen(
+        [sleep, str(lifetime)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        close_fds=True,
+        pass_fds=keep,
+        **kwargs,
+    )
 
 
-def _start_fork(keep: tuple[int, ...], pgid: int, lifetime: int, devnull: int,
-                parent_fds: tuple[int, ...]) -> int:
+def _start_fork(
+    keep: tuple[int, ...], pgid: int, lifetime: int, devnull: int, parent_fds: tuple[int, ...]
+) -> int:
     """A fork of this interpreter that keeps only ``keep`` (and /dev/null as 0-2) and
     pauses until killed or until ``lifetime`` seconds pass (SIGALRM, default action)."""
     pid = os.fork()
@@ -219,8 +234,9 @@ def _start_fork(keep: tuple[int, ...], pgid: int, lifetime: int, devnull: int,
 
 
 @contextlib.contextmanager
-def population(mix: str, n: int, n_holders: int, dev: Path, files_dir: Path, lifetime: int,
-               notes: list[str]) -> Iterator[Population]:
+def population(
+    mix: str, n: int, n_holders: int, dev: Path, files_dir: Path, lifetime: int, notes: list[str]
+) -> Iterator[Population]:
     """Start ``n`` idle processes of ``mix`` ("sleep" or "python"), ``n_holders`` of them
     holding simulated device files; kill and reap all of them on the way out."""
     rng = random.Random(5000)
@@ -230,8 +246,10 @@ def population(mix: str, n: int, n_holders: int, dev: Path, files_dir: Path, lif
         path.write_bytes(b"x" * 64)
         files.append(path)
     ordinary = [os.open(p, os.O_RDONLY) for p in files]
-    device_fds = {name: os.open(dev / name, os.O_RDWR)
-                  for name in [*(f"nvidia{i}" for i in range(GPUS)), "nvidiactl", "nvidia-uvm"]}
+    device_fds = {
+        name: os.open(dev / name, os.O_RDWR)
+        for name in [*(f"nvidia{i}" for i in range(GPUS)), "nvidiactl", "nvidia-uvm"]
+    }
     devnull = os.open(os.devnull, os.O_RDWR)
     own = [devnull, *ordinary, *device_fds.values()]
     parent_fds = tuple(sorted(int(fd) for fd in os.listdir("/proc/self/fd")))
@@ -328,19 +346,25 @@ def measure(mix: str, n: int, args: argparse.Namespace, notes: list[str]) -> dic
             device_files[p] = int(tail) if tail.isdigit() else None
         mem_before = mem_available()
         t0 = time.perf_counter()
-        with population(mix, n, args.holders, registry.dev_dir, files_dir, args.lifetime,
-                        notes) as group:
+        with population(
+            mix, n, args.holders, registry.dev_dir, files_dir, args.lifetime, notes
+        ) as group:
             spawn_s = time.perf_counter() - t0
             started = group.size
             mem_after = mem_available()
-            per_proc = (None if mem_before is None or mem_after is None or not started
-                        else (mem_before - mem_after) / started)
-            print(f"{mix}: started {started} processes ({len(group.holders)} holders) "
-                  f"in {spawn_s:.1f}s", file=sys.stderr)
+            per_proc = (
+                None
+                if mem_before is None or mem_after is None or not started
+                else (mem_before - mem_after) / started
+            )
+            print(
+                f"{mix}: started {started} processes ({len(group.holders)} holders) "
+                f"in {spawn_s:.1f}s",
+                file=sys.stderr,
+            )
             expected = set(group.holders)
             nprocs, nfds, maps = _proc_sizes(group.pids()[:: max(started // 50, 1)])
-            samples: dict[str, list[float]] = {"scan": [], "holders": [], "fuser": [],
-                                               "true": []}
+            samples: dict[str, list[float]] = {"scan": [], "holders": [], "fuser": [], "true": []}
             paired: list[float] = []
 
             def do_scan() -> set[int]:
@@ -356,13 +380,16 @@ def measure(mix: str, n: int, args: argparse.Namespace, notes: list[str]) -> dic
                 subprocess.run(["/bin/true"], check=True)
 
             steps: list[tuple[str, Callable[[], Any]]] = [
-                ("scan", do_scan), ("fuser", do_fuser), ("holders", do_holders),
-                ("true", do_true)]
+                ("scan", do_scan),
+                ("fuser", do_fuser),
+                ("holders", do_holders),
+                ("true", do_true),
+            ]
             for _, fn in steps:  # untimed warm-up (dentry caches for /proc/<pid>/fd)
                 fn()
             for r in range(args.rounds):
                 got: dict[str, float] = {}
-                for name, fn in (steps if r % 2 == 0 else steps[::-1]):
+                for name, fn in steps if r % 2 == 0 else steps[::-1]:
                     dt, found = _timed(fn)
                     samples[name].append(dt)
                     got[name] = dt
@@ -370,7 +397,8 @@ def measure(mix: str, n: int, args: argparse.Namespace, notes: list[str]) -> dic
                         raise AssertionError(
                             f"{mix}: {name} found {len(found)} holders, expected "
                             f"{len(expected)}: missing {sorted(expected - found)[:10]}, "
-                            f"extra {sorted(found - expected)[:10]}")
+                            f"extra {sorted(found - expected)[:10]}"
+                        )
                 paired.append(got["fuser"] / got["scan"])
             # Not only the pids: the devices each one holds must be right too.
             scanned = {h.pid: h.devices for h in scan_holders(device_files)}
@@ -409,9 +437,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     mixes = ["sleep", "python"] if args.mix == "both" else [args.mix]
     populations = {mix: measure(mix, n, args, notes) for mix in mixes}
     return {
-        "config": {"requested_procs": args.procs, "procs": n, "holders": args.holders,
-                   "rounds": args.rounds, "lifetime": args.lifetime, "gpus": GPUS,
-                   "device_files": GPUS + 2, "mixes": mixes},
+        "config": {
+            "requested_procs": args.procs,
+            "procs": n,
+            "holders": args.holders,
+            "rounds": args.rounds,
+            "lifetime": args.lifetime,
+            "gpus": GPUS,
+            "device_files": GPUS + 2,
+            "mixes": mixes,
+        },
         "limits": limits,
         "notes": notes,
         "populations": populations,
@@ -425,16 +460,29 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--procs", type=int, default=5000,
-                    help="processes to start per mix (default 5000)")
-    ap.add_argument("--holders", type=int, default=50,
-                    help="how many of them hold simulated device files (default 50)")
-    ap.add_argument("--mix", choices=("sleep", "python", "both"), default="both",
-                    help="sleep: `sleep` processes (few mappings, fuser's best case); "
-                         "python: forks of this interpreter (~200 mappings); both (default)")
+    ap.add_argument(
+        "--procs", type=int, default=5000, help="processes to start per mix (default 5000)"
+    )
+    ap.add_argument(
+        "--holders",
+        type=int,
+        default=50,
+        help="how many of them hold simulated device files (default 50)",
+    )
+    ap.add_argument(
+        "--mix",
+        choices=("sleep", "python", "both"),
+        default="both",
+        help="sleep: `sleep` processes (few mappings, fuser's best case); "
+        "python: forks of this interpreter (~200 mappings); both (default)",
+    )
     ap.add_argument("--rounds", type=int, default=11, help="timed rounds per mix (default 11)")
-    ap.add_argument("--lifetime", type=int, default=600,
-                    help="each process exits by itself after this many seconds (default 600)")
+    ap.add_argument(
+        "--lifetime",
+        type=int,
+        default=600,
+        help="each process exits by itself after this many seconds (default 600)",
+    )
     ap.add_argument("--json", type=Path, help="write the results here as JSON")
     args = ap.parse_args(argv)
     if not os.access(FUSER, os.X_OK):
@@ -445,14 +493,20 @@ def main(argv: list[str] | None = None) -> int:
     out = run(args)
     for mix, pop in out["populations"].items():
         res, ratios = pop["results"], pop["ratios"]
-        print(f"{mix}: {pop['procs']} processes, {pop['fds_scanned']} fds, "
-              f"{pop['maps_lines_median']:.0f} mappings each, {pop['holders']} holders; "
-              f"{pop['rounds']} rounds")
+        print(
+            f"{mix}: {pop['procs']} processes, {pop['fds_scanned']} fds, "
+            f"{pop['maps_lines_median']:.0f} mappings each, {pop['holders']} holders; "
+            f"{pop['rounds']} rounds"
+        )
         for name in ("scan", "holders", "fuser", "true"):
-            print(f"  {name:8s} median {ms(res[name]['median']):>10s}  "
-                  f"p95 {ms(res[name]['p95']):>10s}")
-        print(f"  fuser / scan: {ratios['fuser_over_scan']:.1f}x (medians), "
-              f"{ratios['fuser_over_scan_paired']:.1f}x (median of per-round ratios)")
+            print(
+                f"  {name:8s} median {ms(res[name]['median']):>10s}  "
+                f"p95 {ms(res[name]['p95']):>10s}"
+            )
+        print(
+            f"  fuser / scan: {ratios['fuser_over_scan']:.1f}x (medians), "
+            f"{ratios['fuser_over_scan_paired']:.1f}x (median of per-round ratios)"
+        )
     for note in out["notes"]:
         print(f"note: {note}")
     if args.json:

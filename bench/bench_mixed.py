@@ -61,8 +61,9 @@ def job_set(seed: int, total: int, count: int) -> list[dict[str, Any]]:
         seconds = float(rng.randint(4, 14))
         heavy = i % 4 == 3
         declared = size + int(1.5 * GiB)
-        jobs.append({"bytes": size, "seconds": seconds, "heavy": heavy, "mem": declared,
-                     "retries": 0})
+        jobs.append(
+            {"bytes": size, "seconds": seconds, "heavy": heavy, "mem": declared, "retries": 0}
+        )
     # One under-declared job: it runs out of memory under its cap and is retried bigger.
     jobs[count // 2]["mem"] = int(jobs[count // 2]["bytes"] * 0.8)
     jobs[count // 2]["retries"] = 2
@@ -74,25 +75,37 @@ class GpuDaemon:
         self.root = Path(tempfile.mkdtemp(prefix="gwm-"))
         self.home = self.root / "home"
         self.home.mkdir()
-        (self.home / "config.toml").write_text(
-            'interval = "200ms"\nretry_backoff = "1s"\n')
+        (self.home / "config.toml").write_text('interval = "200ms"\nretry_backoff = "1s"\n')
         src = str(Path(__file__).resolve().parents[1] / "src")
-        self.env = {k: v for k, v in os.environ.items()
-                    if not k.startswith(("GPUWARDEN_", "CUDA_VISIBLE"))}
-        self.env.update(GPUWARDEN_HOME=str(self.home),
-                        PYTHONPATH=os.pathsep.join(filter(None, [src, self.env.get(
-                            "PYTHONPATH")])))
+        self.env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("GPUWARDEN_", "CUDA_VISIBLE"))
+        }
+        self.env.update(
+            GPUWARDEN_HOME=str(self.home),
+            PYTHONPATH=os.pathsep.join(filter(None, [src, self.env.get("PYTHONPATH")])),
+        )
 
     def cli(self, *args: str) -> str:
-        r = subprocess.run([sys.executable, "-m", "gpuwarden", *args], env=self.env,
-                           capture_output=True, text=True, timeout=600, check=False)
+        r = subprocess.run(
+            [sys.executable, "-m", "gpuwarden", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
         if r.returncode != 0 and args[0] != "wait":
             raise RuntimeError(f"gpuwarden {' '.join(args)}: {r.stderr}")
         return r.stdout
 
     def close(self) -> None:
-        subprocess.run([sys.executable, "-m", "gpuwarden", "daemon", "stop"], env=self.env,
-                       capture_output=True, timeout=60, check=False)
+        subprocess.run(
+            [sys.executable, "-m", "gpuwarden", "daemon", "stop"],
+            env=self.env,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -108,8 +121,17 @@ def run(jobs: list[dict[str, Any]], packed: bool) -> dict[str, Any]:
         t0 = time.time()
         for j in jobs:
             opts = ["--mem", f"{j['mem']}B", "--retries", str(j["retries"])] if packed else []
-            out = d.cli("submit", *opts, "--", sys.executable, "-c", JOB, str(j["bytes"]),
-                        str(j["seconds"]), "1" if j["heavy"] else "0")
+            out = d.cli(
+                "submit",
+                *opts,
+                "--",
+                sys.executable,
+                "-c",
+                JOB,
+                str(j["bytes"]),
+                str(j["seconds"]),
+                "1" if j["heavy"] else "0",
+            )
             ids.append(int(out))
         for jid in ids:
             d.cli("wait", str(jid))
@@ -130,17 +152,36 @@ def run(jobs: list[dict[str, Any]], packed: bool) -> dict[str, Any]:
         "oom_events": sum(k.count("oom") for k in kinds),
         "oom_retried": sum(k.count("retried") for k in kinds),
         "most_at_once": _most_at_once(starts, ends),
-        "peaks_over_budget": sum(1 for j in shown if j["peak_memory"] and j["budget"]
-                                 and j["peak_memory"] > j["budget"]),
-        "jobs": [{**{k: j[k] for k in ("id", "state", "mem", "budget", "peak_memory",
-                                       "oom_retries", "started_at", "ended_at")},
-                  "oom": "oom" in k} for j, k in zip(shown, kinds, strict=True)],
+        "peaks_over_budget": sum(
+            1 for j in shown if j["peak_memory"] and j["budget"] and j["peak_memory"] > j["budget"]
+        ),
+        "jobs": [
+            {
+                **{
+                    k: j[k]
+                    for k in (
+                        "id",
+                        "state",
+                        "mem",
+                        "budget",
+                        "peak_memory",
+                        "oom_retries",
+                        "started_at",
+                        "ended_at",
+                    )
+                },
+                "oom": "oom" in k,
+            }
+            for j, k in zip(shown, kinds, strict=True)
+        ],
     }
 
 
 def _most_at_once(starts: list[float | None], ends: list[float]) -> int:
-    points = sorted([(s, 1) for s in starts if s is not None] +
-                    [(e, -1) for s, e in zip(starts, ends, strict=True) if s is not None])
+    points = sorted(
+        [(s, 1) for s in starts if s is not None]
+        + [(e, -1) for s, e in zip(starts, ends, strict=True) if s is not None]
+    )
     most = cur = 0
     for _, step in points:
         cur += step
@@ -164,21 +205,30 @@ def main() -> int:
     results = {("packed" if p else "whole"): run(jobs, p) for p in order}
     packed, whole = results["packed"], results["whole"]
     summary = {
-        "gpu": props.name, "gpu_memory": total, "torch": torch.__version__,
-        "seed": args.seed, "order": args.order, "job_set": jobs,
+        "gpu": props.name,
+        "gpu_memory": total,
+        "torch": torch.__version__,
+        "seed": args.seed,
+        "order": args.order,
+        "job_set": jobs,
         "results": results,
         "makespan_ratio": packed["makespan_s"] / whole["makespan_s"],
         "goal": "makespan <= 0.5x of one-at-a-time with zero neighbour OOMs",
         # OOMs of jobs that declared enough: a neighbour took their memory. The one
         # under-declared job's own OOM (and retry) does not count.
-        "neighbour_ooms": sum(1 for spec, j in zip(jobs, packed["jobs"], strict=True)
-                              if j["oom"] and not spec["retries"]),
+        "neighbour_ooms": sum(
+            1
+            for spec, j in zip(jobs, packed["jobs"], strict=True)
+            if j["oom"] and not spec["retries"]
+        ),
     }
     for name, r in results.items():
-        print(f"{name}: makespan {r['makespan_s']:.1f} s, mean wait {r['mean_wait_s']:.1f} s, "
-              f"{r['succeeded']} ok / {r['failed']} failed, {r['oom_events']} OOM "
-              f"({r['oom_retried']} retried), up to {r['most_at_once']} at once",
-              file=sys.stderr)
+        print(
+            f"{name}: makespan {r['makespan_s']:.1f} s, mean wait {r['mean_wait_s']:.1f} s, "
+            f"{r['succeeded']} ok / {r['failed']} failed, {r['oom_events']} OOM "
+            f"({r['oom_retried']} retried), up to {r['most_at_once']} at once",
+            file=sys.stderr,
+        )
     print(f"makespan ratio packed/whole: {summary['makespan_ratio']:.2f}", file=sys.stderr)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

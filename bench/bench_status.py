@@ -45,9 +45,11 @@ from gen_scenario import write as write_scenario
 
 TARGET_SECONDS = 0.100  # the issue's goal for a one-shot status
 # Every module `status --json` imports, without doing any work: start-up + imports.
-STATUS_IMPORTS = ("import gpuwarden.cli.main, gpuwarden.cli.status, gpuwarden.cli.common, "
-                  "gpuwarden.gpus.backend, gpuwarden.gpus.sim, gpuwarden.observe.jsonview, "
-                  "gpuwarden.observe.leaks, gpuwarden.observe.snapshot")
+STATUS_IMPORTS = (
+    "import gpuwarden.cli.main, gpuwarden.cli.status, gpuwarden.cli.common, "
+    "gpuwarden.gpus.backend, gpuwarden.gpus.sim, gpuwarden.observe.jsonview, "
+    "gpuwarden.observe.leaks, gpuwarden.observe.snapshot"
+)
 
 
 def _env(scenario: Path, state: Path, pycache: Path) -> dict[str, str]:
@@ -91,8 +93,9 @@ def _in_process_once(*, json_out: bool = True, table: bool = True) -> dict[str, 
         io.StringIO().write("\n".join(render(snap, leaks, (), None, None, Ink(False), 80)))
     t5 = time.perf_counter()
     b.close()
-    t.update(open_backend=t1 - t0, take_snapshot=t2 - t1, find_leaks=t3 - t2, json=t4 - t3,
-             table=t5 - t4)
+    t.update(
+        open_backend=t1 - t0, take_snapshot=t2 - t1, find_leaks=t3 - t2, json=t4 - t3, table=t5 - t4
+    )
     t["total_json"] = t4 - t0
     t["total_table"] = (t5 - t4) + (t3 - t0)
     return t
@@ -133,11 +136,12 @@ def _hotspots(path: str, limit: int = 10) -> dict[str, Any]:
         elif "lib/python" in filename:  # the standard library: drop lib/pythonX.Y/
             short = filename.split("lib/python", 1)[1].partition("/")[2]
         where = func if short == "~" else f"{short}:{line}({func})"
-        rows.append({"function": where, "calls": ncalls, "own": tottime,
-                     "cumulative": cumtime})
+        rows.append({"function": where, "calls": ncalls, "own": tottime, "cumulative": cumtime})
     rows.sort(key=lambda r: -r["own"])
-    return {"functions": rows[:limit],
-            "packages": dict(sorted(by_package.items(), key=lambda kv: -kv[1]))}
+    return {
+        "functions": rows[:limit],
+        "packages": dict(sorted(by_package.items(), key=lambda kv: -kv[1])),
+    }
 
 
 def in_process(runs: int) -> dict[str, Any]:
@@ -149,8 +153,9 @@ def in_process(runs: int) -> dict[str, Any]:
     return {k: summarize(v) for k, v in samples.items()}
 
 
-def _check_outputs(cmds: dict[str, list[str]], env: dict[str, str], gpus: int,
-                   per_gpu: int) -> dict[str, Any]:
+def _check_outputs(
+    cmds: dict[str, list[str]], env: dict[str, str], gpus: int, per_gpu: int
+) -> dict[str, Any]:
     """Run each status command once, capturing output, and check that it is whole."""
     r = subprocess.run(cmds["status --json"], env=env, capture_output=True, check=True)
     data = json.loads(r.stdout)
@@ -163,11 +168,14 @@ def _check_outputs(cmds: dict[str, list[str]], env: dict[str, str], gpus: int,
         raise AssertionError("status printed no process table")
     for out in (r, t):
         if out.stderr.strip():
-            print(f"stderr of {' '.join(out.args)}: {out.stderr.decode()[-300:]}",
-                  file=sys.stderr)
-    return {"json_bytes": len(r.stdout), "table_bytes": len(t.stdout),
-            "table_lines": table.count("\n"), "leaks": len(data["leaks"]),
-            "holders": len(data["holders"])}
+            print(f"stderr of {' '.join(out.args)}: {out.stderr.decode()[-300:]}", file=sys.stderr)
+    return {
+        "json_bytes": len(r.stdout),
+        "table_bytes": len(t.stdout),
+        "table_lines": table.count("\n"),
+        "leaks": len(data["leaks"]),
+        "holders": len(data["holders"]),
+    }
 
 
 def cli(rounds: int, env: dict[str, str], gpus: int, per_gpu: int) -> dict[str, Any]:
@@ -189,22 +197,24 @@ def cli(rounds: int, env: dict[str, str], gpus: int, per_gpu: int) -> dict[str, 
     def runner(argv: list[str]) -> Callable[[], None]:
         def go() -> None:
             subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, check=True)
+
         return go
 
     names = list(cmds)
     samples: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             fn = runner(cmds[name])
             t0 = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - t0)
     out = {n: summarize(v) for n, v in samples.items()}
-    shown = {n: " ".join([Path(c[0]).name, *(repr(a) if " " in a else a for a in c[1:])])
-             for n, c in cmds.items()}
+    shown = {
+        n: " ".join([Path(c[0]).name, *(repr(a) if " " in a else a for a in c[1:])])
+        for n, c in cmds.items()
+    }
     shown["status's imports"] = "python -c 'import …' (every module status loads)"
-    return {"commands": shown,
-            "results": out, "output": output}
+    return {"commands": shown, "results": out, "output": output}
 
 
 def _until_served(argv: list[str], env: dict[str, str], timeout: float = 60) -> bytes:
@@ -240,9 +250,11 @@ def daemon_served(rounds: int, env: dict[str, str], gpus: int, per_gpu: int) -> 
         "leaks --json (daemon)": [exe, "leaks", "--json"],
         "status --json --fresh (daemon running)": [exe, "status", "--json", "--fresh"],
     }
-    served_mark = {"status --json (daemon)": b'"daemon":{"age"',
-                   "status (daemon)": b"from the daemon's snapshot",
-                   "leaks --json (daemon)": b'"daemon":{"age"'}
+    served_mark = {
+        "status --json (daemon)": b'"daemon":{"age"',
+        "status (daemon)": b"from the daemon's snapshot",
+        "leaks --json (daemon)": b'"daemon":{"age"',
+    }
     subprocess.run([exe, "daemon", "start"], env=denv, check=True, capture_output=True)
     try:
         doc = json.loads(_until_served(cmds["status --json (daemon)"], denv))
@@ -254,7 +266,7 @@ def daemon_served(rounds: int, env: dict[str, str], gpus: int, per_gpu: int) -> 
         ages: list[float] = []
         missed = {n: 0 for n in served_mark}
         for r in range(rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 t0 = time.perf_counter()
                 run = subprocess.run(cmds[name], env=denv, capture_output=True)
                 took = time.perf_counter() - t0
@@ -272,29 +284,37 @@ def daemon_served(rounds: int, env: dict[str, str], gpus: int, per_gpu: int) -> 
     out_ = {n: summarize(v) for n, v in samples.items()}
     shown = {n: " ".join([Path(c[0]).name, *c[1:]]) for n, c in cmds.items()}
     base = out_["python -c pass"]["median"]
-    return {"commands": shown, "results": out_, "snapshot_age": summarize(ages),
-            "not_served": missed,
-            "ratio_to_python": {n: v["median"] / base for n, v in out_.items()
-                                if n != "python -c pass"}}
+    return {
+        "commands": shown,
+        "results": out_,
+        "snapshot_age": summarize(ages),
+        "not_served": missed,
+        "ratio_to_python": {
+            n: v["median"] / base for n, v in out_.items() if n != "python -c pass"
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--scenario", type=Path,
-                    help="scenario file (default: generate 8 GPUs x 200 processes)")
+    ap.add_argument(
+        "--scenario", type=Path, help="scenario file (default: generate 8 GPUs x 200 processes)"
+    )
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--per-gpu", type=int, default=200)
     ap.add_argument("--runs", type=int, default=30, help="in-process runs (default 30)")
-    ap.add_argument("--cli-runs", type=int, default=15,
-                    help="rounds of subprocess runs (default 15)")
+    ap.add_argument(
+        "--cli-runs", type=int, default=15, help="rounds of subprocess runs (default 15)"
+    )
     ap.add_argument("--json", type=Path, help="write the results here as JSON")
     args = ap.parse_args(argv)
     facts = machine()  # before any work, so the load average is the machine's own
 
     tmp = Path(tempfile.mkdtemp(prefix="gpuwarden-bench-status-"))
     try:
-        scenario: Path = args.scenario or write_scenario(tmp / "scenario.json", args.gpus,
-                                                         args.per_gpu)
+        scenario: Path = args.scenario or write_scenario(
+            tmp / "scenario.json", args.gpus, args.per_gpu
+        )
         env = _env(scenario.resolve(), tmp / "state", tmp / "pycache")
         os.environ.update({k: env[k] for k in ("GPUWARDEN_SIM", "GPUWARDEN_SIM_STATE")})
         data = json.loads(scenario.read_text())
@@ -311,11 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     med = {k: v["median"] for k, v in res.items()}
     out = {
         "scenario": {
-            "source": str(args.scenario) if args.scenario else
-            f"bench/gen_scenario.py --gpus {args.gpus} --per-gpu {args.per_gpu} --seed 1",
-            "sha256": hashlib.sha256(
-                json.dumps(data, sort_keys=True).encode()).hexdigest()[:16],
-            "gpus": gpus, "processes": len(data["processes"]),
+            "source": str(args.scenario)
+            if args.scenario
+            else f"bench/gen_scenario.py --gpus {args.gpus} --per-gpu {args.per_gpu} --seed 1",
+            "sha256": hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16],
+            "gpus": gpus,
+            "processes": len(data["processes"]),
             "declared_holders": len(data.get("holders", [])),
         },
         "status_imports": STATUS_IMPORTS,
@@ -347,14 +368,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"with a daemon running ({args.cli_runs} rounds), median / p95, x python -c pass:")
     for k, v in served["results"].items():
         ratio = served["ratio_to_python"].get(k)
-        print(f"  {k:38s} {ms(v['median']):>10s} {ms(v['p95']):>10s}"
-              + ("" if ratio is None else f" {ratio:5.1f}x"))
+        print(
+            f"  {k:38s} {ms(v['median']):>10s} {ms(v['p95']):>10s}"
+            + ("" if ratio is None else f" {ratio:5.1f}x")
+        )
     d = out["derived"]
-    print(f"import overhead (--help minus python -c pass): {ms(d['import_overhead'])}; "
-          f"status's imports: {ms(d['status_import_overhead'])}")
-    print(f"target {ms(TARGET_SECONDS)}: status --json "
-          f"{'met' if d['status_json_meets_target'] else 'MISSED'}, status (table) "
-          f"{'met' if d['status_table_meets_target'] else 'MISSED'}")
+    print(
+        f"import overhead (--help minus python -c pass): {ms(d['import_overhead'])}; "
+        f"status's imports: {ms(d['status_import_overhead'])}"
+    )
+    print(
+        f"target {ms(TARGET_SECONDS)}: status --json "
+        f"{'met' if d['status_json_meets_target'] else 'MISSED'}, status (table) "
+        f"{'met' if d['status_table_meets_target'] else 'MISSED'}"
+    )
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     return 0

@@ -101,8 +101,11 @@ def generate(n: int, gib: int, seed: int, *, stream_hours: float = 0.0) -> list[
     return jobs
 
 
-def without_timeouts(jobs: list[TraceJob], seed: int, learned: float = 0.0,
-                     ) -> list[TraceJob]:
+def without_timeouts(
+    jobs: list[TraceJob],
+    seed: int,
+    learned: float = 0.0,
+) -> list[TraceJob]:
     """The same jobs with no ``--timeout``; with ``learned`` > 0, that share of them has a
     run time learned from earlier runs, 0.7-1.3× the true one."""
     rng = random.Random(seed + 17)
@@ -119,6 +122,7 @@ def lower_bound(jobs: list[TraceJob], gpus: int, gib: int) -> float:
 
 
 # -- the replays ------------------------------------------------------------------------
+
 
 @dataclass
 class Outcome:
@@ -144,8 +148,7 @@ def _run(jobs: list[TraceJob], decide: Any) -> Outcome:
         elif ends:
             nxt = ends[0][0]
         else:
-            raise RuntimeError(f"{len(queued)} jobs can never start: "
-                               f"{[j.id for j in queued[:5]]}")
+            raise RuntimeError(f"{len(queued)} jobs can never start: {[j.id for j in queued[:5]]}")
         now = nxt
         finished = []
         while ends and ends[0][0] <= now:
@@ -166,22 +169,35 @@ def _run(jobs: list[TraceJob], decide: Any) -> Outcome:
     return out
 
 
-def replay_gpuwarden(jobs: list[TraceJob], gpus: int, gib: int, *,
-                     backfill: bool = True) -> Outcome:
-    state = [GpuState(index=k, uuid=f"GPU-{k}", total=gib * GiB, reserve=RESERVE)
-             for k in range(gpus)]
+def replay_gpuwarden(
+    jobs: list[TraceJob], gpus: int, gib: int, *, backfill: bool = True
+) -> Outcome:
+    state = [
+        GpuState(index=k, uuid=f"GPU-{k}", total=gib * GiB, reserve=RESERVE) for k in range(gpus)
+    ]
     policy = Policy(aging=3600.0, backfill=backfill, preemption=False)
     views: dict[int, QueuedJob] = {}
 
-    def decide(now: float, queued: list[TraceJob], finished: list[int],
-               out: Outcome) -> list[int]:
+    def decide(now: float, queued: list[TraceJob], finished: list[int], out: Outcome) -> list[int]:
         nonlocal state
         state = release(state, set(finished))
         if not queued:
             return []
-        queue = [views.setdefault(j.id, QueuedJob(
-            id=j.id, user=f"u{j.id % 7}", mem=j.mem, count=j.count, submitted_at=j.submit,
-            runtime=j.timeout, estimate=j.estimate)) for j in queued]
+        queue = [
+            views.setdefault(
+                j.id,
+                QueuedJob(
+                    id=j.id,
+                    user=f"u{j.id % 7}",
+                    mem=j.mem,
+                    count=j.count,
+                    submitted_at=j.submit,
+                    runtime=j.timeout,
+                    estimate=j.estimate,
+                ),
+            )
+            for j in queued
+        ]
         t0 = time.perf_counter()
         decisions = plan(state, queue, 0.0, now=now, policy=policy)
         out.plan_seconds.append(time.perf_counter() - t0)
@@ -200,8 +216,7 @@ def replay_whole_fifo(jobs: list[TraceJob], gpus: int, gib: int) -> Outcome:
     busy: dict[int, int] = {}  # gpu -> job id
     held: dict[int, list[int]] = {}
 
-    def decide(now: float, queued: list[TraceJob], finished: list[int],
-               out: Outcome) -> list[int]:
+    def decide(now: float, queued: list[TraceJob], finished: list[int], out: Outcome) -> list[int]:
         for jid in finished:
             for g in held.pop(jid, []):
                 busy.pop(g, None)
@@ -210,7 +225,7 @@ def replay_whole_fifo(jobs: list[TraceJob], gpus: int, gib: int) -> Outcome:
             idle = [g for g in range(gpus) if g not in busy]
             if len(idle) < j.count:
                 break
-            held[j.id] = idle[:j.count]
+            held[j.id] = idle[: j.count]
             for g in held[j.id]:
                 busy[g] = j.id
             started.append(j.id)
@@ -219,13 +234,11 @@ def replay_whole_fifo(jobs: list[TraceJob], gpus: int, gib: int) -> Outcome:
     return _run(jobs, decide)
 
 
-def replay_first_fit(jobs: list[TraceJob], gpus: int, gib: int, *,
-                     best: bool = False) -> Outcome:
+def replay_first_fit(jobs: list[TraceJob], gpus: int, gib: int, *, best: bool = False) -> Outcome:
     used = [0] * gpus
     held: dict[int, tuple[list[int], int]] = {}
 
-    def decide(now: float, queued: list[TraceJob], finished: list[int],
-               out: Outcome) -> list[int]:
+    def decide(now: float, queued: list[TraceJob], finished: list[int], out: Outcome) -> list[int]:
         for jid in finished:
             gs, mem = held.pop(jid)
             for g in gs:
@@ -235,7 +248,7 @@ def replay_first_fit(jobs: list[TraceJob], gpus: int, gib: int, *,
             ok = [g for g in range(gpus) if gib * GiB - used[g] - MARGIN >= j.mem]
             if best:  # the fullest GPUs that still hold it
                 ok.sort(key=lambda g: -used[g])
-            ok = ok[:j.count]
+            ok = ok[: j.count]
             if len(ok) < j.count:
                 continue
             for g in ok:
@@ -253,18 +266,32 @@ def measure(jobs: list[TraceJob], out: Outcome, gpus: int, gib: int) -> dict[str
     first = min(j.submit for j in jobs)
     makespan = max(out.ends.values()) - first
     area = sum(j.mem * j.count * j.duration for j in jobs)
-    return {"makespan_s": makespan, "mean_wait_s": sum(waits) / len(waits),
-            "p95_wait_s": percentile(waits, 95), "max_wait_large_s": max(large or [0.0]),
-            "mem_utilization": area / (gpus * gib * GiB * makespan)}
+    return {
+        "makespan_s": makespan,
+        "mean_wait_s": sum(waits) / len(waits),
+        "p95_wait_s": percentile(waits, 95),
+        "max_wait_large_s": max(large or [0.0]),
+        "mem_utilization": area / (gpus * gib * GiB * makespan),
+    }
 
 
 def decision_time(gpus: int, gib: int, queued: int, seed: int) -> dict[str, Any]:
     """One plan() over ``queued`` waiting jobs on busy GPUs, per job (the daemon's pass)."""
     jobs = generate(queued, gib, seed + 1)
-    state = [GpuState(index=k, uuid=f"GPU-{k}", total=gib * GiB, reserve=RESERVE)
-             for k in range(gpus)]
-    queue = [QueuedJob(id=j.id, user=f"u{j.id % 50}", mem=j.mem, count=j.count,
-                       submitted_at=j.submit, runtime=j.timeout) for j in jobs]
+    state = [
+        GpuState(index=k, uuid=f"GPU-{k}", total=gib * GiB, reserve=RESERVE) for k in range(gpus)
+    ]
+    queue = [
+        QueuedJob(
+            id=j.id,
+            user=f"u{j.id % 50}",
+            mem=j.mem,
+            count=j.count,
+            submitted_at=j.submit,
+            runtime=j.timeout,
+        )
+        for j in jobs
+    ]
     policy = Policy(aging=3600.0, backfill=True, preemption=False)
     times = []
     for _ in range(5):
@@ -283,14 +310,21 @@ def replay_best_fit(jobs: list[TraceJob], gpus: int, gib: int) -> Outcome:
     return replay_first_fit(jobs, gpus, gib, best=True)
 
 
-POLICIES = {"gpuwarden": replay_gpuwarden, "gpuwarden, backfill off": replay_gpuwarden_no_backfill,
-            "whole-fifo": replay_whole_fifo, "first-fit": replay_first_fit,
-            "best-fit": replay_best_fit}
+POLICIES = {
+    "gpuwarden": replay_gpuwarden,
+    "gpuwarden, backfill off": replay_gpuwarden_no_backfill,
+    "whole-fifo": replay_whole_fifo,
+    "first-fit": replay_first_fit,
+    "best-fit": replay_best_fit,
+}
 WORKLOADS = (  # name, arrivals (stream or burst), timeouts ("timeout", "none", "learned")
-    ("burst", False, "timeout"), ("stream", True, "timeout"),
-    ("burst, no timeout", False, "none"), ("stream, no timeout", True, "none"),
+    ("burst", False, "timeout"),
+    ("stream", True, "timeout"),
+    ("burst, no timeout", False, "none"),
+    ("stream, no timeout", True, "none"),
     ("burst, learned run times", False, "learned"),
-    ("stream, learned run times", True, "learned"))
+    ("stream, learned run times", True, "learned"),
+)
 
 
 def longest_first(jobs: list[TraceJob]) -> list[TraceJob]:
@@ -301,8 +335,13 @@ def longest_first(jobs: list[TraceJob]) -> list[TraceJob]:
     return [replace(j, id=i + 1) for i, j in enumerate(ranked)]
 
 
-def window_sweep(n: int, gpus: int, gib: int, seed: int, hours: float,
-                 ) -> dict[str, dict[str, dict[str, float]]]:
+def window_sweep(
+    n: int,
+    gpus: int,
+    gib: int,
+    seed: int,
+    hours: float,
+) -> dict[str, dict[str, dict[str, float]]]:
     """gpuwarden on the traces without timeouts with other best-fit windows (1: none,
     jobs behind the first waiting one start in queue order): the trade it makes."""
     from gpuwarden.sched import queue
@@ -338,8 +377,22 @@ SIZES_GIB = (10, 12, 15, 20, 25, 30, 35, 40, 45, 50, 60, 70)  # set c's
 DURATIONS_S = (10, 12, 18, 20, 25, 35, 40, 45)
 
 
-SET_C = [(70, 12), (10, 45), (40, 18), (20, 10), (60, 10), (15, 35), (30, 18), (10, 20),
-         (50, 10), (25, 20), (35, 12), (10, 25), (45, 12), (12, 40)]  # GiB, s (section 7)
+SET_C = [
+    (70, 12),
+    (10, 45),
+    (40, 18),
+    (20, 10),
+    (60, 10),
+    (15, 35),
+    (30, 18),
+    (10, 20),
+    (50, 10),
+    (25, 20),
+    (35, 12),
+    (10, 25),
+    (45, 12),
+    (12, 40),
+]  # GiB, s (section 7)
 
 
 def peer_set(seed: int, n: int = 14) -> list[tuple[int, float]]:
@@ -356,10 +409,19 @@ def _held_for(mem: int, seconds: float) -> float:
 def h200_gpuwarden(jobs: list[tuple[int, float]], *, backfill: bool = True) -> float:
     """The makespan ``sched.queue.plan`` gives the set on the modelled H200, each job's
     memory back when its process has torn down (no runtimes: nobody gives --timeout)."""
-    state = [GpuState(index=0, uuid="GPU-0", total=H200_TOTAL, reserve=RESERVE,
-                      context=H200_CONTEXT, foreign_peak=H200_BASELINE)]
-    views = {i: QueuedJob(id=i, user="u", mem=m, submitted_at=i * 0.01)
-             for i, (m, _) in enumerate(jobs)}
+    state = [
+        GpuState(
+            index=0,
+            uuid="GPU-0",
+            total=H200_TOTAL,
+            reserve=RESERVE,
+            context=H200_CONTEXT,
+            foreign_peak=H200_BASELINE,
+        )
+    ]
+    views = {
+        i: QueuedJob(id=i, user="u", mem=m, submitted_at=i * 0.01) for i, (m, _) in enumerate(jobs)
+    }
     queued, ends, now = list(views), [], 0.0
     policy = Policy(aging=3600.0, backfill=backfill, preemption=False)
     while queued or ends:
@@ -435,8 +497,7 @@ def hindsight(jobs: list[tuple[int, float]], tries: int, seed: int) -> dict[str,
     for _ in range(tries):
         rng.shuffle(order)
         best = min(best, h200_in_order(jobs, order))
-    return {"longest_first_s": h200_in_order(jobs, longest), "best_order_s": best,
-            "tries": tries}
+    return {"longest_first_s": h200_in_order(jobs, longest), "best_order_s": best, "tries": tries}
 
 
 def peer_family(seeds: int) -> dict[str, Any]:
@@ -450,24 +511,39 @@ def peer_family(seeds: int) -> dict[str, Any]:
     gs = [h200_gpusched(j, s) for s, j in enumerate(sets)]
     default = queue.BEST_FIT_WINDOW
     set_c = [(g * GiB, float(t)) for g, t in SET_C]
-    out: dict[str, Any] = {"seeds": seeds, "jobs": 14, "teardown_s_per_gib": TEARDOWN_S_PER_GIB,
-                           "gpusched_mean_s": statistics.mean(gs), "policies": {},
-                           "set_c": {"gpuwarden_s": h200_gpuwarden(set_c),
-                                     "gpuwarden_no_teardown_s": _no_teardown(set_c),
-                                     "gpusched_s": h200_gpusched(set_c, 0),
-                                     "hindsight": hindsight(set_c, 30_000, 1)}}
+    out: dict[str, Any] = {
+        "seeds": seeds,
+        "jobs": 14,
+        "teardown_s_per_gib": TEARDOWN_S_PER_GIB,
+        "gpusched_mean_s": statistics.mean(gs),
+        "policies": {},
+        "set_c": {
+            "gpuwarden_s": h200_gpuwarden(set_c),
+            "gpuwarden_no_teardown_s": _no_teardown(set_c),
+            "gpusched_s": h200_gpusched(set_c, 0),
+            "hindsight": hindsight(set_c, 30_000, 1),
+        },
+    }
     try:
-        for name, window, backfill in (("window 1", 1, True), ("window 2", 2, True),
-                                       (f"window {default} (default)", default, True),
-                                       ("window 8", 8, True), ("backfill off", default, False)):
+        for name, window, backfill in (
+            ("window 1", 1, True),
+            ("window 2", 2, True),
+            (f"window {default} (default)", default, True),
+            ("window 8", 8, True),
+            ("backfill off", default, False),
+        ):
             queue.BEST_FIT_WINDOW = window
             gw = [h200_gpuwarden(j, backfill=backfill) for j in sets]
             ratios = [a / b for a, b in zip(gw, gs, strict=True)]
             out["policies"][name] = {
-                "mean_s": statistics.mean(gw), "ratio_mean": statistics.mean(ratios),
-                "ratio_p10": percentile(ratios, 10), "ratio_p50": percentile(ratios, 50),
-                "ratio_p90": percentile(ratios, 90), "wins": sum(r < 1 for r in ratios),
-                "worst": max(ratios)}
+                "mean_s": statistics.mean(gw),
+                "ratio_mean": statistics.mean(ratios),
+                "ratio_p10": percentile(ratios, 10),
+                "ratio_p50": percentile(ratios, 50),
+                "ratio_p90": percentile(ratios, 90),
+                "wins": sum(r < 1 for r in ratios),
+                "worst": max(ratios),
+            }
     finally:
         queue.BEST_FIT_WINDOW = default
     return out
@@ -481,25 +557,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--stream-hours", type=float, default=24.0)
     ap.add_argument("--queued", type=int, default=10_000)
-    ap.add_argument("--family", type=int, default=200,
-                    help="sets drawn like the H200's set c, for the peer-set family")
+    ap.add_argument(
+        "--family",
+        type=int,
+        default=200,
+        help="sets drawn like the H200's set c, for the peer-set family",
+    )
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args(argv)
     from gpuwarden.sched.queue import BEST_FIT_WINDOW, DEFAULT_STARVE_AFTER
 
-    result: dict[str, Any] = {"machine": machine(), "gpus": args.gpus, "gib": args.gib,
-                              "jobs": args.jobs, "seed": args.seed, "margin": MARGIN,
-                              "reserve": RESERVE, "best_fit_window": BEST_FIT_WINDOW,
-                              "starve_after": DEFAULT_STARVE_AFTER, "workloads": {}}
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "gpus": args.gpus,
+        "gib": args.gib,
+        "jobs": args.jobs,
+        "seed": args.seed,
+        "margin": MARGIN,
+        "reserve": RESERVE,
+        "best_fit_window": BEST_FIT_WINDOW,
+        "starve_after": DEFAULT_STARVE_AFTER,
+        "workloads": {},
+    }
     for name, streamed, timeouts in WORKLOADS:
         hours = args.stream_hours if streamed else 0.0
         jobs = generate(args.jobs, args.gib, args.seed, stream_hours=hours)
         if timeouts != "timeout":
             jobs = without_timeouts(jobs, args.seed, 0.8 if timeouts == "learned" else 0.0)
         kinds = {k: sum(1 for j in jobs if j.kind == k) for k in ("eval", "train", "multi")}
-        w: dict[str, Any] = {"hours": hours, "kinds": kinds, "timeouts": timeouts,
-                             "lower_bound_s": lower_bound(jobs, args.gpus, args.gib),
-                             "policies": {}}
+        w: dict[str, Any] = {
+            "hours": hours,
+            "kinds": kinds,
+            "timeouts": timeouts,
+            "lower_bound_s": lower_bound(jobs, args.gpus, args.gib),
+            "policies": {},
+        }
         for pname, fn in POLICIES.items():
             t0 = time.perf_counter()
             out = fn(jobs, args.gpus, args.gib)
@@ -511,17 +603,19 @@ def main(argv: list[str] | None = None) -> int:
                 m["plan_per_job_us_p50"] = percentile(per_job, 50) * 1e6
                 m["plan_per_job_us_max"] = max(per_job) * 1e6
             w["policies"][pname] = m
-            print(f"{name:26} {pname:24} makespan {m['makespan_s'] / 3600:6.2f} h  mean wait "
-                  f"{m['mean_wait_s'] / 3600:6.2f} h  util {m['mem_utilization']:.2f}",
-                  file=sys.stderr)
+            print(
+                f"{name:26} {pname:24} makespan {m['makespan_s'] / 3600:6.2f} h  mean wait "
+                f"{m['mean_wait_s'] / 3600:6.2f} h  util {m['mem_utilization']:.2f}",
+                file=sys.stderr,
+            )
         if name == "burst":
             ref = longest_first(jobs)
-            w["longest_first"] = {p: measure(ref, POLICIES[p](ref, args.gpus, args.gib),
-                                             args.gpus, args.gib)
-                                  for p in ("gpuwarden", "first-fit")}
+            w["longest_first"] = {
+                p: measure(ref, POLICIES[p](ref, args.gpus, args.gib), args.gpus, args.gib)
+                for p in ("gpuwarden", "first-fit")
+            }
         result["workloads"][name] = w
-    result["window"] = window_sweep(args.jobs, args.gpus, args.gib, args.seed,
-                                    args.stream_hours)
+    result["window"] = window_sweep(args.jobs, args.gpus, args.gib, args.seed, args.stream_hours)
     result["decision"] = decision_time(args.gpus, args.gib, args.queued, args.seed)
     result["peer_family"] = peer_family(args.family)
     args.json.write_text(json.dumps(result, indent=1))

@@ -47,9 +47,15 @@ GiB = 1 << 30
 
 def _env(tmp: Path, scenario: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUWARDEN_", "CUDA_"))}
-    env.update(GPUWARDEN_SIM=str(scenario), GPUWARDEN_SIM_STATE=str(tmp / "sim"),
-               GPUWARDEN_HOME=str(tmp / "home"), PYTHONPATH=str(SRC), COLUMNS="80",
-               LINES="24", TERM="xterm-256color")
+    env.update(
+        GPUWARDEN_SIM=str(scenario),
+        GPUWARDEN_SIM_STATE=str(tmp / "sim"),
+        GPUWARDEN_HOME=str(tmp / "home"),
+        PYTHONPATH=str(SRC),
+        COLUMNS="80",
+        LINES="24",
+        TERM="xterm-256color",
+    )
     return env
 
 
@@ -93,8 +99,13 @@ def top_cpu(env: dict[str, str], seconds: float, warmup: float) -> dict[str, Any
     os.close(fd)
     span = end_at - marks["warm_at"]
     cpu = end_cpu - marks["warm"]
-    return {"seconds": span, "cpu_seconds": cpu, "cpu_per_refresh": cpu / span,
-            "startup_cpu": marks["warm"], "screen_bytes": received}
+    return {
+        "seconds": span,
+        "cpu_seconds": cpu,
+        "cpu_per_refresh": cpu / span,
+        "startup_cpu": marks["warm"],
+        "screen_bytes": received,
+    }
 
 
 def status_loop_cpu(env: dict[str, str], seconds: float) -> dict[str, Any]:
@@ -103,8 +114,13 @@ def status_loop_cpu(env: dict[str, str], seconds: float) -> dict[str, Any]:
     runs, started = 0, time.monotonic()
     while time.monotonic() - started < seconds:
         tick = time.monotonic()
-        subprocess.run([PY, "-m", "gpuwarden", "status"], env=env, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [PY, "-m", "gpuwarden", "status"],
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         runs += 1
         time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -128,12 +144,25 @@ def fill_history(home: Path, scenario: Path, hours: float, jobs: int) -> dict[st
     with Store(home / "state.db") as store:
         ids = []
         for i in range(jobs):
-            job, _ = store.submit(JobSpec(command=("python", "train.py", f"--run={i}"),
-                                          user=f"user{i % 7}", uid=1000 + i % 7,
-                                          gid=1000, name=f"run-{i}", mem=8 * GiB),
-                                  float(start))
-            store.transition(job.id, (QUEUED,), CANCELLED, now=float(start), kind="cancelled",
-                             ended_at=float(start))
+            job, _ = store.submit(
+                JobSpec(
+                    command=("python", "train.py", f"--run={i}"),
+                    user=f"user{i % 7}",
+                    uid=1000 + i % 7,
+                    gid=1000,
+                    name=f"run-{i}",
+                    mem=8 * GiB,
+                ),
+                float(start),
+            )
+            store.transition(
+                job.id,
+                (QUEUED,),
+                CANCELLED,
+                now=float(start),
+                kind="cancelled",
+                ended_at=float(start),
+            )
             ids.append(job.id)
         rows = 0
         batch: list[GpuSample] = []
@@ -143,10 +172,18 @@ def fill_history(home: Path, scenario: Path, hours: float, jobs: int) -> dict[st
                 slot = (ts - start) // 1800  # jobs change every half hour
                 on = [ids[(g * 5 + slot + k) % len(ids)] for k in range(4)]
                 used = {j: (4 + (j + ts // 600) % 8) * GiB for j in on}
-                batch.append(GpuSample(ts=ts, uuid=gpu["uuid"], index=g,
-                                       total=total, used=sum(used.values()) + 6 * GiB,
-                                       leaked=GiB if slot % 5 == 0 else 0, jobs=used,
-                                       users={"svc-infer": 5 * GiB}))
+                batch.append(
+                    GpuSample(
+                        ts=ts,
+                        uuid=gpu["uuid"],
+                        index=g,
+                        total=total,
+                        used=sum(used.values()) + 6 * GiB,
+                        leaked=GiB if slot % 5 == 0 else 0,
+                        jobs=used,
+                        users={"svc-infer": 5 * GiB},
+                    )
+                )
             if len(batch) >= 8000:
                 store.record_samples(batch, keep=hours * 3600 + 60, now=float(now))
                 rows += len(batch)
@@ -164,10 +201,14 @@ def _free_port() -> int:
 
 def web_latency(env: dict[str, str], home: Path, requests: int) -> dict[str, Any]:
     port = _free_port()
-    (home / "config.toml").write_text(f'web_listen = "127.0.0.1:{port}"\n'
-                                      'history_interval = "0"\n')
-    subprocess.run([PY, "-m", "gpuwarden", "daemon", "start"], env=env, check=True,
-                   capture_output=True, timeout=60)
+    (home / "config.toml").write_text(f'web_listen = "127.0.0.1:{port}"\nhistory_interval = "0"\n')
+    subprocess.run(
+        [PY, "-m", "gpuwarden", "daemon", "start"],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     try:
         daemon = psutil.Process(int((home / "daemon.lock").read_text().split()[0]))
         url = f"http://127.0.0.1:{port}/ui/data/overview"
@@ -191,19 +232,25 @@ def web_latency(env: dict[str, str], home: Path, requests: int) -> dict[str, Any
                 size = len(body)
             # The first request draws the charts; the others, within one point's
             # duration, get them from the daemon's chart cache (the queue is read anew).
-            out[str(hours)] = {"first": times[0], "first_cpu": cpus[0],
-                               "p50": percentile(times[1:], 50),
-                               "p99": percentile(times[1:], 99), "bytes": size,
-                               "cpu_per_request": sum(cpus[1:]) / len(cpus[1:])}
+            out[str(hours)] = {
+                "first": times[0],
+                "first_cpu": cpus[0],
+                "p50": percentile(times[1:], 50),
+                "p99": percentile(times[1:], 99),
+                "bytes": size,
+                "cpu_per_request": sum(cpus[1:]) / len(cpus[1:]),
+            }
         return out
     finally:
-        subprocess.run([PY, "-m", "gpuwarden", "daemon", "stop"], env=env,
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            [PY, "-m", "gpuwarden", "daemon", "stop"], env=env, capture_output=True, timeout=60
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--seconds", type=float, default=40.0, help="top and status, each")
     ap.add_argument("--warmup", type=float, default=8.0)
     ap.add_argument("--requests", type=int, default=30, help="per history window")
@@ -212,8 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gwv-") as raw:
         tmp = Path(raw)
         scenario = tmp / "scenario.json"
-        subprocess.run([PY, str(HERE / "gen_scenario.py"), "-o", str(scenario)], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [PY, str(HERE / "gen_scenario.py"), "-o", str(scenario)],
+            check=True,
+            capture_output=True,
+        )
         env = _env(tmp, scenario)
         top = top_cpu(env, args.seconds, args.warmup)
         status = status_loop_cpu(env, args.seconds - args.warmup)
@@ -221,9 +271,11 @@ def main(argv: list[str] | None = None) -> int:
         web = web_latency(env, tmp / "home", args.requests)
     result = {
         "scenario": {"gpus": 8, "processes": 1600},
-        "top": top, "status_loop": status,
+        "top": top,
+        "status_loop": status,
         "ratio_status_over_top": status["cpu_per_refresh"] / top["cpu_per_refresh"],
-        "history": history, "web": web,
+        "history": history,
+        "web": web,
     }
     text = json.dumps(result, indent=1)
     if args.json:

@@ -28,20 +28,51 @@ MiB = 1024 * 1024
 GPU_MEMORY_MIB = 81559  # what an H100 80GB HBM3 reports
 
 USERS = [
-    "alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy",
-    "mallory", "niaj", "olivia", "peggy", "rupert", "sybil", "trent", "victor", "walter",
-    "yuki", "zhang.wei", "priya.r", "svc-inference", "svc-eval", "jupyter", "ray",
+    "alice",
+    "bob",
+    "carol",
+    "dave",
+    "erin",
+    "frank",
+    "grace",
+    "heidi",
+    "ivan",
+    "judy",
+    "mallory",
+    "niaj",
+    "olivia",
+    "peggy",
+    "rupert",
+    "sybil",
+    "trent",
+    "victor",
+    "walter",
+    "yuki",
+    "zhang.wei",
+    "priya.r",
+    "svc-inference",
+    "svc-eval",
+    "jupyter",
+    "ray",
 ]
 MODELS = [
-    "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-70B-Instruct",
-    "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-32B-Instruct",
-    "mistralai/Mistral-7B-Instruct-v0.3", "google/gemma-2-9b-it",
-    "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B", "microsoft/Phi-3.5-mini-instruct",
+    "meta-llama/Llama-3.1-8B-Instruct",
+    "meta-llama/Llama-3.1-70B-Instruct",
+    "Qwen/Qwen2.5-7B-Instruct",
+    "Qwen/Qwen2.5-32B-Instruct",
+    "mistralai/Mistral-7B-Instruct-v0.3",
+    "google/gemma-2-9b-it",
+    "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B",
+    "microsoft/Phi-3.5-mini-instruct",
 ]
 # Relative weights of the process states (about 2.5% of processes leak something).
 STATE_WEIGHTS = {
-    "running": 0.975, "dead": 0.005, "zombie": 0.005, "orphan": 0.005,
-    "other_namespace": 0.0075, "garbage": 0.0025,
+    "running": 0.975,
+    "dead": 0.005,
+    "zombie": 0.005,
+    "orphan": 0.005,
+    "other_namespace": 0.0075,
+    "garbage": 0.0025,
 }
 GARBAGE_PIDS = (4294967295, 2147483647, 0)
 
@@ -55,32 +86,53 @@ def _command(rng: random.Random, user: str, port: int) -> tuple[str, bool]:
     model = rng.choice(MODELS)
     kind = rng.randrange(9)
     if kind == 0:
-        return (f"python3 -m vllm.entrypoints.openai.api_server --model {model} "
-                f"--port {port} --gpu-memory-utilization 0.{rng.randint(10, 30)} "
-                f"--max-model-len {rng.choice([4096, 8192, 32768])}", True)
+        return (
+            f"python3 -m vllm.entrypoints.openai.api_server --model {model} "
+            f"--port {port} --gpu-memory-utilization 0.{rng.randint(10, 30)} "
+            f"--max-model-len {rng.choice([4096, 8192, 32768])}",
+            True,
+        )
     if kind == 1:
         return "VLLM::EngineCore", True
     if kind == 2:
-        return (f"python3 -m sglang.launch_server --model-path {model} --port {port} "
-                f"--mem-fraction-static 0.{rng.randint(10, 30)}", True)
+        return (
+            f"python3 -m sglang.launch_server --model-path {model} --port {port} "
+            f"--mem-fraction-static 0.{rng.randint(10, 30)}",
+            True,
+        )
     if kind == 3:
         run = _hex(rng, 8)
-        return (f"/usr/bin/python3 -u train.py --config configs/{run}.yaml "
-                f"--output /scratch/{user}/runs/{run} --local_rank={rng.randrange(8)}", True)
+        return (
+            f"/usr/bin/python3 -u train.py --config configs/{run}.yaml "
+            f"--output /scratch/{user}/runs/{run} --local_rank={rng.randrange(8)}",
+            True,
+        )
     if kind == 4:
-        return (f"/opt/conda/bin/python -m ipykernel_launcher -f "
-                f"/home/{user}/.local/share/jupyter/runtime/kernel-{_hex(rng, 8)}-"
-                f"{_hex(rng, 4)}-{_hex(rng, 4)}-{_hex(rng, 12)}.json", True)
+        return (
+            f"/opt/conda/bin/python -m ipykernel_launcher -f "
+            f"/home/{user}/.local/share/jupyter/runtime/kernel-{_hex(rng, 8)}-"
+            f"{_hex(rng, 4)}-{_hex(rng, 4)}-{_hex(rng, 12)}.json",
+            True,
+        )
     if kind == 5:
-        return (f"tritonserver --model-repository=/models/{user} --http-port={port} "
-                f"--grpc-port={port + 1} --metrics-port={port + 2}", False)
+        return (
+            f"tritonserver --model-repository=/models/{user} --http-port={port} "
+            f"--grpc-port={port + 1} --metrics-port={port + 2}",
+            False,
+        )
     if kind == 6:
         return f"ray::RayWorkerWrapper.execute_method_{rng.randrange(100)}", True
     if kind == 7:
-        return (f"python eval_harness.py --tasks mmlu,gsm8k,hellaswag --model {model} "
-                f"--batch_size {rng.choice([8, 16, 32, 64])}", True)
-    return (f"{user}-bench --size {rng.choice([256, 1024, 4096])}M --iters "
-            f"{rng.randrange(1000, 100000)}", False)
+        return (
+            f"python eval_harness.py --tasks mmlu,gsm8k,hellaswag --model {model} "
+            f"--batch_size {rng.choice([8, 16, 32, 64])}",
+            True,
+        )
+    return (
+        f"{user}-bench --size {rng.choice([256, 1024, 4096])}M --iters "
+        f"{rng.randrange(1000, 100000)}",
+        False,
+    )
 
 
 def _container(rng: random.Random, pods: list[str], dockers: list[str]) -> str | None:
@@ -112,7 +164,7 @@ def _gpu(index: int) -> dict[str, Any]:
         "power_watts": 310.0 + index * 11,
         "power_limit_watts": 700.0,
         "pci_bus_id": f"00000000:{(0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)[index % 8]:02X}"
-                      ":00.0",
+        ":00.0",
         "nvlink_peers": [j for j in range(8) if j != index],
     }
 
@@ -120,8 +172,11 @@ def _gpu(index: int) -> dict[str, Any]:
 def generate(gpus: int = 8, per_gpu: int = 200, seed: int = 1) -> dict[str, Any]:
     """The scenario as a JSON-able dict: ``gpus`` GPUs with ``per_gpu`` processes each."""
     rng = random.Random(seed)
-    pods = [f"k8s:{_hex(rng, 8)}-{_hex(rng, 4)}-{_hex(rng, 4)}-{_hex(rng, 4)}-{_hex(rng, 12)}"
-            f"/{_hex(rng, 12)}" for _ in range(40)]
+    pods = [
+        f"k8s:{_hex(rng, 8)}-{_hex(rng, 4)}-{_hex(rng, 4)}-{_hex(rng, 4)}-{_hex(rng, 12)}"
+        f"/{_hex(rng, 12)}"
+        for _ in range(40)
+    ]
     dockers = [f"docker:{_hex(rng, 12)}" for _ in range(25)]
     pids = rng.sample(range(100_000, 3_999_999), gpus * per_gpu + 64)
     states = list(STATE_WEIGHTS)
@@ -155,27 +210,32 @@ def generate(gpus: int = 8, per_gpu: int = 200, seed: int = 1) -> dict[str, Any]
             if container:
                 entry["container"] = container
             if torch and rng.random() < 0.4:
-                entry["env"] = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-                                "CUDA_VISIBLE_DEVICES": str(g)}
+                entry["env"] = {
+                    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+                    "CUDA_VISIBLE_DEVICES": str(g),
+                }
             if rng.random() < 0.05:
                 entry["kinds"] = ["compute", "graphics"]
             processes.append(entry)
     holders: list[dict[str, Any]] = []
     for i in range(12):  # hidden holders: processes with device files open, listed nowhere
         g = rng.randrange(gpus)
-        holders.append({
-            "pid": pids.pop(),
-            "user": rng.choice(USERS),
-            "command": "python notebook_kernel.py" if i % 2 else "python -c import torch",
-            "devices": [f"/dev/nvidia{g}", "/dev/nvidia-uvm", "/dev/nvidiactl"],
-        })
+        holders.append(
+            {
+                "pid": pids.pop(),
+                "user": rng.choice(USERS),
+                "command": "python notebook_kernel.py" if i % 2 else "python -c import torch",
+                "devices": [f"/dev/nvidia{g}", "/dev/nvidia-uvm", "/dev/nvidiactl"],
+            }
+        )
     for cmd in ("nvtop", "nvidia-smi dmon", "dcgm-exporter"):  # monitors: harmless
-        holders.append({"pid": pids.pop(), "user": "root", "command": cmd,
-                        "devices": ["/dev/nvidiactl"]})
+        holders.append(
+            {"pid": pids.pop(), "user": "root", "command": cmd, "devices": ["/dev/nvidiactl"]}
+        )
     return {
         "description": f"Generated by bench/gen_scenario.py (seed {seed}): {gpus}x H100 80GB "
-                       f"with {per_gpu} processes per GPU ({gpus * per_gpu} in all), every "
-                       "leak kind sprinkled in.",
+        f"with {per_gpu} processes per GPU ({gpus * per_gpu} in all), every "
+        "leak kind sprinkled in.",
         "driver_version": "550.90.07",
         "gpus": [_gpu(i) for i in range(gpus)],
         "processes": processes,
@@ -184,15 +244,15 @@ def generate(gpus: int = 8, per_gpu: int = 200, seed: int = 1) -> dict[str, Any]
 
 
 def write(path: Path, gpus: int = 8, per_gpu: int = 200, seed: int = 1) -> Path:
-    path.write_text(json.dumps(generate(gpus, per_gpu, seed), indent=1) + "\n",
-                    encoding="utf-8")
+    path.write_text(json.dumps(generate(gpus, per_gpu, seed), indent=1) + "\n", encoding="utf-8")
     return path
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("-o", "--output", type=Path,
-                    help="where to write the scenario (default: a new temp file)")
+    ap.add_argument(
+        "-o", "--output", type=Path, help="where to write the scenario (default: a new temp file)"
+    )
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--per-gpu", type=int, default=200, help="processes per GPU")
     ap.add_argument("--seed", type=int, default=1)

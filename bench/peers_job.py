@@ -104,10 +104,16 @@ def main() -> int:
     declared_b, final_b = int(declared) * MiB, int(final) * MiB
     f0, grow, secs = float(start_frac), float(grow_s), float(seconds)
     path = _claim(out)
-    rec = {"attempt": int(path.rsplit(".", 2)[1]), "start": T0, "pid": os.getpid(),
-           "status": "running", "declared_mib": int(declared), "final_mib": int(final),
-           "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
-           "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
+    rec = {
+        "attempt": int(path.rsplit(".", 2)[1]),
+        "start": T0,
+        "pid": os.getpid(),
+        "status": "running",
+        "declared_mib": int(declared),
+        "final_mib": int(final),
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+    }
     _write(path, rec)
 
     def _term(signum, frame):  # a tool's cancel, preemption or watchdog: say so, then go

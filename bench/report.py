@@ -34,7 +34,8 @@ def _verdict(ok: bool) -> str:
 
 def _machine(m: dict[str, Any]) -> list[str]:
     return [
-        "| | |", "|---|---|",
+        "| | |",
+        "|---|---|",
         f"| CPUs (nproc) | {m['nproc']} |",
         f"| CPU model | {m['cpu_model']} |",
         f"| Kernel | {m['kernel']} |",
@@ -71,32 +72,43 @@ def _status(s: dict[str, Any]) -> list[str]:
         "",
         f"### (a) In-process, {s['runs']} runs",
         "",
-        "| Phase | median | p95 | min |", "|---|---:|---:|---:|",
+        "| Phase | median | p95 | min |",
+        "|---|---:|---:|---:|",
     ]
-    names = {"open_backend": "open backend (load scenario)", "take_snapshot": "take_snapshot",
-             "find_leaks": "find_leaks", "json": "JSON (snapshot_json + emit_json)",
-             "table": "table (render + write, 80 cols)",
-             "total_json": "**total, --json path**", "total_table": "**total, table path**"}
+    names = {
+        "open_backend": "open backend (load scenario)",
+        "take_snapshot": "take_snapshot",
+        "find_leaks": "find_leaks",
+        "json": "JSON (snapshot_json + emit_json)",
+        "table": "table (render + write, 80 cols)",
+        "total_json": "**total, --json path**",
+        "total_table": "**total, table path**",
+    }
     for key, label in names.items():
         v = inproc[key]
         out.append(f"| {label} | {ms(v['median'])} | {ms(v['p95'])} | {ms(v['min'])} |")
-    out += ["", f"### (b) CLI as a subprocess, {s['cli_runs']} rounds", "",
-            "| Command | median | p95 | min |", "|---|---:|---:|---:|"]
+    out += [
+        "",
+        f"### (b) CLI as a subprocess, {s['cli_runs']} rounds",
+        "",
+        "| Command | median | p95 | min |",
+        "|---|---:|---:|---:|",
+    ]
     for name, v in cli["results"].items():
-        out.append(f"| `{cli['commands'][name]}` | {ms(v['median'])} | {ms(v['p95'])} | "
-                   f"{ms(v['min'])} |")
+        out.append(
+            f"| `{cli['commands'][name]}` | {ms(v['median'])} | {ms(v['p95'])} | {ms(v['min'])} |"
+        )
     out += [
         "",
         f"- Import overhead of the CLI (`gpuwarden --help` − `python -c pass`): "
         f"{ms(d['import_overhead'])}; of everything `status` imports: "
         f"{ms(d['status_import_overhead'])}.",
-        f"- Work done by `status --json` beyond start-up and imports: "
-        f"{ms(d['status_json_work'])}.",
+        f"- Work done by `status --json` beyond start-up and imports: {ms(d['status_json_work'])}.",
         f"- Goal, one-shot status well under {ms(d['target'])}: `status --json` "
         f"{_verdict(d['status_json_meets_target'])}, `status` (table) "
         f"{_verdict(d['status_table_meets_target'])}.",
         "",
-        f"The import baseline is `python -c \"{s['status_imports']}\"`.",
+        f'The import baseline is `python -c "{s["status_imports"]}"`.',
         "",
     ]
     if "daemon" in s:
@@ -110,8 +122,8 @@ def _status(s: dict[str, Any]) -> list[str]:
             "its last three (the client imports neither a backend nor click), `--fresh` "
             "takes one in the client. Only served runs are timed; runs the daemon did not "
             "answer within 100 ms (the client then took its own snapshot): "
-            + (", ".join(f"`{n}` {c}" for n, c in dm.get("not_served", {}).items())
-               or "none") + ". The snapshot served was "
+            + (", ".join(f"`{n}` {c}" for n, c in dm.get("not_served", {}).items()) or "none")
+            + ". The snapshot served was "
             f"{dm['snapshot_age']['median']:.2f} s old at the median "
             f"(p95 {dm['snapshot_age']['p95']:.2f} s).",
             "",
@@ -120,8 +132,10 @@ def _status(s: dict[str, Any]) -> list[str]:
         ]
         for name, v in dm["results"].items():
             ratio = dm["ratio_to_python"].get(name)
-            out.append(f"| `{dm['commands'][name]}` | {ms(v['median'])} | {ms(v['p95'])} | "
-                       f"{ms(v['min'])} | {'' if ratio is None else f'{ratio:.1f}×'} |")
+            out.append(
+                f"| `{dm['commands'][name]}` | {ms(v['median'])} | {ms(v['p95'])} | "
+                f"{ms(v['min'])} | {'' if ratio is None else f'{ratio:.1f}×'} |"
+            )
         out.append("")
     out += [
         "Where the time goes, from one profiled in-process run of each path (profiling "
@@ -129,14 +143,17 @@ def _status(s: dict[str, Any]) -> list[str]:
     ]
     for path, title in (("json", "`status --json` path"), ("table", "`status` (table) path")):
         hot = s["hotspots"][path]
-        shares = ", ".join(f"{pkg} {ms(t)}" for pkg, t in hot["packages"].items()
-                           if t >= 0.001)
-        out += ["", f"{title} — own time by package: {shares}.", "",
-                "| Function | calls | own | cumulative |", "|---|---:|---:|---:|"]
+        shares = ", ".join(f"{pkg} {ms(t)}" for pkg, t in hot["packages"].items() if t >= 0.001)
+        out += [
+            "",
+            f"{title} — own time by package: {shares}.",
+            "",
+            "| Function | calls | own | cumulative |",
+            "|---|---:|---:|---:|",
+        ]
         for h in hot["functions"][:8]:
             fn = h["function"].replace("|", "\\|")
-            out.append(f"| `{fn}` | {h['calls']:,} | {ms(h['own'])} | "
-                       f"{ms(h['cumulative'])} |")
+            out.append(f"| `{fn}` | {h['calls']:,} | {ms(h['own'])} | {ms(h['cumulative'])} |")
     return out
 
 
@@ -175,29 +192,49 @@ def _holders(h: dict[str, Any]) -> list[str]:
 
     out += [
         row("processes started", lambda p: f"{p['procs']:,}"),
-        row("/proc entries / open fds scanned", lambda p: f"{p['proc_entries_scanned']:,} / "
-            f"{p['fds_scanned']:,}"),
+        row(
+            "/proc entries / open fds scanned",
+            lambda p: f"{p['proc_entries_scanned']:,} / {p['fds_scanned']:,}",
+        ),
         row("mappings per process (median)", lambda p: f"{p['maps_lines_median']:.0f}"),
         row("holders (verified every round)", lambda p: f"{p['holders']}"),
-        row("memory per process", lambda p: "n/a" if p["bytes_per_proc"] is None
-            else f"{p['bytes_per_proc'] / 2**20:.2f} MiB"),
+        row(
+            "memory per process",
+            lambda p: (
+                "n/a" if p["bytes_per_proc"] is None else f"{p['bytes_per_proc'] / 2**20:.2f} MiB"
+            ),
+        ),
         row("start-up of the population", lambda p: f"{p['spawn_seconds']:.1f} s"),
         row("timed rounds", lambda p: f"{p['rounds']}"),
     ]
-    labels = {"scan": "`scan_holders`", "holders": "`LiveProcesses.holders`",
-              "fuser": "`fuser -v`", "true": "`/bin/true` (spawn cost)"}
+    labels = {
+        "scan": "`scan_holders`",
+        "holders": "`LiveProcesses.holders`",
+        "fuser": "`fuser -v`",
+        "true": "`/bin/true` (spawn cost)",
+    }
     for key, label in labels.items():
-        out.append(row(f"{label} median (p95)", lambda p, k=key: (
-            f"{ms(p['results'][k]['median'])} ({ms(p['results'][k]['p95'])})")))
+        out.append(
+            row(
+                f"{label} median (p95)",
+                lambda p, k=key: f"{ms(p['results'][k]['median'])} ({ms(p['results'][k]['p95'])})",
+            )
+        )
     out += [
         row("**fuser ÷ scan** (medians)", lambda p: f"**{p['ratios']['fuser_over_scan']:.1f}×**"),
-        row("fuser ÷ scan (median of per-round ratios)",
-            lambda p: f"{p['ratios']['fuser_over_scan_paired']:.1f}×"),
+        row(
+            "fuser ÷ scan (median of per-round ratios)",
+            lambda p: f"{p['ratios']['fuser_over_scan_paired']:.1f}×",
+        ),
         row("fuser ÷ snapshot path", lambda p: f"{p['ratios']['fuser_over_holders']:.1f}×"),
-        row("(fuser − spawn) ÷ scan",
-            lambda p: f"{p['ratios']['fuser_without_spawn_over_scan']:.1f}×"),
-        row(f"goal ≥ {MIN_RATIO:.0f}×",
-            lambda p: _verdict(p["ratios"]["fuser_over_scan"] >= MIN_RATIO)),
+        row(
+            "(fuser − spawn) ÷ scan",
+            lambda p: f"{p['ratios']['fuser_without_spawn_over_scan']:.1f}×",
+        ),
+        row(
+            f"goal ≥ {MIN_RATIO:.0f}×",
+            lambda p: _verdict(p["ratios"]["fuser_over_scan"] >= MIN_RATIO),
+        ),
         "",
     ]
     lim = h["limits"]
@@ -206,7 +243,8 @@ def _holders(h: dict[str, Any]) -> list[str]:
         f"{_num(lim['threads_max'], 'n/a')}, tasks already running {lim['tasks_now']}, ulimit -u "
         f"{_num(lim['rlimit_nproc'], 'unlimited')}"
         f"{' (not enforced for root)' if lim['euid'] == 0 else ''}, pids cgroup max "
-        f"{_num(lim['pids_cgroup_max'], 'none')}, MemAvailable {_gib(lim['mem_available'])}.")
+        f"{_num(lim['pids_cgroup_max'], 'none')}, MemAvailable {_gib(lim['mem_available'])}."
+    )
     notes = h["notes"] or [f"no scaling needed: {cfg['procs']:,} processes per population."]
     out += ["", *[f"- {n}" for n in notes]]
     return out
@@ -221,15 +259,20 @@ def _status_summary(status: dict[str, Any]) -> list[str]:
         f"median, `gpuwarden status` (table) {ms(res['status']['median'])}; goal "
         f"< {ms(d['target'])}: {_verdict(d['status_json_meets_target'])} / "
         f"{_verdict(d['status_table_meets_target'])}.",
-        *([f"- With a daemon running: `status --json` "
-           f"{ms(status['daemon']['results']['status --json (daemon)']['median'])}, "
-           f"`status` {ms(status['daemon']['results']['status (daemon)']['median'])} "
-           f"({status['daemon']['ratio_to_python']['status --json (daemon)']:.1f}× and "
-           f"{status['daemon']['ratio_to_python']['status (daemon)']:.1f}× "
-           "`python -c pass`), from its snapshot; goal ≤ 3×: "
-           f"{_verdict(status['daemon']['ratio_to_python']['status --json (daemon)'] <= 3)} / "
-           f"{_verdict(status['daemon']['ratio_to_python']['status (daemon)'] <= 3)}."]
-          if "daemon" in status else []),
+        *(
+            [
+                f"- With a daemon running: `status --json` "
+                f"{ms(status['daemon']['results']['status --json (daemon)']['median'])}, "
+                f"`status` {ms(status['daemon']['results']['status (daemon)']['median'])} "
+                f"({status['daemon']['ratio_to_python']['status --json (daemon)']:.1f}× and "
+                f"{status['daemon']['ratio_to_python']['status (daemon)']:.1f}× "
+                "`python -c pass`), from its snapshot; goal ≤ 3×: "
+                f"{_verdict(status['daemon']['ratio_to_python']['status --json (daemon)'] <= 3)} / "
+                f"{_verdict(status['daemon']['ratio_to_python']['status (daemon)'] <= 3)}."
+            ]
+            if "daemon" in status
+            else []
+        ),
     ]
 
 
@@ -241,7 +284,8 @@ def _holders_summary(holders: dict[str, Any]) -> list[str]:
             f"- Holder scan over {p['procs']:,} `{mix}` processes: "
             f"{ms(p['results']['scan']['median'])} vs `fuser -v` "
             f"{ms(p['results']['fuser']['median'])}, **{r:.1f}×**; goal ≥ {MIN_RATIO:.0f}×: "
-            f"{_verdict(r >= MIN_RATIO)}.")
+            f"{_verdict(r >= MIN_RATIO)}."
+        )
     return out
 
 
@@ -261,10 +305,13 @@ def _daemon_summary(dm: dict[str, Any]) -> list[str]:
         f"**{dm['latency']['ratios']['api_over_ts_p50']:.1f}×** at p50); goal p50 "
         f"< {ms(g['target_p50'])}: {_verdict(g['api_p50_under_target'])}, not slower than "
         f"ts: {_verdict(g['api_not_slower_than_ts'])}.",
-        "- Throughput with trivial jobs: " + "; ".join(
+        "- Throughput with trivial jobs: "
+        + "; ".join(
             f"{name} ({'whole GPU' if v['mem'] is None else '--mem ' + v['mem']}) "
             f"gpuwarden {v['gw_jobs_per_s']:.1f} jobs/s vs ts {v['ts_jobs_per_s']:.0f} jobs/s"
-            for name, v in thr.items()) + ".",
+            for name, v in thr.items()
+        )
+        + ".",
         f"- {q['queued']:,} queued jobs from {q['submitters']} concurrent submitters: submit "
         f"p50 {ms(q['submit']['p50'])}, p99 {ms(q['submit']['p99'])}; placement pass "
         f"(`plan`) {_us(g['plan_per_job'])} per queued job, the daemon's whole pass "
@@ -281,12 +328,14 @@ def _memory_summary(dm: dict[str, Any]) -> list[str]:
     if mm is None:
         return []
     after = max(mm["after_jobs"], mm["after_ps"])
-    return [f"- Daemon memory: {_mb(mm['fresh'])} fresh, {_mb(after)} after {mm['jobs']:,} "
-            f"jobs and `ps --all --json` (**{after / mm['fresh']:.2f}×**); goal within 2× "
-            f"and < 80 MB: {_verdict(dm['goals']['memory_after_within_2x'])}, "
-            f"{_verdict(dm['goals']['memory_after_under_80mb'])}; idle CPU "
-            f"{mm['idle_cpu'] * 100:.2f}% of a core (goal < 1%: "
-            f"{_verdict(dm['goals']['idle_cpu_under_1pct'])})."]
+    return [
+        f"- Daemon memory: {_mb(mm['fresh'])} fresh, {_mb(after)} after {mm['jobs']:,} "
+        f"jobs and `ps --all --json` (**{after / mm['fresh']:.2f}×**); goal within 2× "
+        f"and < 80 MB: {_verdict(dm['goals']['memory_after_within_2x'])}, "
+        f"{_verdict(dm['goals']['memory_after_under_80mb'])}; idle CPU "
+        f"{mm['idle_cpu'] * 100:.2f}% of a core (goal < 1%: "
+        f"{_verdict(dm['goals']['idle_cpu_under_1pct'])})."
+    ]
 
 
 def _mb(n: float) -> str:
@@ -298,7 +347,9 @@ def _memory(dm: dict[str, Any]) -> list[str]:
     if mm is None:
         return []
     return [
-        "", "### (d) Memory after many jobs", "",
+        "",
+        "### (d) Memory after many jobs",
+        "",
         f"**What this measures.** The daemon's resident memory (RSS) fresh, then while "
         f"{mm['jobs']:,} `true` jobs submitted as one array "
         f"(`--mem {dm['config']['pack_mem']}`) pass through it, 5 s after the last one "
@@ -307,20 +358,28 @@ def _memory(dm: dict[str, Any]) -> list[str]:
         "10 s: the second is where it settles, and the goals' figure); then its CPU over "
         "10 s idle.",
         "",
-        "| | |", "|---|---:|",
+        "| | |",
+        "|---|---:|",
         f"| fresh (3 s after start) | {_mb(mm['fresh'])} |",
         f"| peak while the jobs ran (sampled every second) | {_mb(mm['peak_while_running'])} |",
         f"| all {mm['jobs']:,} ended ({mm['run_wall']:.0f} s) | {_mb(mm['after_jobs'])} |",
         "| after `ps --all --json` ("
         + (f"{mm['ps_all_json']['listed']:,} jobs, " if "listed" in mm["ps_all_json"] else "")
         + f"{mm['ps_all_json']['bytes'] / 1e6:.1f} MB, {mm['ps_all_json']['seconds']:.1f} s)"
-        + (f", 2 s later | {_mb(mm['after_ps_2s'])} |" if "after_ps_2s" in mm else
-           f" | {_mb(mm['after_ps'])} |"),
-        *([f"| … 12 s later, a heap trim period | {_mb(mm['after_ps'])} |"]
-          if "after_ps_2s" in mm else []),
+        + (
+            f", 2 s later | {_mb(mm['after_ps_2s'])} |"
+            if "after_ps_2s" in mm
+            else f" | {_mb(mm['after_ps'])} |"
+        ),
+        *(
+            [f"| … 12 s later, a heap trim period | {_mb(mm['after_ps'])} |"]
+            if "after_ps_2s" in mm
+            else []
+        ),
         f"| idle CPU afterwards | {mm['idle_cpu'] * 100:.2f}% of a core |",
-        "| job states at the end | " + ", ".join(f"{k} {v:,}" for k, v in
-                                                  sorted(mm["states"].items())) + " |",
+        "| job states at the end | "
+        + ", ".join(f"{k} {v:,}" for k, v in sorted(mm["states"].items()))
+        + " |",
     ]
 
 
@@ -343,7 +402,8 @@ def _daemon(dm: dict[str, Any]) -> list[str]:
         "job's command runs, one job at a time: each waits until the previous one has "
         "ended (for gpuwarden until the daemon has recorded the end, so the GPU is idle "
         "again). The job is the same command everywhere, `"
-        + " ".join(lat["command"][:4]) + " '<write time.time() to a file>' FILE`; the "
+        + " ".join(lat["command"][:4])
+        + " '<write time.time() to a file>' FILE`; the "
         "wall-clock time it writes as its first action marks the start, so the job's own "
         "Python start-up is inside every figure alike (the plain `Popen` row shows that "
         "floor). gpuwarden is measured twice: through its API client in-process "
@@ -357,13 +417,18 @@ def _daemon(dm: dict[str, Any]) -> list[str]:
         "| Path | p50 | p90 | p99 | min | max | p50 ÷ ts |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    labels = {"api": "gpuwarden, API client", "cli": "`gpuwarden submit` (CLI)",
-              "ts": "`tsp CMD` (task-spooler)",
-              "direct": "plain `subprocess.Popen(CMD)` (floor)"}
+    labels = {
+        "api": "gpuwarden, API client",
+        "cli": "`gpuwarden submit` (CLI)",
+        "ts": "`tsp CMD` (task-spooler)",
+        "direct": "plain `subprocess.Popen(CMD)` (floor)",
+    }
     for key, label in labels.items():
         v = res[key]
-        out.append(f"| {label} | {ms(v['p50'])} | {ms(v['p90'])} | {ms(v['p99'])} | "
-                   f"{ms(v['min'])} | {ms(v['max'])} | {v['p50'] / res['ts']['p50']:.1f}× |")
+        out.append(
+            f"| {label} | {ms(v['p50'])} | {ms(v['p90'])} | {ms(v['p99'])} | "
+            f"{ms(v['min'])} | {ms(v['max'])} | {v['p50'] / res['ts']['p50']:.1f}× |"
+        )
     rtt = lat["submit_rtt"]
     sup = res["supervisor_import"]
     out += [
@@ -380,7 +445,8 @@ def _daemon(dm: dict[str, Any]) -> list[str]:
         "record. `launched` is written when `spawn_supervisor` has returned to the daemon, "
         "which can be after the supervisor already started the command.",
         "",
-        "| Point | API | CLI |", "|---|---:|---:|",
+        "| Point | API | CLI |",
+        "|---|---:|---:|",
     ]
     for name in sorted(ph["api"], key=lambda k: ph["api"][k]):
         out.append(f"| {name} | {ms(ph['api'][name])} | {ms(ph['cli'].get(name, float('nan')))} |")
@@ -409,7 +475,8 @@ def _daemon(dm: dict[str, Any]) -> list[str]:
         f"512 MiB reserve; `tsp -S {cfg['pack_slots']}`). Batches alternate which tool goes "
         "first; rates are medians over the batches, after one small untimed warm-up batch.",
         "",
-        "| | whole GPU | packed by memory |", "|---|---:|---:|",
+        "| | whole GPU | packed by memory |",
+        "|---|---:|---:|",
     ]
     vs = list(thr["variants"].values())
 
@@ -421,23 +488,38 @@ def _daemon(dm: dict[str, Any]) -> list[str]:
 
     out += [
         row("ts slots (`tsp -S`)", lambda v: str(v["ts_slots"])),
-        row("**gpuwarden, jobs/s** (until the daemon recorded all)",
-            lambda v: f"**{v['gw_jobs_per_s']:.1f}**"),
-        row("gpuwarden, jobs/s until the last job exited",
-            lambda v: f"{v['gw_jobs_per_s_by_end']:.1f}"),
+        row(
+            "**gpuwarden, jobs/s** (until the daemon recorded all)",
+            lambda v: f"**{v['gw_jobs_per_s']:.1f}**",
+        ),
+        row(
+            "gpuwarden, jobs/s until the last job exited",
+            lambda v: f"{v['gw_jobs_per_s_by_end']:.1f}",
+        ),
         row("**task-spooler, jobs/s**", lambda v: f"**{v['ts_jobs_per_s']:.1f}**"),
         row("ts ÷ gpuwarden", lambda v: f"{v['ts_over_gw']:.0f}×"),
-        row("gpuwarden: most jobs running at once",
-            lambda v: str(max(x["max_running"] for x in v["gw"]))),
-        row("gpuwarden: placed → launched (spawn_supervisor), p50",
-            lambda v: ms(med(v, "placed_to_launched"))),
-        row("gpuwarden: job exit → daemon records it, p50 (max)",
-            lambda v: f"{ms(med(v, 'end_recorded_lag'))} "
-                      f"({ms(max(x['end_recorded_lag']['max'] for x in v['gw']))})"),
-        row("gpuwarden batch wall times", lambda v: ", ".join(
-            f"{x['wall']:.1f} s" for x in v["gw"])),
-        row("ts batch wall times", lambda v: ", ".join(
-            f"{x['wall'] * 1000:.0f} ms" for x in v["ts"])),
+        row(
+            "gpuwarden: most jobs running at once",
+            lambda v: str(max(x["max_running"] for x in v["gw"])),
+        ),
+        row(
+            "gpuwarden: placed → launched (spawn_supervisor), p50",
+            lambda v: ms(med(v, "placed_to_launched")),
+        ),
+        row(
+            "gpuwarden: job exit → daemon records it, p50 (max)",
+            lambda v: (
+                f"{ms(med(v, 'end_recorded_lag'))} "
+                f"({ms(max(x['end_recorded_lag']['max'] for x in v['gw']))})"
+            ),
+        ),
+        row(
+            "gpuwarden batch wall times", lambda v: ", ".join(f"{x['wall']:.1f} s" for x in v["gw"])
+        ),
+        row(
+            "ts batch wall times",
+            lambda v: ", ".join(f"{x['wall'] * 1000:.0f} ms" for x in v["ts"]),
+        ),
     ]
 
     q, ip = dm["queue"], dm["queue"]["in_process"]
@@ -461,7 +543,8 @@ def _daemon(dm: dict[str, Any]) -> list[str]:
         "`Scheduler.tick` (the daemon's whole pass: reconcile, snapshot, list, plan, write "
         "reasons) and its parts, and `plan` over the same jobs on idle GPUs.",
         "",
-        "| Submits | |", "|---|---:|",
+        "| Submits | |",
+        "|---|---:|",
         f"| submit latency p50 / p90 / p99 / max | {ms(q['submit']['p50'])} / "
         f"{ms(q['submit']['p90'])} / {ms(q['submit']['p99'])} / {ms(q['submit']['max'])} |",
         f"| all {q['queued']:,} submitted in | {q['submit_wall']:.1f} s "
@@ -472,30 +555,41 @@ def _daemon(dm: dict[str, Any]) -> list[str]:
         f"{ms(q['live_pass_probe']['p50'])} ({ms(q['live_pass_probe']['min'])}–"
         f"{ms(q['live_pass_probe']['max'])}) |",
         f"| daemon CPU while idle with the queue | {q['idle_daemon_cpu'] * 100:.0f}% of a core |",
-        "| job states at the end | " + ", ".join(f"{k} {v:,}" for k, v in
-                                                  sorted(q["states"].items())) + " |",
+        "| job states at the end | "
+        + ", ".join(f"{k} {v:,}" for k, v in sorted(q["states"].items()))
+        + " |",
         "",
         f"In-process on the copy ({n:,} queued; median of {ip['repeat']}):",
         "",
-        "| Step | time | per queued job |", "|---|---:|---:|",
+        "| Step | time | per queued job |",
+        "|---|---:|---:|",
     ]
     steps = [
         ("tick", "**`Scheduler.tick`** (the daemon's whole pass)"),
-        ("list_with_events", "`store.list(states=['queued'])` as the pass calls it "
-                             "(with every job's events)"),
+        (
+            "list_with_events",
+            "`store.list(states=['queued'])` as the pass calls it (with every job's events)",
+        ),
         ("list_without_events", "the same with `with_events=False`"),
         ("queued_view", "`queued_view` for every job"),
-        ("plan_full", "**`plan`** (placement pass), GPUs full: "
-                      + ", ".join(f"{v:,} {k}" for k, v in ip["plan_full_decisions"].items())),
-        ("set_reason", f"`set_reason` per waiting job, reasons unchanged "
-                       f"({ip['set_reason_changed']} written)"),
+        (
+            "plan_full",
+            "**`plan`** (placement pass), GPUs full: "
+            + ", ".join(f"{v:,} {k}" for k, v in ip["plan_full_decisions"].items()),
+        ),
+        (
+            "set_reason",
+            f"`set_reason` per waiting job, reasons unchanged ({ip['set_reason_changed']} written)",
+        ),
         ("plan_idle", f"`plan` on idle GPUs ({ip['plan_idle_placed']} placed, the rest wait)"),
     ]
     for key, label in steps:
         out.append(f"| {label} | {ms(ip[key]['p50'])} | {_us(ip[key]['p50'] / n)} |")
-    out.append(f"| `plan` on the first 1,000 of them, GPUs full | "
-               f"{ms(ip['plan_full_1000']['p50'])} | "
-               f"{_us(ip['plan_full_1000']['p50'] / min(n, 1000))} |")
+    out.append(
+        f"| `plan` on the first 1,000 of them, GPUs full | "
+        f"{ms(ip['plan_full_1000']['p50'])} | "
+        f"{_us(ip['plan_full_1000']['p50'] / min(n, 1000))} |"
+    )
     out += [
         "",
         f"- Goal, placement pass under {ms(g['target_pass_per_job'])} per queued job: "
@@ -506,11 +600,14 @@ def _daemon(dm: dict[str, Any]) -> list[str]:
     ]
     out += _memory(dm)
     d = dm["durations"]
-    notes = dm["notes"] or [f"no scaling needed: {q['queued']:,} jobs by {q['submitters']} "
-                            "submitters, as the issue asks."]
-    notes.append(f"run time: latency {d['latency']:.0f} s, throughput {d['throughput']:.0f} s, "
-                 f"queue {d['queue']:.0f} s" + (f", memory {d['memory']:.0f} s."
-                                                 if "memory" in d else "."))
+    notes = dm["notes"] or [
+        f"no scaling needed: {q['queued']:,} jobs by {q['submitters']} "
+        "submitters, as the issue asks."
+    ]
+    notes.append(
+        f"run time: latency {d['latency']:.0f} s, throughput {d['throughput']:.0f} s, "
+        f"queue {d['queue']:.0f} s" + (f", memory {d['memory']:.0f} s." if "memory" in d else ".")
+    )
     out += ["", *[f"- {x}" for x in notes]]
     return out
 
@@ -518,10 +615,12 @@ def _daemon(dm: dict[str, Any]) -> list[str]:
 def _mixed_summary(mx: dict[str, Any]) -> list[str]:
     p, w = mx["results"]["packed"], mx["results"]["whole"]
     ok = mx["makespan_ratio"] <= 0.5 and mx["neighbour_ooms"] == 0
-    return [f"- Mixed real torch jobs on one {mx['gpu']}: makespan {p['makespan_s']:.1f} s "
-            f"packed by memory vs {w['makespan_s']:.1f} s one at a time "
-            f"(**{mx['makespan_ratio']:.2f}×**), neighbour OOMs {mx['neighbour_ooms']}; "
-            f"goal ≤ 0.5× with none: {_verdict(ok)}."]
+    return [
+        f"- Mixed real torch jobs on one {mx['gpu']}: makespan {p['makespan_s']:.1f} s "
+        f"packed by memory vs {w['makespan_s']:.1f} s one at a time "
+        f"(**{mx['makespan_ratio']:.2f}×**), neighbour OOMs {mx['neighbour_ooms']}; "
+        f"goal ≤ 0.5× with none: {_verdict(ok)}."
+    ]
 
 
 def _mixed(mx: dict[str, Any]) -> list[str]:
@@ -557,10 +656,12 @@ def _mixed(mx: dict[str, Any]) -> list[str]:
         "",
         "| job | holds | seconds | kind | declared |",
         "|---:|---:|---:|---|---:|",
-        *[f"| {i} | {_gib(j['bytes'])} | {j['seconds']:.0f} | "
-          f"{'heavy' if j['heavy'] else 'light'} | {_gib(j['mem'])}"
-          f"{' (under-declared)' if j['retries'] else ''} |"
-          for i, j in enumerate(jobs, 1)],
+        *[
+            f"| {i} | {_gib(j['bytes'])} | {j['seconds']:.0f} | "
+            f"{'heavy' if j['heavy'] else 'light'} | {_gib(j['mem'])}"
+            f"{' (under-declared)' if j['retries'] else ''} |"
+            for i, j in enumerate(jobs, 1)
+        ],
         "",
         f"- Makespan packed ÷ one at a time: **{mx['makespan_ratio']:.2f}×**; neighbour OOMs "
         f"(a job that declared enough running out of memory): {mx['neighbour_ooms']}. Goal "
@@ -574,11 +675,13 @@ def _mixed(mx: dict[str, Any]) -> list[str]:
 
 def _metrics_summary(mt: dict[str, Any]) -> list[str]:
     h = mt["http"]
-    return [f"- `gpuwarden exporter` on 8 GPUs × 200 processes, scraped every "
-            f"{h['interval']:g} s: p50 {h['p50'] * 1000:.1f} ms, p99 {h['p99'] * 1000:.1f} ms "
-            f"(goal < 50 ms: {_verdict(h['p50'] < 0.05)} at p50, {_verdict(h['p99'] < 0.05)} "
-            f"at p99); exporter CPU {_cpu_words(mt)} (goal < 1%: "
-            f"{_verdict(_cpu_max(mt) < 0.01)})."]
+    return [
+        f"- `gpuwarden exporter` on 8 GPUs × 200 processes, scraped every "
+        f"{h['interval']:g} s: p50 {h['p50'] * 1000:.1f} ms, p99 {h['p99'] * 1000:.1f} ms "
+        f"(goal < 50 ms: {_verdict(h['p50'] < 0.05)} at p50, {_verdict(h['p99'] < 0.05)} "
+        f"at p99); exporter CPU {_cpu_words(mt)} (goal < 1%: "
+        f"{_verdict(_cpu_max(mt) < 0.01)})."
+    ]
 
 
 def _cpu_max(mt: dict[str, Any]) -> float:
@@ -588,32 +691,44 @@ def _cpu_max(mt: dict[str, Any]) -> float:
 def _cpu_words(mt: dict[str, Any]) -> str:
     words = f"{mt['http']['cpu_share'] * 100:.1f}% of a core as plain text"
     if "http_prometheus" in mt:
-        words += (f", {mt['http_prometheus']['cpu_share'] * 100:.1f}% as Prometheus asks "
-                  "(OpenMetrics, gzip)")
+        words += (
+            f", {mt['http_prometheus']['cpu_share'] * 100:.1f}% as Prometheus asks "
+            "(OpenMetrics, gzip)"
+        )
     return words
 
 
 def _http_table(mt: dict[str, Any]) -> list[str]:
-    ways = [("plain text", mt["http"])] + ([("as Prometheus asks (OpenMetrics, gzip)",
-                                            mt["http_prometheus"])]
-                                          if "http_prometheus" in mt else [])
+    ways = [("plain text", mt["http"])] + (
+        [("as Prometheus asks (OpenMetrics, gzip)", mt["http_prometheus"])]
+        if "http_prometheus" in mt
+        else []
+    )
     return [
         "| (b) over HTTP | " + " | ".join(name for name, _ in ways) + " |",
         "|---|" + "---:|" * len(ways),
-        "| scrape p50 / p99 / max | " + " | ".join(
+        "| scrape p50 / p99 / max | "
+        + " | ".join(
             f"{h['p50'] * 1000:.1f} / {h['p99'] * 1000:.1f} / {h['max'] * 1000:.1f} ms"
-            for _, h in ways) + " |",
-        "| bytes per scrape | " + " | ".join(
-            f"{h['bytes']:,}" if "bytes" in h else "-" for _, h in ways) + " |",
-        f"| exporter CPU at 1 scrape/{mt['http']['interval']:g} s | " + " | ".join(
-            f"{h['cpu_share'] * 100:.1f}% of a core" for _, h in ways) + " |",
+            for _, h in ways
+        )
+        + " |",
+        "| bytes per scrape | "
+        + " | ".join(f"{h['bytes']:,}" if "bytes" in h else "-" for _, h in ways)
+        + " |",
+        f"| exporter CPU at 1 scrape/{mt['http']['interval']:g} s | "
+        + " | ".join(f"{h['cpu_share'] * 100:.1f}% of a core" for _, h in ways)
+        + " |",
     ]
 
 
 def _metrics(mt: dict[str, Any]) -> list[str]:
     h = mt["http"]
-    rows = [f"| {name} | {r['p50'] * 1000:.1f} ms | {r['p99'] * 1000:.1f} ms | {r['series']:,} "
-            f"| {r['bytes']:,} |" for name, r in mt["in_process"].items()]
+    rows = [
+        f"| {name} | {r['p50'] * 1000:.1f} ms | {r['p99'] * 1000:.1f} ms | {r['series']:,} "
+        f"| {r['bytes']:,} |"
+        for name, r in mt["in_process"].items()
+    ]
     return [
         "## 5. Metrics: scrape latency and CPU cost",
         "",
@@ -664,22 +779,27 @@ def _h(seconds: float) -> str:
 def _trace_summary(tr: dict[str, Any]) -> list[str]:
     b = tr["workloads"]["burst"]
     lb = b["lower_bound_s"]
-    gw, ff, wf = (b["policies"][p]["makespan_s"] / lb for p in ("gpuwarden", "first-fit",
-                                                                 "whole-fifo"))
+    gw, ff, wf = (
+        b["policies"][p]["makespan_s"] / lb for p in ("gpuwarden", "first-fit", "whole-fifo")
+    )
     d = tr["decision"]
-    out = [f"- Trace packing in simulated time ({tr['jobs']} jobs, {tr['gpus']} × "
-           f"{tr['gib']} GiB): makespan ÷ lower bound gpuwarden **{gw:.2f}×**, first-fit "
-           f"{ff:.2f}×, whole-GPU FIFO {wf:.2f}×; goal ≤ 1.05×: {_verdict(gw <= 1.05)}. "
-           f"Decision time with {d['queued']:,} queued: {d['per_job_us']:.1f} µs per job "
-           f"(goal < 1 ms: {_verdict(d['per_job_us'] < 1000)})."]
+    out = [
+        f"- Trace packing in simulated time ({tr['jobs']} jobs, {tr['gpus']} × "
+        f"{tr['gib']} GiB): makespan ÷ lower bound gpuwarden **{gw:.2f}×**, first-fit "
+        f"{ff:.2f}×, whole-GPU FIFO {wf:.2f}×; goal ≤ 1.05×: {_verdict(gw <= 1.05)}. "
+        f"Decision time with {d['queued']:,} queued: {d['per_job_us']:.1f} µs per job "
+        f"(goal < 1 ms: {_verdict(d['per_job_us'] < 1000)})."
+    ]
     for name in ("burst, no timeout", "stream, no timeout"):
         if name in tr["workloads"]:
             g = _no_timeout_goal(tr["workloads"][name])
-            out.append(f"- Trace with no timeouts ({name.split(',')[0]}): makespan "
-                       f"**{g['ratio']:.2f}×** the bound and {g['vs_ff']:.3f}× first-fit's, "
-                       f"mean wait {g['wait_vs_ff']:.2f}× first-fit's; goal ≤ first-fit's "
-                       f"and ≤ 1.15× the bound, mean wait ≤ first-fit's: "
-                       f"{_verdict(g['met'])}.")
+            out.append(
+                f"- Trace with no timeouts ({name.split(',')[0]}): makespan "
+                f"**{g['ratio']:.2f}×** the bound and {g['vs_ff']:.3f}× first-fit's, "
+                f"mean wait {g['wait_vs_ff']:.2f}× first-fit's; goal ≤ first-fit's "
+                f"and ≤ 1.15× the bound, mean wait ≤ first-fit's: "
+                f"{_verdict(g['met'])}."
+            )
     return out
 
 
@@ -689,75 +809,87 @@ def _no_timeout_goal(w: dict[str, Any]) -> dict[str, Any]:
     ratio = gw["makespan_s"] / w["lower_bound_s"]
     vs_ff = gw["makespan_s"] / ff["makespan_s"]
     wait = gw["mean_wait_s"] / ff["mean_wait_s"]
-    return {"ratio": ratio, "vs_ff": vs_ff, "wait_vs_ff": wait,
-            "met": ratio <= 1.15 and vs_ff <= 1 and wait <= 1}
+    return {
+        "ratio": ratio,
+        "vs_ff": vs_ff,
+        "wait_vs_ff": wait,
+        "met": ratio <= 1.15 and vs_ff <= 1 and wait <= 1,
+    }
 
 
 def _trace(tr: dict[str, Any]) -> list[str]:
-    out = ["## 6. Trace packing in simulated time: gpuwarden's policies against the usual ones",
-           "",
-           f"**What this measures.** bench/bench_trace.py generates {tr['jobs']} jobs "
-           f"(seed {tr['seed']}) for {tr['gpus']} GPUs of {tr['gib']} GiB: 70% evaluations "
-           "(2-16 GiB, 2-30 min), 25% trainings (16-75% of a GPU, 1-6 h), 5% multi-GPU "
-           "trainings (2-4 GPUs at 50-95%, 2-8 h). Three ways to declare them: each with "
-           "a `--timeout` 1.2-2× its run time; *no timeout* (the common case); *learned "
-           "run times* (no timeout, but 80% of the jobs have a run time learned from "
-           "earlier runs of their key, 0.7-1.3× the true one). It replays them event by "
-           "event in simulated time through gpuwarden's own `sched.queue.plan` (as the "
-           "daemon calls it: aged priority, EASY backfill on timeouts or estimates, a "
-           f"{tr.get('starve_after', 900) / 60:g}-minute starvation guard when the first "
-           "waiting job's start is unknown, best fit among the next "
-           f"{tr.get('best_fit_window', '?')} jobs that fit behind it, 512 MiB reserve per "
-           "GPU), the same with backfill off, whole-GPU FIFO (task-spooler, gq), "
-           "first-fit on free memory less a 1 GiB margin, passing over jobs that do not "
-           "fit, with no reservation (gpusched-style), and best-fit (the same, onto the "
-           "fullest GPUs that hold the job). The lower bound is max(Σ memory × time ÷ "
-           "total memory, the longest job). *burst*: every job queued at time 0; "
-           f"*stream*: Poisson arrivals over {tr['workloads']['stream']['hours']:g} h. "
-           "Jobs use what they declare.",
-           ""]
+    out = [
+        "## 6. Trace packing in simulated time: gpuwarden's policies against the usual ones",
+        "",
+        f"**What this measures.** bench/bench_trace.py generates {tr['jobs']} jobs "
+        f"(seed {tr['seed']}) for {tr['gpus']} GPUs of {tr['gib']} GiB: 70% evaluations "
+        "(2-16 GiB, 2-30 min), 25% trainings (16-75% of a GPU, 1-6 h), 5% multi-GPU "
+        "trainings (2-4 GPUs at 50-95%, 2-8 h). Three ways to declare them: each with "
+        "a `--timeout` 1.2-2× its run time; *no timeout* (the common case); *learned "
+        "run times* (no timeout, but 80% of the jobs have a run time learned from "
+        "earlier runs of their key, 0.7-1.3× the true one). It replays them event by "
+        "event in simulated time through gpuwarden's own `sched.queue.plan` (as the "
+        "daemon calls it: aged priority, EASY backfill on timeouts or estimates, a "
+        f"{tr.get('starve_after', 900) / 60:g}-minute starvation guard when the first "
+        "waiting job's start is unknown, best fit among the next "
+        f"{tr.get('best_fit_window', '?')} jobs that fit behind it, 512 MiB reserve per "
+        "GPU), the same with backfill off, whole-GPU FIFO (task-spooler, gq), "
+        "first-fit on free memory less a 1 GiB margin, passing over jobs that do not "
+        "fit, with no reservation (gpusched-style), and best-fit (the same, onto the "
+        "fullest GPUs that hold the job). The lower bound is max(Σ memory × time ÷ "
+        "total memory, the longest job). *burst*: every job queued at time 0; "
+        f"*stream*: Poisson arrivals over {tr['workloads']['stream']['hours']:g} h. "
+        "Jobs use what they declare.",
+        "",
+    ]
     for name, w in tr["workloads"].items():
         lb = w["lower_bound_s"]
         k = w["kinds"]
-        out += [f"**{name}** ({k['eval']} evaluations, {k['train']} trainings, "
-                f"{k['multi']} multi-GPU; lower bound {_h(lb)})", "",
-                "| policy | makespan | ÷ bound | mean wait | p95 wait | longest wait of a "
-                "large job | memory used |",
-                "|---|---:|---:|---:|---:|---:|---:|"]
+        out += [
+            f"**{name}** ({k['eval']} evaluations, {k['train']} trainings, "
+            f"{k['multi']} multi-GPU; lower bound {_h(lb)})",
+            "",
+            "| policy | makespan | ÷ bound | mean wait | p95 wait | longest wait of a "
+            "large job | memory used |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for p, m in w["policies"].items():
-            out.append(f"| {p} | {_h(m['makespan_s'])} | {m['makespan_s'] / lb:.2f}× | "
-                       f"{_h(m['mean_wait_s'])} | {_h(m['p95_wait_s'])} | "
-                       f"{_h(m['max_wait_large_s'])} | {m['mem_utilization'] * 100:.0f}% |")
+            out.append(
+                f"| {p} | {_h(m['makespan_s'])} | {m['makespan_s'] / lb:.2f}× | "
+                f"{_h(m['mean_wait_s'])} | {_h(m['p95_wait_s'])} | "
+                f"{_h(m['max_wait_large_s'])} | {m['mem_utilization'] * 100:.0f}% |"
+            )
         out.append("")
     b = tr["workloads"]["burst"]
     lf = b["longest_first"]
     gwp = b["policies"]["gpuwarden"]
     d = tr["decision"]
-    out += [f"- Goal makespan ≤ 1.05× the bound on the default trace: "
-            f"{_verdict(gwp['makespan_s'] / b['lower_bound_s'] <= 1.05)} "
-            f"({gwp['makespan_s'] / b['lower_bound_s']:.2f}×). The bound is not reachable "
-            "here: the same burst in longest-first order (memory × time, an offline "
-            "planner's choice that no shared queue makes) gives gpuwarden "
-            f"{lf['gpuwarden']['makespan_s'] / b['lower_bound_s']:.2f}× and first-fit "
-            f"{lf['first-fit']['makespan_s'] / b['lower_bound_s']:.2f}×. What is left is "
-            "fragmentation: trainings of 16-95% of a GPU leave holes that no waiting job "
-            "fills, and the multi-GPU jobs need several such holes at once.",
-            "- Against whole-GPU FIFO, packing by memory cuts the makespan by a third and the "
-            "mean wait several times. Against first-fit, gpuwarden is about even: both pack "
-            "by memory.",
-            "- EASY backfill costs here: with the timeouts users declare (1.2-2× the run), "
-            "the reservation it keeps for the first waiting job idles memory. On the stream "
-            "it raises the mean wait and the makespan, and the largest jobs do not wait "
-            "less (`backfill = false` in the config turns it off). Its reservation is "
-            "meant for large jobs starving behind a stream of small ones, with timeouts "
-            "close to the run times; this trace does not show that case.",
-            f"- Decision time: one `plan` over {d['queued']:,} queued jobs on {tr['gpus']} "
-            f"empty GPUs (it places jobs until they are full) takes "
-            f"{d['plan_s'] * 1000:.0f} ms, {d['per_job_us']:.1f} µs per "
-            "job (goal < 1 ms per job: "
-            f"{_verdict(d['per_job_us'] < 1000)}); during the burst replay each pass took "
-            f"{gwp['plan_per_job_us_p50']:.0f} µs per queued job at the median.",
-            ]
+    out += [
+        f"- Goal makespan ≤ 1.05× the bound on the default trace: "
+        f"{_verdict(gwp['makespan_s'] / b['lower_bound_s'] <= 1.05)} "
+        f"({gwp['makespan_s'] / b['lower_bound_s']:.2f}×). The bound is not reachable "
+        "here: the same burst in longest-first order (memory × time, an offline "
+        "planner's choice that no shared queue makes) gives gpuwarden "
+        f"{lf['gpuwarden']['makespan_s'] / b['lower_bound_s']:.2f}× and first-fit "
+        f"{lf['first-fit']['makespan_s'] / b['lower_bound_s']:.2f}×. What is left is "
+        "fragmentation: trainings of 16-95% of a GPU leave holes that no waiting job "
+        "fills, and the multi-GPU jobs need several such holes at once.",
+        "- Against whole-GPU FIFO, packing by memory cuts the makespan by a third and the "
+        "mean wait several times. Against first-fit, gpuwarden is about even: both pack "
+        "by memory.",
+        "- EASY backfill costs here: with the timeouts users declare (1.2-2× the run), "
+        "the reservation it keeps for the first waiting job idles memory. On the stream "
+        "it raises the mean wait and the makespan, and the largest jobs do not wait "
+        "less (`backfill = false` in the config turns it off). Its reservation is "
+        "meant for large jobs starving behind a stream of small ones, with timeouts "
+        "close to the run times; this trace does not show that case.",
+        f"- Decision time: one `plan` over {d['queued']:,} queued jobs on {tr['gpus']} "
+        f"empty GPUs (it places jobs until they are full) takes "
+        f"{d['plan_s'] * 1000:.0f} ms, {d['per_job_us']:.1f} µs per "
+        "job (goal < 1 ms per job: "
+        f"{_verdict(d['per_job_us'] < 1000)}); during the burst replay each pass took "
+        f"{gwp['plan_per_job_us_p50']:.0f} µs per queued job at the median.",
+    ]
     out += _no_timeout_lines(tr)
     if "peer_family" in tr:
         out += ["", *_family(tr["peer_family"])]
@@ -767,47 +899,53 @@ def _trace(tr: dict[str, Any]) -> list[str]:
 def _family(f: dict[str, Any]) -> list[str]:
     """The H200 peer sets as a family: one draw is chaotic, the family is not."""
     c = f["set_c"]
-    out = ["### The H200's set c, and 200 sets like it",
-           "",
-           "**What this measures.** Section 7's set c on a model of the H200 it ran on: its "
-           "memory, what was in use before any job, 676 MiB of CUDA context per job, 0.3 s "
-           "from a job's start to its work and 0.3 s from its work's end to its memory back, "
-           f"plus {f['teardown_s_per_gib'] * 1000:g} ms per GiB it held (a larger job's "
-           "memory comes back later). gpuwarden is `sched.queue.plan` as the daemon calls "
-           "it, with no run times (nobody gave `--timeout`); gpusched polls every second "
-           "and starts, in file order, each job NVML's free memory less 512 MiB holds. "
-           f"Then {f['seeds']} sets drawn the same way (14 jobs, set c's sizes and "
-           "durations), the same two models, several best-fit windows. bench/bench_trace.py.",
-           "",
-           f"- Set c, modelled: gpuwarden {c['gpuwarden_s']:.1f} s, gpusched "
-           f"{c['gpusched_s']:.1f} s (section 7 gives what the H200 measured: 77.0 s and "
-           "64.5 s at 2bdbd49, the model's case, 65.0 s and 65.6 s at d6d7e6e, and 76.8 s "
-           "and 63.4 s again at 27c7453, where dbcea9f's source measured 76.7 s in the same "
-           "call). "
-           "With every job's memory back the moment its work ends, gpuwarden's is "
-           f"{c['gpuwarden_no_teardown_s']:.1f} s: the 50 GiB job's memory coming back "
-           "0.3 s after the 20 GiB one's lets a 25 GiB job start into the first room, "
-           "and the 60 GiB job at the head of the queue then waits 20 s longer. "
-           "Without run times every policy of this kind turns on such moments.",
-           *_hindsight(c),
-           "",
-           f"| gpuwarden policy | mean makespan | ÷ gpusched, mean | p10 | median | p90 | "
-           f"worst | sets won of {f['seeds']} |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        "### The H200's set c, and 200 sets like it",
+        "",
+        "**What this measures.** Section 7's set c on a model of the H200 it ran on: its "
+        "memory, what was in use before any job, 676 MiB of CUDA context per job, 0.3 s "
+        "from a job's start to its work and 0.3 s from its work's end to its memory back, "
+        f"plus {f['teardown_s_per_gib'] * 1000:g} ms per GiB it held (a larger job's "
+        "memory comes back later). gpuwarden is `sched.queue.plan` as the daemon calls "
+        "it, with no run times (nobody gave `--timeout`); gpusched polls every second "
+        "and starts, in file order, each job NVML's free memory less 512 MiB holds. "
+        f"Then {f['seeds']} sets drawn the same way (14 jobs, set c's sizes and "
+        "durations), the same two models, several best-fit windows. bench/bench_trace.py.",
+        "",
+        f"- Set c, modelled: gpuwarden {c['gpuwarden_s']:.1f} s, gpusched "
+        f"{c['gpusched_s']:.1f} s (section 7 gives what the H200 measured: 77.0 s and "
+        "64.5 s at 2bdbd49, the model's case, 65.0 s and 65.6 s at d6d7e6e, and 76.8 s "
+        "and 63.4 s again at 27c7453, where dbcea9f's source measured 76.7 s in the same "
+        "call). "
+        "With every job's memory back the moment its work ends, gpuwarden's is "
+        f"{c['gpuwarden_no_teardown_s']:.1f} s: the 50 GiB job's memory coming back "
+        "0.3 s after the 20 GiB one's lets a 25 GiB job start into the first room, "
+        "and the 60 GiB job at the head of the queue then waits 20 s longer. "
+        "Without run times every policy of this kind turns on such moments.",
+        *_hindsight(c),
+        "",
+        f"| gpuwarden policy | mean makespan | ÷ gpusched, mean | p10 | median | p90 | "
+        f"worst | sets won of {f['seeds']} |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, p in f["policies"].items():
-        out.append(f"| {name} | {p['mean_s']:.1f} s | {p['ratio_mean']:.3f}× | "
-                   f"{p['ratio_p10']:.3f}× | {p['ratio_p50']:.3f}× | {p['ratio_p90']:.3f}× | "
-                   f"{p['worst']:.2f}× | {p['wins']} |")
+        out.append(
+            f"| {name} | {p['mean_s']:.1f} s | {p['ratio_mean']:.3f}× | "
+            f"{p['ratio_p10']:.3f}× | {p['ratio_p50']:.3f}× | {p['ratio_p90']:.3f}× | "
+            f"{p['worst']:.2f}× | {p['wins']} |"
+        )
     default = next(p for n, p in f["policies"].items() if "default" in n)
-    out += ["",
-            f"- gpusched's mean makespan: {f['gpusched_mean_s']:.1f} s. gpuwarden's default "
-            f"is {default['ratio_mean']:.3f}× it on the mean and wins {default['wins']} of "
-            f"{f['seeds']} sets: it places a job the moment room comes back, where a "
-            "poll waits half a second on average. Issue 17's goal for set c (≤ 0.85× "
-            "gpusched) is out of reach of any policy that does not know run times: no "
-            "window or backfill setting reaches it on the family's mean.",
-            "- Window 1 (and backfill off, which orders the same way here) has the narrowest "
-            "spread; wider windows win more sets by more and lose some by more."]
+    out += [
+        "",
+        f"- gpusched's mean makespan: {f['gpusched_mean_s']:.1f} s. gpuwarden's default "
+        f"is {default['ratio_mean']:.3f}× it on the mean and wins {default['wins']} of "
+        f"{f['seeds']} sets: it places a job the moment room comes back, where a "
+        "poll waits half a second on average. Issue 17's goal for set c (≤ 0.85× "
+        "gpusched) is out of reach of any policy that does not know run times: no "
+        "window or backfill setting reaches it on the family's mean.",
+        "- Window 1 (and backfill off, which orders the same way here) has the narrowest "
+        "spread; wider windows win more sets by more and lose some by more.",
+    ]
     return out
 
 
@@ -817,15 +955,19 @@ def _hindsight(c: dict[str, Any]) -> list[str]:
     if h is None:
         return []
     g = c["gpusched_s"]
-    return ["",
-            f"- Set c with hindsight (the same model, no poll delay, each job started the "
-            f"moment memory allows in a given order): longest run first "
-            f"{h['longest_first_s']:.1f} s ({h['longest_first_s'] / g:.2f}× gpusched), the "
-            f"best of {h['tries']:,} random orders {h['best_order_s']:.1f} s "
-            f"({h['best_order_s'] / g:.2f}×). Issue 17's goal for set c (≤ 0.85× gpusched) "
-            + ("is beyond the best order found, even knowing every run time."
-               if h["best_order_s"] / g > 0.85 else
-               "is within reach of the best order found, knowing every run time.")]
+    return [
+        "",
+        f"- Set c with hindsight (the same model, no poll delay, each job started the "
+        f"moment memory allows in a given order): longest run first "
+        f"{h['longest_first_s']:.1f} s ({h['longest_first_s'] / g:.2f}× gpusched), the "
+        f"best of {h['tries']:,} random orders {h['best_order_s']:.1f} s "
+        f"({h['best_order_s'] / g:.2f}×). Issue 17's goal for set c (≤ 0.85× gpusched) "
+        + (
+            "is beyond the best order found, even knowing every run time."
+            if h["best_order_s"] / g > 0.85
+            else "is within reach of the best order found, knowing every run time."
+        ),
+    ]
 
 
 def _no_timeout_lines(tr: dict[str, Any]) -> list[str]:
@@ -836,39 +978,54 @@ def _no_timeout_lines(tr: dict[str, Any]) -> list[str]:
     out = []
     for name in ("burst, no timeout", "stream, no timeout"):
         g = _no_timeout_goal(ws[name])
-        out.append(f"- Goal on *{name}*: makespan ≤ first-fit's and ≤ 1.15× the bound, "
-                   f"mean wait ≤ first-fit's: {_verdict(g['met'])} (makespan "
-                   f"{g['ratio']:.2f}× the bound, {g['vs_ff']:.3f}× first-fit's; mean wait "
-                   f"{g['wait_vs_ff']:.2f}× first-fit's).")
-    best = min(p["makespan_s"] / w["lower_bound_s"] for n in ("burst, no timeout",
-               "stream, no timeout") for w in (ws[n],) for p in w["policies"].values())
-    ff = all(g["vs_ff"] <= 1 and g["wait_vs_ff"] <= 1 for g in
-             (_no_timeout_goal(ws[n]) for n in ("burst, no timeout", "stream, no timeout")))
-    out.append(f"- The best any policy reaches on these traces is {best:.2f}× the bound "
-               "(the burst in longest-first order above shows the bound itself is out of "
-               "reach), so the 1.15× part of the goal is missed by all of them; the "
-               "first-fit part (makespan and mean wait ≤ first-fit's, both traces): "
-               f"{_verdict(ff)}.")
+        out.append(
+            f"- Goal on *{name}*: makespan ≤ first-fit's and ≤ 1.15× the bound, "
+            f"mean wait ≤ first-fit's: {_verdict(g['met'])} (makespan "
+            f"{g['ratio']:.2f}× the bound, {g['vs_ff']:.3f}× first-fit's; mean wait "
+            f"{g['wait_vs_ff']:.2f}× first-fit's)."
+        )
+    best = min(
+        p["makespan_s"] / w["lower_bound_s"]
+        for n in ("burst, no timeout", "stream, no timeout")
+        for w in (ws[n],)
+        for p in w["policies"].values()
+    )
+    ff = all(
+        g["vs_ff"] <= 1 and g["wait_vs_ff"] <= 1
+        for g in (_no_timeout_goal(ws[n]) for n in ("burst, no timeout", "stream, no timeout"))
+    )
+    out.append(
+        f"- The best any policy reaches on these traces is {best:.2f}× the bound "
+        "(the burst in longest-first order above shows the bound itself is out of "
+        "reach), so the 1.15× part of the goal is missed by all of them; the "
+        "first-fit part (makespan and mean wait ≤ first-fit's, both traces): "
+        f"{_verdict(ff)}."
+    )
     win = tr.get("window")
     if win:
         cells = "; ".join(
-            f"{w}: " + ", ".join(f"{_h(v['makespan_s'])} / {_h(v['mean_wait_s'])}"
-                                 for v in row.values())
-            for w, row in win.items())
-        out.append("- Best-fit window (gpuwarden, no timeouts, burst then stream, makespan "
-                   f"/ mean wait; 1 means queue order): {cells}. The default "
-                   f"({tr.get('best_fit_window')}) was chosen from this sweep: wider windows "
-                   "pack tighter and make small jobs wait longer.")
+            f"{w}: "
+            + ", ".join(f"{_h(v['makespan_s'])} / {_h(v['mean_wait_s'])}" for v in row.values())
+            for w, row in win.items()
+        )
+        out.append(
+            "- Best-fit window (gpuwarden, no timeouts, burst then stream, makespan "
+            f"/ mean wait; 1 means queue order): {cells}. The default "
+            f"({tr.get('best_fit_window')}) was chosen from this sweep: wider windows "
+            "pack tighter and make small jobs wait longer."
+        )
     lr = ws.get("stream, learned run times")
     nt = ws.get("stream, no timeout")
     if lr and nt:
         a, b = (x["policies"]["gpuwarden"]["makespan_s"] for x in (lr, nt))
-        out.append(f"- Learned run times {'cost' if a > b else 'help'} on this trace "
-                   f"(stream: {_h(a)} against {_h(b)} without them): with a known start "
-                   "for the first waiting job, its reservation holds room from the first "
-                   "pass instead of after the guard, as with timeouts. That protects "
-                   "large jobs from starving behind a stream of small ones, which this "
-                   "trace does not have, and idles memory otherwise.")
+        out.append(
+            f"- Learned run times {'cost' if a > b else 'help'} on this trace "
+            f"(stream: {_h(a)} against {_h(b)} without them): with a known start "
+            "for the first waiting job, its reservation holds room from the first "
+            "pass instead of after the guard, as with timeouts. That protects "
+            "large jobs from starving behind a stream of small ones, which this "
+            "trace does not have, and idles memory otherwise."
+        )
     return out
 
 
@@ -878,33 +1035,53 @@ PEER_GOALS = {"a": 1.0, "b": 1.0, "c": 0.85}  # gpuwarden's makespan ÷ the best
 def _peer_ratio(runs: dict[str, Any]) -> tuple[float | None, float | None, str | None]:
     """gpuwarden's makespan, the best peer's, and that peer's name (None where missing)."""
     gw = runs.get("gpuwarden", {}).get("makespan_s")
-    peers = [(r["makespan_s"], n) for n, r in runs.items()
-             if n != "gpuwarden" and r.get("makespan_s") is not None]
+    peers = [
+        (r["makespan_s"], n)
+        for n, r in runs.items()
+        if n != "gpuwarden" and r.get("makespan_s") is not None
+    ]
     best = min(peers) if peers else (None, None)
     return gw, best[0], best[1]
 
 
 def _peers_summary(pr: dict[str, Any]) -> list[str]:
     if "runs" not in pr:
-        return ["- Real peers on the GPU machine: bench/results/peers.json is of an older "
-                "format; rerun scripts/gpu-bench.sh (section 7)."]
-    smoke = "" if pr.get("time_scale", 1) == 1 else \
-        f" (a smoke run, durations ×{pr['time_scale']}: not the benchmark's figures)"
+        return [
+            "- Real peers on the GPU machine: bench/results/peers.json is of an older "
+            "format; rerun scripts/gpu-bench.sh (section 7)."
+        ]
+    smoke = (
+        ""
+        if pr.get("time_scale", 1) == 1
+        else f" (a smoke run, durations ×{pr['time_scale']}: not the benchmark's figures)"
+    )
     parts = []
     for s, runs in sorted(pr["runs"].items()):
         gw, best, name = _peer_ratio(runs)
         if gw is None or best is None:
             g = runs.get("gpuwarden", {})
-            who = (f"gpuwarden {g['ok']} of {len(g['jobs'])} jobs succeeded" if "jobs" in g
-                   else "gpuwarden did not run") if gw is None else f"gpuwarden {gw:.1f} s"
+            who = (
+                (
+                    f"gpuwarden {g['ok']} of {len(g['jobs'])} jobs succeeded"
+                    if "jobs" in g
+                    else "gpuwarden did not run"
+                )
+                if gw is None
+                else f"gpuwarden {gw:.1f} s"
+            )
             peer = "no peer finished every job" if best is None else f"{name} {best:.1f} s"
             parts.append(f"set {s}: {who}, {peer}")
             continue
         goal = PEER_GOALS.get(s, 1.0)
-        parts.append(f"set {s}: gpuwarden {gw:.1f} s vs {name} {best:.1f} s "
-                     f"(**{gw / best:.2f}×**, goal ≤ {goal}×: {_verdict(gw / best <= goal)})")
-    return [f"- gpuwarden, gpusched and gflow on real torch jobs on one {pr['gpu']}{smoke}: "
-            + "; ".join(parts) + "."]
+        parts.append(
+            f"set {s}: gpuwarden {gw:.1f} s vs {name} {best:.1f} s "
+            f"(**{gw / best:.2f}×**, goal ≤ {goal}×: {_verdict(gw / best <= goal)})"
+        )
+    return [
+        f"- gpuwarden, gpusched and gflow on real torch jobs on one {pr['gpu']}{smoke}: "
+        + "; ".join(parts)
+        + "."
+    ]
 
 
 def _peer_row(name: str, r: dict[str, Any], bound: float, best: float | None) -> str:
@@ -921,21 +1098,27 @@ def _peer_row(name: str, r: dict[str, Any], bound: float, best: float | None) ->
     if r.get("errors"):
         note.append(f"{r['errors']} other errors")
     mean = r["mean_completion_s"]
-    cells = ["—" if ms_ is None else f"**{ms_:.1f} s**",
-             "—" if ms_ is None else f"{ms_ / bound:.2f}×",
-             "—" if ms_ is None or not best else f"{ms_ / best:.2f}×",
-             "—" if mean is None else f"{mean:.1f} s",
-             f"{r['ok']} / {r['failed'] + r['unfinished']}",
-             f"{o['self']} / {o['cap']} / {o['neighbour']}", str(r["retries"]),
-             "; ".join(note)]
+    cells = [
+        "—" if ms_ is None else f"**{ms_:.1f} s**",
+        "—" if ms_ is None else f"{ms_ / bound:.2f}×",
+        "—" if ms_ is None or not best else f"{ms_ / best:.2f}×",
+        "—" if mean is None else f"{mean:.1f} s",
+        f"{r['ok']} / {r['failed'] + r['unfinished']}",
+        f"{o['self']} / {o['cap']} / {o['neighbour']}",
+        str(r["retries"]),
+        "; ".join(note),
+    ]
     return f"| {name} | " + " | ".join(cells) + " |"
 
 
 def _peer_jobs(pset: dict[str, Any], runs: dict[str, Any]) -> list[str]:
     tools = [n for n in runs if "jobs" in runs[n]]
-    out = ["| job | declared | takes | duration | "
-           + " | ".join(f"{n}: peak (attempts)" for n in tools) + " |",
-           "|---|---:|---:|---:|" + "---:|" * len(tools)]
+    out = [
+        "| job | declared | takes | duration | "
+        + " | ".join(f"{n}: peak (attempts)" for n in tools)
+        + " |",
+        "|---|---:|---:|---:|" + "---:|" * len(tools),
+    ]
     for i, j in enumerate(pset["jobs"]):
         cells = []
         for n in tools:
@@ -943,9 +1126,10 @@ def _peer_jobs(pset: dict[str, Any], runs: dict[str, Any]) -> list[str]:
             mark = "" if pj["ok"] else " ✗"
             cells.append(f"{pj['peak_reserved_mib'] / 1024:.1f} GiB ({pj['attempts']}){mark}")
         liar = "" if j["honest"] else " ⚠"
-        out.append(f"| {j['name']}{liar} | {j['declared_mib'] / 1024:.1f} GiB | "
-                   f"{j['final_mib'] / 1024:.1f} GiB | {j['seconds']:g} s | "
-                   + " | ".join(cells) + " |")
+        out.append(
+            f"| {j['name']}{liar} | {j['declared_mib'] / 1024:.1f} GiB | "
+            f"{j['final_mib'] / 1024:.1f} GiB | {j['seconds']:g} s | " + " | ".join(cells) + " |"
+        )
     return out
 
 
@@ -958,19 +1142,26 @@ def _gw_revs(pr: dict[str, Any]) -> str:
             revs.setdefault(rev, []).append(s)
     if len(revs) < 2:
         return next(iter(revs), "")
-    return ", ".join(f"{rev} (set{'s' if len(ss) > 1 else ''} {', '.join(ss)})"
-                     for rev, ss in revs.items())
+    return ", ".join(
+        f"{rev} (set{'s' if len(ss) > 1 else ''} {', '.join(ss)})" for rev, ss in revs.items()
+    )
 
 
 def _peers(pr: dict[str, Any]) -> list[str]:
     if "runs" not in pr:
-        return ["## 7. Real peers on the GPU machine: gpuwarden, gpusched, gflow", "",
-                "bench/results/peers.json is of an older format: rerun scripts/gpu-bench.sh."]
+        return [
+            "## 7. Real peers on the GPU machine: gpuwarden, gpusched, gflow",
+            "",
+            "bench/results/peers.json is of an older format: rerun scripts/gpu-bench.sh.",
+        ]
     st, v, cfg = pr.get("status", {}), pr.get("versions", {}), pr.get("settings", {})
     out = ["## 7. Real peers on the GPU machine: gpuwarden, gpusched, gflow", ""]
     if pr.get("time_scale", 1) != 1:
-        out += [f"**A smoke run** (every duration ×{pr['time_scale']}): it shows that the "
-                "harness works, not how the tools compare; the benchmark runs at ×1.", ""]
+        out += [
+            f"**A smoke run** (every duration ×{pr['time_scale']}): it shows that the "
+            "harness works, not how the tools compare; the benchmark runs at ×1.",
+            "",
+        ]
     out += [
         f"**What this measures.** Three sets of real torch jobs on one {pr['gpu']} "
         f"({_gib(pr['gpu_memory'])}, driver {pr.get('driver')}, torch {v.get('torch')}), "
@@ -995,60 +1186,93 @@ def _peers(pr: dict[str, Any]) -> list[str]:
         "and completion times count from the first submission; a makespan needs every job "
         "to succeed. scripts/gpu-bench.sh (bench/bench_peers.py, bench/peers_job.py), the "
         "peers carried as wheels and tmux as Debian packages.",
-        ""]
+        "",
+    ]
     for s, runs in sorted(pr["runs"].items()):
         pset = pr["sets"][s]
         lb = pset["lower_bound"]
         gw, best, name = _peer_ratio(runs)
-        out += [f"### Set {s}: {pset['title']}", "",
-                f"Lower bound **{lb['bound_s']:.1f} s** (memory × time ÷ the GPU: "
-                f"{lb['area_s']:.1f} s; the longest job: {lb['longest_s']:g} s).", "",
-                "| tool | makespan | ÷ bound | ÷ best peer | mean completion | ok / failed | "
-                "OOMs self / cap / neighbour | retries | note |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|---|",
-                *[_peer_row(n, r, lb["bound_s"], best) for n, r in runs.items()],
-                ""]
+        out += [
+            f"### Set {s}: {pset['title']}",
+            "",
+            f"Lower bound **{lb['bound_s']:.1f} s** (memory × time ÷ the GPU: "
+            f"{lb['area_s']:.1f} s; the longest job: {lb['longest_s']:g} s).",
+            "",
+            "| tool | makespan | ÷ bound | ÷ best peer | mean completion | ok / failed | "
+            "OOMs self / cap / neighbour | retries | note |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+            *[_peer_row(n, r, lb["bound_s"], best) for n, r in runs.items()],
+            "",
+        ]
         if gw is not None and best is not None:
             goal = PEER_GOALS.get(s, 1.0)
-            out += [f"- gpuwarden ÷ the best peer ({name}): **{gw / best:.2f}×** (goal ≤ "
-                    f"{goal}×: {_verdict(gw / best <= goal)}).", ""]
+            out += [
+                f"- gpuwarden ÷ the best peer ({name}): **{gw / best:.2f}×** (goal ≤ "
+                f"{goal}×: {_verdict(gw / best <= goal)}).",
+                "",
+            ]
         g = runs.get("gpuwarden", {})
         if "jobs" in g:
-            honest_ooms = sum(1 for j in g["jobs"] if j["honest"]
-                              for t in j["trace"] if t["status"] == "oom")
+            honest_ooms = sum(
+                1 for j in g["jobs"] if j["honest"] for t in j["trace"] if t["status"] == "oom"
+            )
             liars = [j for j in g["jobs"] if not j["honest"]]
             one = all(j["ok"] and j["attempts"] == 2 for j in liars)
-            line = (f"- gpuwarden: OOMs of honest jobs {honest_ooms} (goal 0: "
-                    f"{_verdict(honest_ooms == 0)}), neighbour OOMs {g['ooms']['neighbour']} "
-                    f"(goal 0: {_verdict(g['ooms']['neighbour'] == 0)})")
+            line = (
+                f"- gpuwarden: OOMs of honest jobs {honest_ooms} (goal 0: "
+                f"{_verdict(honest_ooms == 0)}), neighbour OOMs {g['ooms']['neighbour']} "
+                f"(goal 0: {_verdict(g['ooms']['neighbour'] == 0)})"
+            )
             if liars:
-                line += (f"; under-declared jobs succeed after exactly one retry: "
-                         f"{_verdict(one)} (attempts: "
-                         + ", ".join(f"{j['attempts']}{'' if j['ok'] else ' ✗'}" for j in liars)
-                         + ")")
-            ctx = [j["context_mib"] for r in runs.values() for j in r.get("jobs", [])
-                   if j.get("context_mib")]
+                line += (
+                    f"; under-declared jobs succeed after exactly one retry: "
+                    f"{_verdict(one)} (attempts: "
+                    + ", ".join(f"{j['attempts']}{'' if j['ok'] else ' ✗'}" for j in liars)
+                    + ")"
+                )
+            ctx = [
+                j["context_mib"]
+                for r in runs.values()
+                for j in r.get("jobs", [])
+                if j.get("context_mib")
+            ]
             if ctx:
-                line += (f". NVML's figure less the allocator's, per process: "
-                         f"{min(ctx)}-{max(ctx)} MiB (the CUDA context)")
+                line += (
+                    f". NVML's figure less the allocator's, per process: "
+                    f"{min(ctx)}-{max(ctx)} MiB (the CUDA context)"
+                )
             out += [line + ".", ""]
-        out += ["Declared vs peak (`max_memory_reserved` of the successful attempt, else the "
-                "largest of any attempt; attempts in brackets; ⚠ declares less than it takes, "
-                "✗ did not succeed):", "", *_peer_jobs(pset, runs), ""]
+        out += [
+            "Declared vs peak (`max_memory_reserved` of the successful attempt, else the "
+            "largest of any attempt; attempts in brackets; ⚠ declares less than it takes, "
+            "✗ did not succeed):",
+            "",
+            *_peer_jobs(pset, runs),
+            "",
+        ]
     if st:
-        out += ["| one-shot view (wall time, Python start-up included) | median | min |",
-                "|---|---:|---:|",
-                *[f"| `{n}` | {x['median_s'] * 1000:.0f} ms | {x['min_s'] * 1000:.0f} ms |"
-                  for n, x in st.items()],
-                "",
-                *_status_goals(st, pr.get("status_processes")),
-                *(["- Every Python view ran with its bytecode cached (a private "
-                   "`PYTHONPYCACHEPREFIX`, after one untimed run), as an installed package "
-                   "has it: this image's packages come without .pyc files."]
-                  if pr.get("status_bytecode_cached") else []),
-                "- `gpuwarden status` does more than `nvidia-smi` (processes joined with /proc: "
-                "users, containers, leak classes); `nvitop -1` is the other one-shot view "
-                "people use. The leak scan next to `fuser` is section 2."]
+        out += [
+            "| one-shot view (wall time, Python start-up included) | median | min |",
+            "|---|---:|---:|",
+            *[
+                f"| `{n}` | {x['median_s'] * 1000:.0f} ms | {x['min_s'] * 1000:.0f} ms |"
+                for n, x in st.items()
+            ],
+            "",
+            *_status_goals(st, pr.get("status_processes")),
+            *(
+                [
+                    "- Every Python view ran with its bytecode cached (a private "
+                    "`PYTHONPYCACHEPREFIX`, after one untimed run), as an installed package "
+                    "has it: this image's packages come without .pyc files."
+                ]
+                if pr.get("status_bytecode_cached")
+                else []
+            ),
+            "- `gpuwarden status` does more than `nvidia-smi` (processes joined with /proc: "
+            "users, containers, leak classes); `nvitop -1` is the other one-shot view "
+            "people use. The leak scan next to `fuser` is section 2.",
+        ]
     return out
 
 
@@ -1060,22 +1284,35 @@ def _status_goals(st: dict[str, Any], processes: int | None) -> list[str]:
     leaks = st.get("gpuwarden leaks --json", {}).get("median_s")
     out = []
     if alone is not None:
-        out.append(f"- Standalone `status` {alone * 1000:.0f} ms"
-                   + (f" with {processes:,} processes on the machine" if processes else "")
-                   + f"; goal ≤ 150 ms: {_verdict(alone <= 0.150)}.")
+        out.append(
+            f"- Standalone `status` {alone * 1000:.0f} ms"
+            + (f" with {processes:,} processes on the machine" if processes else "")
+            + f"; goal ≤ 150 ms: {_verdict(alone <= 0.150)}."
+        )
     if leaks is not None:
-        out.append(f"- Standalone `leaks --json` {leaks * 1000:.0f} ms; goal ≤ 300 ms: "
-                   f"{_verdict(leaks <= 0.300)}.")
+        out.append(
+            f"- Standalone `leaks --json` {leaks * 1000:.0f} ms; goal ≤ 300 ms: "
+            f"{_verdict(leaks <= 0.300)}."
+        )
     served = {n: v["median_s"] for n, v in st.items() if n.endswith("(daemon)")}
     if served and py is not None:
         worst = max(served.values())
-        words = ", ".join(f"`{n.removeprefix('gpuwarden ').removesuffix(' (daemon)')}` "
-                          f"{v * 1000:.0f} ms" for n, v in served.items())
-        out.append(f"- With a daemon running: {words}, against {py * 1000:.0f} ms for the "
-                   f"interpreter alone; goal ≤ interpreter + 30 ms: "
-                   f"{_verdict(worst <= py + 0.030)}"
-                   + (f"; {nvitop / worst:.1f}× faster than `nvitop -1` (goal ≥ 3×: "
-                      f"{_verdict(nvitop >= 3 * worst)})" if nvitop else "") + ".")
+        words = ", ".join(
+            f"`{n.removeprefix('gpuwarden ').removesuffix(' (daemon)')}` {v * 1000:.0f} ms"
+            for n, v in served.items()
+        )
+        out.append(
+            f"- With a daemon running: {words}, against {py * 1000:.0f} ms for the "
+            f"interpreter alone; goal ≤ interpreter + 30 ms: "
+            f"{_verdict(worst <= py + 0.030)}"
+            + (
+                f"; {nvitop / worst:.1f}× faster than `nvitop -1` (goal ≥ 3×: "
+                f"{_verdict(nvitop >= 3 * worst)})"
+                if nvitop
+                else ""
+            )
+            + "."
+        )
     return out
 
 
@@ -1109,8 +1346,7 @@ def _views(vw: dict[str, Any]) -> list[str]:
         "",
         "| (a) refreshing a view, 1 s apart | CPU-s per refresh | refreshes timed |",
         "|---|---:|---:|",
-        f"| `gpuwarden top --interval 1` | {top['cpu_per_refresh']:.3f} | "
-        f"{top['seconds']:.0f} s |",
+        f"| `gpuwarden top --interval 1` | {top['cpu_per_refresh']:.3f} | {top['seconds']:.0f} s |",
         f"| `gpuwarden status`, once a second | {st['cpu_per_refresh']:.3f} | {st['runs']} |",
         f"| **status ÷ top** | **{vw['ratio_status_over_top']:.1f}×** | |",
         "",
@@ -1122,27 +1358,36 @@ def _views(vw: dict[str, Any]) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for hours, r in vw["web"].items():
-        out.append(f"| {hours} h | {ms(r['first'])} | {r['first_cpu']:.2f} s | "
-                   f"{ms(r['p50'])} | {ms(r['p99'])} | {r['cpu_per_request']:.3f} s | "
-                   f"{r['bytes']:,} |")
-    out += ["",
-            "- Finding that led to the cache: drawing the 24 h charts reads every sample of "
-            "the window, which takes about 1 s of the daemon's CPU. The page refreshes every "
-            "10 s, so each viewer cost about a tenth of a core, in the process that "
-            "schedules. Charts are now kept for one point's duration: 10 s for 1 h, 60 s "
-            "for 6 h, 4 min for 24 h. Viewers asking at the same moment share one drawing.",
-            "- Running `top` on this scenario for this benchmark found a crash: NVML lists "
-            "a garbage pid once per leaked context, and `top`'s table keys were not unique. "
-            "It is fixed, with a unit test."]
+        out.append(
+            f"| {hours} h | {ms(r['first'])} | {r['first_cpu']:.2f} s | "
+            f"{ms(r['p50'])} | {ms(r['p99'])} | {r['cpu_per_request']:.3f} s | "
+            f"{r['bytes']:,} |"
+        )
+    out += [
+        "",
+        "- Finding that led to the cache: drawing the 24 h charts reads every sample of "
+        "the window, which takes about 1 s of the daemon's CPU. The page refreshes every "
+        "10 s, so each viewer cost about a tenth of a core, in the process that "
+        "schedules. Charts are now kept for one point's duration: 10 s for 1 h, 60 s "
+        "for 6 h, 4 min for 24 h. Viewers asking at the same moment share one drawing.",
+        "- Running `top` on this scenario for this benchmark found a crash: NVML lists "
+        "a garbage pid once per leaked context, and `top`'s table keys were not unique. "
+        "It is fixed, with a unit test.",
+    ]
     return out
 
 
-def render(status: dict[str, Any] | None, holders: dict[str, Any] | None,
-           daemon: dict[str, Any] | None, commands: list[str],
-           mixed: dict[str, Any] | None = None,
-           metrics: dict[str, Any] | None = None, trace: dict[str, Any] | None = None,
-           peers: dict[str, Any] | None = None,
-           views: dict[str, Any] | None = None) -> str:
+def render(
+    status: dict[str, Any] | None,
+    holders: dict[str, Any] | None,
+    daemon: dict[str, Any] | None,
+    commands: list[str],
+    mixed: dict[str, Any] | None = None,
+    metrics: dict[str, Any] | None = None,
+    trace: dict[str, Any] | None = None,
+    peers: dict[str, Any] | None = None,
+    views: dict[str, Any] | None = None,
+) -> str:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     parts = [("status", status), ("holders", holders), ("daemon", daemon)]
     present = [(name, data) for name, data in parts if data is not None]
@@ -1171,8 +1416,10 @@ def render(status: dict[str, Any] | None, holders: dict[str, Any] | None,
         machine_rows.append(f"| task-spooler | {daemon['ts']['version'].split(' - ')[0]} |")
     titles = {"status": "status", "holders": "holder", "daemon": "daemon"}
     for name, data in present:
-        machine_rows.append(f"| /proc/loadavg before the {titles[name]} benchmark | "
-                            f"`{data['machine']['loadavg']}` |")
+        machine_rows.append(
+            f"| /proc/loadavg before the {titles[name]} benchmark | "
+            f"`{data['machine']['loadavg']}` |"
+        )
     missing = [name for name, data in parts if data is None]
     lines = [
         "# gpuwarden benchmark results",
@@ -1227,16 +1474,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", type=Path, help="bench_trace.py's JSON")
     ap.add_argument("--peers", type=Path, help="bench_peers.py's JSON (from a GPU machine)")
     ap.add_argument("--views", type=Path, help="bench_views.py's JSON")
-    ap.add_argument("--command", action="append", default=[],
-                    help="a command that produced the figures (repeatable)")
+    ap.add_argument(
+        "--command",
+        action="append",
+        default=[],
+        help="a command that produced the figures (repeatable)",
+    )
     ap.add_argument("-o", "--output", type=Path, help="default: stdout")
     args = ap.parse_args(argv)
+
     def load(path: Path | None) -> Any:
         return None if path is None else json.loads(path.read_text())
 
-    text = render(load(args.status), load(args.holders), load(args.daemon), args.command,
-                  load(args.mixed), load(args.metrics), load(args.trace), load(args.peers),
-                  load(args.views))
+    text = render(
+        load(args.status),
+        load(args.holders),
+        load(args.daemon),
+        args.command,
+        load(args.mixed),
+        load(args.metrics),
+        load(args.trace),
+        load(args.peers),
+        load(args.views),
+    )
     if args.output:
         tmp = args.output.with_suffix(".tmp")
         tmp.write_text(text)

@@ -56,23 +56,37 @@ class SimMachine:
     @property
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(GPUWARDEN_SIM=str(self.scenario), GPUWARDEN_SIM_STATE=str(self.state),
-                   PYTHONPATH=str(SRC) + os.pathsep + env.get("PYTHONPATH", ""),
-                   COLUMNS="100", PYTHONUNBUFFERED="1")
+        env.update(
+            GPUWARDEN_SIM=str(self.scenario),
+            GPUWARDEN_SIM_STATE=str(self.state),
+            PYTHONPATH=str(SRC) + os.pathsep + env.get("PYTHONPATH", ""),
+            COLUMNS="100",
+            PYTHONUNBUFFERED="1",
+        )
         env.pop("CUDA_VISIBLE_DEVICES", None)
         return env
 
-    def cli(self, *args: str, check: bool = False, timeout: float = 60,
-            env: dict[str, str] | None = None,
-            process: bool = False) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self,
+        *args: str,
+        check: bool = False,
+        timeout: float = 60,
+        env: dict[str, str] | None = None,
+        process: bool = False,
+    ) -> subprocess.CompletedProcess[str]:
         """``gpuwarden ARGS``: in this process where that is the same (see
         ``daemon_fixture.in_process_ok``), else, or with ``process``, in its own."""
         from tests.integration.daemon_fixture import in_process_ok
 
         if not process and in_process_ok(args):
             return run_in_process(env or self.env, *args, check=check)
-        r = subprocess.run([sys.executable, "-m", "gpuwarden", *args], env=env or self.env,
-                           capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(
+            [sys.executable, "-m", "gpuwarden", *args],
+            env=env or self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check and r.returncode != 0:
             raise AssertionError(f"gpuwarden {' '.join(args)} -> {r.returncode}\n{r.stderr}")
         return r
@@ -80,14 +94,21 @@ class SimMachine:
     def json(self, *args: str) -> Any:
         return json_answer(self.cli(*args, "--json"), args)
 
-    def job(self, *args: str, gpus: str | None = None, wait_ready: bool = True,
-            **popen: Any) -> subprocess.Popen[str]:
+    def job(
+        self, *args: str, gpus: str | None = None, wait_ready: bool = True, **popen: Any
+    ) -> subprocess.Popen[str]:
         """Start a simulated GPU job and wait until it holds its memory."""
         env = self.env
         if gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpus
-        p = subprocess.Popen([sys.executable, "-m", "gpuwarden.sim.job", *args], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "gpuwarden.sim.job", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            **popen,
+        )
         self.procs.append(p)
         if wait_ready:
             assert p.stdout is not None
@@ -140,13 +161,19 @@ def nobody_prefix() -> tuple[str, ...] | None:
     done (not root, no setpriv/runuser, or nobody cannot reach this interpreter)."""
     if os.geteuid() != 0:
         return None
-    for prefix in (("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"),
-                   ("runuser", "-u", "nobody", "--")):
+    for prefix in (
+        ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"),
+        ("runuser", "-u", "nobody", "--"),
+    ):
         if shutil.which(prefix[0]) is None:
             continue
-        probe = subprocess.run([*prefix, sys.executable, "-c", "import click, psutil, gpuwarden"],
-                               env={**os.environ, "PYTHONPATH": str(SRC)}, capture_output=True,
-                               timeout=60, check=False)
+        probe = subprocess.run(
+            [*prefix, sys.executable, "-c", "import click, psutil, gpuwarden"],
+            env={**os.environ, "PYTHONPATH": str(SRC)},
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
         if probe.returncode == 0:
             return prefix
     return None
@@ -157,13 +184,15 @@ def json_answer(r: subprocess.CompletedProcess[str], args: tuple[str, ...]) -> A
     something, and their JSON is the answer then too."""
     ok = (0, 1) if args[:1] in (("leaks",), ("doctor",)) else (0,)
     if r.returncode not in ok:
-        raise AssertionError(f"gpuwarden {' '.join(args)} --json -> {r.returncode}\n"
-                             f"{r.stdout}\n{r.stderr}")
+        raise AssertionError(
+            f"gpuwarden {' '.join(args)} --json -> {r.returncode}\n{r.stdout}\n{r.stderr}"
+        )
     return json.loads(r.stdout)
 
 
-def run_in_process(env: dict[str, str], *args: str,
-                   check: bool = False) -> subprocess.CompletedProcess[str]:
+def run_in_process(
+    env: dict[str, str], *args: str, check: bool = False
+) -> subprocess.CompletedProcess[str]:
     """``gpuwarden ARGS`` run by this process with ``env`` (alone, as a fresh process
     would have it) and its output captured: the same words and exit status as a
     ``gpuwarden`` started for it, without the interpreter (over a thousand of them were
@@ -195,14 +224,19 @@ def run_in_process(env: dict[str, str], *args: str,
     texts = [b.getvalue().decode("utf-8", "replace") for b in raw]
     r = subprocess.CompletedProcess(["gpuwarden", *args], code, *texts)
     if check and r.returncode != 0:
-        raise AssertionError(f"gpuwarden {' '.join(args)} -> {r.returncode}\n"
-                             f"{r.stdout}\n{r.stderr}")
+        raise AssertionError(
+            f"gpuwarden {' '.join(args)} -> {r.returncode}\n{r.stdout}\n{r.stderr}"
+        )
     return r
 
 
-def wait_for(pred: Any, timeout: float = 10.0, interval: float = 0.05,
-             what: str | Callable[[Any], str] = "the condition",
-             until: Callable[[Any], Any] | None = None) -> Any:
+def wait_for(
+    pred: Any,
+    timeout: float = 10.0,
+    interval: float = 0.05,
+    what: str | Callable[[Any], str] = "the condition",
+    until: Callable[[Any], Any] | None = None,
+) -> Any:
     """``pred()``'s first true value, asked every ``interval`` seconds: the one wait loop
     of the tests. Past ``timeout`` it fails, naming ``what`` it waited for.
 
@@ -212,7 +246,7 @@ def wait_for(pred: Any, timeout: float = 10.0, interval: float = 0.05,
     deadline = time.monotonic() + timeout
     while True:
         value = pred()
-        if (until(value) if until is not None else value):
+        if until(value) if until is not None else value:
             return value
         if time.monotonic() > deadline:
             if callable(what):

@@ -179,7 +179,8 @@ def _named(symbol: str, body: Callable[..., int | None]) -> Callable[..., int]:
 # Device calls made from a table, by C symbol: getters that write one field through
 # their last argument, and the process lists (_v3, and the _v2 of older drivers: one struct).
 _TABLE_CALLS: dict[str, Callable[..., int]] = {
-    symbol: _named(symbol, _write_field(attribute)) for symbol, attribute in {
+    symbol: _named(symbol, _write_field(attribute))
+    for symbol, attribute in {
         "nvmlDeviceGetPowerUsage": "power_mw",
         "nvmlDeviceGetEnforcedPowerLimit": "power_limit_mw",
         "nvmlDeviceGetComputeMode": "compute_mode",
@@ -193,7 +194,8 @@ _TABLE_CALLS: dict[str, Callable[..., int]] = {
     }.items()
 } | {
     f"nvmlDeviceGet{name}RunningProcesses{version}": _named(
-        f"nvmlDeviceGet{name}RunningProcesses{version}", _list(kind))
+        f"nvmlDeviceGet{name}RunningProcesses{version}", _list(kind)
+    )
     for name, kind in (("Compute", "compute"), ("Graphics", "graphics"), ("MPSCompute", "mps"))
     for version in ("_v2", "_v3")
 }
@@ -203,8 +205,13 @@ class FakeNvmlLibrary:
     """Stands where pynvml expects ``CDLL("libnvidia-ml.so.1")``: C functions by name,
     each returning an NVML return code and writing its answers through ctypes."""
 
-    def __init__(self, gpus: list[FakeGpu], driver: str = "550.54.15",
-                 missing: frozenset[str] = frozenset(), init_error: int = SUCCESS) -> None:
+    def __init__(
+        self,
+        gpus: list[FakeGpu],
+        driver: str = "550.54.15",
+        missing: frozenset[str] = frozenset(),
+        init_error: int = SUCCESS,
+    ) -> None:
         self.gpus = gpus
         self.driver = driver
         self.missing = missing  # symbols this driver does not export
@@ -329,8 +336,9 @@ class FakeNvmlLibrary:
             _target(ref).value = value
 
     @_device_call
-    def nvmlDeviceGetRetiredPages(self, dev: FakeGpu, cause: Any, count_ref: Any,
-                                  pages: Any) -> int | None:
+    def nvmlDeviceGetRetiredPages(
+        self, dev: FakeGpu, cause: Any, count_ref: Any, pages: Any
+    ) -> int | None:
         found = dev.retired_pages[_value(cause)]
         count = _target(count_ref)
         if pages is None or count.value < len(found):
@@ -355,16 +363,18 @@ class FakeNvmlLibrary:
         return None
 
     @_device_call
-    def nvmlDeviceGetNvLinkRemotePciInfo_v2(self, dev: FakeGpu, link: int,
-                                            info_ref: Any) -> int | None:
+    def nvmlDeviceGetNvLinkRemotePciInfo_v2(
+        self, dev: FakeGpu, link: int, info_ref: Any
+    ) -> int | None:
         if link >= len(dev.nvlinks):
             return INVALID_ARGUMENT
         _target(info_ref).busId = dev.nvlinks[link].encode()
         return None
 
     @_device_call
-    def nvmlDeviceGetProcessUtilization(self, dev: FakeGpu, samples: Any, count_ref: Any,
-                                        since_us: Any) -> int:
+    def nvmlDeviceGetProcessUtilization(
+        self, dev: FakeGpu, samples: Any, count_ref: Any, since_us: Any
+    ) -> int:
         # Every sample is taken "now", so each is inside the window the caller asks for.
         sampled = [p for p in (*dev.compute, *dev.graphics) if p.sm_util is not None]
         count = _target(count_ref)
@@ -386,8 +396,7 @@ class FakeNvmlLibrary:
     def nvmlDeviceGetMigMode(self, dev: FakeGpu, current_ref: Any, pending_ref: Any) -> None:
         _target(current_ref).value = _target(pending_ref).value = dev.mig_mode
 
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, slot: Any,
-                                            handle_ref: Any) -> int:
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, slot: Any, handle_ref: Any) -> int:
         entry = self.devices.get(_token(handle))
         if entry is None or entry[1] is not entry[0]:
             return INVALID_ARGUMENT
@@ -410,8 +419,9 @@ class FakeNvmlLibrary:
         return None
 
     @_device_call
-    def nvmlDeviceGetComputeInstanceId(self, dev: FakeGpu | FakeMigDevice,
-                                       id_ref: Any) -> int | None:
+    def nvmlDeviceGetComputeInstanceId(
+        self, dev: FakeGpu | FakeMigDevice, id_ref: Any
+    ) -> int | None:
         if not isinstance(dev, FakeMigDevice):
             return INVALID_ARGUMENT
         _target(id_ref).value = dev.compute_instance

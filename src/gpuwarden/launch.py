@@ -84,26 +84,36 @@ def probe_host(env: Mapping[str, str] | None = None) -> Host:
     nodes: frozenset[int] | None = None
     try:
         nodes = frozenset(
-            int(name[4:]) for name in os.listdir("/sys/devices/system/node")
+            int(name[4:])
+            for name in os.listdir("/sys/devices/system/node")
             if name.startswith("node") and name[4:].isdigit()
         )
     except OSError:
         nodes = None
-    return Host(allowed_cpus=allowed, numactl=shutil.which("numactl", path=env.get("PATH")),
-                numa_nodes=nodes)
+    return Host(
+        allowed_cpus=allowed,
+        numactl=shutil.which("numactl", path=env.get("PATH")),
+        numa_nodes=nodes,
+    )
 
 
 def _python_path(existing: str | None, *, with_hook: bool) -> str | None:
     hook = str(HOOK_DIR)
-    rest = [p for p in (existing or "").split(os.pathsep)
-            if p and os.path.abspath(p) != hook]
+    rest = [p for p in (existing or "").split(os.pathsep) if p and os.path.abspath(p) != hook]
     parts = [hook, *rest] if with_hook else rest
     return os.pathsep.join(parts) or None
 
 
-def plan_launch(command: Sequence[str], gpus: Sequence[GpuFacts], *, base_env: Mapping[str, str],
-                host: Host, mem_limit: int | None, bind: bool = True,
-                cores: frozenset[int] | None = None) -> LaunchPlan:
+def plan_launch(
+    command: Sequence[str],
+    gpus: Sequence[GpuFacts],
+    *,
+    base_env: Mapping[str, str],
+    host: Host,
+    mem_limit: int | None,
+    bind: bool = True,
+    cores: frozenset[int] | None = None,
+) -> LaunchPlan:
     """Plan running ``command`` on ``gpus`` (in CUDA_VISIBLE_DEVICES order), capped at
     ``mem_limit`` bytes per GPU (None: no cap), bound to their CPUs and NUMA node.
     ``cores``: exactly these CPUs (cores the job holds alone) instead of every local one."""
@@ -111,8 +121,9 @@ def plan_launch(command: Sequence[str], gpus: Sequence[GpuFacts], *, base_env: M
         raise ValueError("empty command")
     env = dict(base_env)
     # a MIG instance is named by its MIG- UUID (CUDA has no index for it)
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(g.uuid if g.uuid.startswith("MIG-") else str(g.index)
-                                           for g in gpus)
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(
+        g.uuid if g.uuid.startswith("MIG-") else str(g.index) for g in gpus
+    )
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if mem_limit is not None:
         env[MEM_LIMIT_ENV] = str(mem_limit)
@@ -147,8 +158,10 @@ def plan_launch(command: Sequence[str], gpus: Sequence[GpuFacts], *, base_env: M
         node = next(iter(nodes)) if len(nodes) == 1 else None
         if host.numa_nodes is not None and len(host.numa_nodes) <= 1:
             # Nothing to bind to: say so once instead of why each binding was skipped.
-            notes.append("one NUMA node here: binding to the GPUs' node changes nothing"
-                         + ("" if cores is None else "; the job's cores are its own"))
+            notes.append(
+                "one NUMA node here: binding to the GPUs' node changes nothing"
+                + ("" if cores is None else "; the job's cores are its own")
+            )
         elif node is None:
             notes.append("memory not bound: the GPUs are not on one known NUMA node")
         elif host.numactl is None:
@@ -177,8 +190,9 @@ def resolve_command(command: Sequence[str], env: Mapping[str, str]) -> str:
     raise CommandNotFound(f"{name}: command not found")
 
 
-def launch_problem(command: Sequence[str], cwd: str,
-                   env: Mapping[str, str]) -> tuple[int, str] | None:
+def launch_problem(
+    command: Sequence[str], cwd: str, env: Mapping[str, str]
+) -> tuple[int, str] | None:
     """Why ``command`` cannot start in ``cwd`` for the user this process runs as: (exit
     code as a shell's, one line), or None. Checked by ``submit`` as the submitter and by
     the supervisor as the job's user, never as root for another user: root's answer

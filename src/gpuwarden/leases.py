@@ -58,9 +58,15 @@ class Lease:
     expires: float
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": SCHEMA_VERSION, "gpu": self.gpu, "bytes": self.bytes,
-                "pid": self.pid, "start_time": self.start_time, "created": self.created,
-                "expires": self.expires}
+        return {
+            "version": SCHEMA_VERSION,
+            "gpu": self.gpu,
+            "bytes": self.bytes,
+            "pid": self.pid,
+            "start_time": self.start_time,
+            "created": self.created,
+            "expires": self.expires,
+        }
 
     @classmethod
     def from_json(cls, data: Any) -> Lease:
@@ -68,9 +74,14 @@ class Lease:
         if not isinstance(data, dict):
             raise ValueError("not an object")
         try:
-            lease = cls(gpu=str(data["gpu"]), bytes=int(data["bytes"]), pid=int(data["pid"]),
-                        start_time=float(data["start_time"]), created=float(data["created"]),
-                        expires=float(data["expires"]))
+            lease = cls(
+                gpu=str(data["gpu"]),
+                bytes=int(data["bytes"]),
+                pid=int(data["pid"]),
+                start_time=float(data["start_time"]),
+                created=float(data["created"]),
+                expires=float(data["expires"]),
+            )
         except (KeyError, TypeError) as e:
             raise ValueError(str(e)) from None
         if lease.bytes < 0 or lease.pid <= 0 or not lease.gpu:
@@ -78,10 +89,18 @@ class Lease:
         return lease
 
 
-def new_lease(gpu: str, nbytes: int, *, pid: int, start_time: float, now: float,
-              timeout: float = DEFAULT_TIMEOUT) -> Lease:
-    return Lease(gpu=gpu, bytes=nbytes, pid=pid, start_time=start_time, created=now,
-                 expires=now + timeout)
+def new_lease(
+    gpu: str,
+    nbytes: int,
+    *,
+    pid: int,
+    start_time: float,
+    now: float,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> Lease:
+    return Lease(
+        gpu=gpu, bytes=nbytes, pid=pid, start_time=start_time, created=now, expires=now + timeout
+    )
 
 
 def lease_state(lease: Lease, *, now: float, alive: bool, shown: int) -> str:
@@ -112,9 +131,14 @@ class Accounting:
     outstanding: dict[str, int]  # GPU uuid -> bytes promised but not shown yet
 
 
-def account(leases: Sequence[Lease], gpus: Sequence[GpuView], *, now: float,
-            alive: Callable[[Lease], bool],
-            family: Callable[[int], frozenset[int]]) -> Accounting:
+def account(
+    leases: Sequence[Lease],
+    gpus: Sequence[GpuView],
+    *,
+    now: float,
+    alive: Callable[[Lease], bool],
+    family: Callable[[int], frozenset[int]],
+) -> Accounting:
     """Classify each lease and sum, per GPU, what active leases promise beyond what the
     driver already shows for their processes: effective free = free - outstanding."""
     states: list[str] = []
@@ -148,8 +172,9 @@ def pid_family(pid: int) -> frozenset[int]:
         return frozenset([pid])
 
 
-def lease_dir(sim_state: Path | None = None,
-              env: Mapping[str, str] | None = None) -> tuple[Path, bool]:
+def lease_dir(
+    sim_state: Path | None = None, env: Mapping[str, str] | None = None
+) -> tuple[Path, bool]:
     """Where leases live, and whether it is the machine-wide directory all users share:
     GPUWARDEN_LEASE_DIR; GPUWARDEN_HOME/leases; the simulated backend's state dir; else
     /dev/shm (or /tmp) so every local user's ``exec`` sees every other's."""
@@ -183,8 +208,9 @@ class LeaseStore:
                 self.root.mkdir(parents=True, exist_ok=True)
             st = os.lstat(self.root)
         except OSError as e:
-            raise LeaseError(f"cannot create lease directory {self.root}: "
-                             f"{e.strerror or e}") from None
+            raise LeaseError(
+                f"cannot create lease directory {self.root}: {e.strerror or e}"
+            ) from None
         if not stat.S_ISDIR(st.st_mode):
             raise LeaseError(f"lease directory {self.root} is not a directory")
 
@@ -199,8 +225,7 @@ class LeaseStore:
             except FileNotFoundError:
                 pass
             with contextlib.suppress(FileExistsError):
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                                 0o644))
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
         return os.open(path, flags)
 
     @contextlib.contextmanager
@@ -210,8 +235,7 @@ class LeaseStore:
         try:
             fd = self._open_lock()
         except OSError as e:
-            raise LeaseError(f"cannot open lease lock in {self.root}: "
-                             f"{e.strerror or e}") from None
+            raise LeaseError(f"cannot open lease lock in {self.root}: {e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield self
@@ -227,8 +251,9 @@ class LeaseStore:
         except FileNotFoundError:
             return out
         except OSError as e:
-            raise LeaseError(f"cannot read lease directory {self.root}: "
-                             f"{e.strerror or e}") from None
+            raise LeaseError(
+                f"cannot read lease directory {self.root}: {e.strerror or e}"
+            ) from None
         for name in names:
             if name.startswith(".") or not name.endswith(".json"):
                 continue
@@ -276,15 +301,24 @@ class LeaseStore:
         with contextlib.suppress(OSError):
             path.unlink()
 
-    def prune(self, gpus: Sequence[GpuView], *, now: float | None = None,
-              alive: Callable[[Lease], bool] | None = None,
-              family: Callable[[int], frozenset[int]] = pid_family) -> Accounting:
+    def prune(
+        self,
+        gpus: Sequence[GpuView],
+        *,
+        now: float | None = None,
+        alive: Callable[[Lease], bool] | None = None,
+        family: Callable[[int], frozenset[int]] = pid_family,
+    ) -> Accounting:
         """Under the lock: account the leases against a fresh snapshot's GPUs and delete
         the stale ones. Returns the accounting of what was read."""
         entries = self.read()
-        acc = account(list(entries.values()), gpus, now=time.time() if now is None else now,
-                      alive=alive or (lambda le: pid_alive(le.pid, le.start_time)),
-                      family=family)
+        acc = account(
+            list(entries.values()),
+            gpus,
+            now=time.time() if now is None else now,
+            alive=alive or (lambda le: pid_alive(le.pid, le.start_time)),
+            family=family,
+        )
         for path, state in zip(entries, acc.states, strict=True):
             if state != ACTIVE:
                 self.remove(path)

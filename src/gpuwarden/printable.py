@@ -17,14 +17,13 @@ if TYPE_CHECKING:
 # the bidirectional overrides and isolates that reorder what follows them; and bytes that
 # are not UTF-8 (an argv or environment value may hold any), which Python carries as
 # the surrogates U+DC80-U+DCFF (surrogateescape) and no terminal can print.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069"
-                      "\udc80-\udcff]")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\udc80-\udcff]")
 
 
 def _escape(m: re.Match[str]) -> str:
     c = m.group()
     if "\udc80" <= c <= "\udcff":
-        return f"\\x{ord(c) - 0xdc00:02x}"  # the byte it stands for: \xff
+        return f"\\x{ord(c) - 0xDC00:02x}"  # the byte it stands for: \xff
     return ascii(c)[1:-1]  # '\x1b' -> \x1b, '\r' -> \r, '\u202e' -> \u202e
 
 
@@ -67,7 +66,7 @@ def clipped(text: str, columns: int) -> tuple[str, int]:
     if text.isascii():
         if len(text) <= columns:
             return text, len(text)
-        return text[:max(columns - 1, 0)] + "…", max(columns, 1)
+        return text[: max(columns - 1, 0)] + "…", max(columns, 1)
     n = width(text)
     if n <= columns:
         return text, n

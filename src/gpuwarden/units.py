@@ -17,17 +17,26 @@ TiB = 1024**4
 _UNITS = {
     "": 1,
     "b": 1,
-    "k": KiB, "kb": KiB, "kib": KiB,
-    "m": MiB, "mb": MiB, "mib": MiB,
-    "g": GiB, "gb": GiB, "gib": GiB,
-    "t": TiB, "tb": TiB, "tib": TiB,
+    "k": KiB,
+    "kb": KiB,
+    "kib": KiB,
+    "m": MiB,
+    "mb": MiB,
+    "mib": MiB,
+    "g": GiB,
+    "gb": GiB,
+    "gib": GiB,
+    "t": TiB,
+    "tb": TiB,
+    "tib": TiB,
 }
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-zA-Z]*)\s*$")
 _FRACTION_RE = re.compile(r"^\s*(\d*\.\d+)\s*$")
 
 
-def parse_size(text: str | int | float, *, total: int | None = None,
-               bare_bytes: bool = False) -> int:
+def parse_size(
+    text: str | int | float, *, total: int | None = None, bare_bytes: bool = False
+) -> int:
     """Parse ``14G``, ``512MiB``, ``4096B`` or, when ``total`` is given, a fraction such as
     ``0.5`` of it. Returns bytes; raises UsageError on bad input. A number without a unit
     is an error (``--mem 20`` meant 20G, not 20 bytes) unless ``bare_bytes``: for values
@@ -57,8 +66,10 @@ def parse_size(text: str | int | float, *, total: int | None = None,
     if m.group(2) == "" and not bare_bytes:
         n = m.group(1)
         whole = " or 1.0 for all of it" if total is not None else ""
-        raise UsageError(f"invalid size {text.strip()!r}: give a unit, e.g. {n}G or {n}MiB "
-                         f"({n}B for bytes{whole})")
+        raise UsageError(
+            f"invalid size {text.strip()!r}: give a unit, e.g. {n}G or {n}MiB "
+            f"({n}B for bytes{whole})"
+        )
     value = number * _UNITS[unit]
     if not math.isfinite(value):
         raise UsageError(f"invalid size {text!r}")
@@ -134,8 +145,14 @@ def _bounded(seconds: float, text: object) -> float:
     return seconds
 
 
-def bounded_duration(raw: object, label: str, *, positive: bool = False,
-                     most: float = MAX_DURATION, example: str = "30s") -> float:
+def bounded_duration(
+    raw: object,
+    label: str,
+    *,
+    positive: bool = False,
+    most: float = MAX_DURATION,
+    example: str = "30s",
+) -> float:
     """A duration someone supplied (a TOML or JSON number of seconds, or text like 30s)
     as seconds from 0 (above 0 when ``positive``) to ``most``, or one UsageError line
     naming ``label``. Every setting, flag and request field that takes a duration comes
@@ -153,8 +170,14 @@ def bounded_duration(raw: object, label: str, *, positive: bool = False,
     return value
 
 
-def bounded_size(raw: object, label: str, *, positive: bool = False,
-                 most: int | None = None, example: str = "512MiB") -> int:
+def bounded_size(
+    raw: object,
+    label: str,
+    *,
+    positive: bool = False,
+    most: int | None = None,
+    example: str = "512MiB",
+) -> int:
     """A size someone supplied (a number of bytes, or text like 14G) as bytes from 0
     (above 0 when ``positive``) to ``most``, or one UsageError line naming ``label``:
     the size counterpart of ``bounded_duration``."""
@@ -175,8 +198,9 @@ def parse_listen(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:9402`` for IPv6, ``:9402`` for every address)."""
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"invalid listen address {text!r}: expected HOST:PORT, "
-                         "e.g. 127.0.0.1:9402")
+        raise UsageError(
+            f"invalid listen address {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9402"
+        )
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port)
 

@@ -23,14 +23,24 @@ class GpuDaemon:
         self.home = self.root / "home"
         self.home.mkdir()
         (self.home / "config.toml").write_text('interval = "200ms"\n' + config)
-        self.env = {k: v for k, v in os.environ.items()
-                    if not k.startswith(("GPUWARDEN_", "CUDA_VISIBLE"))}
+        self.env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("GPUWARDEN_", "CUDA_VISIBLE"))
+        }
         self.env.update(GPUWARDEN_HOME=str(self.home), PYTHONPATH=SRC)
 
-    def cli(self, *args: str, timeout: float = 300, check: bool = True,
-            ) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run([sys.executable, "-m", "gpuwarden", *args], env=self.env,
-                           capture_output=True, text=True, timeout=timeout)
+    def cli(
+        self,
+        *args: str,
+        timeout: float = 300,
+        check: bool = True,
+    ) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run(
+            [sys.executable, "-m", "gpuwarden", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check:
             assert r.returncode == 0, (args, r.stdout, r.stderr)
         return r

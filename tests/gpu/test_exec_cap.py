@@ -47,14 +47,31 @@ IMPORT_ONLY = textwrap.dedent("""
 
 
 def _exec(tmp_path: Path, code: str, *options: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("GPUWARDEN_SIM", "CUDA_VISIBLE_DEVICES", "GPUWARDEN_MEM_LIMIT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("GPUWARDEN_SIM", "CUDA_VISIBLE_DEVICES", "GPUWARDEN_MEM_LIMIT")
+    }
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [env.get("PYTHONPATH")])])
     env["GPUWARDEN_LEASE_DIR"] = str(tmp_path / "leases")
     return subprocess.run(
-        [sys.executable, "-m", "gpuwarden", "exec", "--mem", "2G", *options, "--",
-         sys.executable, "-c", code],
-        env=env, text=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "exec",
+            "--mem",
+            "2G",
+            *options,
+            "--",
+            sys.executable,
+            "-c",
+            code,
+        ],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=300,
     )
 
 

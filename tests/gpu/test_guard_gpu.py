@@ -76,9 +76,12 @@ def allocate(gib: float, hold: float = 0.0) -> dict[str, Any]:
     if hold:
         Path(os.environ["GW_TEST_MARKER"]).write_text(str(os.getpid()))
         time.sleep(hold)
-    out = {"pid": os.getpid(), "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
-           "reserved": int(torch.cuda.memory_reserved(0)),
-           "cpus": sorted(os.sched_getaffinity(0))}
+    out = {
+        "pid": os.getpid(),
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "reserved": int(torch.cuda.memory_reserved(0)),
+        "cpus": sorted(os.sched_getaffinity(0)),
+    }
     del x
     return out
 
@@ -89,14 +92,16 @@ def nvml_pids() -> dict[int, int]:
     pynvml.nvmlInit()
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        return {p.pid: p.usedGpuMemory or 0
-                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+        return {
+            p.pid: p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        }
     finally:
         pynvml.nvmlShutdown()
 
 
 def test_the_pool_runs_capped_workers_and_survives_a_sigkill(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     marker = tmp_path / "holding"
     monkeypatch.setenv("GW_TEST_MARKER", str(marker))
     monkeypatch.delenv("GPUWARDEN_BUDGET", raising=False)
@@ -114,8 +119,11 @@ def test_the_pool_runs_capped_workers_and_survives_a_sigkill(
         victim = int(marker.read_text())
         used = nvml_pids()
         assert used.get(victim, 0) >= 2 * GiB, used
-        assert all(v <= 4 * GiB + 2 * GiB for p, v in used.items()  # + its context
-                   if p in {w.pid for w in pool.workers()}), used
+        assert all(
+            v <= 4 * GiB + 2 * GiB
+            for p, v in used.items()  # + its context
+            if p in {w.pid for w in pool.workers()}
+        ), used
         os.kill(victim, signal.SIGKILL)
         with pytest.raises(WorkerDied, match="killed by SIGKILL"):
             holding.result(timeout=60)
@@ -153,11 +161,18 @@ print(json.dumps({"precision": got.precision, "backend": got.backend, "peak": go
 
 
 def load_in_child(budget: str, batch: int = 0, quantizer: str = "") -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep
-           + os.environ.get("PYTHONPATH", "")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
     env.pop("GPUWARDEN_BUDGET", None)
-    out = subprocess.run([sys.executable, "-c", LOAD_CHILD, budget, str(batch), quantizer],
-                         capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", LOAD_CHILD, budget, str(batch), quantizer],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     print(budget, batch, quantizer, result)
@@ -183,7 +198,8 @@ def test_a_model_loads_at_the_precision_that_fits_and_stays_within_budget() -> N
     if not installed:
         assert load_in_child("1.0G") == {
             "error": "MissingDependency",
-            "message": "8-bit weights need torchao or bitsandbytes: pip install torchao"}
+            "message": "8-bit weights need torchao or bitsandbytes: pip install torchao",
+        }
     nothing = load_in_child("600M")
     assert nothing["error"] == "DoesNotFit", nothing
     assert nothing["message"].startswith("nothing fits 600MiB: this process holds")

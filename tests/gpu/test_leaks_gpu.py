@@ -19,13 +19,16 @@ import pytest
 
 GiB = 1 << 30
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-ALLOC = ("import torch, time, sys; x = torch.empty({n}, dtype=torch.uint8, device='cuda'); "
-         "torch.cuda.synchronize(); print('ready', flush=True); time.sleep({secs})")
+ALLOC = (
+    "import torch, time, sys; x = torch.empty({n}, dtype=torch.uint8, device='cuda'); "
+    "torch.cuda.synchronize(); print('ready', flush=True); time.sleep({secs})"
+)
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CUDA_VISIBLE_DEVICES", "GPUWARDEN_SIM")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "GPUWARDEN_SIM")
+    }
     env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["CUDA_VISIBLE_DEVICES"] = "0"
@@ -33,8 +36,13 @@ def _env() -> dict[str, str]:
 
 
 def _cli(*args: str) -> Any:
-    r = subprocess.run([sys.executable, "-m", "gpuwarden", *args, "--json"], env=_env(),
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", *args, "--json"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode in (0, 1), r.stderr
     return json.loads(r.stdout)
 
@@ -49,8 +57,12 @@ def _gpu0_listed(pid: int) -> dict[str, Any] | None:
 @pytest.mark.gpu
 def test_torch_process_shows_with_pid_user_and_memory() -> None:
     pytest.importorskip("torch")
-    p = subprocess.Popen([sys.executable, "-c", ALLOC.format(n=2 * GiB, secs=60)],
-                         env=_env(), stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", ALLOC.format(n=2 * GiB, secs=60)],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         seen = _gpu0_listed(p.pid)
@@ -71,8 +83,13 @@ def test_orphaned_grandchild_is_found_and_reaped_with_memory_back() -> None:
     pytest.importorskip("torch")
     code = ALLOC.format(n=3 * GiB, secs=300)
     leader = subprocess.run(
-        ["sh", "-c", f"{sys.executable} -c \"{code}\" >/dev/null 2>&1 & echo $!"],
-        env=_env(), capture_output=True, text=True, start_new_session=True, check=True)
+        ["sh", "-c", f'{sys.executable} -c "{code}" >/dev/null 2>&1 & echo $!'],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        start_new_session=True,
+        check=True,
+    )
     worker = int(leader.stdout.strip())
     try:
         deadline = time.monotonic() + 60
@@ -99,8 +116,9 @@ def test_orphaned_grandchild_is_found_and_reaped_with_memory_back() -> None:
         after = _cli("status")["gpus"][0]["memory_used"]
         assert before - after >= 3 * GiB
         # Gone, or a zombie under an init that does not reap: either way it has exited.
-        assert (not psutil.pid_exists(worker)
-                or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE)
+        assert (
+            not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
+        )
     finally:
         if psutil.pid_exists(worker):
             os.kill(worker, signal.SIGKILL)
@@ -125,8 +143,13 @@ def test_forked_child_of_a_dead_cuda_process_is_a_hidden_holder_and_reaped() -> 
     device files open; NVML lists no live process for it."""
     pytest.importorskip("torch")
     baseline = _cli("status")["gpus"][0]["memory_used"]
-    r = subprocess.run([sys.executable, "-c", FORKED.format(n=2 * GiB)], env=_env(),
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", FORKED.format(n=2 * GiB)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     child = int(r.stdout.strip())
     try:
         leaks = _cli("leaks", "--samples", "2", "--interval", "0.5")["leaks"]
@@ -150,10 +173,10 @@ def test_forked_child_of_a_dead_cuda_process_is_a_hidden_holder_and_reaped() -> 
 
 @pytest.mark.gpu
 def test_an_nvml_only_process_is_a_monitor_not_a_hidden_holder() -> None:
-    code = ("import pynvml, time; pynvml.nvmlInit(); print('ready', flush=True); "
-            "time.sleep(60)")
-    p = subprocess.Popen([sys.executable, "-c", code], env=_env(), stdout=subprocess.PIPE,
-                         text=True)
+    code = "import pynvml, time; pynvml.nvmlInit(); print('ready', flush=True); time.sleep(60)"
+    p = subprocess.Popen(
+        [sys.executable, "-c", code], env=_env(), stdout=subprocess.PIPE, text=True
+    )
     try:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         leaks = _cli("leaks", "--samples", "1")["leaks"]

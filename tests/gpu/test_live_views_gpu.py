@@ -20,9 +20,11 @@ from tests.gpu.gpu_daemon import GpuDaemon
 from tests.integration.daemon_fixture import free_port
 
 GiB = 1 << 30
-HOLD = ("import torch, time, sys; x = torch.empty(int(sys.argv[1]), dtype=torch.uint8, "
-        "device='cuda'); x.fill_(1); torch.cuda.synchronize(); print('ready', flush=True); "
-        "time.sleep(float(sys.argv[2]))")
+HOLD = (
+    "import torch, time, sys; x = torch.empty(int(sys.argv[1]), dtype=torch.uint8, "
+    "device='cuda'); x.fill_(1); torch.cuda.synchronize(); print('ready', flush=True); "
+    "time.sleep(float(sys.argv[2]))"
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -31,7 +33,8 @@ pytestmark = [
 
 
 def test_top_shows_the_gpu_and_a_torch_process_with_its_memory(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     if importlib.util.find_spec("textual") is None:
         pytest.skip("needs textual (carried as a wheel)")
     from gpuwarden.gpus.backend import open_backend
@@ -39,8 +42,9 @@ def test_top_shows_the_gpu_and_a_torch_process_with_its_memory(
 
     monkeypatch.delenv("GPUWARDEN_SIM", raising=False)
     monkeypatch.setenv("GPUWARDEN_HOME", str(tmp_path / "home"))  # no daemon there
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(3 * GiB), "120"],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(3 * GiB), "120"], stdout=subprocess.PIPE, text=True
+    )
     backend = open_backend()
     try:
         assert holder.stdout is not None and holder.stdout.readline().startswith("ready")
@@ -82,14 +86,15 @@ def test_the_web_feed_charts_a_real_job_against_its_budget() -> None:
     d = GpuDaemon(f'history_interval = "500ms"\nweb_listen = "127.0.0.1:{port}"\n')
     try:
         d.cli("daemon", "start")
-        job = d.submit("--mem", "6G", "--name", "holder", "--", sys.executable, "-c", HOLD,
-                       str(4 * GiB), "6")
+        job = d.submit(
+            "--mem", "6G", "--name", "holder", "--", sys.executable, "-c", HOLD, str(4 * GiB), "6"
+        )
         d.cli("wait", str(job))
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ui/data/jobs/{job}",
-                                    timeout=10) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ui/data/jobs/{job}", timeout=10) as r:
             page = json.loads(r.read())
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ui/data/overview?hours=1",
-                                    timeout=10) as r:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/ui/data/overview?hours=1", timeout=10
+        ) as r:
             overview = json.loads(r.read())
         print("timeline", page["timeline"], "budget", page["budget"])
         assert page["budget"] == 6 * GiB and page["job"]["state"] == "succeeded"

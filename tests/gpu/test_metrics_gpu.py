@@ -15,8 +15,10 @@ import pytest
 
 GiB = 1 << 30
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-HOLD = ("import torch, time; x = torch.empty(1 << 31, dtype=torch.uint8, device='cuda'); "
-        "x.fill_(1); torch.cuda.synchronize(); print('ready', flush=True); time.sleep(60)")
+HOLD = (
+    "import torch, time; x = torch.empty(1 << 31, dtype=torch.uint8, device='cuda'); "
+    "x.fill_(1); torch.cuda.synchronize(); print('ready', flush=True); time.sleep(60)"
+)
 
 
 @pytest.mark.gpu
@@ -29,26 +31,26 @@ def test_metrics_show_a_torch_process_with_pid_and_user() -> None:
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
     env["PYTHONPATH"] = SRC
-    exporter = subprocess.Popen([sys.executable, "-m", "gpuwarden", "exporter", "--listen",
-                                 f"127.0.0.1:{port}"], env=env)
-    job = subprocess.Popen([sys.executable, "-c", HOLD], env=env, stdout=subprocess.PIPE,
-                           text=True)
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", "exporter", "--listen", f"127.0.0.1:{port}"], env=env
+    )
+    job = subprocess.Popen([sys.executable, "-c", HOLD], env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert job.stdout is not None and job.stdout.readline().strip() == "ready"
         found = None
         deadline = time.monotonic() + 30
         while found is None and time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
-                                            timeout=10) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
                     text = r.read().decode()
             except OSError:
                 time.sleep(0.3)
                 continue
             for fam in text_string_to_metric_families(text):
                 for smp in fam.samples:
-                    if smp.name == "gpuwarden_process_memory_bytes" and \
-                            smp.labels.get("pid") == str(job.pid):
+                    if smp.name == "gpuwarden_process_memory_bytes" and smp.labels.get(
+                        "pid"
+                    ) == str(job.pid):
                         found = smp
             time.sleep(0.3)
         assert found is not None, "the torch process never appeared in /metrics"

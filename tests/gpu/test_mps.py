@@ -44,15 +44,24 @@ if sys.argv[2:] == ["hold"]:
 
 
 def _cli_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("GPUWARDEN_", "CUDA_MPS_")) and k != "CUDA_VISIBLE_DEVICES"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("GPUWARDEN_", "CUDA_MPS_")) and k != "CUDA_VISIBLE_DEVICES"
+    }
     env.update(PYTHONPATH=str(SRC), COLUMNS="200")
     return env
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuwarden", *args], env=_cli_env(),
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "gpuwarden", *args],
+        env=_cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
 
 
 def _client_env(pipe: Path) -> dict[str, str]:
@@ -81,8 +90,19 @@ def preconditions() -> None:
 @pytest.mark.usefixtures("preconditions")
 def test_mps_daemon_enforces_the_pinned_memory_limit(tmp_path: Path) -> None:
     pipe, logs = tmp_path / "p", tmp_path / "l"  # short: MPS puts unix sockets in there
-    started = _cli("mps", "start", "--gpus", "0", "--pipe-dir", str(pipe), "--log-dir",
-                   str(logs), "--mem-limit", "0=2G", "--yes")
+    started = _cli(
+        "mps",
+        "start",
+        "--gpus",
+        "0",
+        "--pipe-dir",
+        str(pipe),
+        "--log-dir",
+        str(logs),
+        "--mem-limit",
+        "0=2G",
+        "--yes",
+    )
     try:
         assert started.returncode == 0, started.stderr + started.stdout
         assert "MPS control daemon started" in started.stdout
@@ -99,9 +119,14 @@ def test_mps_daemon_enforces_the_pinned_memory_limit(tmp_path: Path) -> None:
         assert data["pipes"][0]["reachable"] and data["pipes"][0]["error"] is None, data
 
         # 1 GiB fits under the 2G limit; while it is held, an MPS server serves it.
-        holder = subprocess.Popen([sys.executable, "-c", CLIENT, str(GiB), "hold"],
-                                  env=_client_env(pipe), stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", CLIENT, str(GiB), "hold"],
+            env=_client_env(pipe),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert holder.stdout is not None
             line = holder.stdout.readline()
@@ -115,8 +140,13 @@ def test_mps_daemon_enforces_the_pinned_memory_limit(tmp_path: Path) -> None:
         assert holder.returncode == 0
 
         # 3 GiB does not: the pinned device memory limit turns it into a CUDA OOM.
-        big = subprocess.run([sys.executable, "-c", CLIENT, str(3 * GiB)],
-                             env=_client_env(pipe), capture_output=True, text=True, timeout=120)
+        big = subprocess.run(
+            [sys.executable, "-c", CLIENT, str(3 * GiB)],
+            env=_client_env(pipe),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert big.returncode == 3, big.stdout + big.stderr
         assert "out of memory" in big.stdout.lower()
     finally:

@@ -22,13 +22,15 @@ GiB = 1 << 30
 MiB = 1 << 20
 # Allocates argv[1] bytes, then (argv[3], when given) grows to that many in one step after
 # a second, and holds it all for argv[2] seconds.
-TORCH_JOB = ("import torch, time, sys; n = int(sys.argv[1]); "
-             "x = torch.empty(n, dtype=torch.uint8, device='cuda'); x.fill_(1); "
-             "torch.cuda.synchronize(); time.sleep(1.0)\n"
-             "if len(sys.argv) > 3:\n"
-             "    y = torch.empty(int(sys.argv[3]) - n, dtype=torch.uint8, device='cuda')\n"
-             "    y.fill_(1)\n"
-             "torch.cuda.synchronize(); time.sleep(float(sys.argv[2])); print('done')")
+TORCH_JOB = (
+    "import torch, time, sys; n = int(sys.argv[1]); "
+    "x = torch.empty(n, dtype=torch.uint8, device='cuda'); x.fill_(1); "
+    "torch.cuda.synchronize(); time.sleep(1.0)\n"
+    "if len(sys.argv) > 3:\n"
+    "    y = torch.empty(int(sys.argv[3]) - n, dtype=torch.uint8, device='cuda')\n"
+    "    y.fill_(1)\n"
+    "torch.cuda.synchronize(); time.sleep(float(sys.argv[2])); print('done')"
+)
 
 
 @pytest.fixture
@@ -43,8 +45,11 @@ def gd() -> Iterator[GpuDaemon]:
 
 
 def _at(job: dict[str, object], kind: str) -> list[float]:
-    return [datetime.fromisoformat(e["at"]).timestamp()  # type: ignore[index]
-            for e in job["events"] if e["kind"] == kind]  # type: ignore[attr-defined, index]
+    return [
+        datetime.fromisoformat(e["at"]).timestamp()  # type: ignore[index]
+        for e in job["events"]
+        if e["kind"] == kind
+    ]  # type: ignore[attr-defined, index]
 
 
 def _wait(gd: GpuDaemon, jid: int, *states: str, timeout: float = 120) -> dict[str, object]:
@@ -69,14 +74,19 @@ def test_a_job_allocating_exactly_its_declaration_succeeds(gd: GpuDaemon) -> Non
         seen = 0
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and seen < 10 * GiB:
-            seen = max([p.usedGpuMemory or 0 for p in
-                        pynvml.nvmlDeviceGetComputeRunningProcesses(handle)] or [0])
+            seen = max(
+                [p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+                or [0]
+            )
             time.sleep(0.2)
     finally:
         pynvml.nvmlShutdown()
     job = _wait(gd, jid, "succeeded", "failed")
-    print({k: job[k] for k in ("state", "budget", "context", "peak_memory", "allocated_peak")},
-          "nvml", seen)
+    print(
+        {k: job[k] for k in ("state", "budget", "context", "peak_memory", "allocated_peak")},
+        "nvml",
+        seen,
+    )
     assert job["state"] == "succeeded" and job["oom_retries"] == 0, job
     assert 10 * GiB < seen <= 10 * GiB + 2 * GiB  # the budget and its CUDA context
     assert job["allocated_peak"] == 10 * GiB  # the cap hook's report
@@ -90,8 +100,9 @@ def test_a_job_allocating_exactly_its_declaration_succeeds(gd: GpuDaemon) -> Non
 
 @pytest.mark.gpu
 def test_a_job_growing_past_its_declaration_heals_in_one_retry(gd: GpuDaemon) -> None:
-    jid = gd.submit("--mem", "4G", "--", sys.executable, "-c", TORCH_JOB, str(2 * GiB), "2",
-                    str(10 * GiB))
+    jid = gd.submit(
+        "--mem", "4G", "--", sys.executable, "-c", TORCH_JOB, str(2 * GiB), "2", str(10 * GiB)
+    )
     job = _wait(gd, jid, "succeeded", "failed", timeout=180)
     for e in job["events"]:  # type: ignore[attr-defined]
         print(e["at"], e["kind"], e["detail"])
@@ -107,13 +118,34 @@ def test_a_small_job_that_fits_starts_beside_a_big_one_waiting(gd: GpuDaemon) ->
 
     total = torch.cuda.get_device_properties(0).total_memory
     big, waiting, small = int(total * 0.45), int(total * 0.65), int(total * 0.4)
-    running = gd.submit("--gpu-ids", "0", "--mem", f"{big}B", "--", sys.executable, "-c",
-                        TORCH_JOB, str(big // 2), "12")
+    running = gd.submit(
+        "--gpu-ids",
+        "0",
+        "--mem",
+        f"{big}B",
+        "--",
+        sys.executable,
+        "-c",
+        TORCH_JOB,
+        str(big // 2),
+        "12",
+    )
     _wait(gd, running, "running")
-    head = gd.submit("--gpu-ids", "0", "--mem", f"{waiting}B", "--", sys.executable, "-c",
-                     TORCH_JOB, str(GiB), "0")
-    fits = gd.submit("--gpu-ids", "0", "--mem", f"{small}B", "--", sys.executable, "-c",
-                     TORCH_JOB, str(GiB), "2")
+    head = gd.submit(
+        "--gpu-ids",
+        "0",
+        "--mem",
+        f"{waiting}B",
+        "--",
+        sys.executable,
+        "-c",
+        TORCH_JOB,
+        str(GiB),
+        "0",
+    )
+    fits = gd.submit(
+        "--gpu-ids", "0", "--mem", f"{small}B", "--", sys.executable, "-c", TORCH_JOB, str(GiB), "2"
+    )
     started = _wait(gd, fits, "running", "succeeded", timeout=30)
     assert gd.job(head)["state"] == "queued"  # still waiting for the room the first holds
     assert _at(started, "placed")[0] < _at(gd.job(running), "started")[0] + 12

@@ -62,12 +62,36 @@ def _at(job: dict[str, Any], kind: str) -> float:
 
 @pytest.mark.gpu
 def test_a_cuda_oom_is_retried_with_a_bigger_budget_and_succeeds(gd: GpuDaemon) -> None:
-    jid = gd.submit("--mem", "5G", "--retries", "2", "--", sys.executable, "-c", TORCH_JOB,
-                    str(int(5.5 * GiB)), "3")
+    jid = gd.submit(
+        "--mem",
+        "5G",
+        "--retries",
+        "2",
+        "--",
+        sys.executable,
+        "-c",
+        TORCH_JOB,
+        str(int(5.5 * GiB)),
+        "3",
+    )
     r = gd.cli("wait", str(jid), check=False)
     job = gd.job(jid)
-    print(json.dumps({k: job[k] for k in ("state", "mem", "request", "budget", "peak_memory",
-                                          "oom_retries", "attempts")}))
+    print(
+        json.dumps(
+            {
+                k: job[k]
+                for k in (
+                    "state",
+                    "mem",
+                    "request",
+                    "budget",
+                    "peak_memory",
+                    "oom_retries",
+                    "attempts",
+                )
+            }
+        )
+    )
     for e in job["events"]:
         print(e["at"], e["kind"], e["detail"])
     assert r.returncode == 0 and job["state"] == "succeeded"
@@ -75,13 +99,15 @@ def test_a_cuda_oom_is_retried_with_a_bigger_budget_and_succeeds(gd: GpuDaemon) 
     oom = next(e for e in job["events"] if e["kind"] == "oom")
     assert "out of memory" in oom["detail"].lower()
     # The driver's figure: the allocations within the budget, the context booked beside.
-    assert job["peak_memory"] <= job["budget"] + job["context"] + 256 * (1 << 20), \
-        (job["peak_memory"], job["budget"], job["context"])
+    assert job["peak_memory"] <= job["budget"] + job["context"] + 256 * (1 << 20), (
+        job["peak_memory"],
+        job["budget"],
+        job["context"],
+    )
 
 
 @pytest.mark.gpu
-def test_a_preempted_besteffort_job_is_requeued_and_finishes(gd: GpuDaemon,
-                                                            tmp_path: Path) -> None:
+def test_a_preempted_besteffort_job_is_requeued_and_finishes(gd: GpuDaemon, tmp_path: Path) -> None:
     import torch
 
     total = torch.cuda.get_device_properties(0).total_memory
@@ -90,16 +116,40 @@ def test_a_preempted_besteffort_job_is_requeued_and_finishes(gd: GpuDaemon,
     os.chmod(tmp_path, 0o777)
     # Both on GPU 0: on a machine with more GPUs the guaranteed job would just take
     # another one (as it did on two H200s) and nothing would need preempting.
-    victim = gd.submit("--qos", "besteffort", "--gpu-ids", "0", "--mem", f"{big + 2 * GiB}B",
-                       "--checkpoint",
-                       "--", sys.executable, "-c", TORCH_JOB, str(big), "300", str(marker))
+    victim = gd.submit(
+        "--qos",
+        "besteffort",
+        "--gpu-ids",
+        "0",
+        "--mem",
+        f"{big + 2 * GiB}B",
+        "--checkpoint",
+        "--",
+        sys.executable,
+        "-c",
+        TORCH_JOB,
+        str(big),
+        "300",
+        str(marker),
+    )
     deadline = time.monotonic() + 120
     while "holding" not in gd.cli("logs", str(victim), check=False).stdout:
         assert time.monotonic() < deadline, gd.job(victim)
         time.sleep(0.3)
-    boss = gd.submit("--qos", "guaranteed", "--gpu-ids", "0", "--mem", f"{big + 2 * GiB}B",
-                     "--", sys.executable,
-                     "-c", TORCH_JOB, str(big), "3")
+    boss = gd.submit(
+        "--qos",
+        "guaranteed",
+        "--gpu-ids",
+        "0",
+        "--mem",
+        f"{big + 2 * GiB}B",
+        "--",
+        sys.executable,
+        "-c",
+        TORCH_JOB,
+        str(big),
+        "3",
+    )
     assert gd.cli("wait", str(boss), check=False).returncode == 0, gd.job(boss)
     assert gd.cli("wait", str(victim), check=False).returncode == 0, gd.job(victim)
     v, b = gd.job(victim), gd.job(boss)
@@ -116,8 +166,10 @@ def test_a_preempted_besteffort_job_is_requeued_and_finishes(gd: GpuDaemon,
     assert released < 30
     for name, jid in (("victim", victim), ("guaranteed", boss)):
         rel = gd.released(jid)
-        print(f"{name}: {rel['budget'] / GiB:.1f} GiB back {rel['seconds']:.3f} s after "
-              f"its end ({rel['how']})")
+        print(
+            f"{name}: {rel['budget'] / GiB:.1f} GiB back {rel['seconds']:.3f} s after "
+            f"its end ({rel['how']})"
+        )
         assert rel["how"] == "verified" and rel["leak"] is None and rel["seconds"] < 10
 
 
@@ -129,8 +181,9 @@ def test_an_mps_job_past_its_budget_fails_while_its_neighbour_runs_on(gd: GpuDae
         pytest.skip("nvidia-cuda-mps-control is not installed")
     if read_mps_state().controls:
         pytest.skip("another MPS control daemon runs here; not interfering")
-    neighbour = gd.submit("--mps", "--mem", "4G", "--", sys.executable, "-c", TORCH_JOB,
-                          str(2 * GiB), "20")
+    neighbour = gd.submit(
+        "--mps", "--mem", "4G", "--", sys.executable, "-c", TORCH_JOB, str(2 * GiB), "20"
+    )
     deadline = time.monotonic() + 120
     while "holding" not in gd.cli("logs", str(neighbour), check=False).stdout:
         assert time.monotonic() < deadline, gd.job(neighbour)
@@ -141,9 +194,22 @@ def test_an_mps_job_past_its_budget_fails_while_its_neighbour_runs_on(gd: GpuDae
             print("NVML lists:", p["pid"], p.get("memory"), p.get("command", "")[:60])
     # The greedy job escapes the PyTorch cap (as non-PyTorch allocations would): only the
     # MPS limit stands between it and its neighbour's memory.
-    greedy = gd.submit("--mps", "--mem", "3G", "--retries", "0",  # no OOM retry: it fails
-                       "--", "env", "-u", "GPUWARDEN_MEM_LIMIT", sys.executable, "-c",
-                       TORCH_JOB, str(5 * GiB), "1")
+    greedy = gd.submit(
+        "--mps",
+        "--mem",
+        "3G",
+        "--retries",
+        "0",  # no OOM retry: it fails
+        "--",
+        "env",
+        "-u",
+        "GPUWARDEN_MEM_LIMIT",
+        sys.executable,
+        "-c",
+        TORCH_JOB,
+        str(5 * GiB),
+        "1",
+    )
     assert gd.cli("wait", str(greedy), check=False).returncode != 0
     g = gd.job(greedy)
     err = (gd.home / "jobs" / str(greedy) / "attempt-0" / "stderr").read_text()
@@ -157,23 +223,33 @@ def test_an_mps_job_past_its_budget_fails_while_its_neighbour_runs_on(gd: GpuDae
     assert gd.job(neighbour)["state"] == "succeeded"
     # With no MPS job left, gpuwarden quits the daemon it started for them.
     deadline = time.monotonic() + 30
-    while [c for c in read_mps_state().controls
-           if str(gd.home) in (c.pipe_dir or "")]:
+    while [c for c in read_mps_state().controls if str(gd.home) in (c.pipe_dir or "")]:
         assert time.monotonic() < deadline, "the MPS daemon was not quit"
         time.sleep(0.3)
 
 
 @pytest.mark.gpu
 def test_cpus_held_alone_on_a_one_node_machine(gd: GpuDaemon) -> None:
-    jid = gd.submit("--cpus", "4", "--mem", "2G", "--", sys.executable, "-c",
-                    "import os; print(sorted(os.sched_getaffinity(0)))")
+    jid = gd.submit(
+        "--cpus",
+        "4",
+        "--mem",
+        "2G",
+        "--",
+        sys.executable,
+        "-c",
+        "import os; print(sorted(os.sched_getaffinity(0)))",
+    )
     assert gd.cli("wait", str(jid), check=False).returncode == 0
     job = gd.job(jid)
     launched = next(e for e in job["events"] if e["kind"] == "launched")
     print(job["cpu_set"], launched["detail"])
     assert len(job["cpu_set"]) == 4
     assert gd.cli("logs", str(jid)).stdout.strip() == str(job["cpu_set"])
-    nodes = [n for n in os.listdir("/sys/devices/system/node")
-             if n.startswith("node") and n[4:].isdigit()]
+    nodes = [
+        n
+        for n in os.listdir("/sys/devices/system/node")
+        if n.startswith("node") and n[4:].isdigit()
+    ]
     if len(nodes) == 1:
         assert "one NUMA node here" in launched["detail"]

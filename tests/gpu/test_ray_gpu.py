@@ -57,19 +57,36 @@ def node() -> Iterator[Node]:
     daemon = GpuDaemon()
     daemon.cli("daemon", "start")
     tmp = Path(tempfile.mkdtemp(prefix="gwray-"))
-    env = {**daemon.env, "RAY_USAGE_STATS_ENABLED": "0",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": os.pathsep.join([daemon.env["PYTHONPATH"],
-                                          os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **daemon.env,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": os.pathsep.join([daemon.env["PYTHONPATH"], os.environ.get("PYTHONPATH", "")]),
+    }
     resources = daemon.cli("cluster", "resources").stdout.strip()
     port, dash = free_port(), free_port()
     try:
-        subprocess.run([ray_bin, "start", "--head", "--node-ip-address=127.0.0.1",
-                        f"--port={port}", "--include-dashboard=true",
-                        "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-                        "--num-gpus=1", "--num-cpus=8", f"--resources={resources}",
-                        f"--temp-dir={tmp}", "--disable-usage-stats"], env=env, check=True,
-                       capture_output=True, timeout=180)
+        subprocess.run(
+            [
+                ray_bin,
+                "start",
+                "--head",
+                "--node-ip-address=127.0.0.1",
+                f"--port={port}",
+                "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={dash}",
+                "--num-gpus=1",
+                "--num-cpus=8",
+                f"--resources={resources}",
+                f"--temp-dir={tmp}",
+                "--disable-usage-stats",
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=180,
+        )
         client = None
         deadline = time.monotonic() + 90
         while client is None:
@@ -80,16 +97,18 @@ def node() -> Iterator[Node]:
                 time.sleep(0.5)
         yield Node(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", daemon, client)
     finally:
-        subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True,
-                       timeout=120)
+        subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=120)
         daemon.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def hold(gib: float, seconds: float) -> list[str]:
-    return ["python", "-c",
-            f"import torch, time; x = torch.empty({int(gib * GiB)}, dtype=torch.uint8, "
-            f"device='cuda'); print('HELD', x.numel(), flush=True); time.sleep({seconds})"]
+    return [
+        "python",
+        "-c",
+        f"import torch, time; x = torch.empty({int(gib * GiB)}, dtype=torch.uint8, "
+        f"device='cuda'); print('HELD', x.numel(), flush=True); time.sleep({seconds})",
+    ]
 
 
 def test_two_ray_jobs_share_the_gpu_and_the_one_past_its_cap_fails_alone(node: Node) -> None:
@@ -97,8 +116,7 @@ def test_two_ray_jobs_share_the_gpu_and_the_one_past_its_cap_fails_alone(node: N
 
     fits = submit(node.dashboard, mem=20 * GiB, gpus=1, command=hold(12, 15), name="fits")
     time.sleep(3)
-    greedy = submit(node.dashboard, mem=20 * GiB, gpus=1, command=hold(30, 5),
-                    name="greedy")
+    greedy = submit(node.dashboard, mem=20 * GiB, gpus=1, command=hold(30, 5), name="greedy")
     assert node.wait(greedy) == JobStatus.FAILED
     assert node.client.get_job_status(fits) == JobStatus.RUNNING  # untouched by it
     assert node.wait(fits) == JobStatus.SUCCEEDED
@@ -108,14 +126,25 @@ def test_two_ray_jobs_share_the_gpu_and_the_one_past_its_cap_fails_alone(node: N
     assert "with this node's gpuwarden daemon" in log_fits
     deadline = time.monotonic() + 60
     while True:
-        jobs = {j["name"]: j for j in json.loads(node.daemon.cli(
-            "ps", "--all", "--json").stdout)["jobs"]}
-        if all(j["memory_release"] and j["memory_release"]["released_at"]
-               for j in jobs.values()) or time.monotonic() > deadline:
+        jobs = {
+            j["name"]: j
+            for j in json.loads(node.daemon.cli("ps", "--all", "--json").stdout)["jobs"]
+        }
+        if (
+            all(j["memory_release"] and j["memory_release"]["released_at"] for j in jobs.values())
+            or time.monotonic() > deadline
+        ):
             break
         time.sleep(0.5)
-    print(json.dumps({n: {k: j[k] for k in ("state", "budget", "peak_memory", "attach")}
-                      for n, j in jobs.items()}, indent=1))
+    print(
+        json.dumps(
+            {
+                n: {k: j[k] for k in ("state", "budget", "peak_memory", "attach")}
+                for n, j in jobs.items()
+            },
+            indent=1,
+        )
+    )
     assert jobs["fits"]["state"] == "succeeded" and jobs["greedy"]["state"] == "failed"
     assert jobs["fits"]["attach"] == f"ray job {fits}"
     # NVML's figure for the job: its 12 GiB plus the CUDA context, within its budget.
@@ -129,6 +158,7 @@ def test_a_task_out_of_memory_at_its_budget_succeeds_with_a_bigger_one(node: Nod
 
     ray.init(address=node.gcs, ignore_reinit_error=True, log_to_driver=False)
     try:
+
         @gpuwarden.ray.remote(mem="10G", oom_retries=1)
         def take(gib: float) -> tuple[str, int]:
             import torch

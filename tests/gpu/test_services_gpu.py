@@ -85,34 +85,82 @@ def test_three_servers_share_the_gpu_restart_and_hold_their_room() -> None:
         for name, (gib, extra) in servers.items():
             port = _port()
             ids[name] = d.submit(
-                "--name", name, "--mem", f"{gib + 1}G", "--qos", "guaranteed",
-                "--restart", "on-failure", "--restart-limit", "3/10m",
-                "--health-url", f"http://127.0.0.1:{port}/health", "--health-interval", "2s",
-                "--health-grace", "30s", "--", sys.executable, str(script), str(gib),
-                str(port), str(states[name]), str(extra))
+                "--name",
+                name,
+                "--mem",
+                f"{gib + 1}G",
+                "--qos",
+                "guaranteed",
+                "--restart",
+                "on-failure",
+                "--restart-limit",
+                "3/10m",
+                "--health-url",
+                f"http://127.0.0.1:{port}/health",
+                "--health-interval",
+                "2s",
+                "--health-grace",
+                "30s",
+                "--",
+                sys.executable,
+                str(script),
+                str(gib),
+                str(port),
+                str(states[name]),
+                str(extra),
+            )
         for name in servers:
-            _wait(f"{name} running", lambda n=name: d.job(ids[n])["state"] == "running"
-                  and _pid(states[n]), timeout=180)
+            _wait(
+                f"{name} running",
+                lambda n=name: d.job(ids[n])["state"] == "running" and _pid(states[n]),
+                timeout=180,
+            )
         print(f"three servers up in {time.monotonic() - t0:.1f} s")
         # A batch job beside them, and a training job that does not fit beside them.
-        batch = d.submit("--mem", "10G", "--", sys.executable, "-c",
-                         "import torch, time; x = torch.empty(8 << 30, dtype=torch.uint8, "
-                         "device='cuda'); x.fill_(1); time.sleep(4)")
+        batch = d.submit(
+            "--mem",
+            "10G",
+            "--",
+            sys.executable,
+            "-c",
+            "import torch, time; x = torch.empty(8 << 30, dtype=torch.uint8, "
+            "device='cuda'); x.fill_(1); time.sleep(4)",
+        )
         total = json.loads(d.cli("status", "--json").stdout)["gpus"][0]["memory_total"]
-        big = d.submit("--mem", f"{(total - 30 * GiB) // GiB}G", "--priority", "100", "--",
-                       sys.executable, "-c", "import time; time.sleep(1)")
+        big = d.submit(
+            "--mem",
+            f"{(total - 30 * GiB) // GiB}G",
+            "--priority",
+            "100",
+            "--",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(1)",
+        )
         # One server killed: restarted in place, healthy again.
         old = _pid(states["embed"])
         assert old is not None
         killed = time.monotonic()
         os.kill(old, signal.SIGKILL)
-        _wait("embed restarted", lambda: d.job(ids["embed"])["restarts"] == 1
-              and d.job(ids["embed"])["state"] == "running" and _pid(states["embed"], old))
+        _wait(
+            "embed restarted",
+            lambda: (
+                d.job(ids["embed"])["restarts"] == 1
+                and d.job(ids["embed"])["state"] == "running"
+                and _pid(states["embed"], old)
+            ),
+        )
         print(f"embed back {time.monotonic() - killed:.1f} s after SIGKILL")
         # One server runs out of memory at its budget: restarted with a bigger one.
         (work / "rerank.grow").write_text("")
-        _wait("rerank OOM retried", lambda: d.job(ids["rerank"])["oom_retries"] == 1
-              and d.job(ids["rerank"])["state"] == "running", timeout=180)
+        _wait(
+            "rerank OOM retried",
+            lambda: (
+                d.job(ids["rerank"])["oom_retries"] == 1
+                and d.job(ids["rerank"])["state"] == "running"
+            ),
+            timeout=180,
+        )
         _wait("rerank grown", lambda: (work / "rerank.grown").exists(), timeout=120)
         rerank = d.job(ids["rerank"])
         print(f"rerank budget {rerank['mem']} -> {rerank['budget']} bytes after its OOM")
@@ -124,8 +172,17 @@ def test_three_servers_share_the_gpu_restart_and_hold_their_room() -> None:
         for name in servers:
             s = d.job(ids[name])
             assert s["state"] == "running" and s["preemptions"] == 0, s
-            print(name, "budget", s["budget"], "peak", s["peak_memory"], "restarts",
-                  s["restarts"], "health failures", s["health_failures"])
+            print(
+                name,
+                "budget",
+                s["budget"],
+                "peak",
+                s["peak_memory"],
+                "restarts",
+                s["restarts"],
+                "health failures",
+                s["health_failures"],
+            )
         d.cli("cancel", str(big))
         for name in servers:
             d.cli("cancel", str(ids[name]))

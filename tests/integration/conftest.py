@@ -32,6 +32,9 @@ def leaky(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Backend]:
 def metered(tmp_path: Path) -> Iterator[tuple[Daemon, str]]:
     """A daemon serving its /metrics (each scrape at most 100 ms old), and their URL."""
     port = free_port()
-    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json",
-                          f'metrics_listen = "127.0.0.1:{port}"\nmetrics_cache = "100ms"\n'):
+    for d in start_daemon(
+        tmp_path,
+        EXAMPLES / "idle-2gpu.json",
+        f'metrics_listen = "127.0.0.1:{port}"\nmetrics_cache = "100ms"\n',
+    ):
         yield d, f"http://127.0.0.1:{port}/metrics"

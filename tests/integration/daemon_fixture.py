@@ -24,9 +24,28 @@ import pytest
 from tests.conftest import EXAMPLES, SRC, json_answer, run_in_process, wait_for
 
 PY = sys.executable
-ASKS_ONLY = frozenset({"status", "ps", "leaks", "report", "show", "doctor", "reap", "clean",
-                       "hold", "submit", "cancel", "rm", "release", "retry", "edit",
-                       "unreserve", "logs", "config"})
+ASKS_ONLY = frozenset(
+    {
+        "status",
+        "ps",
+        "leaks",
+        "report",
+        "show",
+        "doctor",
+        "reap",
+        "clean",
+        "hold",
+        "submit",
+        "cancel",
+        "rm",
+        "release",
+        "retry",
+        "edit",
+        "unreserve",
+        "logs",
+        "config",
+    }
+)
 """Commands that send the daemon requests (or read the machine) and print the answers,
 nothing else: no exec, no daemon started, no terminal, no wait without end. ``cli`` runs
 them in this process (``run_in_process``: the same words and exit status), unless they
@@ -45,19 +64,31 @@ class Daemon:
     def socket(self) -> Path:
         return self.home / "gpuwarden.sock"
 
-    def cli(self, *args: str, check: bool = False, timeout: float = 60,
-            env: dict[str, str] | None = None, prefix: tuple[str, ...] = (),
-            process: bool = False) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self,
+        *args: str,
+        check: bool = False,
+        timeout: float = 60,
+        env: dict[str, str] | None = None,
+        prefix: tuple[str, ...] = (),
+        process: bool = False,
+    ) -> subprocess.CompletedProcess[str]:
         """``gpuwarden ARGS``: in this process where that is the same (``ASKS_ONLY``),
         else, or with ``process``, in a process of its own (an interpreter each was
         about a sixth of the suite's CPU)."""
         if not (process or prefix) and in_process_ok(args):
             return run_in_process(env or self.env, *args, check=check)
-        r = subprocess.run([*prefix, PY, "-m", "gpuwarden", *args], env=env or self.env,
-                           capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(
+            [*prefix, PY, "-m", "gpuwarden", *args],
+            env=env or self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check and r.returncode != 0:
-            raise AssertionError(f"gpuwarden {' '.join(args)} -> {r.returncode}\n"
-                                 f"{r.stdout}\n{r.stderr}")
+            raise AssertionError(
+                f"gpuwarden {' '.join(args)} -> {r.returncode}\n{r.stdout}\n{r.stderr}"
+            )
         return r
 
     def json(self, *args: str) -> Any:
@@ -73,8 +104,7 @@ class Daemon:
         out = self.in_process("submit", *args, "--", *command, check=True).stdout
         return int(out.strip())
 
-    def in_process(self, *args: str,
-                   check: bool = False) -> subprocess.CompletedProcess[str]:
+    def in_process(self, *args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
         """``gpuwarden ARGS`` run by this process with the daemon's environment
         (``run_in_process``): the same request and the same words as ``cli``."""
         return run_in_process(self.env, *args, check=check)
@@ -92,26 +122,45 @@ class Daemon:
         return dict(self.api("GET", f"/v1/jobs/{job_id}"))
 
     def wait_state(self, job_id: int, *states: str, timeout: float = 30) -> dict[str, Any]:
-        return dict(wait_for(lambda: self.job(job_id), timeout, 0.1,
-                             until=lambda j: j["state"] in states,
-                             what=lambda j: f"job {job_id} stayed {j['state']}: {j}"))
+        return dict(
+            wait_for(
+                lambda: self.job(job_id),
+                timeout,
+                0.1,
+                until=lambda j: j["state"] in states,
+                what=lambda j: f"job {job_id} stayed {j['state']}: {j}",
+            )
+        )
 
     def wait_reason(self, job_id: int, text: str, timeout: float = 10) -> dict[str, Any]:
         """The job once it waits, queued, for a reason that says ``text``: the pass after
         its submission writes the reason, so a job seen at once may not have one yet."""
-        return dict(wait_for(lambda: self.job(job_id), timeout, 0.05,
-                             until=lambda j: j["state"] == "queued"
-                             and text in (j["reason"] or ""),
-                             what=lambda j: f"job {job_id} to wait for {text!r}: {j}"))
+        return dict(
+            wait_for(
+                lambda: self.job(job_id),
+                timeout,
+                0.05,
+                until=lambda j: j["state"] == "queued" and text in (j["reason"] or ""),
+                what=lambda j: f"job {job_id} to wait for {text!r}: {j}",
+            )
+        )
 
     def wait_for_release(self, job_id: int, timeout: float = 30) -> dict[str, Any]:
         """The job once the memory of its last attempt is released (or cleared)."""
+
         def released(j: dict[str, Any]) -> bool:
             rel = j.get("memory_release")
             return rel is not None and rel["released_at"] is not None
 
-        return dict(wait_for(lambda: self.job(job_id), timeout, 0.1, until=released,
-                             what=lambda j: f"job {job_id}'s memory was not released: {j}"))
+        return dict(
+            wait_for(
+                lambda: self.job(job_id),
+                timeout,
+                0.1,
+                until=released,
+                what=lambda j: f"job {job_id}'s memory was not released: {j}",
+            )
+        )
 
     def pid(self) -> int | None:
         try:
@@ -143,9 +192,13 @@ def in_process_ok(args: tuple[str, ...]) -> bool:
 
 def make_env(tmp: Path, scenario: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUWARDEN_", "CUDA_"))}
-    env.update(GPUWARDEN_HOME=str(tmp / "home"), GPUWARDEN_SIM=str(scenario),
-               GPUWARDEN_SIM_STATE=str(tmp / "sim"), PYTHONUNBUFFERED="1",
-               PYTHONPATH=str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.update(
+        GPUWARDEN_HOME=str(tmp / "home"),
+        GPUWARDEN_SIM=str(scenario),
+        GPUWARDEN_SIM_STATE=str(tmp / "sim"),
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     return env
 
 
@@ -191,8 +244,9 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
     yield from start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json")
 
 
-def start_daemon(tmp: Path, scenario: Path, config: str = "",
-                 prepare: Callable[[Path], None] | None = None) -> Iterator[Daemon]:
+def start_daemon(
+    tmp: Path, scenario: Path, config: str = "", prepare: Callable[[Path], None] | None = None
+) -> Iterator[Daemon]:
     """A daemon in a fresh home; ``prepare(home)`` runs first (a test may mount there)."""
     # A short directory: a unix socket path must stay under 108 bytes.
     short = Path(tempfile.mkdtemp(prefix="gw-"))
@@ -251,14 +305,19 @@ def _dechunk(data: bytes) -> bytes:
         if size == 0:
             break
         out += rest[:size]
-        data = rest[size + 2:]
+        data = rest[size + 2 :]
     return out
 
 
-def http_request(method: str, path: str, body: bytes = b"",
-                 headers: dict[str, str] | None = None) -> bytes:
+def http_request(
+    method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+) -> bytes:
     """A raw HTTP/1.1 request with Content-Length and ``Connection: close``."""
-    lines = [f"{method} {path} HTTP/1.1", "Host: localhost", "Connection: close",
-             f"Content-Length: {len(body)}"]
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        "Host: localhost",
+        "Connection: close",
+        f"Content-Length: {len(body)}",
+    ]
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body

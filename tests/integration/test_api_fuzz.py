@@ -74,8 +74,12 @@ class _UnixPool(urllib3.connectionpool.HTTPConnectionPool):
         self.unix_path = unix_path
 
     def _new_conn(self) -> _UnixConnection:
-        return _UnixConnection(host="localhost", port=80, timeout=self.timeout.connect_timeout,
-                               unix_path=self.unix_path)
+        return _UnixConnection(
+            host="localhost",
+            port=80,
+            timeout=self.timeout.connect_timeout,
+            unix_path=self.unix_path,
+        )
 
 
 class UnixAdapter(HTTPAdapter):
@@ -85,8 +89,9 @@ class UnixAdapter(HTTPAdapter):
         super().__init__()
         self.pool = _UnixPool(str(unix_path))
 
-    def get_connection_with_tls_context(self, request: Any, verify: Any, proxies: Any = None,
-                                        cert: Any = None) -> _UnixPool:
+    def get_connection_with_tls_context(
+        self, request: Any, verify: Any, proxies: Any = None, cert: Any = None
+    ) -> _UnixPool:
         return self.pool
 
     def get_connection(self, url: Any, proxies: Any = None) -> _UnixPool:
@@ -141,8 +146,11 @@ def _defuse(case: Any) -> None:
     if case.path.endswith("/wait") and isinstance(case.query, dict):
         # Absent (30 s by default) or valid and long: shortened, still valid.
         timeout = case.query.get("timeout", 30)
-        if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and \
-                0.2 < timeout <= 3600:
+        if (
+            isinstance(timeout, (int, float))
+            and not isinstance(timeout, bool)
+            and 0.2 < timeout <= 3600
+        ):
             case.query["timeout"] = 0.2
 
 
@@ -157,8 +165,7 @@ def _seed_jobs(daemon: Daemon) -> None:
     held = daemon.submit("--after", str(running), cmd=[*sim, "0"])
     daemon.cli("hold", str(held), check=True)
     # A job that could never run is refused at submit now; a cancelled one stands in.
-    daemon.cli("cancel", str(daemon.submit("--after", str(running), cmd=[*sim, "0"])),
-               check=True)
+    daemon.cli("cancel", str(daemon.submit("--after", str(running), cmd=[*sim, "0"])), check=True)
     daemon.wait_state(running, "running")
     daemon.wait_state(failed, "failed")
 
@@ -199,9 +206,13 @@ def _with_known_ids(doc: dict[str, Any]) -> dict[str, Any]:
 def _fuzz(operation: Any, mode: Any, checks: list[Any], session: Any) -> None:
     """Send up to EXAMPLES_PER_OPERATION generated requests; raise on the first failure."""
 
-    @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, database=None,
-              phases=(Phase.explicit, Phase.generate),  # the first failure, unshrunk
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES_PER_OPERATION,
+        deadline=None,
+        database=None,
+        phases=(Phase.explicit, Phase.generate),  # the first failure, unshrunk
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=operation.as_strategy(generation_mode=mode))
     def run(case: Any) -> None:
         _defuse(case)
@@ -216,15 +227,22 @@ def test_schemathesis_fuzz_of_the_openapi_document(fuzz_daemon: Daemon) -> None:
     _seed_jobs(fuzz_daemon)
     # Positive cases use ids that exist; negative ones the document as served (with the
     # narrowed ids, an existing id past the range would count as "invalid data accepted").
-    schemas = {schemathesis.GenerationMode.POSITIVE: schemathesis.openapi.from_dict(
-                   _with_known_ids(doc)),
-               schemathesis.GenerationMode.NEGATIVE: schemathesis.openapi.from_dict(doc)}
+    schemas = {
+        schemathesis.GenerationMode.POSITIVE: schemathesis.openapi.from_dict(_with_known_ids(doc)),
+        schemathesis.GenerationMode.NEGATIVE: schemathesis.openapi.from_dict(doc),
+    }
     session = requests.Session()
     session.mount(BASE_URL, UnixAdapter(fuzz_daemon.socket))
-    checks = [not_a_server_error, status_code_conformance, content_type_conformance,
-              response_schema_conformance]
-    modes = {schemathesis.GenerationMode.POSITIVE: checks,
-             schemathesis.GenerationMode.NEGATIVE: [*checks, negative_data_rejection]}
+    checks = [
+        not_a_server_error,
+        status_code_conformance,
+        content_type_conformance,
+        response_schema_conformance,
+    ]
+    modes = {
+        schemathesis.GenerationMode.POSITIVE: checks,
+        schemathesis.GenerationMode.NEGATIVE: [*checks, negative_data_rejection],
+    }
     failures: list[str] = []
     started = time.monotonic()
     for mode, mode_checks in modes.items():
@@ -243,8 +261,9 @@ def test_schemathesis_fuzz_of_the_openapi_document(fuzz_daemon: Daemon) -> None:
                 failures.append(f"{operation.label} ({mode.value}): {e}")
     session.close()
     assert not failures, "\n\n".join(failures)
-    assert not [j["id"] for j in _all_jobs(fuzz_daemon) if j.get("attach")], \
+    assert not [j["id"] for j in _all_jobs(fuzz_daemon) if j.get("attach")], (
         "a fuzzed submission made this test process a job's launcher"
+    )
     assert time.monotonic() - started < 60
     _assert_healthy(fuzz_daemon)
 
@@ -263,96 +282,265 @@ def _error_of(body: bytes) -> str:
     return message
 
 
-@pytest.mark.parametrize(("request_bytes", "status", "needle"), [
-    pytest.param(http_request("POST", "/v1/jobs", b'{"command": ["true"',
-                              {"Content-Type": "application/json"}),
-                 400, "not valid JSON", id="malformed-json"),
-    pytest.param(http_request("POST", "/v1/jobs", b"\xff\xfe\x00garbage"),
-                 400, "not valid JSON", id="not-utf8"),
-    pytest.param(http_request("POST", "/v1/jobs", b"[1, 2, 3]"),
-                 400, "JSON object", id="body-not-an-object"),
-    pytest.param(http_request("POST", "/v1/jobs", b""), 400, "JSON object", id="empty-body"),
-    pytest.param(http_request("POST", "/v1/jobs", json.dumps({"command": "true"}).encode()),
-                 400, "command", id="command-not-a-list"),
-    pytest.param(http_request("POST", "/v1/jobs", json.dumps(
-        {"command": ["true"], "gpus": "two"}).encode()), 400, "gpus", id="gpus-a-string"),
-    pytest.param(http_request("POST", "/v1/jobs", json.dumps(
-        {"command": ["true"], "mem": [1]}).encode()), 400, "mem", id="mem-a-list"),
-    pytest.param(http_request("POST", "/v1/jobs", json.dumps(
-        {"command": ["true"], "mem": "1e999G"}).encode()), 400, "", id="mem-absurd"),
-    pytest.param(http_request("POST", "/v1/jobs", json.dumps(
-        {"command": ["true"], "gpu_ids": [True]}).encode()), 400, "gpu_ids", id="bool-ids"),
-    pytest.param(http_request("POST", "/v1/jobs", json.dumps(
-        {"command": ["true"], "after": 3}).encode()), 400, "after", id="after-not-a-list"),
-    pytest.param(http_request("POST", "/v1/jobs", json.dumps(
-        {"command": ["true"], "after": False}).encode()), 400, "after", id="after-false"),
-    pytest.param(http_request("POST", "/v1/jobs", json.dumps(
-        {"command": ["true"], "priority": 10**30}).encode()), 400, "priority",
-        id="huge-priority"),
-    pytest.param(http_request("POST", "/v1/jobs", json.dumps(
-        {"command": ["true"], "timeout": -1}).encode()), 400, "negative", id="neg-timeout"),
-    pytest.param(http_request("POST", "/v1/jobs", b'{"command": ["true"], "timeout": NaN}'),
-                 400, "not valid JSON", id="nan-timeout"),
-    pytest.param(http_request("POST", "/v1/jobs", b'{"command": ["true"], "timeout": Infinity}'),
-                 400, "not valid JSON", id="infinite-timeout"),
-    pytest.param(http_request("POST", "/v1/jobs", b'{"command": ["true"], "timeout": 1e400}'),
-                 400, "not valid JSON", id="overflowing-timeout"),
-    pytest.param(http_request("POST", "/v1/jobs", json.dumps(
-        {"command": ["true"], "timeout": "9" * 400 + "h"}).encode()), 400, "finite",
-        id="infinite-timeout-string"),
-    pytest.param(http_request("POST", "/v1/jobs", json.dumps(
-        {"command": ["true"], "mem": 10**30}).encode()), 400, "", id="huge-mem"),
-    pytest.param(http_request("POST", "/v1/jobs", json.dumps(
-        {"command": ["true"], "after": [10**30]}).encode()), 400, "", id="huge-dependency"),
-    pytest.param(http_request("POST", "/v1/jobs", json.dumps(
-        {"command": ["true"], "after": [424242]}).encode()), 400, "424242",
-        id="missing-dependency"),
-    pytest.param(http_request("POST", "/v1/jobs", json.dumps(
-        {"command": ["true"], "user": "root", "uid": 0}).encode()), 400, "unknown field",
-        id="identity-fields"),
-    pytest.param(http_request("POST", "/v1/jobs", b'{"command": ["a\\u0000b"]}'),
-                 400, "NUL", id="nul-in-argv"),
-    pytest.param(http_request("POST", "/v1/jobs", b'{"command": ["\\udafa"]}'),
-                 400, "surrogate", id="lone-surrogate-in-argv"),
-    pytest.param(http_request("POST", "/v1/jobs", b'{"command": ["true"], "env": {"\\ud800": ""}}'),
-                 400, "surrogate", id="lone-surrogate-in-env"),
-    pytest.param(http_request("POST", "/v1/jobs", b'{"command": ["true"], "cwd": "/a\\u0000"}'),
-                 400, "", id="nul-in-cwd"),
-    pytest.param(http_request("POST", "/v1/jobs", json.dumps(
-        {"command": ["true"], "env": {"A=B": "x"}}).encode()), 400, "environment",
-        id="bad-env-name"),
-    pytest.param(http_request("POST", "/v1/jobs", json.dumps(
-        {"command": ["true"], "env": {"A": "x\0"}}).encode()), 400, "environment",
-        id="nul-in-env"),
-    pytest.param(http_request("GET", "/v1/jobs/99999999"), 404, "99999999", id="unknown-job"),
-    pytest.param(http_request("GET", "/v1/jobs/-1"), 400, "invalid job id", id="negative-id"),
-    pytest.param(http_request("GET", "/v1/jobs/" + "9" * 40), 400, "invalid job id",
-                 id="id-overflow"),
-    pytest.param(http_request("POST", "/v1/jobs/%C3%A9/cancel"), 400, "invalid job id",
-                 id="unicode-id"),
-    pytest.param(http_request("GET", "/v1/jobs/%C2%B2"), 400, "invalid job id",
-                 id="superscript-digit-id"),
-    pytest.param(http_request("GET", "/v1/jobs/%D9%A1"), 400, "invalid job id",
-                 id="arabic-indic-digit-id"),
-    pytest.param(http_request("GET", "/v1/jobs/1/logs?offset=x"), None, "", id="bad-offset"),
-    pytest.param(http_request("GET", "/v1/jobs/1/wait?timeout=nan"), 400, "timeout",
-                 id="nan-wait-timeout"),
-    pytest.param(http_request("GET", "/v1/jobs/1/wait?timeout=1e9"), 400, "timeout",
-                 id="wait-timeout-too-long"),
-    pytest.param(http_request("GET", "/v1/jobs/1/wait?timeout=-1"), 400, "timeout",
-                 id="negative-wait-timeout"),
-    pytest.param(http_request("GET", "/v1/jobs?all=maybe"), 400, "all", id="bad-flag"),
-    pytest.param(http_request("GET", "/v1/jobs/1/logs?offset=" + "9" * 30), 404, "",
-                 id="huge-offset"),
-    pytest.param(http_request("POST", "/v1/clean", b'{"older_than": "forever"}'), 400, "",
-                 id="bad-duration"),
-    pytest.param(http_request("POST", "/v1/clean", b'{"older_than": 1e400}'), 400, "",
-                 id="infinite-duration"),
-    pytest.param(http_request("POST", "/v1/clean", b'{"older_than": [1]}'), 400, "duration",
-                 id="duration-a-list"),
-])
-def test_bad_input_is_a_clear_4xx(bad_daemon: Daemon, request_bytes: bytes,
-                                  status: int | None, needle: str) -> None:
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "needle"),
+    [
+        pytest.param(
+            http_request(
+                "POST", "/v1/jobs", b'{"command": ["true"', {"Content-Type": "application/json"}
+            ),
+            400,
+            "not valid JSON",
+            id="malformed-json",
+        ),
+        pytest.param(
+            http_request("POST", "/v1/jobs", b"\xff\xfe\x00garbage"),
+            400,
+            "not valid JSON",
+            id="not-utf8",
+        ),
+        pytest.param(
+            http_request("POST", "/v1/jobs", b"[1, 2, 3]"),
+            400,
+            "JSON object",
+            id="body-not-an-object",
+        ),
+        pytest.param(http_request("POST", "/v1/jobs", b""), 400, "JSON object", id="empty-body"),
+        pytest.param(
+            http_request("POST", "/v1/jobs", json.dumps({"command": "true"}).encode()),
+            400,
+            "command",
+            id="command-not-a-list",
+        ),
+        pytest.param(
+            http_request(
+                "POST", "/v1/jobs", json.dumps({"command": ["true"], "gpus": "two"}).encode()
+            ),
+            400,
+            "gpus",
+            id="gpus-a-string",
+        ),
+        pytest.param(
+            http_request(
+                "POST", "/v1/jobs", json.dumps({"command": ["true"], "mem": [1]}).encode()
+            ),
+            400,
+            "mem",
+            id="mem-a-list",
+        ),
+        pytest.param(
+            http_request(
+                "POST", "/v1/jobs", json.dumps({"command": ["true"], "mem": "1e999G"}).encode()
+            ),
+            400,
+            "",
+            id="mem-absurd",
+        ),
+        pytest.param(
+            http_request(
+                "POST", "/v1/jobs", json.dumps({"command": ["true"], "gpu_ids": [True]}).encode()
+            ),
+            400,
+            "gpu_ids",
+            id="bool-ids",
+        ),
+        pytest.param(
+            http_request(
+                "POST", "/v1/jobs", json.dumps({"command": ["true"], "after": 3}).encode()
+            ),
+            400,
+            "after",
+            id="after-not-a-list",
+        ),
+        pytest.param(
+            http_request(
+                "POST", "/v1/jobs", json.dumps({"command": ["true"], "after": False}).encode()
+            ),
+            400,
+            "after",
+            id="after-false",
+        ),
+        pytest.param(
+            http_request(
+                "POST", "/v1/jobs", json.dumps({"command": ["true"], "priority": 10**30}).encode()
+            ),
+            400,
+            "priority",
+            id="huge-priority",
+        ),
+        pytest.param(
+            http_request(
+                "POST", "/v1/jobs", json.dumps({"command": ["true"], "timeout": -1}).encode()
+            ),
+            400,
+            "negative",
+            id="neg-timeout",
+        ),
+        pytest.param(
+            http_request("POST", "/v1/jobs", b'{"command": ["true"], "timeout": NaN}'),
+            400,
+            "not valid JSON",
+            id="nan-timeout",
+        ),
+        pytest.param(
+            http_request("POST", "/v1/jobs", b'{"command": ["true"], "timeout": Infinity}'),
+            400,
+            "not valid JSON",
+            id="infinite-timeout",
+        ),
+        pytest.param(
+            http_request("POST", "/v1/jobs", b'{"command": ["true"], "timeout": 1e400}'),
+            400,
+            "not valid JSON",
+            id="overflowing-timeout",
+        ),
+        pytest.param(
+            http_request(
+                "POST",
+                "/v1/jobs",
+                json.dumps({"command": ["true"], "timeout": "9" * 400 + "h"}).encode(),
+            ),
+            400,
+            "finite",
+            id="infinite-timeout-string",
+        ),
+        pytest.param(
+            http_request(
+                "POST", "/v1/jobs", json.dumps({"command": ["true"], "mem": 10**30}).encode()
+            ),
+            400,
+            "",
+            id="huge-mem",
+        ),
+        pytest.param(
+            http_request(
+                "POST", "/v1/jobs", json.dumps({"command": ["true"], "after": [10**30]}).encode()
+            ),
+            400,
+            "",
+            id="huge-dependency",
+        ),
+        pytest.param(
+            http_request(
+                "POST", "/v1/jobs", json.dumps({"command": ["true"], "after": [424242]}).encode()
+            ),
+            400,
+            "424242",
+            id="missing-dependency",
+        ),
+        pytest.param(
+            http_request(
+                "POST",
+                "/v1/jobs",
+                json.dumps({"command": ["true"], "user": "root", "uid": 0}).encode(),
+            ),
+            400,
+            "unknown field",
+            id="identity-fields",
+        ),
+        pytest.param(
+            http_request("POST", "/v1/jobs", b'{"command": ["a\\u0000b"]}'),
+            400,
+            "NUL",
+            id="nul-in-argv",
+        ),
+        pytest.param(
+            http_request("POST", "/v1/jobs", b'{"command": ["\\udafa"]}'),
+            400,
+            "surrogate",
+            id="lone-surrogate-in-argv",
+        ),
+        pytest.param(
+            http_request("POST", "/v1/jobs", b'{"command": ["true"], "env": {"\\ud800": ""}}'),
+            400,
+            "surrogate",
+            id="lone-surrogate-in-env",
+        ),
+        pytest.param(
+            http_request("POST", "/v1/jobs", b'{"command": ["true"], "cwd": "/a\\u0000"}'),
+            400,
+            "",
+            id="nul-in-cwd",
+        ),
+        pytest.param(
+            http_request(
+                "POST", "/v1/jobs", json.dumps({"command": ["true"], "env": {"A=B": "x"}}).encode()
+            ),
+            400,
+            "environment",
+            id="bad-env-name",
+        ),
+        pytest.param(
+            http_request(
+                "POST", "/v1/jobs", json.dumps({"command": ["true"], "env": {"A": "x\0"}}).encode()
+            ),
+            400,
+            "environment",
+            id="nul-in-env",
+        ),
+        pytest.param(http_request("GET", "/v1/jobs/99999999"), 404, "99999999", id="unknown-job"),
+        pytest.param(http_request("GET", "/v1/jobs/-1"), 400, "invalid job id", id="negative-id"),
+        pytest.param(
+            http_request("GET", "/v1/jobs/" + "9" * 40), 400, "invalid job id", id="id-overflow"
+        ),
+        pytest.param(
+            http_request("POST", "/v1/jobs/%C3%A9/cancel"), 400, "invalid job id", id="unicode-id"
+        ),
+        pytest.param(
+            http_request("GET", "/v1/jobs/%C2%B2"), 400, "invalid job id", id="superscript-digit-id"
+        ),
+        pytest.param(
+            http_request("GET", "/v1/jobs/%D9%A1"),
+            400,
+            "invalid job id",
+            id="arabic-indic-digit-id",
+        ),
+        pytest.param(http_request("GET", "/v1/jobs/1/logs?offset=x"), None, "", id="bad-offset"),
+        pytest.param(
+            http_request("GET", "/v1/jobs/1/wait?timeout=nan"),
+            400,
+            "timeout",
+            id="nan-wait-timeout",
+        ),
+        pytest.param(
+            http_request("GET", "/v1/jobs/1/wait?timeout=1e9"),
+            400,
+            "timeout",
+            id="wait-timeout-too-long",
+        ),
+        pytest.param(
+            http_request("GET", "/v1/jobs/1/wait?timeout=-1"),
+            400,
+            "timeout",
+            id="negative-wait-timeout",
+        ),
+        pytest.param(http_request("GET", "/v1/jobs?all=maybe"), 400, "all", id="bad-flag"),
+        pytest.param(
+            http_request("GET", "/v1/jobs/1/logs?offset=" + "9" * 30), 404, "", id="huge-offset"
+        ),
+        pytest.param(
+            http_request("POST", "/v1/clean", b'{"older_than": "forever"}'),
+            400,
+            "",
+            id="bad-duration",
+        ),
+        pytest.param(
+            http_request("POST", "/v1/clean", b'{"older_than": 1e400}'),
+            400,
+            "",
+            id="infinite-duration",
+        ),
+        pytest.param(
+            http_request("POST", "/v1/clean", b'{"older_than": [1]}'),
+            400,
+            "duration",
+            id="duration-a-list",
+        ),
+    ],
+)
+def test_bad_input_is_a_clear_4xx(
+    bad_daemon: Daemon, request_bytes: bytes, status: int | None, needle: str
+) -> None:
     before = _all_jobs(bad_daemon)
     code, body = raw_http(bad_daemon.socket, request_bytes)
     if status is None:
@@ -366,9 +554,16 @@ def test_bad_input_is_a_clear_4xx(bad_daemon: Daemon, request_bytes: bytes,
 
 
 def test_unknown_routes_and_methods_are_4xx(bad_daemon: Daemon) -> None:
-    for method, path in (("GET", "/nope"), ("GET", "/v1/jobs/1/nope"), ("GET", "/v2/jobs"),
-                         ("PUT", "/v1/jobs"), ("PATCH", "/v1/jobs/1"), ("GET", "/v1/clean"),
-                         ("BREW", "/v1/jobs"), ("GET", "/../../etc/passwd")):
+    for method, path in (
+        ("GET", "/nope"),
+        ("GET", "/v1/jobs/1/nope"),
+        ("GET", "/v2/jobs"),
+        ("PUT", "/v1/jobs"),
+        ("PATCH", "/v1/jobs/1"),
+        ("GET", "/v1/clean"),
+        ("BREW", "/v1/jobs"),
+        ("GET", "/../../etc/passwd"),
+    ):
         code, _ = raw_http(bad_daemon.socket, http_request(method, path))
         assert 400 <= code < 500, (method, path, code)
     _assert_healthy(bad_daemon)
@@ -377,18 +572,25 @@ def test_unknown_routes_and_methods_are_4xx(bad_daemon: Daemon) -> None:
 def test_garbage_instead_of_http_and_a_huge_body(bad_daemon: Daemon) -> None:
     code, _ = raw_http(bad_daemon.socket, b"\x00\x01 hello daemon\r\n\r\n")
     assert 400 <= code < 500
-    code, _ = raw_http(bad_daemon.socket, b"GET /v1/health HTTP/1.1\r\nHost: x\r\n"
-                       + b"X-Long: " + b"a" * 200_000 + b"\r\nConnection: close\r\n\r\n")
+    code, _ = raw_http(
+        bad_daemon.socket,
+        b"GET /v1/health HTTP/1.1\r\nHost: x\r\n"
+        + b"X-Long: "
+        + b"a" * 200_000
+        + b"\r\nConnection: close\r\n\r\n",
+    )
     assert 400 <= code < 500
     # A body over the limit, announced honestly: refused without reading it all.
     huge = b'{"command": ["true"], "name": "' + b"x" * (8 << 20) + b'"}'
     code, body = raw_http(bad_daemon.socket, http_request("POST", "/v1/jobs", huge))
     assert code in (400, 413) and "too large" in _error_of(body)
     # The same body sent chunked (no Content-Length to refuse it by).
-    chunked = (b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-               b"Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n")
+    chunked = (
+        b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n"
+    )
     for i in range(0, len(huge), 1 << 20):
-        piece = huge[i:i + (1 << 20)]
+        piece = huge[i : i + (1 << 20)]
         chunked += f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
     try:
         code, _ = raw_http(bad_daemon.socket, chunked + b"0\r\n\r\n")
@@ -396,8 +598,10 @@ def test_garbage_instead_of_http_and_a_huge_body(bad_daemon: Daemon) -> None:
     except (BrokenPipeError, ConnectionResetError):
         pass  # the daemon may hang up on a body it will not read: also a refusal
     # A Content-Length that lies (longer than what comes).
-    code, _ = raw_http(bad_daemon.socket, b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\n"
-                       b"Content-Length: -5\r\nConnection: close\r\n\r\n{}")
+    code, _ = raw_http(
+        bad_daemon.socket,
+        b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\nConnection: close\r\n\r\n{}",
+    )
     assert 400 <= code < 500
     _assert_healthy(bad_daemon)
 
@@ -451,14 +655,29 @@ def test_many_concurrent_bad_clients(bad_daemon: Daemon) -> None:
     _assert_healthy(bad_daemon)
 
 
-@settings(max_examples=30, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.one_of(
-    st.binary(max_size=400),
-    st.builds(lambda line, rest: line + b"\r\n" + rest,
-              st.sampled_from([b"GET /v1/jobs HTTP/1.1", b"POST /v1/jobs HTTP/1.1",
-                               b"POST /v1/jobs/1/cancel HTTP/1.0", b"GET / HTTP/9.9"]),
-              st.binary(max_size=400))))
+@settings(
+    max_examples=30,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    data=st.one_of(
+        st.binary(max_size=400),
+        st.builds(
+            lambda line, rest: line + b"\r\n" + rest,
+            st.sampled_from(
+                [
+                    b"GET /v1/jobs HTTP/1.1",
+                    b"POST /v1/jobs HTTP/1.1",
+                    b"POST /v1/jobs/1/cancel HTTP/1.0",
+                    b"GET / HTTP/9.9",
+                ]
+            ),
+            st.binary(max_size=400),
+        ),
+    )
+)
 def test_random_bytes_on_the_socket(bad_daemon: Daemon, data: bytes) -> None:
     """Whatever arrives, the daemon answers or hangs up; it never dies."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

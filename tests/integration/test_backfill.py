@@ -18,8 +18,7 @@ GUARD = 2.0  # starve_after, seconds
 
 @pytest.fixture
 def one_gpu(tmp_path: Path) -> Iterator[Daemon]:
-    yield from start_daemon(tmp_path, EXAMPLES / "one-80g.json",
-                            f'starve_after = "{GUARD:g}s"\n')
+    yield from start_daemon(tmp_path, EXAMPLES / "one-80g.json", f'starve_after = "{GUARD:g}s"\n')
 
 
 def sim(mem: str, seconds: float) -> list[str]:
@@ -28,7 +27,8 @@ def sim(mem: str, seconds: float) -> list[str]:
 
 
 def test_a_job_that_fits_starts_until_the_guard_then_the_first_job_keeps_its_room(
-        one_gpu: Daemon) -> None:
+    one_gpu: Daemon,
+) -> None:
     d = one_gpu
     running = d.submit("--mem", "40G", cmd=sim("39G", 120))
     d.wait_state(running, "running")

@@ -28,8 +28,9 @@ def test_a_huge_range_and_a_group_are_one_request_each(daemon: Daemon) -> None:
     assert daemon.job(other)["state"] == "queued"
     r = daemon.cli("cancel", "--group", "nosuch")
     assert r.returncode == 2
-    assert r.stderr.strip() == "gpuwarden: error: no waiting or running job of yours in " \
-                               "group 'nosuch'"
+    assert (
+        r.stderr.strip() == "gpuwarden: error: no waiting or running job of yours in group 'nosuch'"
+    )
 
     started = time.monotonic()
     r = daemon.cli("cancel", "1-100000", timeout=60)
@@ -54,11 +55,13 @@ def test_a_field_given_must_hold_what_the_document_says(daemon: Daemon) -> None:
     """null is no list: a body the OpenAPI document refuses is a 400, not "nothing named";
     an empty list names no job, as ``cancel --group`` sends it."""
     job = daemon.submit("--mem", "1G", "--group", "g", cmd=SLEEP)
-    for body, says in (({"ids": [job], "refs": None}, "refs must be a list"),
-                       ({"refs": [str(job)], "ids": None}, "ids must be a list"),
-                       ({"ids": [job], "refs": ""}, "refs must be a list"),
-                       ({"ids": [job], "kill": None}, "kill must be true or false"),
-                       ({"ids": [], "refs": []}, "name job ids or a group")):
+    for body, says in (
+        ({"ids": [job], "refs": None}, "refs must be a list"),
+        ({"refs": [str(job)], "ids": None}, "ids must be a list"),
+        ({"ids": [job], "refs": ""}, "refs must be a list"),
+        ({"ids": [job], "kill": None}, "kill must be true or false"),
+        ({"ids": [], "refs": []}, "name job ids or a group"),
+    ):
         with pytest.raises(UsageError, match=says):
             daemon.api("POST", "/v1/cancel", body=body)
     assert daemon.job(job)["state"] in ("queued", "reserved", "running")  # none cancelled it

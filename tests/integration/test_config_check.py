@@ -15,9 +15,13 @@ SAMPLE = SRC.parent / "deploy" / "config.toml"
 
 
 def _check(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuwarden", "config", "check", *args],
-                          capture_output=True, text=True, timeout=60,
-                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "config", "check", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def test_the_sample_passes_and_holds_the_defaults() -> None:
@@ -30,8 +34,9 @@ def test_every_setting_the_loader_knows_is_in_the_sample() -> None:
     text = SAMPLE.read_text()
     shown = set(re.findall(r"^#? ?(\w+) =", text, re.M))
     tables = ("limits", "notify")
-    missing = [k for k in (*SETTINGS, *LIMIT_SETTINGS, "webhook")
-               if k not in tables and k not in shown]
+    missing = [
+        k for k in (*SETTINGS, *LIMIT_SETTINGS, "webhook") if k not in tables and k not in shown
+    ]
     assert not missing, f"deploy/config.toml lacks {missing}"
     for table in tables:
         assert re.search(rf"^# \[{table}\]", text, re.M), table
@@ -39,8 +44,7 @@ def test_every_setting_the_loader_knows_is_in_the_sample() -> None:
 
 def test_each_problem_is_one_line_and_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "config.toml"
-    bad.write_text('grace = "1x"\nfoo = 1\nspike_buffer = 99\n'
-                   '[limits]\nmax_memory = [1]\n')
+    bad.write_text('grace = "1x"\nfoo = 1\nspike_buffer = 99\n[limits]\nmax_memory = [1]\n')
     r = _check(str(bad))
     assert r.returncode == 2 and "Traceback" not in r.stderr and not r.stdout
     lines = r.stderr.splitlines()

@@ -21,9 +21,13 @@ def sim_job(mem: str, seconds: float, *extra: str) -> list[str]:
 
 
 def test_submit_run_and_wait(daemon: Daemon) -> None:
-    jid = daemon.submit("--mem", "2G", "--name", "hello",
-                        cmd=[PY, "-c",
-                             "import os; print('hi from', os.environ['GPUWARDEN_JOB'])"])
+    jid = daemon.submit(
+        "--mem",
+        "2G",
+        "--name",
+        "hello",
+        cmd=[PY, "-c", "import os; print('hi from', os.environ['GPUWARDEN_JOB'])"],
+    )
     r = daemon.cli("wait", str(jid))
     assert r.returncode == 0, r.stderr
     job = daemon.job(jid)
@@ -31,8 +35,11 @@ def test_submit_run_and_wait(daemon: Daemon) -> None:
     assert job["mem"] == 2 * GiB and len(job["gpus"]) == 1
     assert job["started_at"] and job["ended_at"]
     kinds = [e["kind"] for e in job["events"]]
-    assert kinds[:4] == ["submitted", "placed", "launched", "started"] or \
-        kinds[:3] == ["submitted", "placed", "launched"]
+    assert kinds[:4] == ["submitted", "placed", "launched", "started"] or kinds[:3] == [
+        "submitted",
+        "placed",
+        "launched",
+    ]
     assert "succeeded" in kinds[-2:]
     # Its memory is released only once verified back (invariant 5), and says how fast.
     job = daemon.wait_for_release(jid)
@@ -48,11 +55,12 @@ def test_submit_run_and_wait(daemon: Daemon) -> None:
     assert text[0] == f"job {jid}  succeeded  user {job['user']}  name hello"
     assert text[1].startswith(f"  command   {PY} -c ")
     # Both figures: the budget its allocations may hold, the context booked beside it.
-    assert (f"  memory    declared 2048MiB, reserved 2048MiB + {job['context'] >> 20}MiB "
-            "CUDA context, peak ") in "\n".join(text)
-    assert f"  release   memory back {release['seconds']:.2f} s after the end (verified)" \
-        in text
-    events = text[text.index("  events:") + 1:]
+    assert (
+        f"  memory    declared 2048MiB, reserved 2048MiB + {job['context'] >> 20}MiB "
+        "CUDA context, peak "
+    ) in "\n".join(text)
+    assert f"  release   memory back {release['seconds']:.2f} s after the end (verified)" in text
+    events = text[text.index("  events:") + 1 :]
     assert len(events) == len(job["events"]) and events[0].startswith("    ")
     assert events[0].endswith("  submitted")
 
@@ -88,11 +96,13 @@ def test_infeasible_at_once_and_bad_input(daemon: Daemon) -> None:
     r = daemon.cli("submit", "--mem", "100G", "--json", "--", PY, "-c", "pass")
     assert r.returncode == 2 and r.stdout == ""  # refused: it could never run here
     assert "can never run here" in r.stderr and "24.0GiB" in r.stderr
-    for args, needle in ((["submit", "--mem", "12X", "--", "true"], "invalid size"),
-                         (["submit", "--gpu-ids", "5", "--", "true"], "no GPU with index 5"),
-                         (["submit", "--after", "999", "--", "true"], "999"),
-                         (["show", "12345"], "12345"),
-                         (["cancel", "abc"], "invalid job id")):
+    for args, needle in (
+        (["submit", "--mem", "12X", "--", "true"], "invalid size"),
+        (["submit", "--gpu-ids", "5", "--", "true"], "no GPU with index 5"),
+        (["submit", "--after", "999", "--", "true"], "999"),
+        (["show", "12345"], "12345"),
+        (["cancel", "abc"], "invalid job id"),
+    ):
         r = daemon.cli(*args)
         assert r.returncode != 0, args
         assert needle in r.stderr, (args, r.stderr)
@@ -114,24 +124,40 @@ def test_dependency_order_and_failed_dependency(daemon: Daemon) -> None:
 
 def test_cancel_kills_the_whole_tree_with_a_grandchild(daemon: Daemon, tmp_path: Path) -> None:
     pidfile = tmp_path / "grandchild.pid"
-    script = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-m', "
-              f"'gpuwarden.sim.job', '--mem', '3G', '--seconds', '300'], "
-              f"start_new_session=True); open({str(pidfile)!r}, 'w').write(str(p.pid)); "
-              f"time.sleep(300)")
+    script = (
+        f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-m', "
+        f"'gpuwarden.sim.job', '--mem', '3G', '--seconds', '300'], "
+        f"start_new_session=True); open({str(pidfile)!r}, 'w').write(str(p.pid)); "
+        f"time.sleep(300)"
+    )
     jid = daemon.submit("--mem", "4G", cmd=[PY, "-c", script])
     daemon.wait_state(jid, "running")
-    grandchild = int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), 20, 0.1,
-                              what="the grandchild's pid file"))
+    grandchild = int(
+        wait_for(
+            lambda: pidfile.exists() and pidfile.read_text(),
+            20,
+            0.1,
+            what="the grandchild's pid file",
+        )
+    )
     assert psutil.pid_exists(grandchild)
     daemon.cli("cancel", str(jid), check=True)
     job = daemon.wait_state(jid, "cancelled", timeout=30)
     assert job["reason"] == "cancelled"
-    wait_for(lambda: not psutil.pid_exists(grandchild)
-             or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE, 5, 0.1,
-             what=lambda _: "grandchild survived the cancel")
+    wait_for(
+        lambda: (
+            not psutil.pid_exists(grandchild)
+            or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+        ),
+        5,
+        0.1,
+        what=lambda _: "grandchild survived the cancel",
+    )
+
     def freed() -> bool:  # the driver frees a dead process's memory after a short lag
         status = json.loads(daemon.cli("status", "--json", check=True).stdout)
         return all(g["memory_used"] == 0 for g in status["gpus"])
+
     assert wait_for(freed, 5)
 
 
@@ -166,13 +192,16 @@ def test_hold_release_retry_key_rm_and_clean(daemon: Daemon) -> None:
     removed = daemon.json("clean", "--older-than", "0s")["removed"]
     assert removed >= 1
     assert daemon.json("ps", "--all")["jobs"] == [] or all(
-        j["state"] not in ("succeeded", "failed") for j in daemon.json("ps", "--all")["jobs"])
+        j["state"] not in ("succeeded", "failed") for j in daemon.json("ps", "--all")["jobs"]
+    )
 
 
 def test_directives_in_a_script_and_command_line_wins(daemon: Daemon, tmp_path: Path) -> None:
     script = tmp_path / "train.py"
-    script.write_text("#!/usr/bin/env python3\n#gpuwarden --mem=3G --name=from-script\n"
-                      "#gpuwarden --priority 5\nprint('ok')\n")
+    script.write_text(
+        "#!/usr/bin/env python3\n#gpuwarden --mem=3G --name=from-script\n"
+        "#gpuwarden --priority 5\nprint('ok')\n"
+    )
     script.chmod(0o755)
     r = daemon.cli("submit", "--name", "from-cli", "--json", "--", PY, str(script))
     # The script is argv[1] here: directives are read from argv[0] only when it is a file.
@@ -184,9 +213,19 @@ def test_directives_in_a_script_and_command_line_wins(daemon: Daemon, tmp_path: 
 
 def test_credentials_are_dropped_unless_kept(daemon: Daemon) -> None:
     env = {**daemon.env, "MY_API_TOKEN": "s3cret", "HF_TOKEN": "hf", "PLAIN": "fine"}
-    r = daemon.cli("submit", "--env-keep", "HF_TOKEN", "--json", "--", PY, "-c",
-                   "import os; print(os.environ.get('MY_API_TOKEN'), os.environ['HF_TOKEN'], "
-                   "os.environ['PLAIN'])", env=env, check=True)
+    r = daemon.cli(
+        "submit",
+        "--env-keep",
+        "HF_TOKEN",
+        "--json",
+        "--",
+        PY,
+        "-c",
+        "import os; print(os.environ.get('MY_API_TOKEN'), os.environ['HF_TOKEN'], "
+        "os.environ['PLAIN'])",
+        env=env,
+        check=True,
+    )
     job = json.loads(r.stdout)
     assert "MY_API_TOKEN" in job["dropped_env"] and "HF_TOKEN" not in job["dropped_env"]
     assert "MY_API_TOKEN" in r.stderr
@@ -197,13 +236,25 @@ def test_credentials_are_dropped_unless_kept(daemon: Daemon) -> None:
 def test_credentials_are_matched_by_word_not_substring(daemon: Daemon) -> None:
     """TIKTOKEN_CACHE_DIR has TOKEN inside a word: it is no credential and reaches the job;
     AWS_SECRET_ACCESS_KEY and OPENAI_API_KEY are dropped."""
-    env = {**daemon.env, "TIKTOKEN_CACHE_DIR": "/cache/tt", "TOKENIZERS_PARALLELISM": "0",
-           "AWS_SECRET_ACCESS_KEY": "s3cret", "OPENAI_API_KEY": "sk"}
-    r = daemon.cli("submit", "--json", "--", PY, "-c",
-                   "import os; print(os.environ.get('TIKTOKEN_CACHE_DIR'), "
-                   "os.environ.get('TOKENIZERS_PARALLELISM'), "
-                   "os.environ.get('AWS_SECRET_ACCESS_KEY'), os.environ.get('OPENAI_API_KEY'))",
-                   env=env, check=True)
+    env = {
+        **daemon.env,
+        "TIKTOKEN_CACHE_DIR": "/cache/tt",
+        "TOKENIZERS_PARALLELISM": "0",
+        "AWS_SECRET_ACCESS_KEY": "s3cret",
+        "OPENAI_API_KEY": "sk",
+    }
+    r = daemon.cli(
+        "submit",
+        "--json",
+        "--",
+        PY,
+        "-c",
+        "import os; print(os.environ.get('TIKTOKEN_CACHE_DIR'), "
+        "os.environ.get('TOKENIZERS_PARALLELISM'), "
+        "os.environ.get('AWS_SECRET_ACCESS_KEY'), os.environ.get('OPENAI_API_KEY'))",
+        env=env,
+        check=True,
+    )
     job = json.loads(r.stdout)
     assert {"AWS_SECRET_ACCESS_KEY", "OPENAI_API_KEY"} <= set(job["dropped_env"])
     assert "TIKTOKEN_CACHE_DIR" not in r.stderr and "TOKENIZERS_PARALLELISM" not in r.stderr
@@ -217,8 +268,10 @@ def test_a_missing_command_fails_the_job_not_the_daemon(daemon: Daemon) -> None:
     # submit refuses it at once (test_submit_checks.py); a request that skips that check
     # (another client, or the program removed since) fails at launch.
     jid = Client(str(daemon.home / "gpuwarden.sock")).request(
-        "POST", "/v1/jobs", body={"command": ["/no/such/program", "x"], "cwd": "/",
-                                  "env": {"PATH": "/usr/bin:/bin"}})["id"]
+        "POST",
+        "/v1/jobs",
+        body={"command": ["/no/such/program", "x"], "cwd": "/", "env": {"PATH": "/usr/bin:/bin"}},
+    )["id"]
     job = daemon.wait_state(jid, "failed")
     assert job["exit_code"] == 127 and "not found" in job["reason"]
     assert daemon.cli("daemon", "status").returncode == 0
@@ -256,8 +309,9 @@ def _simulate_reboot(daemon: Daemon, job_ids: list[int]) -> None:
     # of the lifecycle says that (a reboot is found, never recorded), so the row is
     # edited directly, with the daemon stopped.
     with contextlib.closing(sqlite3.connect(daemon.home / DB_NAME)) as conn, conn:
-        conn.executemany("UPDATE jobs SET boot_id = 'an-earlier-boot' WHERE id = ?",
-                         [(j,) for j in states])
+        conn.executemany(
+            "UPDATE jobs SET boot_id = 'an-earlier-boot' WHERE id = ?", [(j,) for j in states]
+        )
     daemon.start()
 
 

@@ -26,10 +26,15 @@ from tests.integration.daemon_fixture import (
 
 
 def test_deeply_nested_json_body_is_a_400(daemon: Daemon) -> None:
-    for body in (b"[" * 100_000, b"[" * 100_000 + b"]" * 100_000,
-                 b'{"command": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"):
-        status, answer = raw_http(daemon.socket, http_request(
-            "POST", "/v1/jobs", body, {"Content-Type": "application/json"}))
+    for body in (
+        b"[" * 100_000,
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"command": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+    ):
+        status, answer = raw_http(
+            daemon.socket,
+            http_request("POST", "/v1/jobs", body, {"Content-Type": "application/json"}),
+        )
         assert status == 400, answer[:300]
         assert "nested too deeply" in json.loads(answer)["error"]
     assert daemon.cli("ps").returncode == 0  # the daemon still serves
@@ -49,18 +54,26 @@ def _home(config: bytes | None) -> tuple[Path, dict[str, str]]:
 def _start(home: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], float]:
     STARTED.add(home)
     began = time.monotonic()
-    r = subprocess.run([PY, "-m", "gpuwarden", "daemon", "start"], env=env,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [PY, "-m", "gpuwarden", "daemon", "start"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return r, time.monotonic() - began
 
 
-@pytest.mark.parametrize(("config", "says"), [
-    (b"\xff\xfe\x00grace = 1\n\x80\x81", "not UTF-8"),
-    (b"grace = 1e308\n", "grace"),
-    (b'grace = "1000000d"\n', "grace"),
-    (b'reserve = "1000T"\n', "reserve must be at most"),
-    (b'interval = "10d"\n', "interval must be at most"),
-])
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        (b"\xff\xfe\x00grace = 1\n\x80\x81", "not UTF-8"),
+        (b"grace = 1e308\n", "grace"),
+        (b'grace = "1000000d"\n', "grace"),
+        (b'reserve = "1000T"\n', "reserve must be at most"),
+        (b'interval = "10d"\n', "interval must be at most"),
+    ],
+)
 def test_daemon_start_refuses_a_bad_config_in_one_line(config: bytes, says: str) -> None:
     home, env = _home(config)
     try:

@@ -59,10 +59,19 @@ sys.exit(job % 4)
 
 def scenario(path: Path) -> Path:
     """4 x 80 GiB, two per NUMA node: with MEM per job, eight jobs run at once."""
-    gpus = [{"index": i, "uuid": f"GPU-00000000-0000-4000-8000-00000000000{i}",
-             "name": "NVIDIA H100 80GB HBM3", "memory_total": "80GiB", "numa_node": i // 2,
-             "cpus": str(i // 2), "compute_mode": "Default", "persistence_mode": True}
-            for i in range(4)]
+    gpus = [
+        {
+            "index": i,
+            "uuid": f"GPU-00000000-0000-4000-8000-00000000000{i}",
+            "name": "NVIDIA H100 80GB HBM3",
+            "memory_total": "80GiB",
+            "numa_node": i // 2,
+            "cpus": str(i // 2),
+            "compute_mode": "Default",
+            "persistence_mode": True,
+        }
+        for i in range(4)
+    ]
     path.write_text(json.dumps({"description": "restart test: 4 x 80 GiB", "gpus": gpus}))
     return path
 
@@ -100,10 +109,17 @@ def start_and_kill_early(d: Daemon, rng: random.Random) -> None:
     while it recovers (adopts, settles, requeues) and runs its first scheduling pass."""
     old = d.pid()
     with open(d.home / "daemon.log", "ab") as log:
-        proc = subprocess.Popen([PY, "-m", "gpuwarden.daemon.main"], env=d.env,
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                start_new_session=True, cwd="/")
+        proc = subprocess.Popen(
+            [PY, "-m", "gpuwarden.daemon.main"],
+            env=d.env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            cwd="/",
+        )
     try:
+
         def took_lock() -> bool:  # the lock file names it once it holds the lock
             assert proc.poll() is None, "the daemon exited while starting"
             return d.pid() not in (None, old)
@@ -138,7 +154,8 @@ def live_job_processes(home: Path, ledger: Path) -> list[str]:
 
 
 def test_kill_9_at_random_moments_loses_and_duplicates_no_job(
-        busy_daemon: Daemon, tmp_path: Path) -> None:
+    busy_daemon: Daemon, tmp_path: Path
+) -> None:
     d = busy_daemon
     seed = int(os.environ.get("GPUWARDEN_RESTART_SEED") or random.SystemRandom().getrandbits(32))
     print(f"restart test seed: {seed} (replay with GPUWARDEN_RESTART_SEED={seed})")
@@ -187,30 +204,38 @@ def test_kill_9_at_random_moments_loses_and_duplicates_no_job(
     expected: dict[int, str] = {}
     for jid in sorted(deps):
         will_run = all(expected[dep] == "succeeded" for dep in deps[jid])
-        expected[jid] = ("cancelled" if not will_run else
-                         "succeeded" if jid % 4 == 0 else "failed")
+        expected[jid] = "cancelled" if not will_run else "succeeded" if jid % 4 == 0 else "failed"
 
     def pending(jobs: dict[int, dict[str, object]]) -> dict[int, object]:
-        return {i: j["state"] for i, j in jobs.items()
-                if j["state"] not in ("succeeded", "failed", "cancelled", "infeasible")}
+        return {
+            i: j["state"]
+            for i, j in jobs.items()
+            if j["state"] not in ("succeeded", "failed", "cancelled", "infeasible")
+        }
 
-    jobs = wait_for(lambda: {j["id"]: j for j in client.request(
-                        "GET", "/v1/jobs", query={"all": "1"})["jobs"]}, 60, 0.2,
-                    until=lambda jobs: not pending(jobs),
-                    what=lambda jobs: f"jobs never finished: {pending(jobs)}")
+    jobs = wait_for(
+        lambda: {j["id"]: j for j in client.request("GET", "/v1/jobs", query={"all": "1"})["jobs"]},
+        60,
+        0.2,
+        until=lambda jobs: not pending(jobs),
+        what=lambda jobs: f"jobs never finished: {pending(jobs)}",
+    )
     d.stop()
     seen = collections.Counter(e["kind"] for j in jobs.values() for e in j["events"])
     print(f"events: {dict(sorted(seen.items()))}")
-    print(f"{kills} kills in {chaos:.1f}s; all {JOBS} jobs done after "
-          f"{time.monotonic() - started:.1f}s")
+    print(
+        f"{kills} kills in {chaos:.1f}s; all {JOBS} jobs done after "
+        f"{time.monotonic() - started:.1f}s"
+    )
 
     # Every job that was to run ran exactly once; no other ever started.
     lines = [line.split() for line in ledger.read_text().splitlines()]
     runs = collections.Counter(int(job) for job, _ in lines)
     ran_as = {int(job): int(pid) for job, pid in lines}
     assert set(runs) <= set(deps), f"unknown jobs ran: {set(runs) - set(deps)}"
-    wrong = {jid: runs[jid] for jid in deps
-             if runs[jid] != (0 if expected[jid] == "cancelled" else 1)}
+    wrong = {
+        jid: runs[jid] for jid in deps if runs[jid] != (0 if expected[jid] == "cancelled" else 1)
+    }
     assert not wrong, f"jobs that ran a wrong number of times ({{id: runs}}): {wrong}"
 
     # ... and ended as it exited, the exit code recorded.
@@ -235,8 +260,9 @@ def test_kill_9_at_random_moments_loses_and_duplicates_no_job(
     assert {j.id: j.state for j in store.list()} == expected
 
     # Nothing of the jobs is left running.
-    wait_for(lambda: live_job_processes(d.home, ledger), 10, 0.1,
-             until=lambda live: not live, what=str)
+    wait_for(
+        lambda: live_job_processes(d.home, ledger), 10, 0.1, until=lambda live: not live, what=str
+    )
     assert all(_gone(int(pid)) for _, pid in lines)
 
 
@@ -280,23 +306,33 @@ def _no_backend() -> Backend:
 
 def _reserved_job(store: Store, argv: tuple[str, ...]) -> Job:
     """A job as the killed daemon left it right after its "placed" transaction."""
-    job, _ = store.submit(JobSpec(command=argv, user="me", uid=os.getuid(), gid=os.getgid()),
-                          now=time.time())
-    return store.transition(job.id, model.QUEUED, model.RESERVED, now=time.time(),
-                            kind="placed", gpus=(0,), gpu_uuids=("GPU-0",), budget=1 << 30)
+    job, _ = store.submit(
+        JobSpec(command=argv, user="me", uid=os.getuid(), gid=os.getgid()), now=time.time()
+    )
+    return store.transition(
+        job.id,
+        model.QUEUED,
+        model.RESERVED,
+        now=time.time(),
+        kind="placed",
+        gpus=(0,),
+        gpu_uuids=("GPU-0",),
+        budget=1 << 30,
+    )
 
 
 def _supervisor_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(SRC)}
 
 
-@pytest.mark.parametrize("crash", ["after_placed", "after_spec", "supervisor_starting",
-                                   "supervisor_claimed"])
+@pytest.mark.parametrize(
+    "crash", ["after_placed", "after_spec", "supervisor_starting", "supervisor_claimed"]
+)
 def test_a_crash_inside_a_launch_neither_loses_nor_repeats_the_job(
-        tmp_path: Path, crash: str) -> None:
+    tmp_path: Path, crash: str
+) -> None:
     store = Store(tmp_path / "state.db")
-    sched = Scheduler(store, tmp_path / "jobs", Config(grace=1.0), _no_backend,
-                      boot_id())
+    sched = Scheduler(store, tmp_path / "jobs", Config(grace=1.0), _no_backend, boot_id())
     ledger = tmp_path / "ledger"
     ledger.touch()
     argv = (PY, "-I", "-c", JOB_PROGRAM, str(ledger), "0")
@@ -305,12 +341,21 @@ def test_a_crash_inside_a_launch_neither_loses_nor_repeats_the_job(
     late: subprocess.Popen[str] | None = None
     if crash != "after_placed":
         env = {"PATH": os.environ.get("PATH", os.defpath), "GPUWARDEN_JOB": str(job.id)}
-        write_spec(jobdir, SupervisorSpec(job=job.id, argv=argv, env=env, cwd="/",
-                                          uid=os.getuid(), gid=os.getgid(), grace=1.0))
+        write_spec(
+            jobdir,
+            SupervisorSpec(
+                job=job.id, argv=argv, env=env, cwd="/", uid=os.getuid(), gid=os.getgid(), grace=1.0
+            ),
+        )
     if crash in ("supervisor_starting", "supervisor_claimed"):
-        late = subprocess.Popen([PY, "-c", LATE_SUPERVISOR, str(jobdir)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=_supervisor_env())
+        late = subprocess.Popen(
+            [PY, "-c", LATE_SUPERVISOR, str(jobdir)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_supervisor_env(),
+        )
         assert late.stdout is not None and late.stdin is not None
         assert late.stdout.readline().strip() == "loaded"
         if crash == "supervisor_claimed":
@@ -331,8 +376,13 @@ def test_a_crash_inside_a_launch_neither_loses_nor_repeats_the_job(
         # Its supervisor runs it: adopted, and its exit code collected when it ends.
         assert after.state == model.RESERVED and after.supervisor_pid is not None
         assert after.events[-1].kind == "adopted"
-        wait_for(lambda: read_status(jobdir), 30, 0.05, until=lambda st: st.exit is not None,
-                 what=lambda _: "the adopted job never ended")
+        wait_for(
+            lambda: read_status(jobdir),
+            30,
+            0.05,
+            until=lambda st: st.exit is not None,
+            what=lambda _: "the adopted job never ended",
+        )
         sched.recover()
         after = store.get(job.id)
         assert after.state == (model.SUCCEEDED if job.id % 4 == 0 else model.FAILED)
@@ -342,16 +392,21 @@ def test_a_crash_inside_a_launch_neither_loses_nor_repeats_the_job(
         # Never launched: queued again for a fresh attempt, and the old attempt can
         # never run, not even by a supervisor started for it later.
         assert after.state == model.QUEUED and after.attempts == job.attempts + 1
-        r = subprocess.run([PY, "-m", "gpuwarden.supervisor", str(jobdir)],
-                           env=_supervisor_env(), capture_output=True, text=True,
-                           timeout=30)
+        r = subprocess.run(
+            [PY, "-m", "gpuwarden.supervisor", str(jobdir)],
+            env=_supervisor_env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert r.returncode != 0, r.stderr
         assert _ledger_lines(ledger, 1, 1.0) == []
     assert store.audit() == [] and store.integrity() == "ok"
 
 
 def test_a_job_cancelled_while_it_is_launched_does_not_run_on(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The API cancels a reserved job that has no supervisor yet in the store alone; if
     that happens while the scheduler starts its supervisor, the scheduler must stop it."""
     monkeypatch.setenv("GPUWARDEN_SIM", str(scenario(tmp_path / "4x80.json")))
@@ -360,12 +415,25 @@ def test_a_job_cancelled_while_it_is_launched_does_not_run_on(
     store = Store(tmp_path / "state.db")
     config = Config(grace=1.0)
     sched = Scheduler(store, tmp_path / "jobs", config, open_backend, boot_id())
-    service = JobService(store, tmp_path / "jobs", config, wake=lambda: None,
-                         gpus=lambda: sched.last_states, cancel_running=sched.cancel_running)
+    service = JobService(
+        store,
+        tmp_path / "jobs",
+        config,
+        wake=lambda: None,
+        gpus=lambda: sched.last_states,
+        cancel_running=sched.cancel_running,
+    )
     me = Caller(pid=os.getpid(), uid=os.getuid(), gid=os.getgid(), user="me", groups=())
-    job, _ = store.submit(JobSpec(command=(PY, "-c", "import time; time.sleep(60)"),
-                                  user="me", uid=os.getuid(), gid=os.getgid(), mem=1 << 30),
-                          now=time.time())
+    job, _ = store.submit(
+        JobSpec(
+            command=(PY, "-c", "import time; time.sleep(60)"),
+            user="me",
+            uid=os.getuid(),
+            gid=os.getgid(),
+            mem=1 << 30,
+        ),
+        now=time.time(),
+    )
     spawn = spawn_supervisor
 
     def spawn_and_cancel(jobdir: str | os.PathLike[str]) -> SupervisorHandle:
@@ -380,14 +448,19 @@ def test_a_job_cancelled_while_it_is_launched_does_not_run_on(
         after = store.get(job.id)
         assert after.state == model.CANCELLED
         assert "launched" not in [e.kind for e in after.events]
-        st = wait_for(lambda: read_status(jobdir), 20, 0.05,
-                      until=lambda st: st.exit is not None,
-                      what=lambda _: "the cancelled job runs on")
+        st = wait_for(
+            lambda: read_status(jobdir),
+            20,
+            0.05,
+            until=lambda st: st.exit is not None,
+            what=lambda _: "the cancelled job runs on",
+        )
         assert st.exit.reason == "cancelled"
         assert st.supervisor is not None
         # exit.json is the supervisor's last write: it may still be exiting just after.
         handle = st.supervisor
-        wait_for(lambda: not alive(handle), 10, 0.05,
-                 what="the supervisor of the cancelled job runs on")
+        wait_for(
+            lambda: not alive(handle), 10, 0.05, what="the supervisor of the cancelled job runs on"
+        )
     finally:
         cancel(jobdir)  # whatever happened, leave nothing running

@@ -33,11 +33,15 @@ from tests.conftest import EXAMPLES, SRC, wait_for
 from tests.integration.daemon_fixture import PY, Daemon, start_daemon
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates Unix users and runs a "
-                       "root daemon that drops privileges (CI runs the tests as root)"),
-    pytest.mark.skipif(not all(shutil.which(t) for t in ("useradd", "userdel", "groupadd",
-                                                         "groupdel", "setpriv")),
-                       reason="needs useradd, userdel, groupadd, groupdel and setpriv"),
+    pytest.mark.skipif(
+        os.geteuid() != 0,
+        reason="needs root: creates Unix users and runs a "
+        "root daemon that drops privileges (CI runs the tests as root)",
+    ),
+    pytest.mark.skipif(
+        not all(shutil.which(t) for t in ("useradd", "userdel", "groupadd", "groupdel", "setpriv")),
+        reason="needs useradd, userdel, groupadd, groupdel and setpriv",
+    ),
 ]
 
 # Job commands are plain programs found on PATH: argv[0] must be one the users can reach
@@ -103,9 +107,13 @@ def users() -> Iterator[Users]:
             made.append(name)
         _run("usermod", "-a", "-G", group, names[2])
         a, b, c = (_user(n) for n in names)
-        probe = subprocess.run([*a.prefix, PY, "-c", "import click, psutil, gpuwarden"],
-                               env={"PYTHONPATH": str(SRC), "PATH": os.environ["PATH"]},
-                               capture_output=True, text=True, timeout=60)
+        probe = subprocess.run(
+            [*a.prefix, PY, "-c", "import click, psutil, gpuwarden"],
+            env={"PYTHONPATH": str(SRC), "PATH": os.environ["PATH"]},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if probe.returncode != 0:
             pytest.skip(f"a new user cannot run this test's Python ({PY}): {probe.stderr}")
         assert grp.getgrnam(group).gr_gid in c.groups
@@ -127,21 +135,26 @@ def users() -> Iterator[Users]:
 def root_daemon(users: Users, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """A daemon run by root, as in production, with C's group as its admin group."""
     tmp = tmp_path_factory.mktemp("security")
-    yield from start_daemon(tmp, EXAMPLES / "idle-2gpu.json",
-                            config=f'admin_groups = ["{users.admin_group}"]\n')
+    yield from start_daemon(
+        tmp, EXAMPLES / "idle-2gpu.json", config=f'admin_groups = ["{users.admin_group}"]\n'
+    )
 
 
 def env_of(daemon: Daemon, user: User, **extra: str) -> dict[str, str]:
     """What the user's login shell would have: their HOME, USER, LOGNAME; the daemon's
     GPUWARDEN_HOME; nothing of root's but PATH and the source tree."""
-    env = {k: v for k, v in daemon.env.items()
-           if k in ("PATH", "PYTHONPATH", "GPUWARDEN_HOME", "GPUWARDEN_SIM", "LANG")}
+    env = {
+        k: v
+        for k, v in daemon.env.items()
+        if k in ("PATH", "PYTHONPATH", "GPUWARDEN_HOME", "GPUWARDEN_SIM", "LANG")
+    }
     env.update(HOME=str(user.home), USER=user.name, LOGNAME=user.name, **extra)
     return env
 
 
-def cli_as(daemon: Daemon, user: User, *args: str, **extra: str
-           ) -> subprocess.CompletedProcess[str]:
+def cli_as(
+    daemon: Daemon, user: User, *args: str, **extra: str
+) -> subprocess.CompletedProcess[str]:
     return daemon.cli(*args, env=env_of(daemon, user, **extra), prefix=user.prefix)
 
 
@@ -158,10 +171,13 @@ def submit_as(daemon: Daemon, user: User, cmd: list[str], *opts: str, **extra: s
 
 
 def python_as(user: User, code: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*user.prefix, PY, "-c", code, *args],
-                          env={"PATH": os.environ["PATH"], "PYTHONPATH": str(SRC),
-                               "HOME": str(user.home)},
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [*user.prefix, PY, "-c", code, *args],
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(SRC), "HOME": str(user.home)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def assert_denied(r: subprocess.CompletedProcess[str], job_id: int) -> None:
@@ -175,8 +191,7 @@ def assert_denied(r: subprocess.CompletedProcess[str], job_id: int) -> None:
 # ----------------------------------------------------------------------------- tests
 
 
-def test_other_users_can_connect_but_not_read_the_state(root_daemon: Daemon,
-                                                        users: Users) -> None:
+def test_other_users_can_connect_but_not_read_the_state(root_daemon: Daemon, users: Users) -> None:
     sock = root_daemon.socket
     assert stat.S_IMODE(sock.stat().st_mode) & 0o006 == 0o006  # anyone may connect
     for d in (sock.parent, *sock.parents):
@@ -207,8 +222,9 @@ def test_a_job_runs_as_its_submitter(root_daemon: Daemon, users: Users) -> None:
         assert r.returncode == 0, r.stderr
     assert cli_as(root_daemon, a, "logs", str(jid)).stdout == f"{a.uid}\n"
     # Real, effective, saved and filesystem ids all A's; A's groups and no others.
-    status = dict(line.split(":", 1) for line in
-                  cli_as(root_daemon, a, "logs", str(jid2)).stdout.splitlines())
+    status = dict(
+        line.split(":", 1) for line in cli_as(root_daemon, a, "logs", str(jid2)).stdout.splitlines()
+    )
     assert status["Uid"].split() == [str(a.uid)] * 4, status
     assert status["Gid"].split() == [str(a.gid)] * 4, status
     assert sorted(map(int, status["Groups"].split())) == sorted(a.groups), status
@@ -242,21 +258,32 @@ def test_job_logs_on_disk_are_the_owners_alone(root_daemon: Daemon, users: Users
     assert cli_as(root_daemon, a, "logs", "--stderr", str(jid)).stdout == "secret err\n"
 
 
-def test_everyone_sees_the_queue_but_only_the_owner_the_job(root_daemon: Daemon,
-                                                            users: Users) -> None:
+def test_everyone_sees_the_queue_but_only_the_owner_the_job(
+    root_daemon: Daemon, users: Users
+) -> None:
     a, b = users.a, users.b
-    running = submit_as(root_daemon, a, SLEEP, "--mem", "2G", "--name", "a-train",
-                        "--group", "a-grp", A_SETTING=PRIVATE)
-    queued = submit_as(root_daemon, a, SLEEP, "--after", str(running), "--name", "a-next",
-                       "--group", "a-grp")
+    running = submit_as(
+        root_daemon,
+        a,
+        SLEEP,
+        "--mem",
+        "2G",
+        "--name",
+        "a-train",
+        "--group",
+        "a-grp",
+        A_SETTING=PRIVATE,
+    )
+    queued = submit_as(
+        root_daemon, a, SLEEP, "--after", str(running), "--name", "a-next", "--group", "a-grp"
+    )
     root_daemon.wait_state(running, "running")
 
     # B sees the queue: user, name, GPUs, memory, state, in JSON and as a table.
     seen = {j["id"]: j for j in json_as(root_daemon, b, "ps")["jobs"]}
     assert {running, queued} <= set(seen)
     j = seen[running]
-    assert (j["user"], j["name"], j["state"], j["mem"]) == (a.name, "a-train", "running",
-                                                           2 << 30)
+    assert (j["user"], j["name"], j["state"], j["mem"]) == (a.name, "a-train", "running", 2 << 30)
     assert len(j["gpus"]) == 1
     assert seen[queued]["state"] == "queued"
     table = cli_as(root_daemon, b, "ps").stdout
@@ -268,15 +295,17 @@ def test_everyone_sees_the_queue_but_only_the_owner_the_job(root_daemon: Daemon,
     assert shown["user"] == a.name and "env" not in shown
     assert PRIVATE not in cli_as(root_daemon, b, "show", str(running), "--json").stdout
     assert json_as(root_daemon, a, "show", str(running))["env"]["A_SETTING"] == PRIVATE
-    assert json_as(root_daemon, users.admin, "show", str(running))["env"]["A_SETTING"] == \
-        PRIVATE
+    assert json_as(root_daemon, users.admin, "show", str(running))["env"]["A_SETTING"] == PRIVATE
 
     # B may change nothing of A's and read none of its output.
     for verb in ("cancel", "hold", "release", "retry", "rm"):
         assert_denied(cli_as(root_daemon, b, verb, str(queued)), queued)
         assert_denied(cli_as(root_daemon, b, verb, str(running)), running)
-    for args in (("logs", str(running)), ("logs", "--stderr", str(running)),
-                 ("logs", "-f", str(running))):
+    for args in (
+        ("logs", str(running)),
+        ("logs", "--stderr", str(running)),
+        ("logs", "-f", str(running)),
+    ):
         assert_denied(cli_as(root_daemon, b, *args), running)
     assert cli_as(root_daemon, b, "cancel", "--group", "a-grp").returncode != 0
     assert root_daemon.job(running)["state"] == "running"
@@ -297,34 +326,56 @@ def test_everyone_sees_the_queue_but_only_the_owner_the_job(root_daemon: Daemon,
     assert json_as(root_daemon, b, "clean", "--older-than", "0s")["removed"] == 0
     assert root_daemon.job(queued)["state"] == "cancelled"
     assert json_as(root_daemon, a, "retry", str(running))["jobs"][0]["state"] in (
-        "queued", "reserved", "running")
+        "queued",
+        "reserved",
+        "running",
+    )
     assert cli_as(root_daemon, a, "cancel", str(running)).returncode == 0
     assert cli_as(root_daemon, a, "rm", str(queued)).returncode == 0
     assert root_daemon.cli("show", str(queued)).returncode != 0
 
 
-def test_root_and_admin_group_members_may_manage_any_job(root_daemon: Daemon,
-                                                         users: Users) -> None:
+def test_root_and_admin_group_members_may_manage_any_job(root_daemon: Daemon, users: Users) -> None:
     a, c = users.a, users.admin
-    by_admin = submit_as(root_daemon, a, ["sh", "-c", "echo hello admin; exec sleep 300"],
-                         "--mem", "1G")
+    by_admin = submit_as(
+        root_daemon, a, ["sh", "-c", "echo hello admin; exec sleep 300"], "--mem", "1G"
+    )
     by_root = submit_as(root_daemon, a, SLEEP, "--mem", "1G")
     root_daemon.wait_state(by_admin, "running")
     root_daemon.wait_state(by_root, "running")
-    wait_for(lambda: cli_as(root_daemon, c, "logs", str(by_admin)).stdout == "hello admin\n",
-             20, 0.2, what=lambda _: "the admin could not read the job's log")
+    wait_for(
+        lambda: cli_as(root_daemon, c, "logs", str(by_admin)).stdout == "hello admin\n",
+        20,
+        0.2,
+        what=lambda _: "the admin could not read the job's log",
+    )
     r = cli_as(root_daemon, c, "cancel", str(by_admin))
     assert r.returncode == 0, r.stderr
     job = root_daemon.wait_state(by_admin, "cancelled")
-    assert any(e["kind"] == "cancel_requested" and c.name in (e["detail"] or "")
-               for e in job["events"])
+    assert any(
+        e["kind"] == "cancel_requested" and c.name in (e["detail"] or "") for e in job["events"]
+    )
     r = root_daemon.cli("cancel", str(by_root))
     assert r.returncode == 0, r.stderr
     root_daemon.wait_state(by_root, "cancelled")
     # The admin group is what counts: the same user without it is a stranger.
-    r = subprocess.run(["setpriv", f"--reuid={c.uid}", f"--regid={c.gid}", "--clear-groups",
-                        PY, "-m", "gpuwarden", "rm", str(by_admin)],
-                       env=env_of(root_daemon, c), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={c.uid}",
+            f"--regid={c.gid}",
+            "--clear-groups",
+            PY,
+            "-m",
+            "gpuwarden",
+            "rm",
+            str(by_admin),
+        ],
+        env=env_of(root_daemon, c),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert_denied(r, by_admin)
     assert cli_as(root_daemon, c, "rm", str(by_admin)).returncode == 0
 
@@ -346,39 +397,58 @@ print(json.dumps({"status": int(head.split()[1]), "body": payload.decode()}))
 """
 
 
-def _raw_submit_as(daemon: Daemon, user: User, body: dict[str, Any],
-                   headers: dict[str, str] | None = None) -> tuple[int, str]:
-    r = python_as(user, _RAW_SUBMIT, str(daemon.socket), json.dumps(body),
-                  json.dumps(headers or {}))
+def _raw_submit_as(
+    daemon: Daemon, user: User, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[int, str]:
+    r = python_as(
+        user, _RAW_SUBMIT, str(daemon.socket), json.dumps(body), json.dumps(headers or {})
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     return out["status"], out["body"]
 
 
-def test_a_forged_identity_in_the_request_is_rejected_or_ignored(root_daemon: Daemon,
-                                                                 users: Users) -> None:
+def test_a_forged_identity_in_the_request_is_rejected_or_ignored(
+    root_daemon: Daemon, users: Users
+) -> None:
     a = users.a
     before = {j["id"] for j in root_daemon.json("ps", "--all")["jobs"]}
-    cmd = {"command": ["id", "-u"], "cwd": str(a.home),
-           "env": {"PATH": "/usr/bin:/bin", "HOME": str(a.home)}}
+    cmd = {
+        "command": ["id", "-u"],
+        "cwd": str(a.home),
+        "env": {"PATH": "/usr/bin:/bin", "HOME": str(a.home)},
+    }
     # Identity fields in the body: refused, and no job is made.
-    for forged in ({"user": "root"}, {"uid": 0}, {"uid": 0, "gid": 0, "groups": [0]},
-                   {"user": users.b.name, "uid": users.b.uid}):
+    for forged in (
+        {"user": "root"},
+        {"uid": 0},
+        {"uid": 0, "gid": 0, "groups": [0]},
+        {"user": users.b.name, "uid": users.b.uid},
+    ):
         status, body = _raw_submit_as(root_daemon, a, {**cmd, **forged})
         assert status == 400 and "unknown field" in json.loads(body)["error"], body
     assert {j["id"] for j in root_daemon.json("ps", "--all")["jobs"]} == before
     # Identity claims in headers: ignored; the job is A's and runs as A.
-    status, body = _raw_submit_as(root_daemon, a, cmd, {
-        "X-Remote-User": "root", "X-Forwarded-User": "root", "Remote-User": "root",
-        "Authorization": "Basic cm9vdDo=", "X-Uid": "0", "From": "root@localhost"})
+    status, body = _raw_submit_as(
+        root_daemon,
+        a,
+        cmd,
+        {
+            "X-Remote-User": "root",
+            "X-Forwarded-User": "root",
+            "Remote-User": "root",
+            "Authorization": "Basic cm9vdDo=",
+            "X-Uid": "0",
+            "From": "root@localhost",
+        },
+    )
     assert status == 201, body
     job = json.loads(body)
     assert (job["user"], job["uid"]) == (a.name, a.uid)
     assert cli_as(root_daemon, a, "wait", str(job["id"])).returncode == 0
     assert cli_as(root_daemon, a, "logs", str(job["id"])).stdout == f"{a.uid}\n"
     # And the other way: root cannot be made to submit as A by claiming it either.
-    status, body = _raw_submit_as(root_daemon, _root(), {**cmd, "user": a.name,
-                                                         "uid": a.uid})
+    status, body = _raw_submit_as(root_daemon, _root(), {**cmd, "user": a.name, "uid": a.uid})
     assert status == 400, body
 
 
@@ -408,8 +478,9 @@ print(json.dumps({"status": int(head.split()[1]), "body": payload.decode(),
 """
 
 
-def test_groups_are_the_connections_not_the_processes_later(root_daemon: Daemon,
-                                                            users: Users) -> None:
+def test_groups_are_the_connections_not_the_processes_later(
+    root_daemon: Daemon, users: Users
+) -> None:
     """The admin check must use the groups the caller had when it connected (as the kernel
     recorded them), not /proc/PID at request time: a process may gain groups later, or
     exit and have its pid reused by an admin's process. B is given CAP_SETGID (and
@@ -417,16 +488,34 @@ def test_groups_are_the_connections_not_the_processes_later(root_daemon: Daemon,
     a, b = users.a, users.b
     admin_gid = grp.getgrnam(users.admin_group).gr_gid
     jid = submit_as(root_daemon, a, SLEEP, "--mem", "1G", A_SETTING=PRIVATE)
-    prefix = ("setpriv", f"--reuid={b.uid}", f"--regid={b.gid}", "--init-groups",
-              "--inh-caps=+setgid", "--ambient-caps=+setgid")
+    prefix = (
+        "setpriv",
+        f"--reuid={b.uid}",
+        f"--regid={b.gid}",
+        "--init-groups",
+        "--inh-caps=+setgid",
+        "--ambient-caps=+setgid",
+    )
 
     def as_b(when: str, method: str, path: str) -> dict[str, Any]:
-        r = subprocess.run([*prefix, PY, "-c", _GROUPS_THEN_REQUEST, str(root_daemon.socket),
-                            str(admin_gid), when, method, path],
-                           env={"PATH": os.environ["PATH"]}, capture_output=True, text=True,
-                           timeout=60)
-        if r.returncode != 0 and ("setpriv:" in r.stderr or
-                                  "Operation not permitted" in r.stderr):
+        r = subprocess.run(
+            [
+                *prefix,
+                PY,
+                "-c",
+                _GROUPS_THEN_REQUEST,
+                str(root_daemon.socket),
+                str(admin_gid),
+                when,
+                method,
+                path,
+            ],
+            env={"PATH": os.environ["PATH"]},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if r.returncode != 0 and ("setpriv:" in r.stderr or "Operation not permitted" in r.stderr):
             pytest.skip(f"cannot give a test user CAP_SETGID here: {r.stderr.strip()}")
         assert r.returncode == 0, r.stderr
         out: dict[str, Any] = json.loads(r.stdout)

@@ -28,13 +28,20 @@ def test_stop_counts_an_unreaped_daemon_as_stopped(tmp_path: Path) -> None:
     env = make_env(tmp_path, EXAMPLES / "idle-2gpu.json")
     env["GPUWARDEN_HOME"] = str(home)
     # The daemon is this test's child, so it stays a zombie until the test reaps it.
-    daemon = subprocess.Popen([sys.executable, "-m", "gpuwarden", "daemon", "start",
-                               "--foreground"], env=env, stderr=subprocess.DEVNULL)
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", "daemon", "start", "--foreground"],
+        env=env,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         assert wait_for(lambda: (home / "gpuwarden.sock").exists(), 30, what="the socket")
-        r = subprocess.run([sys.executable, "-m", "gpuwarden", "daemon", "stop",
-                            "--timeout", "5s"], env=env, capture_output=True, text=True,
-                           timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "gpuwarden", "daemon", "stop", "--timeout", "5s"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 0, r.stderr
         assert f"gpuwarden daemon (pid {daemon.pid}) stopped" in r.stdout
         assert _state(daemon.pid) == "Z", "the daemon was reaped before stop looked"

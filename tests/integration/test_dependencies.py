@@ -19,14 +19,16 @@ def _t(iso: str) -> float:
 def test_after_fail_runs_only_after_a_failure(daemon: Daemon) -> None:
     failing = daemon.submit("--mem", "1G", cmd=[*SIM, "--seconds", "3", "--exit-code", "3"])
     passing = daemon.submit("--mem", "1G", cmd=[*SIM, "--seconds", "3"])
-    on_fail = daemon.submit("--mem", "1G", "--after-fail", str(failing),
-                            cmd=[*SIM, "--seconds", "0"])
-    never = daemon.submit("--mem", "1G", "--after-fail", str(passing),
-                          cmd=[*SIM, "--seconds", "0"])
-    on_any = daemon.submit("--mem", "1G", "--after-any", f"{failing},{passing}",
-                           cmd=[*SIM, "--seconds", "0"])
-    ok_on_failed = daemon.submit("--mem", "1G", "--after", str(failing),
-                                 cmd=[*SIM, "--seconds", "0"])
+    on_fail = daemon.submit(
+        "--mem", "1G", "--after-fail", str(failing), cmd=[*SIM, "--seconds", "0"]
+    )
+    never = daemon.submit("--mem", "1G", "--after-fail", str(passing), cmd=[*SIM, "--seconds", "0"])
+    on_any = daemon.submit(
+        "--mem", "1G", "--after-any", f"{failing},{passing}", cmd=[*SIM, "--seconds", "0"]
+    )
+    ok_on_failed = daemon.submit(
+        "--mem", "1G", "--after", str(failing), cmd=[*SIM, "--seconds", "0"]
+    )
     j = daemon.job(on_fail)  # what it waits for is kept and shown, whatever its state
     assert j["after_fail"] == [failing] and j["after"] == [] and j["after_any"] == []
     assert daemon.job(on_any)["after_any"] == [failing, passing]
@@ -66,8 +68,13 @@ def test_a_waiting_dependant_says_what_it_waits_for(daemon: Daemon) -> None:
     first = daemon.submit("--mem", "1G", cmd=[*SIM, "--seconds", "30"])
     daemon.wait_state(first, "running")
     then = daemon.submit("--mem", "1G", "--after-fail", str(first), cmd=[*SIM, "--seconds", "0"])
-    wait_for(lambda: daemon.job(then), 20, 0.1,
-             until=lambda j: j["reason"] == f"waiting for job {first} (running)", what=str)
+    wait_for(
+        lambda: daemon.job(then),
+        20,
+        0.1,
+        until=lambda j: j["reason"] == f"waiting for job {first} (running)",
+        what=str,
+    )
     daemon.cli("cancel", "--kill", str(first), check=True)
     daemon.cli("wait", str(then), timeout=60)
     assert daemon.job(then)["state"] == "succeeded"  # cancelled is an end without success

@@ -31,11 +31,22 @@ def _promtool() -> str:
 
 def test_rules_are_valid_and_their_unit_tests_pass() -> None:
     promtool = _promtool()
-    r = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True,
-                       text=True, timeout=60, check=False)
+    r = subprocess.run(
+        [promtool, "check", "rules", str(RULES)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
-    r = subprocess.run([promtool, "test", "rules", "alerts_test.yml"], cwd=RULES.parent,
-                       capture_output=True, text=True, timeout=60, check=False)
+    r = subprocess.run(
+        [promtool, "test", "rules", "alerts_test.yml"],
+        cwd=RULES.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -51,8 +62,9 @@ def exposed_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> set[str]:
     return set(re.findall(r"^# TYPE (\w+) ", text, re.M))
 
 
-def test_every_metric_the_rules_use_is_exposed(tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_metric_the_rules_use_is_exposed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     used = set(re.findall(r"\b(gpuwarden_\w+)", RULES.read_text()))
     exposed = exposed_names(tmp_path, monkeypatch)
     # Info metrics are exposed as NAME_info.
@@ -67,9 +79,9 @@ def _base(name: str) -> str:
     return name
 
 
-def test_the_dashboard_queries_only_metrics_that_exist(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch
-                                                       ) -> None:
+def test_the_dashboard_queries_only_metrics_that_exist(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import json
 
     dash = json.loads((ROOT / "deploy" / "grafana" / "gpuwarden.json").read_text())
@@ -104,8 +116,12 @@ def test_the_systemd_unit_keeps_jobs_alive_across_daemon_restarts(tmp_path: Path
     gw = shutil.which("gpuwarden") or "/bin/true"
     local = tmp_path / "gpuwarden.service"
     local.write_text(unit.read_text().replace("/usr/local/bin/gpuwarden", gw))
-    r = subprocess.run([verify, "verify", str(local)], capture_output=True, text=True,
-                       timeout=60, check=False)
-    problems = [ln for ln in (r.stdout + r.stderr).splitlines()
-                if "gpuwarden.service" in ln and "nvidia-persistenced" not in ln]
+    r = subprocess.run(
+        [verify, "verify", str(local)], capture_output=True, text=True, timeout=60, check=False
+    )
+    problems = [
+        ln
+        for ln in (r.stdout + r.stderr).splitlines()
+        if "gpuwarden.service" in ln and "nvidia-persistenced" not in ln
+    ]
     assert not problems, problems

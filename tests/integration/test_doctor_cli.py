@@ -15,17 +15,28 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 EXAMPLES = ROOT / "examples"
 
 
-def doctor(tmp_path: Path, scenario: str | dict[str, Any], *args: str,
-           columns: int = 80) -> subprocess.CompletedProcess[str]:
+def doctor(
+    tmp_path: Path, scenario: str | dict[str, Any], *args: str, columns: int = 80
+) -> subprocess.CompletedProcess[str]:
     if isinstance(scenario, dict):
         path = tmp_path / "scenario.json"
         path.write_text(json.dumps(scenario))
     else:
         path = EXAMPLES / scenario
-    env = {**os.environ, "GPUWARDEN_SIM": str(path), "GPUWARDEN_SIM_STATE": str(tmp_path / "st"),
-           "PYTHONPATH": str(ROOT / "src"), "COLUMNS": str(columns)}
-    return subprocess.run([sys.executable, "-m", "gpuwarden", "doctor", *args], env=env,
-                          capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "GPUWARDEN_SIM": str(path),
+        "GPUWARDEN_SIM_STATE": str(tmp_path / "st"),
+        "PYTHONPATH": str(ROOT / "src"),
+        "COLUMNS": str(columns),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "doctor", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 # Findings that depend on the host running the tests, not on the scenario: a test run in
@@ -33,8 +44,9 @@ def doctor(tmp_path: Path, scenario: str | dict[str, Any], *args: str,
 HOST_DEPENDENT = {"container_namespace", "mps_no_memory_limit"}
 
 
-def doctor_json(tmp_path: Path, scenario: str | dict[str, Any], *args: str,
-                host: bool = False) -> tuple[int, list[dict[str, Any]], dict[str, int]]:
+def doctor_json(
+    tmp_path: Path, scenario: str | dict[str, Any], *args: str, host: bool = False
+) -> tuple[int, list[dict[str, Any]], dict[str, int]]:
     """Exit code, findings and summary; without ``host``, host-dependent findings are
     dropped from both (the summary is recounted)."""
     r = doctor(tmp_path, scenario, "--json", "--samples", "2", "--interval", "50ms", *args)
@@ -49,8 +61,7 @@ def doctor_json(tmp_path: Path, scenario: str | dict[str, Any], *args: str,
 
 
 def find(findings: list[dict[str, Any]], rule: str, **where: Any) -> list[dict[str, Any]]:
-    return [f for f in findings
-            if f["rule"] == rule and all(f[k] == v for k, v in where.items())]
+    return [f for f in findings if f["rule"] == rule and all(f[k] == v for k, v in where.items())]
 
 
 def test_leaky_machine(tmp_path: Path) -> None:
@@ -133,27 +144,39 @@ def test_healthy_machine_says_so(tmp_path: Path) -> None:
     assert r.stdout.strip().endswith("No problems found")
 
 
-_GPU = {"memory_total": "40GiB", "compute_mode": "Default", "persistence_mode": True,
-        "numa_node": 0, "cpus": "0-7"}
+_GPU = {
+    "memory_total": "40GiB",
+    "compute_mode": "Default",
+    "persistence_mode": True,
+    "numa_node": 0,
+    "cpus": "0-7",
+}
 
 
 @pytest.mark.parametrize(
     ("scenario", "rule", "severity"),
     [
-        ({"gpus": [{**_GPU, "index": 0, "ecc_uncorrected": 3}]}, "ecc_uncorrected",
-         "critical"),
-        ({"gpus": [{**_GPU, "index": 0, "retired_pages_pending": True}]},
-         "retired_pages_pending", "critical"),
-        ({"gpus": [{**_GPU, "index": 0, "mps": True}],
-          "processes": [{"pid": 501, "gpu": 0, "user": "ann", "memory": "2GiB"},
-                        {"pid": 502, "gpu": 0, "user": "ben", "memory": "2GiB"}]},
-         "mps_shared_users", "warning"),
-        ({"gpus": [{**_GPU, "index": 0}], "in_container": True}, "container_namespace",
-         "info"),
+        ({"gpus": [{**_GPU, "index": 0, "ecc_uncorrected": 3}]}, "ecc_uncorrected", "critical"),
+        (
+            {"gpus": [{**_GPU, "index": 0, "retired_pages_pending": True}]},
+            "retired_pages_pending",
+            "critical",
+        ),
+        (
+            {
+                "gpus": [{**_GPU, "index": 0, "mps": True}],
+                "processes": [
+                    {"pid": 501, "gpu": 0, "user": "ann", "memory": "2GiB"},
+                    {"pid": 502, "gpu": 0, "user": "ben", "memory": "2GiB"},
+                ],
+            },
+            "mps_shared_users",
+            "warning",
+        ),
+        ({"gpus": [{**_GPU, "index": 0}], "in_container": True}, "container_namespace", "info"),
     ],
 )
-def test_scenario_rules(tmp_path: Path, scenario: dict[str, Any], rule: str,
-                        severity: str) -> None:
+def test_scenario_rules(tmp_path: Path, scenario: dict[str, Any], rule: str, severity: str) -> None:
     rc, findings, _ = doctor_json(tmp_path, scenario, host=True)
     [f] = find(findings, rule)
     assert f["severity"] == severity

@@ -20,8 +20,9 @@ SIM = [PY, "-m", "gpuwarden.sim.job"]
 
 
 def test_a_drained_gpu_gets_no_placement_and_undrain_restores_it(daemon: Daemon) -> None:
-    running = daemon.submit("--mem", "2G", "--gpu-ids", "0",
-                            cmd=[*SIM, "--mem", "1G", "--seconds", "5"])
+    running = daemon.submit(
+        "--mem", "2G", "--gpu-ids", "0", cmd=[*SIM, "--mem", "1G", "--seconds", "5"]
+    )
     assert daemon.wait_state(running, "running")["gpus"] == [0]
     r = daemon.cli("gpu", "drain", "0", "--reason", "ECC errors", check=True)
     assert "GPU 0 drained" in r.stdout
@@ -55,24 +56,32 @@ def test_a_drained_gpu_gets_no_placement_and_undrain_restores_it(daemon: Daemon)
     daemon.cli("wait", str(pinned), timeout=60)
     j = daemon.job(pinned)
     assert j["state"] == "succeeded" and j["gpus"] == [0], j
-    assert json.loads(daemon.cli("gpu", "drains", "--json", check=True).stdout) == {
-        "drains": []}
+    assert json.loads(daemon.cli("gpu", "drains", "--json", check=True).stdout) == {"drains": []}
     assert "drained" not in daemon.cli("ps", check=True).stdout
 
-    for args, said in ((("gpu", "undrain", "0"), "GPU 0 is not drained"),
-                       (("gpu", "drain", "7"), "no GPU with index 7"),
-                       (("gpu", "drain", "x"), "'x' is not a valid integer")):
+    for args, said in (
+        (("gpu", "undrain", "0"), "GPU 0 is not drained"),
+        (("gpu", "drain", "7"), "no GPU with index 7"),
+        (("gpu", "drain", "x"), "'x' is not a valid integer"),
+    ):
         bad = daemon.cli(*args)
         assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1, bad.stderr
         assert said in bad.stderr, bad.stderr
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
-                    reason="needs root and setpriv to act as another user")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv"),
+    reason="needs root and setpriv to act as another user",
+)
 def test_only_root_or_an_admin_may_drain(daemon: Daemon) -> None:
     nobody = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
-    probe = subprocess.run([*nobody, PY, "-c", "import gpuwarden"], env=daemon.env,
-                           capture_output=True, text=True, timeout=60)
+    probe = subprocess.run(
+        [*nobody, PY, "-c", "import gpuwarden"],
+        env=daemon.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if probe.returncode != 0:
         pytest.skip(f"another user cannot run this test's Python: {probe.stderr}")
     daemon.cli("gpu", "drain", "1", check=True)
@@ -83,8 +92,10 @@ def test_only_root_or_an_admin_may_drain(daemon: Daemon) -> None:
     # Anyone may see which GPUs are drained.
     r = daemon.cli("gpu", "drains", prefix=nobody, check=True)
     assert "GPU 1 drained by root" in r.stdout
-    assert [d["gpu"] for d in json.loads(daemon.cli("gpu", "drains", "--json",
-                                                    check=True).stdout)["drains"]] == [1]
+    assert [
+        d["gpu"]
+        for d in json.loads(daemon.cli("gpu", "drains", "--json", check=True).stdout)["drains"]
+    ] == [1]
 
 
 def test_doctor_suggests_draining_a_gpu_with_ecc_errors(tmp_path: Path) -> None:
@@ -93,8 +104,13 @@ def test_doctor_suggests_draining_a_gpu_with_ecc_errors(tmp_path: Path) -> None:
     path = tmp_path / "ecc.json"
     path.write_text(json.dumps(scenario))
     env = {**os.environ, "GPUWARDEN_SIM": str(path), "GPUWARDEN_SIM_STATE": str(tmp_path / "s")}
-    r = subprocess.run([PY, "-m", "gpuwarden", "doctor", "--json", "--samples", "1"], env=env,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [PY, "-m", "gpuwarden", "doctor", "--json", "--samples", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     findings = json.loads(r.stdout)["findings"]
     [f] = [f for f in findings if f["rule"] == "ecc_uncorrected"]
     assert f["gpu"] == 1

@@ -19,30 +19,37 @@ from tests.integration.daemon_fixture import PY, Daemon, start_daemon
 SIM = [PY, "-m", "gpuwarden.sim.job", "--mem", "1G"]
 NOBODY = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
-                                reason="needs root and setpriv to act as another user")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv"),
+    reason="needs root and setpriv to act as another user",
+)
 
 
 @pytest.fixture(params=["7d", "0"])
 def fair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Daemon, bool]]:
-    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json",
-                          config=f'fairshare_halflife = "{request.param}"\n'):
+    for d in start_daemon(
+        tmp_path, EXAMPLES / "idle-2gpu.json", config=f'fairshare_halflife = "{request.param}"\n'
+    ):
         yield d, request.param != "0"
 
 
 def test_the_user_who_used_less_goes_first(fair: tuple[Daemon, bool]) -> None:
     daemon, on = fair
     env = {**daemon.env, "HOME": "/tmp"}
-    probe = subprocess.run([*NOBODY, PY, "-c", "import gpuwarden"], env=env,
-                           capture_output=True, text=True, timeout=60)
+    probe = subprocess.run(
+        [*NOBODY, PY, "-c", "import gpuwarden"], env=env, capture_output=True, text=True, timeout=60
+    )
     if probe.returncode != 0:
         pytest.skip(f"another user cannot run this test's Python: {probe.stderr}")
     one_gpu = ("--gpu-ids", "0", "--mem", "20G")  # one job at a time on GPU 0
     first = daemon.submit(*one_gpu, cmd=[*SIM, "--seconds", "4"])
     daemon.wait_state(first, "running")
     mine = daemon.submit(*one_gpu, cmd=[*SIM, "--seconds", "0"])
-    theirs = int(daemon.cli("submit", *one_gpu, "--", "true", env=env, prefix=NOBODY,
-                            check=True).stdout.strip())  # its budget books GPU 0 alike
+    theirs = int(
+        daemon.cli(
+            "submit", *one_gpu, "--", "true", env=env, prefix=NOBODY, check=True
+        ).stdout.strip()
+    )  # its budget books GPU 0 alike
     shown = daemon.cli("show", str(mine), check=True).stdout
     table = daemon.cli("ps", check=True).stdout
     if on:

@@ -44,9 +44,18 @@ def server() -> Iterator[ForkServer]:
 
 def spec(root: Path, n: int, argv: list[str]) -> Path:
     d = root / f"job{n}"
-    write_spec(d, SupervisorSpec(job=n, argv=tuple(argv), env=dict(JOB_ENV), cwd=str(root),
-                                 uid=os.getuid(), gid=os.getgid(),
-                                 groups=tuple(os.getgroups())))
+    write_spec(
+        d,
+        SupervisorSpec(
+            job=n,
+            argv=tuple(argv),
+            env=dict(JOB_ENV),
+            cwd=str(root),
+            uid=os.getuid(),
+            gid=os.getgid(),
+            groups=tuple(os.getgroups()),
+        ),
+    )
     return d
 
 
@@ -102,8 +111,12 @@ def test_a_killed_helper_is_replaced(server: ForkServer, tmp_path: Path) -> None
     first = server.pid
     assert first is not None
     os.kill(first, signal.SIGKILL)
-    assert wait_for(lambda: not psutil.pid_exists(first)
-                    or psutil.Process(first).status() == psutil.STATUS_ZOMBIE, 5)
+    assert wait_for(
+        lambda: (
+            not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
+        ),
+        5,
+    )
     d = spec(tmp_path, 1, [PY, "-c", "pass"])
     server.spawn(d)
     assert server.pid not in (None, first)
@@ -127,7 +140,8 @@ def test_the_helper_exits_with_the_daemon_end(tmp_path: Path) -> None:
 
 
 def test_supervisors_come_from_the_helper_not_a_fresh_interpreter(
-        server: ForkServer, tmp_path: Path) -> None:
+    server: ForkServer, tmp_path: Path
+) -> None:
     """A fork of the helper carries its command line; a fresh interpreter (the fallback)
     would carry the supervisor module's."""
     server.warm()

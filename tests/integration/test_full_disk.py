@@ -18,8 +18,10 @@ from tests.conftest import wait_for
 from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, start_daemon
 
 # Writes ~16 MiB of output: more than the 4 MiB file system holds.
-FLOOD = ("import sys\nfor _ in range(16384):\n    sys.stdout.write('x' * 1023 + '\\n')\n"
-         "sys.stdout.flush()\n")
+FLOOD = (
+    "import sys\nfor _ in range(16384):\n    sys.stdout.write('x' * 1023 + '\\n')\n"
+    "sys.stdout.flush()\n"
+)
 
 
 @pytest.fixture
@@ -29,20 +31,29 @@ def small_home(tmp_path: Path) -> Iterator[Daemon]:
     mounted: list[Path] = []
 
     def mount(home: Path) -> None:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs",
-                            str(home)], capture_output=True, text=True, check=False)
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(home)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if r.returncode != 0:
             pytest.skip(f"cannot mount a small tmpfs here: {r.stderr.strip()}")
         mounted.append(home)
 
     try:
-        yield from start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json",
-                                'release_timeout = "1s"\n', prepare=mount)
+        yield from start_daemon(
+            tmp_path, EXAMPLES / "idle-2gpu.json", 'release_timeout = "1s"\n', prepare=mount
+        )
     finally:
         for home in mounted:
             for _ in range(50):
-                if subprocess.run(["umount", str(home)], capture_output=True,
-                                  check=False).returncode == 0:
+                if (
+                    subprocess.run(
+                        ["umount", str(home)], capture_output=True, check=False
+                    ).returncode
+                    == 0
+                ):
                     break
                 time.sleep(0.1)
             shutil.rmtree(home.parent, ignore_errors=True)

@@ -27,11 +27,18 @@ def _text(out: str) -> str:
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_the_text_is_the_golden_text(tmp_path: Path, scenario: str, command: str) -> None:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("GPUWARDEN_", "CUDA_", "NO_COLOR", "FORCE_COLOR"))}
-    env.update(GPUWARDEN_HOME=str(tmp_path / "home"),  # no daemon to ask
-               GPUWARDEN_SIM=str(EXAMPLES / f"{scenario}.json"),
-               GPUWARDEN_SIM_STATE=str(tmp_path / "sim"), COLUMNS="100", TERM="dumb")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("GPUWARDEN_", "CUDA_", "NO_COLOR", "FORCE_COLOR"))
+    }
+    env.update(
+        GPUWARDEN_HOME=str(tmp_path / "home"),  # no daemon to ask
+        GPUWARDEN_SIM=str(EXAMPLES / f"{scenario}.json"),
+        GPUWARDEN_SIM_STATE=str(tmp_path / "sim"),
+        COLUMNS="100",
+        TERM="dumb",
+    )
     r = run_in_process(env, *COMMANDS[command])
     assert r.stderr == "" and r.returncode in (0, 1), r
     text = f"$ gpuwarden {' '.join(COMMANDS[command])}   # exit {r.returncode}\n" + _text(r.stdout)
@@ -42,4 +49,5 @@ def test_the_text_is_the_golden_text(tmp_path: Path, scenario: str, command: str
     assert text == golden.read_text(), (
         f"`gpuwarden {command}` on {scenario} no longer prints {golden.name}; if the "
         "change is meant, write the new text with GPUWARDEN_UPDATE_GOLDEN=1 and review "
-        "its diff")
+        "its diff"
+    )

@@ -37,11 +37,14 @@ def two_gpus(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
 
 # Tasks: module-level so the spawned workers can import them.
 def where() -> dict[str, Any]:
-    return {"visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "order": os.environ.get("CUDA_DEVICE_ORDER"),
-            "limit": os.environ.get("GPUWARDEN_MEM_LIMIT"),
-            "hook": os.environ.get("PYTHONPATH", "").split(os.pathsep)[0],
-            "cpus": sorted(os.sched_getaffinity(0)), "pid": os.getpid()}
+    return {
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "order": os.environ.get("CUDA_DEVICE_ORDER"),
+        "limit": os.environ.get("GPUWARDEN_MEM_LIMIT"),
+        "hook": os.environ.get("PYTHONPATH", "").split(os.pathsep)[0],
+        "cpus": sorted(os.sched_getaffinity(0)),
+        "pid": os.getpid(),
+    }
 
 
 def square(x: int) -> int:
@@ -72,8 +75,14 @@ def broken_init() -> None:
 
 
 def wait_file(path: Path, timeout: float = 30) -> str:
-    return str(wait_for(lambda: path.exists() and path.read_text(), timeout, 0.02,
-                        what=lambda _: f"{path} never appeared"))
+    return str(
+        wait_for(
+            lambda: path.exists() and path.read_text(),
+            timeout,
+            0.02,
+            what=lambda _: f"{path} never appeared",
+        )
+    )
 
 
 def test_each_worker_is_pinned_to_its_gpu_capped_and_on_the_gpus_cpus() -> None:
@@ -87,7 +96,9 @@ def test_each_worker_is_pinned_to_its_gpu_capped_and_on_the_gpus_cpus() -> None:
         if len(os.sched_getaffinity(0)) > 1:
             assert got["cpus"] == [device]
     assert [(i.device, i.gpu_index, i.memory_limit) for i in infos] == [
-        (0, 0, 6 * GiB), (1, 1, 6 * GiB)]
+        (0, 0, 6 * GiB),
+        (1, 1, 6 * GiB),
+    ]
     assert {i.pid for i in infos} == {s["pid"] for s in seen}
 
 
@@ -127,8 +138,11 @@ def test_a_worker_killed_mid_task_fails_that_task_and_is_replaced(tmp_path: Path
         doomed = pool.submit(nap, 60, str(marker))
         pid = int(wait_file(marker))
         os.kill(pid, signal.SIGKILL)
-        with pytest.raises(WorkerDied, match=rf"worker 0 on GPU 0 \(pid {pid}\) killed by "
-                                             r"SIGKILL while running nap"):
+        with pytest.raises(
+            WorkerDied,
+            match=rf"worker 0 on GPU 0 \(pid {pid}\) killed by "
+            r"SIGKILL while running nap",
+        ):
             doomed.result(timeout=30)
         after = pool.submit(nap, 0).result(timeout=60)
         assert after != pid and [i.pid for i in pool.workers()] == [after]

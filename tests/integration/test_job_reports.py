@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from tests.integration.daemon_fixture import PY, Daemon
 
-_DEEP_REPORT = ("import os; open(os.environ['GPUWARDEN_ALLOCATOR_REPORT'], 'w')"
-                ".write('[' * 4000)")
+_DEEP_REPORT = "import os; open(os.environ['GPUWARDEN_ALLOCATOR_REPORT'], 'w').write('[' * 4000)"
 
 
 def test_a_deeply_nested_allocator_report_is_ignored(daemon: Daemon) -> None:

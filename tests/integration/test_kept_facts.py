@@ -26,15 +26,28 @@ EXEC_ON_LINE = (
 
 @pytest.fixture
 def child() -> Iterator[subprocess.Popen[bytes]]:
-    p = subprocess.Popen([sys.executable, "-c", EXEC_ON_LINE], stdin=subprocess.PIPE,
-                         env=dict(os.environ, GPUWARDEN_JOB="7"))
+    p = subprocess.Popen(
+        [sys.executable, "-c", EXEC_ON_LINE],
+        stdin=subprocess.PIPE,
+        env=dict(os.environ, GPUWARDEN_JOB="7"),
+    )
     yield p
     end_process(p)
 
 
 def lasting(i: ProcInfo) -> tuple[object, ...]:
-    return (i.exists, i.start_time, i.user, i.uid, i.command, i.name, i.container,
-            i.nspid, i.env, i.uses_torch)
+    return (
+        i.exists,
+        i.start_time,
+        i.user,
+        i.uid,
+        i.command,
+        i.name,
+        i.container,
+        i.nspid,
+        i.env,
+        i.uses_torch,
+    )
 
 
 def wait_for_command(pid: int, kept: KeptFacts, word: str) -> ProcInfo:
@@ -48,7 +61,8 @@ def wait_for_command(pid: int, kept: KeptFacts, word: str) -> ProcInfo:
 
 
 def test_reused_while_the_same_process_read_again_after_exec(
-        child: subprocess.Popen[bytes]) -> None:
+    child: subprocess.Popen[bytes],
+) -> None:
     kept = KeptFacts()
     first = wait_for_command(child.pid, kept, "readline")
     assert first.env == {"GPUWARDEN_JOB": "7"}

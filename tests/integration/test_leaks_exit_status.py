@@ -9,8 +9,7 @@ from typing import Any
 from tests.conftest import SimMachine
 
 
-def test_leaks_exits_1_when_it_finds_a_leak_and_0_when_none(sim: SimMachine,
-                                                             make_sim: Any) -> None:
+def test_leaks_exits_1_when_it_finds_a_leak_and_0_when_none(sim: SimMachine, make_sim: Any) -> None:
     fast = ("--samples", "2", "--interval", "0.05")
     clean = sim.cli("leaks", *fast)
     assert clean.returncode == 0 and "No leaks" in clean.stdout, clean.stderr

@@ -87,9 +87,18 @@ def _orphan(sim: SimMachine, mem: str) -> int:
     env = sim.env
     env["CUDA_VISIBLE_DEVICES"] = "0"
     leader = subprocess.run(
-        ["sh", "-c", f"{sys.executable} -m gpuwarden.sim.job --mem {mem} --seconds 120 "
-                     ">/dev/null 2>&1 & echo $!"],
-        env=env, capture_output=True, text=True, start_new_session=True, check=True)
+        [
+            "sh",
+            "-c",
+            f"{sys.executable} -m gpuwarden.sim.job --mem {mem} --seconds 120 "
+            ">/dev/null 2>&1 & echo $!",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        start_new_session=True,
+        check=True,
+    )
     worker = int(leader.stdout.strip())
     wait_for(lambda: any(p["pid"] == worker for p in sim.json("status")["gpus"][0]["processes"]))
     return worker
@@ -100,8 +109,7 @@ def test_orphaned_worker_is_found_and_reaped_with_memory_back(sim: SimMachine) -
     try:
         wait_for(lambda: sim.json("status")["gpus"][0]["memory_used"] == 5 * GiB + CONTEXT)
         [leak] = _leaks(sim)
-        assert (leak["kind"], leak["pid"], leak["memory"]) == ("orphan", worker,
-                                                               5 * GiB + CONTEXT)
+        assert (leak["kind"], leak["pid"], leak["memory"]) == ("orphan", worker, 5 * GiB + CONTEXT)
 
         out = sim.json("reap", "--yes", "--samples", "1", "--grace", "2")
         [action] = out["actions"]
@@ -154,9 +162,26 @@ def test_reap_refuses_other_users_process_when_not_root(make_sim: Any) -> None:
 def _reap_as_nobody(sim: SimMachine, worker: int) -> None:
     """As an unprivileged user, a root-owned orphan must be left alone."""
     env = sim.env
-    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                        sys.executable, "-m", "gpuwarden", "reap", "--yes", "--json",
-                        "--samples", "1"], env=env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "reap",
+            "--yes",
+            "--json",
+            "--samples",
+            "1",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     import json
 
     assert r.returncode == 0, r.stderr
@@ -178,15 +203,22 @@ def test_reap_named_pid_that_holds_nothing_is_a_usage_error(sim: SimMachine) -> 
 
 # As from a terminal: SIGINT at its default. A shell's background job (nohup make test &)
 # ignores SIGINT, the CLI inherits that, and Ctrl-C is then no Ctrl-C.
-INTERACTIVE = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler);"
-               " runpy.run_module('gpuwarden', run_name='__main__')")
+INTERACTIVE = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler);"
+    " runpy.run_module('gpuwarden', run_name='__main__')"
+)
 
 
 def test_status_watch_refreshes_until_interrupted(sim: SimMachine) -> None:
     import time
 
-    p = subprocess.Popen([sys.executable, "-c", INTERACTIVE, "status", "--watch", "0.2"],
-                         env=sim.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", INTERACTIVE, "status", "--watch", "0.2"],
+        env=sim.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(2.0)
     p.send_signal(signal.SIGINT)
     try:
@@ -200,8 +232,7 @@ def test_status_watch_refreshes_until_interrupted(sim: SimMachine) -> None:
     assert "L4" in out
 
 
-def test_status_watch_on_a_terminal_redraws_in_place_cut_to_its_height(
-        make_sim: Any) -> None:
+def test_status_watch_on_a_terminal_redraws_in_place_cut_to_its_height(make_sim: Any) -> None:
     """On a terminal, each screen goes home, overwrites the last one line by line and
     erases what is left, in colour, cut to the terminal's height (LINES)."""
     import pty
@@ -210,8 +241,13 @@ def test_status_watch_on_a_terminal_redraws_in_place_cut_to_its_height(
     primary, secondary = pty.openpty()
     env = {**sim.env, "LINES": "12", "COLUMNS": "100", "TERM": "xterm"}
     env.pop("NO_COLOR", None)
-    p = subprocess.Popen([sys.executable, "-c", INTERACTIVE, "status", "--watch", "0.2"],
-                         env=env, stdin=secondary, stdout=secondary, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [sys.executable, "-c", INTERACTIVE, "status", "--watch", "0.2"],
+        env=env,
+        stdin=secondary,
+        stdout=secondary,
+        stderr=subprocess.PIPE,
+    )
     os.close(secondary)
     out = b""
     try:
@@ -256,8 +292,12 @@ def test_bad_scenario_and_bad_flags_are_one_line_errors(sim: SimMachine, tmp_pat
         r = sim.cli(*args, env=env)
         assert r.returncode == 3 and "missing field 'memory_total'" in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
-    for args in (["status", "--gpu", "7"], ["leaks", "--threshold", "12X"],
-                 ["reap", "--grace", "soon"], ["status", "--watch", "-1"]):
+    for args in (
+        ["status", "--gpu", "7"],
+        ["leaks", "--threshold", "12X"],
+        ["reap", "--grace", "soon"],
+        ["status", "--watch", "-1"],
+    ):
         r = sim.cli(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert "Traceback" not in r.stderr
@@ -275,4 +315,3 @@ def test_reap_of_holder_that_allocated_nothing_stops_when_it_is_gone(sim: SimMac
     assert "not yet" not in r.stdout
     assert "Next steps" not in r.stdout, "nothing is still held: no next steps"
     assert "gone" in r.stdout
-

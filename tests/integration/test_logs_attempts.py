@@ -10,8 +10,10 @@ from tests.integration.daemon_fixture import PY, Daemon
 
 # Fails the first time it runs in a directory, succeeds the second: two attempts, each
 # with output of its own.
-TWICE = ("if [ -e ran ]; then echo second; echo err2 >&2; "
-         "else touch ran; echo first; echo err1 >&2; exit 1; fi")
+TWICE = (
+    "if [ -e ran ]; then echo second; echo err2 >&2; "
+    "else touch ran; echo first; echo err1 >&2; exit 1; fi"
+)
 
 
 def _retried_job(daemon: Daemon, cwd: Path) -> int:
@@ -27,14 +29,15 @@ def test_logs_reads_each_attempt_of_a_retried_job(daemon: Daemon, tmp_path: Path
     assert daemon.cli("logs", str(jid), check=True).stdout == "second\n"  # the latest
     assert daemon.cli("logs", str(jid), "--attempt", "1", check=True).stdout == "first\n"
     assert daemon.cli("logs", str(jid), "--attempt", "2", check=True).stdout == "second\n"
-    assert daemon.cli("logs", str(jid), "--attempt", "1", "--stderr",
-                      check=True).stdout == "err1\n"
+    assert daemon.cli("logs", str(jid), "--attempt", "1", "--stderr", check=True).stdout == "err1\n"
     assert daemon.cli("logs", str(jid), "--all", check=True).stdout == (
-        f"==> job {jid} attempt 1 of 2 <==\nfirst\n"
-        f"==> job {jid} attempt 2 of 2 <==\nsecond\n")
+        f"==> job {jid} attempt 1 of 2 <==\nfirst\n==> job {jid} attempt 2 of 2 <==\nsecond\n"
+    )
     # -f on an ended attempt prints it and stops.
-    assert daemon.cli("logs", str(jid), "-f", "--attempt", "1", timeout=10,
-                      check=True).stdout == "first\n"
+    assert (
+        daemon.cli("logs", str(jid), "-f", "--attempt", "1", timeout=10, check=True).stdout
+        == "first\n"
+    )
 
 
 def test_logs_attempt_out_of_range_is_one_line(daemon: Daemon, tmp_path: Path) -> None:
@@ -60,9 +63,23 @@ def test_logs_follow_moves_on_to_the_retry_under_a_header(daemon: Daemon) -> Non
     """-f on a job that the daemon retries after a CUDA OOM: the first run's output, then
     the retry's under its header, never the two mixed at one offset."""
     # The OOM comes 2 s in: -f is reading the first run by then.
-    jid = daemon.submit("--mem", "2G", cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "1G",
-                                            "--grow-to", "3G", "--grow-seconds", "2",
-                                            "--seconds", "3"])
+    jid = daemon.submit(
+        "--mem",
+        "2G",
+        cmd=[
+            PY,
+            "-m",
+            "gpuwarden.sim.job",
+            "--mem",
+            "1G",
+            "--grow-to",
+            "3G",
+            "--grow-seconds",
+            "2",
+            "--seconds",
+            "3",
+        ],
+    )
     r = daemon.cli("logs", str(jid), "-f", "--stderr", timeout=60, check=True)
     job = daemon.job(jid)
     assert job["state"] == "succeeded" and job["attempts"] == 1, job

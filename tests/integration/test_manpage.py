@@ -15,8 +15,13 @@ from tests.conftest import SRC
 
 
 def _page() -> str:
-    r = subprocess.run([sys.executable, "-m", "gpuwarden", "man"], capture_output=True,
-                       text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(SRC)})
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "man"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -33,6 +38,7 @@ def test_the_page_lists_every_command_and_the_exit_codes() -> None:
 
 @pytest.mark.skipif(shutil.which("groff") is None, reason="groff renders man pages")
 def test_the_page_renders_without_warnings() -> None:
-    r = subprocess.run(["groff", "-man", "-ww", "-z"], input=_page(), capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        ["groff", "-man", "-ww", "-z"], input=_page(), capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and not r.stderr, r.stderr

@@ -39,9 +39,17 @@ def _events(job: dict[str, object]) -> dict[str, float]:
 def test_a_job_that_allocates_exactly_its_budget_succeeds(daemon: Daemon) -> None:
     first = daemon.submit("--mem", "10G", cmd=sim_job("10G", 2))
     daemon.wait_state(first, "running")
-    procs = wait_for(lambda: [p for g in daemon.json("status")["gpus"] for p in g["processes"]
-                              if "gpuwarden.sim.job --mem 10G" in str(p.get("command", ""))],
-                     timeout=10, interval=0.1, what="the 10G job's process in status")
+    procs = wait_for(
+        lambda: [
+            p
+            for g in daemon.json("status")["gpus"]
+            for p in g["processes"]
+            if "gpuwarden.sim.job --mem 10G" in str(p.get("command", ""))
+        ],
+        timeout=10,
+        interval=0.1,
+        what="the 10G job's process in status",
+    )
     assert procs[0]["memory"] == 10 * GiB + 512 * MiB  # budget + its context
     done = daemon.wait_state(first, "succeeded", "failed", timeout=30)
     assert done["state"] == "succeeded", done

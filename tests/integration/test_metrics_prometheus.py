@@ -37,9 +37,21 @@ def get(url: str, timeout: float = 5) -> str:
 def exporter(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     env = make_env(tmp_path, EXAMPLES / "a100x8-shared.json")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gpuwarden", "exporter", "--listen",
-                             f"127.0.0.1:{port}", "--cache", "0.2"], env=env,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "exporter",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--cache",
+            "0.2",
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         assert wait_for(lambda: _up(url), 20), "the exporter did not come up"
@@ -69,12 +81,19 @@ def prometheus(tmp_path: Path, exporter: tuple[str, dict[str, str]]) -> Iterator
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         "scrape_configs:\n  - job_name: gpuwarden\n"
-        f"    static_configs:\n      - targets: ['{target}']\n")
+        f"    static_configs:\n      - targets: ['{target}']\n"
+    )
     port = free_port()
-    proc = subprocess.Popen([binary, f"--config.file={config}",
-                             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -97,16 +116,21 @@ def value(base: str, promql: str) -> float | None:
 
 
 def test_prometheus_scrapes_leaks_and_a_jobs_memory(
-        exporter: tuple[str, dict[str, str]], prometheus: str) -> None:
+    exporter: tuple[str, dict[str, str]], prometheus: str
+) -> None:
     url, env = exporter
     job_env = {**env, "GPUWARDEN_JOB": "42", "CUDA_VISIBLE_DEVICES": "5"}
-    job = subprocess.Popen([sys.executable, "-m", "gpuwarden.sim.job", "--mem", "3G",
-                            "--seconds", "60"], env=job_env)
+    job = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden.sim.job", "--mem", "3G", "--seconds", "60"], env=job_env
+    )
     try:
-        assert wait_for(lambda: value(prometheus, 'gpuwarden_gpu_leaked_bytes{gpu="3"}')
-                        is not None, 60), "Prometheus never scraped the exporter"
-        assert value(prometheus, 'gpuwarden_gpu_leaked_bytes{gpu="3",kind="unaccounted"}') \
+        assert wait_for(
+            lambda: value(prometheus, 'gpuwarden_gpu_leaked_bytes{gpu="3"}') is not None, 60
+        ), "Prometheus never scraped the exporter"
+        assert (
+            value(prometheus, 'gpuwarden_gpu_leaked_bytes{gpu="3",kind="unaccounted"}')
             == LEAKED_GPU3
+        )
         promql = 'gpuwarden_process_memory_bytes{job_id="42"}'
         # the job's 3 GiB and the CUDA context the simulated driver charges beside them
         assert wait_for(lambda: value(prometheus, promql) == 3.5 * GiB, 30)
@@ -118,13 +142,20 @@ def test_prometheus_scrapes_leaks_and_a_jobs_memory(
         job.wait(10)
     # Gone from the exporter's next scrape (Prometheus marks it stale).
     assert wait_for(lambda: 'job_id="42"' not in get(url), 10)
-    assert wait_for(lambda: value(prometheus, 'gpuwarden_process_memory_bytes{job_id="42"}')
-                    is None, 30)
+    assert wait_for(
+        lambda: value(prometheus, 'gpuwarden_process_memory_bytes{job_id="42"}') is None, 30
+    )
 
 
 def test_exporter_bad_listen_address_is_one_line(tmp_path: Path) -> None:
     env = make_env(tmp_path, EXAMPLES / "a100x8-shared.json")
-    r = subprocess.run([sys.executable, "-m", "gpuwarden", "exporter", "--listen", "nowhere"],
-                       env=env, capture_output=True, text=True, timeout=30, check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "exporter", "--listen", "nowhere"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert r.returncode == 2 and "invalid listen address 'nowhere'" in r.stderr
     assert "Traceback" not in r.stderr

@@ -31,29 +31,47 @@ ROOT = Path(__file__).resolve().parents[2]
 def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimBackend]:
     d = tmp_path_factory.mktemp("render")
     scenario = d / "8x200.json"
-    subprocess.run([sys.executable, str(ROOT / "bench" / "gen_scenario.py"), "-o",
-                    str(scenario), "--gpus", "8", "--per-gpu", "200", "--seed", "1"],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "gen_scenario.py"),
+            "-o",
+            str(scenario),
+            "--gpus",
+            "8",
+            "--per-gpu",
+            "200",
+            "--seed",
+            "1",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     mp = pytest.MonkeyPatch()
     mp.setenv("GPUWARDEN_SIM_STATE", str(d / "state"))
     yield SimBackend.from_file(scenario)
     mp.undo()
 
 
-def reference(c: SnapshotCollector, encode: Callable[[CollectorRegistry], bytes] =
-              generate_latest) -> bytes:
+def reference(
+    c: SnapshotCollector, encode: Callable[[CollectorRegistry], bytes] = generate_latest
+) -> bytes:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(c)
     return encode(reg)
 
 
-@pytest.mark.parametrize(("pid_labels", "holders"), [(True, True), (False, True),
-                                                     (True, False)])
-def test_the_same_bytes_on_8_gpus_by_200_processes(backend: SimBackend, pid_labels: bool,
-                                                    holders: bool) -> None:
+@pytest.mark.parametrize(("pid_labels", "holders"), [(True, True), (False, True), (True, False)])
+def test_the_same_bytes_on_8_gpus_by_200_processes(
+    backend: SimBackend, pid_labels: bool, holders: bool
+) -> None:
     # A long cache: both renderings read one snapshot (snapshot_seconds included).
-    c = SnapshotCollector(lambda: take_snapshot(backend, holders=holders), cache_seconds=600,
-                          pid_labels=pid_labels, holders=holders)
+    c = SnapshotCollector(
+        lambda: take_snapshot(backend, holders=holders),
+        cache_seconds=600,
+        pid_labels=pid_labels,
+        holders=holders,
+    )
     first = c.render_text()
     assert first == reference(c)
     assert c.render_text() == first  # the second from the kept parts
@@ -65,12 +83,19 @@ def test_the_same_bytes_on_8_gpus_by_200_processes(backend: SimBackend, pid_labe
 
 
 def test_escaped_labels_and_series_that_come_and_go() -> None:
-    odd = proc(101, 0, 2 * GiB, sm=50, user='a"b\\c', container="ctr\nx",
-               env={"GPUWARDEN_JOB": "ü 7"})
+    odd = proc(
+        101, 0, 2 * GiB, sm=50, user='a"b\\c', container="ctr\nx", env={"GPUWARDEN_JOB": "ü 7"}
+    )
     snaps: list[Snapshot] = [
         snapshot([(gpu(0, used=7 * GiB, utilization=40), [odd, proc(102, 0, GiB)])]),
-        snapshot([(gpu(0, used=3 * GiB, utilization=41), [proc(102, 0, 2 * GiB),
-                                                          proc(103, 0, GiB, sm=None)])]),
+        snapshot(
+            [
+                (
+                    gpu(0, used=3 * GiB, utilization=41),
+                    [proc(102, 0, 2 * GiB), proc(103, 0, GiB, sm=None)],
+                )
+            ]
+        ),
         snapshot([(gpu(0, used=7 * GiB, utilization=40), [odd])]),
     ]
     now = [0.0]
@@ -88,9 +113,11 @@ def test_a_family_equal_to_the_last_keeps_its_text_and_minus_zero_is_zero() -> N
     """A family's rows equal to the last render's reuse its text: 0.0 and -0.0 are equal,
     so both render as 0.0 (generate_latest of the collector too), and a family that
     changes beside unchanged ones is rendered anew."""
-    snaps = [snapshot([(gpu(0, used=GiB, power_watts=-0.0), [proc(101, 0, GiB)])]),
-             snapshot([(gpu(0, used=GiB, power_watts=0.0), [proc(101, 0, GiB)])]),
-             snapshot([(gpu(0, used=GiB, power_watts=0.0), [proc(101, 0, 2 * GiB)])])]
+    snaps = [
+        snapshot([(gpu(0, used=GiB, power_watts=-0.0), [proc(101, 0, GiB)])]),
+        snapshot([(gpu(0, used=GiB, power_watts=0.0), [proc(101, 0, GiB)])]),
+        snapshot([(gpu(0, used=GiB, power_watts=0.0), [proc(101, 0, 2 * GiB)])]),
+    ]
     now = [0.0]
     c = SnapshotCollector(lambda: snaps[int(now[0])], cache_seconds=0.5, clock=lambda: now[0])
     texts = []
@@ -98,13 +125,15 @@ def test_a_family_equal_to_the_last_keeps_its_text_and_minus_zero_is_zero() -> N
         now[0] = float(i)
         texts.append(c.render_text())
         assert texts[-1] == reference(c), i
-        assert b"gpuwarden_gpu_power_watts{gpu=\"0\"} 0.0\n" in texts[-1]
+        assert b'gpuwarden_gpu_power_watts{gpu="0"} 0.0\n' in texts[-1]
         assert c.render_text() is texts[-1]  # the cached snapshot's bytes, not rendered again
     before, after = texts[1].split(b"\n"), texts[2].split(b"\n")
     changed = {a.rpartition(b" ")[0] for a, b in zip(before, after, strict=True) if a != b}
-    assert changed == {b"gpuwarden_snapshot_seconds", b'gpuwarden_user_memory_bytes{user="alice"}',
-                       b'gpuwarden_process_memory_bytes{container="",gpu="0",job_id="",'
-                       b'pid="101",user="alice"}'}
+    assert changed == {
+        b"gpuwarden_snapshot_seconds",
+        b'gpuwarden_user_memory_bytes{user="alice"}',
+        b'gpuwarden_process_memory_bytes{container="",gpu="0",job_id="",pid="101",user="alice"}',
+    }
 
 
 def test_over_http(backend: SimBackend) -> None:
@@ -120,8 +149,9 @@ def test_over_http(backend: SimBackend) -> None:
         with urllib.request.urlopen(req, timeout=10) as r:
             assert r.headers["Content-Encoding"] == "gzip"
             assert gzip.decompress(r.read()) == plain
-        om = urllib.request.Request(url, headers={
-            "Accept": "application/openmetrics-text; version=1.0.0"})
+        om = urllib.request.Request(
+            url, headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+        )
         with urllib.request.urlopen(om, timeout=10) as r:
             body = r.read()
             assert r.headers["Content-Type"].startswith("application/openmetrics-text")

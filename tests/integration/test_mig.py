@@ -65,23 +65,38 @@ def test_mps_is_refused_on_a_mig_gpu(tmp_path: Path) -> None:
         b.set_mps(0, True)
 
 
-@pytest.mark.parametrize(("gpu", "procs", "message"), [
-    ({"mig_instances": [{"profile": "3g.40gb"}]}, [], "not in MIG mode"),
-    ({"mig_mode": True, "mig_instances": [{"profile": "3g"}]}, [], "not a MIG profile"),
-    ({"mig_mode": True, "mig_instances": [{"profile": "7g.80gb"}, {"profile": "1g.10gb"}]},
-     [], "exceeds"),
-    ({"mig_mode": True, "mig_instances": [{"profile": "1g.10gb", "uuid": "GPU-1"}]}, [],
-     "starts with MIG-"),
-    ({"mig_mode": True, "mig_instances": [{"profile": "1g.10gb"}]},
-     [{"pid": 5, "gpu": 0, "memory": "1G"}], "name the GPU instance id"),
-    ({"mig_mode": True, "mig_instances": [{"profile": "1g.10gb", "gi_id": 3}]},
-     [{"pid": 5, "gpu": 0, "memory": "1G", "mig": 4}], "no MIG instance"),
-])
-def test_bad_mig_scenarios_are_one_line_errors(tmp_path: Path, gpu: dict[str, object],
-                                               procs: list[object], message: str) -> None:
+@pytest.mark.parametrize(
+    ("gpu", "procs", "message"),
+    [
+        ({"mig_instances": [{"profile": "3g.40gb"}]}, [], "not in MIG mode"),
+        ({"mig_mode": True, "mig_instances": [{"profile": "3g"}]}, [], "not a MIG profile"),
+        (
+            {"mig_mode": True, "mig_instances": [{"profile": "7g.80gb"}, {"profile": "1g.10gb"}]},
+            [],
+            "exceeds",
+        ),
+        (
+            {"mig_mode": True, "mig_instances": [{"profile": "1g.10gb", "uuid": "GPU-1"}]},
+            [],
+            "starts with MIG-",
+        ),
+        (
+            {"mig_mode": True, "mig_instances": [{"profile": "1g.10gb"}]},
+            [{"pid": 5, "gpu": 0, "memory": "1G"}],
+            "name the GPU instance id",
+        ),
+        (
+            {"mig_mode": True, "mig_instances": [{"profile": "1g.10gb", "gi_id": 3}]},
+            [{"pid": 5, "gpu": 0, "memory": "1G", "mig": 4}],
+            "no MIG instance",
+        ),
+    ],
+)
+def test_bad_mig_scenarios_are_one_line_errors(
+    tmp_path: Path, gpu: dict[str, object], procs: list[object], message: str
+) -> None:
     path = tmp_path / "s.json"
-    path.write_text(json.dumps({"gpus": [{"memory_total": "80GiB", **gpu}],
-                                "processes": procs}))
+    path.write_text(json.dumps({"gpus": [{"memory_total": "80GiB", **gpu}], "processes": procs}))
     with pytest.raises(ScenarioError, match=message) as e:
         load_scenario(path)
     assert "\n" not in str(e.value)
@@ -99,9 +114,16 @@ def test_a_20g_job_lands_on_the_3g40gb_instance_by_its_mig_uuid(tmp_path: Path) 
     (big,) = [c for c in doc["considered"] if c["mig"] == "3g.40gb"]
     assert big["qualifies"] and big["uuid"] == BIG and big["gi_id"] == 2
     assert not [c for c in doc["considered"] if c["mig"] is None]  # the GPU is its instances
-    out = sim.cli("exec", "--mem", "20G", "--", sys.executable, "-c",
-                  "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], "
-                  "os.environ['GPUWARDEN_MEM_TOTALS'])", check=True).stdout.split()
+    out = sim.cli(
+        "exec",
+        "--mem",
+        "20G",
+        "--",
+        sys.executable,
+        "-c",
+        "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['GPUWARDEN_MEM_TOTALS'])",
+        check=True,
+    ).stdout.split()
     assert out == [BIG, str(40 * 10**9)]
     # it really runs there: a simulated job given that UUID allocates in the instance
     job = sim.job("--mem", "20G", "--seconds", "30", gpus=r.stdout.strip())
@@ -125,8 +147,7 @@ def test_a_50g_job_is_refused_on_the_mig_gpu(tmp_path: Path) -> None:
 def test_mig_asks_for_an_instance_of_that_profile(tmp_path: Path) -> None:
     sim = SimMachine(SCENARIO, tmp_path / "state")
     assert sim.cli("select", "--mem", "2G", check=True).stdout.strip() == BIG
-    assert sim.cli("select", "--mem", "2G", "--mig", "1g.10gb",
-                   check=True).stdout.strip() == SMALL
+    assert sim.cli("select", "--mem", "2G", "--mig", "1g.10gb", check=True).stdout.strip() == SMALL
     r = sim.cli("select", "--mem", "5G", "--mig", "1g.10gb")  # 6G of its 9.3G in use
     assert r.returncode == 1 and "GPU 0/9: " in r.stderr
     r = sim.cli("select", "--mem", "1G", "--mig", "2g.20gb")
@@ -141,13 +162,26 @@ def test_mig_asks_for_an_instance_of_that_profile(tmp_path: Path) -> None:
     assert r.returncode == 2 and "no GPU in MIG mode" in r.stderr
 
 
-def _mig_scenario(tmp_path: Path, instances: list[dict[str, object]],
-                  procs: list[dict[str, object]]) -> SimMachine:
+def _mig_scenario(
+    tmp_path: Path, instances: list[dict[str, object]], procs: list[dict[str, object]]
+) -> SimMachine:
     path = tmp_path / "mig.json"
-    path.write_text(json.dumps({
-        "gpus": [{"name": "NVIDIA A100-SXM4-80GB", "memory_total": "80GiB", "cpus": "0-7",
-                  "mig_mode": True, "mig_instances": instances}],
-        "processes": procs}))
+    path.write_text(
+        json.dumps(
+            {
+                "gpus": [
+                    {
+                        "name": "NVIDIA A100-SXM4-80GB",
+                        "memory_total": "80GiB",
+                        "cpus": "0-7",
+                        "mig_mode": True,
+                        "mig_instances": instances,
+                    }
+                ],
+                "processes": procs,
+            }
+        )
+    )
     return SimMachine(path, tmp_path / "state")
 
 
@@ -158,26 +192,34 @@ def _findings(sim: SimMachine) -> dict[str, list[dict[str, object]]]:
     return out
 
 
-def test_doctor_lists_the_instances_and_prints_the_nvidia_smi_mig_commands(
-        tmp_path: Path) -> None:
+def test_doctor_lists_the_instances_and_prints_the_nvidia_smi_mig_commands(tmp_path: Path) -> None:
     found = _findings(SimMachine(SCENARIO, tmp_path / "state"))
     (f,) = found["mig_instances"]
     assert f["severity"] == "info" and f["gpu"] == 0
     assert BIG in str(f["evidence"]) and SMALL in str(f["evidence"])
     remedy = str(f["remedy"])
-    for cmd in ("nvidia-smi mig -i 0 -lgi", "nvidia-smi mig -i 0 -lgip",
-                "nvidia-smi mig -i 0 -cgi PROFILE -C", "nvidia-smi mig -i 0 -dci -gi GI",
-                "nvidia-smi mig -i 0 -dgi -gi GI", "--mig PROFILE"):
+    for cmd in (
+        "nvidia-smi mig -i 0 -lgi",
+        "nvidia-smi mig -i 0 -lgip",
+        "nvidia-smi mig -i 0 -cgi PROFILE -C",
+        "nvidia-smi mig -i 0 -dci -gi GI",
+        "nvidia-smi mig -i 0 -dgi -gi GI",
+        "--mig PROFILE",
+    ):
         assert cmd in remedy
     assert "mig_instance_full" not in found and "mig_no_instances" not in found
 
 
 def test_doctor_per_instance(tmp_path: Path) -> None:
-    sim = _mig_scenario(tmp_path, [{"profile": "3g.40gb", "gi_id": 2},
-                                   {"profile": "1g.10gb", "gi_id": 9}], [
-        {"pid": 601, "gpu": 0, "mig": 9, "user": "ann", "memory": "9.2GiB"},
-        {"pid": 602, "gpu": 0, "mig": 2, "user": "ann", "memory": "4GiB"},
-        {"pid": 603, "gpu": 0, "mig": 2, "user": "ben", "memory": "4GiB"}])
+    sim = _mig_scenario(
+        tmp_path,
+        [{"profile": "3g.40gb", "gi_id": 2}, {"profile": "1g.10gb", "gi_id": 9}],
+        [
+            {"pid": 601, "gpu": 0, "mig": 9, "user": "ann", "memory": "9.2GiB"},
+            {"pid": 602, "gpu": 0, "mig": 2, "user": "ann", "memory": "4GiB"},
+            {"pid": 603, "gpu": 0, "mig": 2, "user": "ben", "memory": "4GiB"},
+        ],
+    )
     found = _findings(sim)
     (full,) = found["mig_instance_full"]  # the 1g.10gb, not the GPU or the 3g.40gb
     assert "0/9 (1g.10gb" in str(full["evidence"]) and "601" in str(full["evidence"])
@@ -195,9 +237,11 @@ def test_doctor_warns_of_a_mig_gpu_without_instances(tmp_path: Path) -> None:
 
 
 def test_leaks_name_the_instance(tmp_path: Path) -> None:
-    sim = _mig_scenario(tmp_path, [{"profile": "3g.40gb", "gi_id": 2,
-                                    "uuid": BIG}], [
-        {"pid": 701, "gpu": 0, "mig": 2, "state": "dead", "memory": "3GiB"}])
+    sim = _mig_scenario(
+        tmp_path,
+        [{"profile": "3g.40gb", "gi_id": 2, "uuid": BIG}],
+        [{"pid": 701, "gpu": 0, "mig": 2, "state": "dead", "memory": "3GiB"}],
+    )
     (lk,) = [lk for lk in sim.json("leaks", "--samples", "1")["leaks"] if lk["pid"] == 701]
     assert lk["kind"] == "dead_pid" and lk["gpu"] == 0 and lk["mig"] == BIG
     assert f"GPU 0 (MIG instance {BIG})" in lk["evidence"]
@@ -209,18 +253,26 @@ def test_metrics_per_instance(tmp_path: Path) -> None:
 
     backend = SimBackend(load_scenario(SCENARIO), tmp_path / "state")
     text = SnapshotCollector(lambda: take_snapshot(backend)).render_text().decode()
-    m = {name: float(value) for name, _, value in
-         (line.rpartition(" ") for line in text.splitlines() if line and line[0] != "#")}
-    assert m[f'gpuwarden_mig_instance_info{{ci="0",gi="2",gpu="0",profile="3g.40gb",'
-             f'uuid="{BIG}"}}'] == 1
+    m = {
+        name: float(value)
+        for name, _, value in (
+            line.rpartition(" ") for line in text.splitlines() if line and line[0] != "#"
+        )
+    }
+    assert (
+        m[f'gpuwarden_mig_instance_info{{ci="0",gi="2",gpu="0",profile="3g.40gb",uuid="{BIG}"}}']
+        == 1
+    )
     assert m['gpuwarden_mig_memory_total_bytes{gi="2",gpu="0"}'] == 40 * 10**9
     assert m['gpuwarden_mig_memory_used_bytes{gi="9",gpu="0"}'] == 6 << 30
     assert m['gpuwarden_mig_memory_free_bytes{gi="2",gpu="0"}'] == 40 * 10**9
     assert m['gpuwarden_mig_processes{gi="9",gpu="0"}'] == 1
     assert m['gpuwarden_mig_processes{gi="2",gpu="0"}'] == 0
     plain = SimBackend(load_scenario(EXAMPLES / "idle-2gpu.json"), tmp_path / "plain")
-    assert "gpuwarden_mig_" not in SnapshotCollector(
-        lambda: take_snapshot(plain)).render_text().decode()
+    assert (
+        "gpuwarden_mig_"
+        not in SnapshotCollector(lambda: take_snapshot(plain)).render_text().decode()
+    )
 
 
 def _allocated_instance(d: Daemon) -> dict[str, Any] | None:
@@ -235,15 +287,26 @@ def test_the_daemon_places_a_20g_job_on_the_3g40gb_instance(tmp_path: Path) -> N
     from tests.integration.daemon_fixture import start_daemon
 
     for d in start_daemon(tmp_path, SCENARIO):
-        jid = d.submit("--mem", "20G", cmd=[
-            sys.executable, "-c", "import os, subprocess, sys; "
-            "print(os.environ['CUDA_VISIBLE_DEVICES'], flush=True); "
-            "subprocess.run([sys.executable, '-m', 'gpuwarden.sim.job', '--mem', '20G', "
-            "'--seconds', '30'])"])
+        jid = d.submit(
+            "--mem",
+            "20G",
+            cmd=[
+                sys.executable,
+                "-c",
+                "import os, subprocess, sys; "
+                "print(os.environ['CUDA_VISIBLE_DEVICES'], flush=True); "
+                "subprocess.run([sys.executable, '-m', 'gpuwarden.sim.job', '--mem', '20G', "
+                "'--seconds', '30'])",
+            ],
+        )
         job = d.wait_state(jid, "running")
         assert job["gpu_uuids"] == [BIG] and job["gpus"] == [0]
-        inst = wait_for(lambda d=d: _allocated_instance(d), timeout=30, interval=0.2,
-                        what="the job to allocate in its instance")
+        inst = wait_for(
+            lambda d=d: _allocated_instance(d),
+            timeout=30,
+            interval=0.2,
+            what="the job to allocate in its instance",
+        )
         assert inst["memory_used"] >= 20 << 30
         r = d.cli("submit", "--mem", "50G", "--", "true")
         assert r.returncode == 2 and "37.3GiB total" in r.stderr  # refused there
@@ -258,8 +321,10 @@ def test_placement_treats_each_instance_as_a_place(tmp_path: Path) -> None:
 
     snap = take_snapshot(SimBackend(load_scenario(SCENARIO), tmp_path / "state"))
     states = gpu_states(snap, {}, set())
-    assert [(s.index, s.uuid, s.mig) for s in states] == [(0, BIG, "3g.40gb"),
-                                                          (0, SMALL, "1g.10gb")]
+    assert [(s.index, s.uuid, s.mig) for s in states] == [
+        (0, BIG, "3g.40gb"),
+        (0, SMALL, "1g.10gb"),
+    ]
     assert states[0].total == 40 * 10**9 and states[1].foreign_peak == 6 << 30
     first = QueuedJob(id=1, user="ann", mem=20 << 30)
     place = fits(first, states)
@@ -277,15 +342,23 @@ def test_submit_mig_asks_for_an_instance_of_that_profile(tmp_path: Path) -> None
 
     for d in start_daemon(tmp_path, SCENARIO):
         # the 1g.10gb has 6G of alice's in use: 1G still fits there (reserve, context)
-        jid = d.submit("--mem", "1G", "--mig", "1g.10gb", cmd=[
-            sys.executable, "-m", "gpuwarden.sim.job", "--mem", "1G", "--seconds", "30"])
+        jid = d.submit(
+            "--mem",
+            "1G",
+            "--mig",
+            "1g.10gb",
+            cmd=[sys.executable, "-m", "gpuwarden.sim.job", "--mem", "1G", "--seconds", "30"],
+        )
         job = d.wait_state(jid, "running")
         assert job["gpu_uuids"] == [SMALL] and job["mig"] == "1g.10gb"
         r = d.cli("submit", "--mem", "2G", "--mig", "1g.10gb", "--", "true")
         d.wait_reason(int(r.stdout), "not a 1g.10gb MIG instance")  # the 3g.40gb is no place
         d.cli("cancel", r.stdout.strip(), check=True)
-        plain = d.submit("--mem", "2G", cmd=[
-            sys.executable, "-m", "gpuwarden.sim.job", "--mem", "1G", "--seconds", "30"])
+        plain = d.submit(
+            "--mem",
+            "2G",
+            cmd=[sys.executable, "-m", "gpuwarden.sim.job", "--mem", "1G", "--seconds", "30"],
+        )
         assert d.wait_state(plain, "running")["gpu_uuids"] == [BIG]  # the roomier one
         r = d.cli("submit", "--mem", "1G", "--mig", "2g.20gb", "--", "true")
         assert r.returncode == 2 and "no 2g.20gb MIG instance here" in r.stderr

@@ -25,8 +25,9 @@ MiB = 1 << 20
 CONTEXT = 512 * MiB  # the allowance: context_memory in the config below
 
 # Says the MPS limit it was given, then runs the simulated CUDA job on the rest of argv.
-SHOW_LIMIT = ('echo "limit=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT visible=$CUDA_VISIBLE_DEVICES"; '
-              'exec "$@"')
+SHOW_LIMIT = (
+    'echo "limit=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT visible=$CUDA_VISIBLE_DEVICES"; exec "$@"'
+)
 
 
 def sim_job(*args: str) -> list[str]:
@@ -40,8 +41,9 @@ def controls(d: Daemon) -> list[MpsDaemon]:
 
 @pytest.fixture
 def mps_daemon(tmp_path: Path) -> Iterator[Daemon]:
-    gen = start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json",
-                       'retry_backoff = "200ms"\ncontext_memory = "512M"\n')
+    gen = start_daemon(
+        tmp_path, EXAMPLES / "idle-2gpu.json", 'retry_backoff = "200ms"\ncontext_memory = "512M"\n'
+    )
     d = next(gen)
     try:
         yield d
@@ -57,16 +59,27 @@ def mps_daemon(tmp_path: Path) -> Iterator[Daemon]:
 
 def test_an_mps_job_runs_as_a_client_of_its_own_control_daemon(mps_daemon: Daemon) -> None:
     d = mps_daemon
-    jid = d.submit("--mps", "--mem", "2G", "--sm-percent", "50", "--gpu-ids", "1",
-                   cmd=sim_job("--mem", "1G", "--seconds", "8"))
+    jid = d.submit(
+        "--mps",
+        "--mem",
+        "2G",
+        "--sm-percent",
+        "50",
+        "--gpu-ids",
+        "1",
+        cmd=sim_job("--mem", "1G", "--seconds", "8"),
+    )
     d.wait_state(jid, "running")
     gpus: dict[int, Any] = {}
 
     def client_listed() -> bool:  # one status document for every check below
         gpus.clear()
         gpus.update({g["index"]: g for g in d.json("status")["gpus"]})
-        return any(p["pid"] != 0 and "mps" in p.get("kinds", [])
-                   for g in gpus.values() for p in g["processes"])
+        return any(
+            p["pid"] != 0 and "mps" in p.get("kinds", [])
+            for g in gpus.values()
+            for p in g["processes"]
+        )
 
     wait_for(client_listed, timeout=30, interval=0.1, what="the job's client to allocate")
     (control,) = controls(d)
@@ -86,21 +99,35 @@ def test_an_mps_job_runs_as_a_client_of_its_own_control_daemon(mps_daemon: Daemo
     job = d.job(jid)
     assert job["state"] == "succeeded"
     assert job["enforcement"]["hard"].startswith("MPS pinned device memory limit, 50% of SMs")
-    wait_for(lambda: not controls(d), timeout=30, interval=0.1,
-             what="the MPS control daemon to quit")
+    wait_for(
+        lambda: not controls(d), timeout=30, interval=0.1, what="the MPS control daemon to quit"
+    )
     assert not [s for s in read_mps_state().servers if str(d.home) in (s.pipe_dir or "")]
 
 
 def test_an_mps_client_past_its_limit_fails_with_a_cuda_oom(mps_daemon: Daemon) -> None:
     d = mps_daemon
-    neighbour = d.submit("--mps", "--mem", "2G", "--gpu-ids", "0",
-                         cmd=sim_job("--mem", "1G", "--seconds", "12"))
+    neighbour = d.submit(
+        "--mps", "--mem", "2G", "--gpu-ids", "0", cmd=sim_job("--mem", "1G", "--seconds", "12")
+    )
     d.wait_state(neighbour, "running")
     # Past the PyTorch cap (as allocations outside PyTorch are), the MPS limit stands:
     # 2 GiB + 512 MiB for the whole client, its 512 MiB context inside it.
-    greedy = d.submit("--mps", "--mem", "2G", "--gpu-ids", "0", "--retries", "0",
-                      cmd=["env", "-u", "GPUWARDEN_MEM_LIMIT", *sim_job(
-                          "--mem", "1G", "--grow-to", "3G", "--seconds", "2")])
+    greedy = d.submit(
+        "--mps",
+        "--mem",
+        "2G",
+        "--gpu-ids",
+        "0",
+        "--retries",
+        "0",
+        cmd=[
+            "env",
+            "-u",
+            "GPUWARDEN_MEM_LIMIT",
+            *sim_job("--mem", "1G", "--grow-to", "3G", "--seconds", "2"),
+        ],
+    )
     assert d.cli("wait", str(greedy), timeout=60).returncode != 0
     g = d.job(greedy)
     err = (d.home / "jobs" / str(greedy) / "attempt-0" / "stderr").read_text()
@@ -109,8 +136,9 @@ def test_an_mps_client_past_its_limit_fails_with_a_cuda_oom(mps_daemon: Daemon) 
     assert len(controls(d)) == 1  # both jobs are one user's on one GPU: one daemon
     assert d.job(neighbour)["state"] == "running"  # its memory and server untouched
     assert d.cli("wait", str(neighbour), timeout=60).returncode == 0
-    wait_for(lambda: not controls(d), timeout=30, interval=0.1,
-             what="the MPS control daemon to quit")
+    wait_for(
+        lambda: not controls(d), timeout=30, interval=0.1, what="the MPS control daemon to quit"
+    )
 
 
 def test_the_simulated_control_answers_as_mps_does(tmp_path: Path) -> None:
@@ -122,8 +150,14 @@ def test_the_simulated_control_answers_as_mps_does(tmp_path: Path) -> None:
     binary = mps.install(tmp_path / "bin")
     assert Path(binary).name == "nvidia-cuda-mps-control"
     c = MpsControl(str(tmp_path / "p"), str(tmp_path / "l"), binary=binary)
-    r = subprocess.run([binary], input="get_server_list\n", capture_output=True, text=True,
-                       env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": c.pipe_dir}, timeout=30)
+    r = subprocess.run(
+        [binary],
+        input="get_server_list\n",
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": c.pipe_dir},
+        timeout=30,
+    )
     assert r.returncode == 1 and "Cannot find MPS control daemon process" in r.stderr
     daemon = c.start(visible_devices=[1], mem_limits={1: 2 * GiB})
     try:

@@ -21,22 +21,23 @@ def one_line(r: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-def test_an_unknown_option_before_the_command_is_an_error(daemon: Daemon,
-                                                           sim: SimMachine) -> None:
+def test_an_unknown_option_before_the_command_is_an_error(daemon: Daemon, sim: SimMachine) -> None:
     r = daemon.cli("submit", "--memm", "1G", "--", "true")
     assert r.returncode == 2 and "No such option '--memm'" in r.stderr, r.stderr
     assert daemon.json("ps", "--all")["jobs"] == []  # nothing was queued
     r = sim.cli("exec", "--mem", "1G", "--bogus", "--", "true")
     assert r.returncode == 2 and "No such option '--bogus'" in r.stderr, r.stderr
     # Options after the command are still the command's own.
-    jid = daemon.submit("--mem", "1G", cmd=[PY, "-c", "import sys; print(sys.argv[1:])",
-                                            "--memm", "-v"])
+    jid = daemon.submit(
+        "--mem", "1G", cmd=[PY, "-c", "import sys; print(sys.argv[1:])", "--memm", "-v"]
+    )
     assert daemon.cli("wait", str(jid)).returncode == 0
     assert daemon.cli("logs", str(jid), check=True).stdout == "['--memm', '-v']\n"
 
 
-def test_a_size_without_a_unit_is_an_error_that_suggests_one(daemon: Daemon,
-                                                              sim: SimMachine) -> None:
+def test_a_size_without_a_unit_is_an_error_that_suggests_one(
+    daemon: Daemon, sim: SimMachine
+) -> None:
     r = daemon.cli("submit", "--mem", "20", "--", "true")
     assert r.returncode == 2 and "give a unit, e.g. 20G" in one_line(r)
     r = sim.cli("select", "--mem", "1")
@@ -78,8 +79,9 @@ def test_rm_refuses_a_job_that_has_not_ended_in_one_line(daemon: Daemon) -> None
         daemon.wait_state(jid, state)
         r = daemon.cli("rm", str(jid))
         assert r.returncode == 2
-        assert one_line(r) == (f"gpuwarden: error: job {jid} is {state}; cancel it "
-                               "before removing it")
+        assert one_line(r) == (
+            f"gpuwarden: error: job {jid} is {state}; cancel it before removing it"
+        )
         assert daemon.job(jid)["state"] == state
     held = daemon.submit("--after", str(first), cmd=[PY, "-c", "pass"])
     daemon.cli("hold", str(held), check=True)
@@ -87,7 +89,8 @@ def test_rm_refuses_a_job_that_has_not_ended_in_one_line(daemon: Daemon) -> None
     assert r.returncode == 2 and f"job {held} is held; cancel it" in one_line(r)
     # The help says so.
     assert "is refused: cancel it first" in " ".join(
-        daemon.cli("rm", "--help", check=True).stdout.split())
+        daemon.cli("rm", "--help", check=True).stdout.split()
+    )
     assert "cancel waiting ones first" in daemon.cli("--help", check=True).stdout
     daemon.cli("cancel", str(first), str(queued), str(held), check=True)
 
@@ -100,9 +103,11 @@ def _scrape(sim: SimMachine, *args: str) -> str:
     from tests.integration.daemon_fixture import free_port
 
     port = free_port()
-    proc = subprocess.Popen([PY, "-m", "gpuwarden", "exporter", "--listen",
-                             f"127.0.0.1:{port}", *args], env=sim.env,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [PY, "-m", "gpuwarden", "exporter", "--listen", f"127.0.0.1:{port}", *args],
+        env=sim.env,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}/metrics"
 
     def get() -> str | None:
@@ -111,6 +116,7 @@ def _scrape(sim: SimMachine, *args: str) -> str:
                 return str(r.read().decode())
         except OSError:
             return None
+
     try:
         text = wait_for(get, 20)
         assert text, "the exporter did not come up"
@@ -121,7 +127,8 @@ def _scrape(sim: SimMachine, *args: str) -> str:
 
 
 def test_exporter_without_the_holder_scan_leaves_the_hidden_holder_series_out(
-        make_sim: Any) -> None:
+    make_sim: Any,
+) -> None:
     sim = make_sim("leaky-4gpu.json")  # bob's notebook holds /dev/nvidia2, NVML lists it not
     assert 'gpuwarden_gpu_hidden_holders{gpu="2"} 1.0' in _scrape(sim)
     text = _scrape(sim, "--no-holders")
@@ -150,8 +157,13 @@ def test_what_used_to_be_a_traceback_is_one_line(make_sim: Any, tmp_path: Path) 
 
 def test_durations_take_units_everywhere(sim: SimMachine, tmp_path: Path) -> None:
     # status --watch 2s refreshes (it runs until stopped: a timeout ends it)
-    p = subprocess.Popen([PY, "-m", "gpuwarden", "status", "--json", "--watch", "200ms"],
-                         env=sim.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [PY, "-m", "gpuwarden", "status", "--json", "--watch", "200ms"],
+        env=sim.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert p.stdout is not None
         docs = [json.loads(p.stdout.readline()) for _ in range(3)]  # one JSON per refresh
@@ -199,25 +211,25 @@ def test_the_readme_says_what_the_code_and_the_makefile_do() -> None:
 
 
 def test_messages_name_a_job_once(daemon: Daemon) -> None:
-    running = daemon.submit("--mem", "1G", "--group", "g",
-                            cmd=[PY, "-c", "import time; time.sleep(30)"])
+    running = daemon.submit(
+        "--mem", "1G", "--group", "g", cmd=[PY, "-c", "import time; time.sleep(30)"]
+    )
     daemon.wait_state(running, "running")
     queued = daemon.submit("--after", str(running), cmd=[PY, "-c", "pass"])
     r = daemon.cli("hold", str(running))
     assert r.returncode == 2
-    assert one_line(r) == (f"gpuwarden: error: job {running} is running; only a queued job "
-                           "can be held")
+    assert one_line(r) == (
+        f"gpuwarden: error: job {running} is running; only a queued job can be held"
+    )
     assert daemon.cli("cancel", str(queued), check=True).stdout == f"job {queued} cancelled\n"
     r = daemon.cli("cancel", str(running))
     assert r.returncode == 0
-    assert r.stdout == f"job {running}: stopping (SIGTERM, then SIGKILL after its grace " \
-                       "period)\n"
+    assert r.stdout == f"job {running}: stopping (SIGTERM, then SIGKILL after its grace period)\n"
     r = daemon.cli("wait", str(running))
     assert one_line(r) == f"job {running} cancelled", r.stderr  # not "cancelled: cancelled"
     r = daemon.cli("cancel", "--group", "nosuch")
     assert r.returncode == 2
-    assert one_line(r) == "gpuwarden: error: no waiting or running job of yours in group " \
-                          "'nosuch'"
+    assert one_line(r) == "gpuwarden: error: no waiting or running job of yours in group 'nosuch'"
     assert daemon.cli("rm", str(queued), check=True).stdout == f"job {queued} removed\n"
 
 
@@ -225,21 +237,25 @@ def test_a_job_that_can_never_run_here_is_refused_at_submit(tmp_path: Path) -> N
     from tests.conftest import EXAMPLES
     from tests.integration.daemon_fixture import start_daemon
 
-    run = start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json",  # 2 x 24 GiB
-                       config='[limits]\nmax_memory = "10G"\nmax_gpus = 1\n')
+    run = start_daemon(
+        tmp_path,
+        EXAMPLES / "idle-2gpu.json",  # 2 x 24 GiB
+        config='[limits]\nmax_memory = "10G"\nmax_gpus = 1\n',
+    )
     d = next(run)
     try:
-        for args, words in ((["--mem", "40G"], "more than this machine can give"),
-                            (["--gpus", "3", "--mem", "1G"], "needs 3 GPUs"),
-                            (["--mem", "12G"], "may reserve 10.0GiB; this job needs 12.0GiB"),
-                            (["--gpus", "2", "--mem", "1G"], "may hold 1 GPU(s)")):
+        for args, words in (
+            (["--mem", "40G"], "more than this machine can give"),
+            (["--gpus", "3", "--mem", "1G"], "needs 3 GPUs"),
+            (["--mem", "12G"], "may reserve 10.0GiB; this job needs 12.0GiB"),
+            (["--gpus", "2", "--mem", "1G"], "may hold 1 GPU(s)"),
+        ):
             r = d.cli("submit", *args, "--", "true")
             assert r.returncode == 2, (args, r.stdout, r.stderr)
             line = one_line(r)
             assert line.startswith("gpuwarden: error: this job can never run here: "), line
             assert words in line, (args, line)
         assert d.json("ps", "--all")["jobs"] == []  # nothing queued to wait for ever
-        assert d.cli("wait", str(d.submit("--mem", "8G", cmd=[PY, "-c", "pass"]))
-                     ).returncode == 0
+        assert d.cli("wait", str(d.submit("--mem", "8G", cmd=[PY, "-c", "pass"]))).returncode == 0
     finally:
         run.close()

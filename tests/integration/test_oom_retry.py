@@ -16,8 +16,11 @@ def _t(iso: str) -> float:
 def test_a_job_that_grows_past_its_budget_heals_in_one_retry(daemon: Daemon) -> None:
     # The default config: one OOM retry for a job with --mem, a 10 s backoff it must not
     # wait out, and a pass every 100 ms (the fixture's interval).
-    jid = daemon.submit("--mem", "4G", cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "4G",
-                                            "--grow-to", "10G", "--seconds", "2"])
+    jid = daemon.submit(
+        "--mem",
+        "4G",
+        cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "4G", "--grow-to", "10G", "--seconds", "2"],
+    )
     r = daemon.cli("wait", str(jid), timeout=60)
     job = daemon.job(jid)
     assert r.returncode == 0, job
@@ -33,24 +36,46 @@ def test_a_job_that_grows_past_its_budget_heals_in_one_retry(daemon: Daemon) -> 
     assert "as soon as it fits" in retried["detail"]
     oom = next(e for e in events if e["kind"] == "oom")
     assert "it tried to allocate 6144MiB holding 4096MiB: needs 10.0GiB" in oom["detail"]
-    assert job["oom"] == {"tried": 6 * GiB, "need": 10 * GiB, "retry_budget": job["request"],
-                          "retry_ceiling": None}  # one big allocation: its need is known
+    assert job["oom"] == {
+        "tried": 6 * GiB,
+        "need": 10 * GiB,
+        "retry_budget": job["request"],
+        "retry_ceiling": None,
+    }  # one big allocation: its need is known
     assert _t(job["submitted_at"]) < _t(placed[0]["at"])  # its place in the queue is kept
     text = daemon.cli("show", str(jid), check=True).stdout
     assert "its message asked for 6144MiB, it needs 10.0GiB; the retry got" in text, text
     first = (daemon.home / "jobs" / str(jid) / "attempt-0" / "stderr").read_text()
     # In use as the driver counts, its CUDA context too; allowed: the allocator's cap.
-    assert "this process has 4.50 GiB memory in use. 4.00 GiB allowed; Of the allocated " \
-           "memory 4.00 GiB is allocated by PyTorch" in first, first
+    assert (
+        "this process has 4.50 GiB memory in use. 4.00 GiB allowed; Of the allocated "
+        "memory 4.00 GiB is allocated by PyTorch" in first
+    ), first
 
 
 def test_a_job_whose_memory_creeps_past_its_budget_heals_in_one_retry(daemon: Daemon) -> None:
     # Declared 4G, rising to 10G in 128 MiB steps (training warming up): the message names
     # only the step that failed, so the retry asks twice what it reached (8.25G, short of
     # 10G) and takes up to four times that (16.5G) where the GPU has room.
-    jid = daemon.submit("--mem", "4G", cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "4G",
-                                            "--grow-to", "10G", "--steps", "48",
-                                            "--grow-seconds", "0.5", "--seconds", "1"])
+    jid = daemon.submit(
+        "--mem",
+        "4G",
+        cmd=[
+            PY,
+            "-m",
+            "gpuwarden.sim.job",
+            "--mem",
+            "4G",
+            "--grow-to",
+            "10G",
+            "--steps",
+            "48",
+            "--grow-seconds",
+            "0.5",
+            "--seconds",
+            "1",
+        ],
+    )
     r = daemon.cli("wait", str(jid), timeout=60)
     job = daemon.job(jid)
     assert r.returncode == 0, job
@@ -62,9 +87,13 @@ def test_a_job_whose_memory_creeps_past_its_budget_heals_in_one_retry(daemon: Da
 
 
 def test_retries_0_turns_the_default_retry_off(daemon: Daemon) -> None:
-    jid = daemon.submit("--mem", "2G", "--retries", "0",
-                        cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "1G", "--grow-to", "3G",
-                             "--seconds", "0"])
+    jid = daemon.submit(
+        "--mem",
+        "2G",
+        "--retries",
+        "0",
+        cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "1G", "--grow-to", "3G", "--seconds", "0"],
+    )
     assert daemon.cli("wait", str(jid), timeout=60).returncode != 0
     job = daemon.job(jid)
     assert job["state"] == "failed" and job["retries"] == 0 and job["oom_retries"] == 0

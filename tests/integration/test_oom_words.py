@@ -8,15 +8,21 @@ from tests.integration.daemon_fixture import PY, Daemon
 
 
 def test_an_oom_failure_says_it_ran_out_at_its_limit(daemon: Daemon) -> None:
-    jid = daemon.submit("--mem", "2G", "--retries", "0",
-                        cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "1G", "--grow-to", "3G",
-                             "--seconds", "0"])
+    jid = daemon.submit(
+        "--mem",
+        "2G",
+        "--retries",
+        "0",
+        cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "1G", "--grow-to", "3G", "--seconds", "0"],
+    )
     r = daemon.cli("wait", str(jid), timeout=60)
     assert r.returncode != 0
     job = daemon.job(jid)
     assert job["state"] == "failed" and job["declared_vs_peak"] is None, job
-    said = ("ran out of GPU memory at its limit 2048MiB: it tried to allocate 2048MiB "
-            "holding 1024MiB (needs 3072MiB)")
+    said = (
+        "ran out of GPU memory at its limit 2048MiB: it tried to allocate 2048MiB "
+        "holding 1024MiB (needs 3072MiB)"
+    )
     assert job["oom_end"] == said, job
     assert f"job {jid} failed: {said}" in r.stderr, r.stderr
     assert "declared:" not in r.stderr, r.stderr
@@ -25,8 +31,9 @@ def test_an_oom_failure_says_it_ran_out_at_its_limit(daemon: Daemon) -> None:
 
 
 def test_a_succeeded_job_still_gets_declared_vs_peak(daemon: Daemon) -> None:
-    jid = daemon.submit("--mem", "4G", cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "2G",
-                                            "--seconds", "1"])
+    jid = daemon.submit(
+        "--mem", "4G", cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "2G", "--seconds", "1"]
+    )
     r = daemon.cli("wait", str(jid), timeout=60)
     assert r.returncode == 0, r.stderr
     job = daemon.job(jid)

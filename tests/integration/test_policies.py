@@ -43,8 +43,7 @@ def sim_job(mem: str, seconds: float, *extra: str) -> list[str]:
 
 @pytest.fixture
 def fast_daemon(tmp_path: Path) -> Iterator[Daemon]:
-    yield from start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json",
-                            'retry_backoff = "200ms"\n')
+    yield from start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json", 'retry_backoff = "200ms"\n')
 
 
 def kinds(job: dict[str, object]) -> list[str]:
@@ -52,11 +51,22 @@ def kinds(job: dict[str, object]) -> list[str]:
 
 
 def test_a_guaranteed_job_preempts_a_besteffort_one_which_is_requeued(
-        fast_daemon: Daemon, tmp_path: Path) -> None:
+    fast_daemon: Daemon, tmp_path: Path
+) -> None:
     d = fast_daemon
     marker = tmp_path / "marker"
-    victim = d.submit("--qos", "besteffort", "--gpus", "2", "--mem", "20G", "--checkpoint",
-                      "--grace", "5s", cmd=[PY, "-c", CHECKPOINTING, str(marker)])
+    victim = d.submit(
+        "--qos",
+        "besteffort",
+        "--gpus",
+        "2",
+        "--mem",
+        "20G",
+        "--checkpoint",
+        "--grace",
+        "5s",
+        cmd=[PY, "-c", CHECKPOINTING, str(marker)],
+    )
     d.wait_state(victim, "running")
     wait_for(marker.exists, timeout=20, what="the job to write its marker")
     boss = d.submit("--qos", "guaranteed", "--mem", "20G", cmd=sim_job("18G", 1))
@@ -78,7 +88,8 @@ def test_a_guaranteed_job_preempts_a_besteffort_one_which_is_requeued(
 
 
 def test_a_preempted_job_does_not_take_its_room_back_while_its_memory_returns(
-        fast_daemon: Daemon) -> None:
+    fast_daemon: Daemon,
+) -> None:
     # The victim's memory comes back a moment after it stops (the simulated driver's lag,
     # as the real one's). Meanwhile the job that preempted it cannot start yet, and the
     # victim, queued again, must not be placed back in that room: it would be preempted
@@ -86,8 +97,7 @@ def test_a_preempted_job_does_not_take_its_room_back_while_its_memory_returns(
     d = fast_daemon
     victim = d.submit("--mem", "4G", "--gpu-ids", "0", cmd=sim_job("4G", 600))
     d.wait_state(victim, "running")
-    boss = d.submit("--mem", "20G", "--gpu-ids", "0", "--priority", "100",
-                    cmd=sim_job("20G", 1))
+    boss = d.submit("--mem", "20G", "--gpu-ids", "0", "--priority", "100", cmd=sim_job("20G", 1))
     assert d.cli("wait", str(boss), timeout=60).returncode == 0
     v = d.wait_state(victim, "running", timeout=30)
     assert v["preemptions"] == 1, kinds(v)
@@ -96,8 +106,9 @@ def test_a_preempted_job_does_not_take_its_room_back_while_its_memory_returns(
 
 def test_no_requeue_ends_a_preempted_job_cancelled(fast_daemon: Daemon) -> None:
     d = fast_daemon
-    victim = d.submit("--qos", "besteffort", "--gpus", "2", "--mem", "20G", "--no-requeue",
-                      cmd=sim_job("1G", 120))
+    victim = d.submit(
+        "--qos", "besteffort", "--gpus", "2", "--mem", "20G", "--no-requeue", cmd=sim_job("1G", 120)
+    )
     d.wait_state(victim, "running")
     boss = d.submit("--priority", "5", "--mem", "20G", cmd=sim_job("1G", 0.5))
     assert d.cli("wait", str(boss), timeout=60).returncode == 0
@@ -107,11 +118,11 @@ def test_no_requeue_ends_a_preempted_job_cancelled(fast_daemon: Daemon) -> None:
 
 def test_guaranteed_jobs_are_not_preempted(fast_daemon: Daemon) -> None:
     d = fast_daemon
-    held = d.submit("--qos", "guaranteed", "--gpus", "2", "--mem", "20G",
-                    cmd=sim_job("1G", 3))
+    held = d.submit("--qos", "guaranteed", "--gpus", "2", "--mem", "20G", cmd=sim_job("1G", 3))
     d.wait_state(held, "running")
-    other = d.submit("--qos", "guaranteed", "--priority", "100", "--mem", "20G",
-                     cmd=sim_job("1G", 0))
+    other = d.submit(
+        "--qos", "guaranteed", "--priority", "100", "--mem", "20G", cmd=sim_job("1G", 0)
+    )
     job = d.wait_state(other, "queued")
     assert "preempted" not in kinds(d.job(held))
     assert d.cli("wait", str(other), timeout=60).returncode == 0
@@ -121,8 +132,9 @@ def test_guaranteed_jobs_are_not_preempted(fast_daemon: Daemon) -> None:
 
 def test_cuda_oom_is_retried_with_a_bigger_budget(fast_daemon: Daemon) -> None:
     d = fast_daemon
-    jid = d.submit("--mem", "3G", "--retries", "2",
-                   cmd=sim_job("1G", 1, "--grow-to", "3.5G", "--steps", "2"))
+    jid = d.submit(
+        "--mem", "3G", "--retries", "2", cmd=sim_job("1G", 1, "--grow-to", "3.5G", "--steps", "2")
+    )
     r = d.cli("wait", str(jid), timeout=60)
     job = d.job(jid)
     assert r.returncode == 0, job
@@ -147,8 +159,9 @@ def test_other_failures_do_not_consume_retries(fast_daemon: Daemon) -> None:
 
 def test_an_oom_without_retries_fails_and_says_so(fast_daemon: Daemon) -> None:
     d = fast_daemon  # --retries 0: the one retry a job with --mem gets by default is off
-    jid = d.submit("--mem", "2G", "--retries", "0",
-                   cmd=sim_job("1G", 0, "--grow-to", "3G", "--steps", "1"))
+    jid = d.submit(
+        "--mem", "2G", "--retries", "0", cmd=sim_job("1G", 0, "--grow-to", "3G", "--steps", "1")
+    )
     assert d.cli("wait", str(jid), timeout=60).returncode != 0
     job = d.job(jid)
     assert job["state"] == "failed"
@@ -168,13 +181,14 @@ def test_per_user_limits_hold_jobs_back(tmp_path: Path) -> None:
 
 def test_bad_policy_input_is_a_clear_error(fast_daemon: Daemon) -> None:
     d = fast_daemon
-    for args, needle in ((["--qos", "gold"], "Invalid value for '--qos'"),
-                         (["--mem-limit", "8G"], "mem_limit needs mem"),
-                         (["--mem", "8G", "--mem-limit", "4G"], "at least mem"),
-                         (["--qos", "guaranteed", "--mem", "4G", "--mem-limit", "8G"],
-                          "capped at its request"),
-                         (["--retries", "-1"], "-1"),
-                         (["--grace", "soon"], "soon")):
+    for args, needle in (
+        (["--qos", "gold"], "Invalid value for '--qos'"),
+        (["--mem-limit", "8G"], "mem_limit needs mem"),
+        (["--mem", "8G", "--mem-limit", "4G"], "at least mem"),
+        (["--qos", "guaranteed", "--mem", "4G", "--mem-limit", "8G"], "capped at its request"),
+        (["--retries", "-1"], "-1"),
+        (["--grace", "soon"], "soon"),
+    ):
         r = d.cli("submit", *args, "--", "true")
         assert r.returncode != 0, args
         assert needle in r.stderr, (args, r.stderr)
@@ -188,8 +202,13 @@ def uncapped(cmd: list[str]) -> list[str]:
 
 def test_watchdog_kills_a_besteffort_job_over_its_limit(fast_daemon: Daemon) -> None:
     d = fast_daemon
-    jid = d.submit("--qos", "besteffort", "--mem", "2G",
-                   cmd=uncapped(sim_job("1G", 30, "--grow-to", "4G", "--steps", "1")))
+    jid = d.submit(
+        "--qos",
+        "besteffort",
+        "--mem",
+        "2G",
+        cmd=uncapped(sim_job("1G", 30, "--grow-to", "4G", "--steps", "1")),
+    )
     job = d.wait_state(jid, "failed", timeout=30)
     # As the driver counts: its allocations and CUDA context (512 MiB simulated) against
     # its budget and the context allowance booked beside it.
@@ -201,8 +220,13 @@ def test_watchdog_kills_a_besteffort_job_over_its_limit(fast_daemon: Daemon) -> 
 
 def test_watchdog_only_warns_about_a_guaranteed_job(fast_daemon: Daemon) -> None:
     d = fast_daemon
-    jid = d.submit("--qos", "guaranteed", "--mem", "2G",
-                   cmd=uncapped(sim_job("1G", 2, "--grow-to", "3G", "--steps", "1")))
+    jid = d.submit(
+        "--qos",
+        "guaranteed",
+        "--mem",
+        "2G",
+        cmd=uncapped(sim_job("1G", 2, "--grow-to", "3G", "--steps", "1")),
+    )
     assert d.cli("wait", str(jid), timeout=60).returncode == 0
     job = d.job(jid)
     warned = [e for e in job["events"] if e["kind"] == "over_budget"]
@@ -212,8 +236,9 @@ def test_watchdog_only_warns_about_a_guaranteed_job(fast_daemon: Daemon) -> None
 
 def test_a_burstable_job_may_grow_to_its_limit(fast_daemon: Daemon) -> None:
     d = fast_daemon
-    jid = d.submit("--mem", "2G", "--mem-limit", "6G",
-                   cmd=sim_job("1G", 2, "--grow-to", "5G", "--steps", "1"))
+    jid = d.submit(
+        "--mem", "2G", "--mem-limit", "6G", cmd=sim_job("1G", 2, "--grow-to", "5G", "--steps", "1")
+    )
     assert d.cli("wait", str(jid), timeout=60).returncode == 0  # capped at 6G, not 2G
     job = d.job(jid)
     assert job["enforcement"]["limit"] == 6 * GiB
@@ -222,30 +247,34 @@ def test_a_burstable_job_may_grow_to_its_limit(fast_daemon: Daemon) -> None:
     assert len(noted) == 1 and noted[0]["detail"].startswith("bursting")
 
 
-def test_memory_comes_back_after_an_orphaned_grandchild_is_killed(fast_daemon: Daemon,
-                                                                 tmp_path: Path) -> None:
+def test_memory_comes_back_after_an_orphaned_grandchild_is_killed(
+    fast_daemon: Daemon, tmp_path: Path
+) -> None:
     d = fast_daemon
     pidfile = tmp_path / "grandchild"
     # The job starts a grandchild in its own session that holds 3 GiB, and exits at once.
-    script = (f"import subprocess, sys; p = subprocess.Popen({sim_job('3G', 300)!r}, "
-              f"start_new_session=True); open({str(pidfile)!r}, 'w').write(str(p.pid))")
+    script = (
+        f"import subprocess, sys; p = subprocess.Popen({sim_job('3G', 300)!r}, "
+        f"start_new_session=True); open({str(pidfile)!r}, 'w').write(str(p.pid))"
+    )
     jid = d.submit("--mem", "4G", cmd=[PY, "-c", script])
     job = d.wait_for_release(jid)
     rel = job["memory_release"]
     assert job["state"] == "succeeded" and rel["how"] == "verified" and rel["leak"] is None
     grandchild = int(pidfile.read_text())
     import psutil
-    assert not psutil.pid_exists(grandchild) or \
-        psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+
+    assert (
+        not psutil.pid_exists(grandchild)
+        or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+    )
     assert "memory_returned" in kinds(job)
 
 
 def test_a_leak_keeps_the_memory_reserved_until_an_admin_clears_it(tmp_path: Path) -> None:
-    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json",
-                          'release_timeout = "500ms"\n'):
+    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json", 'release_timeout = "500ms"\n'):
         # A context the driver fails to free: the simulated job's memory outlives it.
-        leaky = d.submit("--gpu-ids", "0", "--mem", "20G",
-                         cmd=sim_job("18G", 0, "--leak"))
+        leaky = d.submit("--gpu-ids", "0", "--mem", "20G", cmd=sim_job("18G", 0, "--leak"))
         job = d.wait_state(leaky, "succeeded")
         deadline = time.monotonic() + 20
         while "leak" not in kinds(job):
@@ -275,9 +304,11 @@ def test_a_leak_keeps_the_memory_reserved_until_an_admin_clears_it(tmp_path: Pat
 def test_mps_needs_a_budget(fast_daemon: Daemon) -> None:
     # The MPS path itself (simulated control daemon, limits, OOM): test_mps_jobs.py.
     d = fast_daemon
-    for args, needle in ((["--mps"], "mps needs mem"),
-                         (["--mem", "2G", "--sm-percent", "50"], "sm_percent needs mps"),
-                         (["--mem", "2G", "--mps", "--sm-percent", "0"], "0")):
+    for args, needle in (
+        (["--mps"], "mps needs mem"),
+        (["--mem", "2G", "--sm-percent", "50"], "sm_percent needs mps"),
+        (["--mem", "2G", "--mps", "--sm-percent", "0"], "0"),
+    ):
         r = d.cli("submit", *args, "--", "true")
         assert r.returncode != 0 and needle in r.stderr, (args, r.stderr)
 
@@ -297,7 +328,8 @@ def test_mem_auto_learns_from_earlier_successful_runs(fast_daemon: Daemon) -> No
     j2 = d.job(second)
     assert j2["mem"] == int(3.75 * GiB) and j2["budget"] == int(3.75 * GiB)
     assert "3840MiB = 1.2 × the highest peak 3072MiB of 1 earlier run(s)" in next(
-        e["detail"] for e in j2["events"] if e["kind"] == "budget_learned")
+        e["detail"] for e in j2["events"] if e["kind"] == "budget_learned"
+    )
     assert "over-declared by 768MiB (20%)" in j2["declared_vs_peak"]
     assert "over-declared by 768MiB" in r.stderr  # the completion line says it too
     r = d.cli("submit", "--mem", "auto", "--", "true")
@@ -307,10 +339,14 @@ def test_mem_auto_learns_from_earlier_successful_runs(fast_daemon: Daemon) -> No
 def test_a_group_failing_the_same_way_three_times_is_held(fast_daemon: Daemon) -> None:
     d = fast_daemon
     blocker = d.submit("--mem", "1G", cmd=sim_job("1G", 30))
-    later = [d.submit("--group", "sweep", "--mem", "1G", "--after", str(blocker),
-                      cmd=sim_job("1G", 0)) for _ in range(2)]
-    failing = [d.submit("--group", "sweep", "--mem", "1G",
-                        cmd=sim_job("1G", 0, "--exit-code", "3")) for _ in range(3)]
+    later = [
+        d.submit("--group", "sweep", "--mem", "1G", "--after", str(blocker), cmd=sim_job("1G", 0))
+        for _ in range(2)
+    ]
+    failing = [
+        d.submit("--group", "sweep", "--mem", "1G", cmd=sim_job("1G", 0, "--exit-code", "3"))
+        for _ in range(3)
+    ]
     for jid in failing:
         assert d.cli("wait", str(jid), timeout=60).returncode == 3
     for jid in later:
@@ -327,8 +363,15 @@ AFFINITY = "import os; print(sorted(os.sched_getaffinity(0)))"
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the scenario puts GPU 1 near CPU 1")
 def test_cpus_are_held_alone_near_the_gpu(fast_daemon: Daemon) -> None:
     d = fast_daemon
-    first = d.submit("--gpu-ids", "1", "--mem", "1G", "--cpus", "1",
-                     cmd=[PY, "-c", AFFINITY + "; import time; time.sleep(2)"])
+    first = d.submit(
+        "--gpu-ids",
+        "1",
+        "--mem",
+        "1G",
+        "--cpus",
+        "1",
+        cmd=[PY, "-c", AFFINITY + "; import time; time.sleep(2)"],
+    )
     second = d.submit("--gpu-ids", "1", "--mem", "1G", "--cpus", "1", cmd=[PY, "-c", AFFINITY])
     d.wait_state(first, "running")
     d.wait_reason(second, "0 free CPU core(s) near it")
@@ -348,7 +391,8 @@ def test_no_numa_leaves_affinity_alone(fast_daemon: Daemon) -> None:
     jid = d.submit("--gpu-ids", "1", "--mem", "1G", "--no-numa", cmd=[PY, "-c", AFFINITY])
     assert d.cli("wait", str(jid), timeout=60).returncode == 0
     assert d.cli("logs", str(jid), check=True).stdout.strip() == str(
-        sorted(os.sched_getaffinity(0)))
+        sorted(os.sched_getaffinity(0))
+    )
     launched = next(e for e in d.job(jid)["events"] if e["kind"] == "launched")
     assert "CPUs" not in launched["detail"]
     r = d.cli("submit", "--cpus", "1", "--no-numa", "--", "true")

@@ -24,8 +24,7 @@ def _queue(daemon: Daemon) -> tuple[int, int, int, int]:
     (2G) one."""
     done = daemon.submit("--mem", "1G", "--name", "done")
     daemon.wait_state(done, "succeeded")
-    running = daemon.submit("--mem", "4G", cmd=[PY, "-m", "gpuwarden.sim.job",
-                                                "--seconds", "60"])
+    running = daemon.submit("--mem", "4G", cmd=[PY, "-m", "gpuwarden.sim.job", "--seconds", "60"])
     held = daemon.submit("--mem", "3G", "--after", str(running))
     daemon.cli("hold", str(held), check=True)
     waiting = daemon.submit("--mem", "2G", "--after", str(running))
@@ -37,12 +36,22 @@ def test_ps_filters_by_state_sorts_and_prints_csv(daemon: Daemon) -> None:
     done, running, held, waiting = _queue(daemon)
     jobs = daemon.json("ps", "--state", "held,succeeded")["jobs"]
     assert sorted(j["id"] for j in jobs) == [done, held]  # ended ones too, without --all
-    assert [j["id"] for j in daemon.json("ps", "--state", "held", "--state", "queued")
-            ["jobs"]] == [held, waiting]
-    assert [j["id"] for j in daemon.json("ps", "--all", "--sort", "-mem")["jobs"]] == \
-        [running, held, waiting, done]
-    assert [j["id"] for j in daemon.json("ps", "--all", "--sort", "state")["jobs"]] == \
-        [waiting, held, running, done]
+    assert [j["id"] for j in daemon.json("ps", "--state", "held", "--state", "queued")["jobs"]] == [
+        held,
+        waiting,
+    ]
+    assert [j["id"] for j in daemon.json("ps", "--all", "--sort", "-mem")["jobs"]] == [
+        running,
+        held,
+        waiting,
+        done,
+    ]
+    assert [j["id"] for j in daemon.json("ps", "--all", "--sort", "state")["jobs"]] == [
+        waiting,
+        held,
+        running,
+        done,
+    ]
     r = daemon.cli("ps", "--state", "nosuch")
     assert r.returncode == 2 and "unknown state 'nosuch'" in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
@@ -50,9 +59,11 @@ def test_ps_filters_by_state_sorts_and_prints_csv(daemon: Daemon) -> None:
     assert r.returncode == 2 and "unknown sort key" in r.stderr
 
     out = daemon.cli("ps", "--all", "--format", "csv", check=True).stdout
-    assert out.splitlines()[0] == ("id,user,name,group,state,gpus,mem,peak_memory,"
-                                   "submitted_at,started_at,ended_at,exit_code,restart,"
-                                   "restarts,task,reason,command")
+    assert out.splitlines()[0] == (
+        "id,user,name,group,state,gpus,mem,peak_memory,"
+        "submitted_at,started_at,ended_at,exit_code,restart,"
+        "restarts,task,reason,command"
+    )
     rows = {int(r["id"]): r for r in _rows(out)}
     assert set(rows) == {done, running, held, waiting}
     assert rows[held]["mem"] == str(3 << 30) and rows[held]["state"] == "held"
@@ -62,12 +73,20 @@ def test_ps_filters_by_state_sorts_and_prints_csv(daemon: Daemon) -> None:
 
 
 def test_ps_watch_refreshes_with_a_header_saying_when_and_how_often(daemon: Daemon) -> None:
-    daemon.submit("--mem", "1G", "--name", "sleeper",
-                  cmd=[PY, "-m", "gpuwarden.sim.job", "--seconds", "60"])
-    for args, check in ((["ps", "--watch", "200ms"], "gpuwarden ps · every 0.2s · "),
-                        (["ps", "--json", "--watch", "0.2"], '{"jobs":[')):
-        p = subprocess.Popen([sys.executable, "-m", "gpuwarden", *args], env=daemon.env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    daemon.submit(
+        "--mem", "1G", "--name", "sleeper", cmd=[PY, "-m", "gpuwarden.sim.job", "--seconds", "60"]
+    )
+    for args, check in (
+        (["ps", "--watch", "200ms"], "gpuwarden ps · every 0.2s · "),
+        (["ps", "--json", "--watch", "0.2"], '{"jobs":['),
+    ):
+        p = subprocess.Popen(
+            [sys.executable, "-m", "gpuwarden", *args],
+            env=daemon.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert p.stdout is not None
             seen: list[str] = []
@@ -99,15 +118,20 @@ def test_status_csv_has_the_json_keys_as_columns(sim: SimMachine) -> None:
     assert list(procs[0]) == ["gpu", *doc["gpus"][0]["processes"][0]]
     assert len(procs) == sum(len(g["processes"]) for g in doc["gpus"])
     assert {(int(p["gpu"]), int(p["pid"]), int(p["memory"])) for p in procs} == {
-        (g["index"], p["pid"], p["memory"]) for g in doc["gpus"] for p in g["processes"]}
+        (g["index"], p["pid"], p["memory"]) for g in doc["gpus"] for p in g["processes"]
+    }
     r = m.cli("status", "--processes")
     assert r.returncode == 2 and "--format csv" in r.stderr
 
 
 def test_status_watch_header_shows_the_interval_and_the_time(sim: SimMachine) -> None:
-    p = subprocess.Popen([sys.executable, "-m", "gpuwarden", "status", "--watch", "300ms"],
-                         env=sim.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", "status", "--watch", "300ms"],
+        env=sim.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert p.stdout is not None
         line = p.stdout.readline()
@@ -122,10 +146,8 @@ def test_ps_o_chooses_the_columns_of_the_table_and_the_csv(daemon: Daemon) -> No
     done = daemon.submit("--mem", "1G", "--name", "first")
     daemon.wait_state(done, "succeeded")
     lines = daemon.cli("ps", "--all", "-o", "id,state,mem,name", check=True).stdout
-    assert lines.splitlines() == ["ID  STATE      MEM   NAME",
-                                  f"{done:<2}  succeeded  1.0G  first"]
-    out = daemon.cli("ps", "--all", "--format", "csv", "--columns", "state,id",
-                     check=True).stdout
+    assert lines.splitlines() == ["ID  STATE      MEM   NAME", f"{done:<2}  succeeded  1.0G  first"]
+    out = daemon.cli("ps", "--all", "--format", "csv", "--columns", "state,id", check=True).stdout
     assert out.splitlines() == ["state,id", f"succeeded,{done}"]
     r = daemon.cli("ps", "-o", "id,colour")
     assert r.returncode == 2 and "unknown column 'colour'" in r.stderr

@@ -13,10 +13,10 @@ def _row(table: str, job_id: int) -> str:
 
 
 def test_ps_rows_stay_one_per_job_aligned_and_quoted(daemon: Daemon) -> None:
-    wide = daemon.submit("--mem", "1G", "--name", "訓練ジョブ",
-                         cmd=["sh", "-c", "env | grep -c CUDA"])
-    plain = daemon.submit("--mem", "1G", "--name", "two\nlines",
-                          cmd=["echo", "it's", "a b"])
+    wide = daemon.submit(
+        "--mem", "1G", "--name", "訓練ジョブ", cmd=["sh", "-c", "env | grep -c CUDA"]
+    )
+    plain = daemon.submit("--mem", "1G", "--name", "two\nlines", cmd=["echo", "it's", "a b"])
     daemon.wait_state(wide, "succeeded")
     daemon.wait_state(plain, "succeeded")
     table = daemon.cli("ps", "--all", check=True).stdout
@@ -32,18 +32,21 @@ def test_ps_rows_stay_one_per_job_aligned_and_quoted(daemon: Daemon) -> None:
     def column_of(line: str, word: str) -> int:
         import unicodedata
 
-        before = line[:line.index(word)]
+        before = line[: line.index(word)]
         return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in before)
 
-    assert column_of(_row(table, wide), "succeeded") == column_of(lines[0], "STATE") == \
-        column_of(_row(table, plain), "succeeded"), table
+    assert (
+        column_of(_row(table, wide), "succeeded")
+        == column_of(lines[0], "STATE")
+        == column_of(_row(table, plain), "succeeded")
+    ), table
 
 
-def test_ps_keeps_long_lines_whole_in_a_pipe_and_says_wait_and_run_apart(
-        daemon: Daemon) -> None:
+def test_ps_keeps_long_lines_whole_in_a_pipe_and_says_wait_and_run_apart(daemon: Daemon) -> None:
     long_arg = "x" * 400
-    done = daemon.submit("--mem", "1G", "--name", "slow",
-                         cmd=[PY, "-c", "import time; time.sleep(1.2)", long_arg])
+    done = daemon.submit(
+        "--mem", "1G", "--name", "slow", cmd=[PY, "-c", "import time; time.sleep(1.2)", long_arg]
+    )
     daemon.wait_state(done, "succeeded")
     table = daemon.cli("ps", "--all", check=True).stdout
     header, row = table.splitlines()[0], _row(table, done)

@@ -26,7 +26,8 @@ time.sleep(120)
 
 
 def test_reap_on_a_scenario_signals_no_real_process_and_agrees_with_itself(
-        make_sim: Any, tmp_path: Path) -> None:
+    make_sim: Any, tmp_path: Path
+) -> None:
     got = tmp_path / "signals"
     recorder = subprocess.Popen([sys.executable, "-c", _RECORDER, str(got)])
     try:
@@ -40,8 +41,9 @@ def test_reap_on_a_scenario_signals_no_real_process_and_agrees_with_itself(
             if p["pid"] == 23456:
                 p["pid"] = recorder.pid
         sim = make_sim(scenario)
-        r = sim.cli("reap", "--yes", "--json", "--samples", "1", "--interval", "0.05",
-                    "--timeout", "5")
+        r = sim.cli(
+            "reap", "--yes", "--json", "--samples", "1", "--interval", "0.05", "--timeout", "5"
+        )
         time.sleep(0.3)
         assert not got.exists(), f"signals sent to a real process: {got.read_text()}"
         assert recorder.poll() is None
@@ -55,8 +57,7 @@ def test_reap_on_a_scenario_signals_no_real_process_and_agrees_with_itself(
         [gpu2] = [x for x in out["reclaimed"] if x["gpu"] == 2]
         assert gpu2["bytes"] == 4 << 30 and gpu2["seconds"] is not None
 
-        text = sim.cli("reap", "--yes", "--samples", "1", "--interval", "0.05",
-                       "--timeout", "5")
+        text = sim.cli("reap", "--yes", "--samples", "1", "--interval", "0.05", "--timeout", "5")
         assert text.returncode == 0, text.stdout
         assert "Still listed" not in text.stdout
         assert "not signalled" in text.stdout

@@ -11,14 +11,16 @@ from tests.conftest import EXAMPLES
 from tests.integration.daemon_fixture import PY, start_daemon
 
 
-def test_a_dead_pids_memory_is_advice_and_unreserve_says_what_happened(
-        tmp_path: Path) -> None:
-    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json",
-                          'release_timeout = "500ms"\n'):
+def test_a_dead_pids_memory_is_advice_and_unreserve_says_what_happened(tmp_path: Path) -> None:
+    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json", 'release_timeout = "500ms"\n'):
         # A context the driver fails to free: the simulated job's memory outlives it.
-        jid = d.submit("--gpu-ids", "0", "--mem", "4G",
-                       cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "3G", "--seconds", "0",
-                            "--leak"])
+        jid = d.submit(
+            "--gpu-ids",
+            "0",
+            "--mem",
+            "4G",
+            cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "3G", "--seconds", "0", "--leak"],
+        )
         deadline = time.monotonic() + 20
         job = d.wait_state(jid, "succeeded")
         while not any(e["kind"] in ("reap_advice", "reaped") for e in job["events"]):

@@ -32,14 +32,28 @@ def _nearest_rank(values: list[float], p: float) -> float:
 
 def test_report_figures_add_up_against_the_jobs_run(daemon: Daemon) -> None:
     ids = [
-        daemon.submit("--mem", "4G", "--group", "train",
-                      cmd=[*SIM, "--mem", "1G", "--seconds", "1"]),
-        daemon.submit("--mem", "2G", "--gpus", "2", "--group", "train",
-                      cmd=[*SIM, "--mem", "1G", "--seconds", "0.5"]),
-        daemon.submit("--mem", "2G", cmd=[*SIM, "--mem", "1G", "--seconds", "0.3",
-                                          "--exit-code", "3"]),
-        daemon.submit("--mem", "2G", "--retries", "0",
-                      cmd=[*SIM, "--mem", "1G", "--grow-to", "3G", "--seconds", "0"]),
+        daemon.submit(
+            "--mem", "4G", "--group", "train", cmd=[*SIM, "--mem", "1G", "--seconds", "1"]
+        ),
+        daemon.submit(
+            "--mem",
+            "2G",
+            "--gpus",
+            "2",
+            "--group",
+            "train",
+            cmd=[*SIM, "--mem", "1G", "--seconds", "0.5"],
+        ),
+        daemon.submit(
+            "--mem", "2G", cmd=[*SIM, "--mem", "1G", "--seconds", "0.3", "--exit-code", "3"]
+        ),
+        daemon.submit(
+            "--mem",
+            "2G",
+            "--retries",
+            "0",
+            cmd=[*SIM, "--mem", "1G", "--grow-to", "3G", "--seconds", "0"],
+        ),
     ]
     for jid in ids:
         daemon.cli("wait", str(jid), timeout=60)
@@ -58,16 +72,17 @@ def test_report_figures_add_up_against_the_jobs_run(daemon: Daemon) -> None:
     assert abs(row["reserved_gib_hours"] - reserved) < 2e-6, (row, reserved)
     assert abs(row["used_gib_hours"] - used) < 2e-6, (row, used)
     assert row["ooms"] == 1 and row["preemptions"] == 0
-    waits = [next(_t(e["at"]) for e in j["events"] if e["kind"] == "placed")
-             - _t(j["submitted_at"]) for j in jobs]
+    waits = [
+        next(_t(e["at"]) for e in j["events"] if e["kind"] == "placed") - _t(j["submitted_at"])
+        for j in jobs
+    ]
     assert abs(row["wait_p50"] - _nearest_rank(waits, 50)) < 1e-3
     assert abs(row["wait_p95"] - max(waits)) < 1e-3
 
     groups = {r["group"]: r for r in daemon.json("report", "--by", "group")["rows"]}
     assert set(groups) == {"train", "-"}
     assert groups["train"]["jobs"] == 2 and groups["-"]["jobs"] == 2
-    assert abs(groups["train"]["gpu_hours"] + groups["-"]["gpu_hours"]
-               - row["gpu_hours"]) < 2e-6
+    assert abs(groups["train"]["gpu_hours"] + groups["-"]["gpu_hours"] - row["gpu_hours"]) < 2e-6
 
     r = daemon.cli("report", "--format", "csv", check=True)
     table = list(csv.DictReader(io.StringIO(r.stdout)))

@@ -29,10 +29,10 @@ EXAMPLES = ROOT / "examples"
 CMD = [sys.executable, "-m", "gpuwarden"]
 
 
-def _env(state: Path | None, scenario: str | None = "idle-2gpu.json",
-         **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("GPUWARDEN_", "CUDA_"))}
+def _env(
+    state: Path | None, scenario: str | None = "idle-2gpu.json", **extra: str
+) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUWARDEN_", "CUDA_"))}
     env.update(PYTHONPATH=str(SRC), COLUMNS="200")
     if scenario is not None:
         env["GPUWARDEN_SIM"] = str(EXAMPLES / scenario)
@@ -42,20 +42,22 @@ def _env(state: Path | None, scenario: str | None = "idle-2gpu.json",
     return env
 
 
-def run(*args: str, env: dict[str, str], as_nobody: bool = False,
-        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, env: dict[str, str], as_nobody: bool = False, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     prefix: list[str] = []
     if as_nobody:
         drop = nobody_prefix()
         assert drop is not None
         prefix = list(drop)
-    return subprocess.run([*prefix, *CMD, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [*prefix, *CMD, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
 
 
-
-needs_nobody = pytest.mark.skipif(nobody_prefix() is None,
-                                  reason="needs root and setpriv or runuser")
+needs_nobody = pytest.mark.skipif(
+    nobody_prefix() is None, reason="needs root and setpriv or runuser"
+)
 
 
 def one_line_error(r: subprocess.CompletedProcess[str], code: int) -> str:
@@ -102,8 +104,9 @@ def test_gpu_mode_dry_run_prints_the_change_and_changes_nothing(tmp_path: Path) 
     env = _env(tmp_path)
     r = run("gpu", "mode", "1", "exclusive", env=env)
     assert r.returncode == 0, r.stderr
-    assert ("GPU 1: compute mode Default -> Exclusive_Process (dry run; add --yes to apply)"
-            in r.stdout)
+    assert (
+        "GPU 1: compute mode Default -> Exclusive_Process (dry run; add --yes to apply)" in r.stdout
+    )
     assert "nvidia-smi -i 1 -c EXCLUSIVE_PROCESS" in r.stdout
     assert gpu_fields(env, "compute_mode") == {0: "Default", 1: "Default"}
 
@@ -160,8 +163,12 @@ def test_gpu_mode_warns_about_other_users_processes(tmp_path: Path) -> None:
 
 @needs_nobody
 def test_gpu_mode_real_backend_refuses_non_root_before_nvml() -> None:
-    line = one_line_error(run("gpu", "mode", "0", "exclusive", "--yes",
-                              env=_env(None, scenario=None), as_nobody=True), 4)
+    line = one_line_error(
+        run(
+            "gpu", "mode", "0", "exclusive", "--yes", env=_env(None, scenario=None), as_nobody=True
+        ),
+        4,
+    )
     assert "needs root" in line and "NVML" not in line
 
 
@@ -169,8 +176,9 @@ def test_gpu_mode_real_backend_refuses_non_root_before_nvml() -> None:
 def test_gpu_mode_real_backend_as_root_reaches_nvml() -> None:
     if not _nvml_unavailable():
         pytest.skip("NVML works here; this test is about a machine without it")
-    line = one_line_error(run("gpu", "mode", "0", "exclusive", "--yes",
-                              env=_env(None, scenario=None)), 3)
+    line = one_line_error(
+        run("gpu", "mode", "0", "exclusive", "--yes", env=_env(None, scenario=None)), 3
+    )
     assert "NVML is not available" in line
 
 
@@ -180,20 +188,39 @@ def test_gpu_mode_real_backend_as_root_reaches_nvml() -> None:
 def test_mps_start_dry_run_prints_commands_and_env(tmp_path: Path) -> None:
     env = _env(tmp_path)
     pipe, logs = tmp_path / "pipe", tmp_path / "log"
-    r = run("mps", "start", "--pipe-dir", str(pipe), "--log-dir", str(logs),
-            "--mem-limit", "0=2G", "--mem-limit", "1=4G", "--thread-percentage", "50", env=env)
+    r = run(
+        "mps",
+        "start",
+        "--pipe-dir",
+        str(pipe),
+        "--log-dir",
+        str(logs),
+        "--mem-limit",
+        "0=2G",
+        "--mem-limit",
+        "1=4G",
+        "--thread-percentage",
+        "50",
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "dry run; add --yes to apply" in out
     start = next(line for line in out.splitlines() if line.strip().startswith("env "))
-    for part in (f"CUDA_MPS_PIPE_DIRECTORY={pipe}", f"CUDA_MPS_LOG_DIRECTORY={logs}",
-                 "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2G,1=4G",
-                 "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_DEVICE_ORDER=PCI_BUS_ID"):
+    for part in (
+        f"CUDA_MPS_PIPE_DIRECTORY={pipe}",
+        f"CUDA_MPS_LOG_DIRECTORY={logs}",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2G,1=4G",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
+        "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+    ):
         assert part in start.split(), part
     assert start.endswith("nvidia-cuda-mps-control -d")
     assert "CUDA_VISIBLE_DEVICES=" not in start
-    assert (f"echo 'set_default_device_pinned_mem_limit 1 4G' | CUDA_MPS_PIPE_DIRECTORY={pipe} "
-            "nvidia-cuda-mps-control") in out
+    assert (
+        f"echo 'set_default_device_pinned_mem_limit 1 4G' | CUDA_MPS_PIPE_DIRECTORY={pipe} "
+        "nvidia-cuda-mps-control"
+    ) in out
     assert "set_default_active_thread_percentage 50" in out
     assert f"clients: set CUDA_MPS_PIPE_DIRECTORY={pipe}" in out
     assert not pipe.exists() and not logs.exists()
@@ -232,18 +259,21 @@ def test_mps_start_and_stop_on_the_sim_flip_the_mps_flag(tmp_path: Path) -> None
     assert gpu_fields(env, "mps") == {0: False, 1: False}
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (["--mem-limit", "5=2G"], "no GPU with index 5"),
-    (["--mem-limit", "0=2X"], "invalid --mem-limit '0=2X'"),
-    (["--mem-limit", "0=0G"], "must be positive"),
-    (["--mem-limit", "2G"], "use GPU=SIZE"),
-    (["--mem-limit", "0=2G", "--mem-limit", "0=1G"], "GPU 0 twice"),
-    (["--gpus", "1", "--mem-limit", "0=2G"], "not among the daemon's GPUs"),
-    (["--thread-percentage", "0"], "--thread-percentage must be 1-100, got 0"),
-    (["--thread-percentage", "101"], "--thread-percentage must be 1-100, got 101"),
-    (["--gpus", "0,0"], "named twice"),
-    (["--gpus", "4"], "no GPU with index 4"),
-])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--mem-limit", "5=2G"], "no GPU with index 5"),
+        (["--mem-limit", "0=2X"], "invalid --mem-limit '0=2X'"),
+        (["--mem-limit", "0=0G"], "must be positive"),
+        (["--mem-limit", "2G"], "use GPU=SIZE"),
+        (["--mem-limit", "0=2G", "--mem-limit", "0=1G"], "GPU 0 twice"),
+        (["--gpus", "1", "--mem-limit", "0=2G"], "not among the daemon's GPUs"),
+        (["--thread-percentage", "0"], "--thread-percentage must be 1-100, got 0"),
+        (["--thread-percentage", "101"], "--thread-percentage must be 1-100, got 101"),
+        (["--gpus", "0,0"], "named twice"),
+        (["--gpus", "4"], "no GPU with index 4"),
+    ],
+)
 def test_mps_start_bad_input_is_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
     for extra in ([], ["--yes"]):
         line = one_line_error(run("mps", "start", *args, *extra, env=_env(tmp_path)), 2)
@@ -257,8 +287,9 @@ def test_mps_start_bad_input_is_one_line(tmp_path: Path, args: list[str], needle
 @needs_nobody
 @pytest.mark.parametrize("verb", ["start", "stop"])
 def test_mps_real_backend_refuses_non_root(verb: str) -> None:
-    line = one_line_error(run("mps", verb, "--yes", env=_env(None, scenario=None),
-                              as_nobody=True), 4)
+    line = one_line_error(
+        run("mps", verb, "--yes", env=_env(None, scenario=None), as_nobody=True), 4
+    )
     assert "needs root" in line
 
 
@@ -396,8 +427,10 @@ def test_control_start_query_stop(fake_mps: FakeMps) -> None:
     assert daemon.kind == "control" and daemon.pipe_dir == str(pipe)
     assert (daemon.visible_devices, daemon.pinned_mem_limit) == ("1", "0=2G")
     assert daemon.active_thread_percentage == "30"
-    assert fake_mps.log("a") == ["set_default_device_pinned_mem_limit 0 2G",
-                                 "set_default_active_thread_percentage 30"]
+    assert fake_mps.log("a") == [
+        "set_default_device_pinned_mem_limit 0 2G",
+        "set_default_active_thread_percentage 30",
+    ]
     state = read_mps_state().for_pipe_dir(str(pipe))
     assert [d.pid for d in state.controls] == [daemon.pid]
     (server,) = state.servers  # inherits the daemon's environment, like the real one
@@ -424,7 +457,8 @@ def test_control_two_daemons_side_by_side(fake_mps: FakeMps) -> None:
 
 
 def test_control_start_does_not_wait_on_a_daemon_that_keeps_stdout(
-        fake_mps: FakeMps, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_mps: FakeMps, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FAKE_MPS_KEEP_STDIO", "1")
     c = MpsControl(*map(str, fake_mps.dirs("a")), binary=fake_mps.binary, timeout=5)
     c.start()
@@ -432,7 +466,8 @@ def test_control_start_does_not_wait_on_a_daemon_that_keeps_stdout(
 
 
 def test_control_stop_times_out_with_a_clear_error(
-        fake_mps: FakeMps, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_mps: FakeMps, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FAKE_MPS_IGNORE_QUIT", "1")
     c = MpsControl(*map(str, fake_mps.dirs("a")), binary=fake_mps.binary, timeout=0.5)
     d = c.start()
@@ -455,8 +490,7 @@ def test_cli_status_and_stop_on_the_real_path(fake_mps: FakeMps) -> None:
     if os.geteuid() != 0:
         pytest.skip("mps stop --yes needs root on the real backend")
     pipe, logs = fake_mps.dirs("cli")
-    daemon = MpsControl(str(pipe), str(logs), binary=fake_mps.binary).start(
-        mem_limits={0: 1 << 30})
+    daemon = MpsControl(str(pipe), str(logs), binary=fake_mps.binary).start(mem_limits={0: 1 << 30})
     env = fake_mps.env()
 
     r = run("mps", "status", "--json", "--pipe-dir", str(pipe), env=env)
@@ -465,8 +499,9 @@ def test_cli_status_and_stop_on_the_real_path(fake_mps: FakeMps) -> None:
     (control,) = [d for d in data["daemons"] if d["kind"] == "control"]
     (server,) = [d for d in data["daemons"] if d["kind"] == "server"]
     assert control["pid"] == daemon.pid and control["pinned_mem_limit"] == "0=1G"
-    assert data["pipes"] == [{"pipe_dir": str(pipe), "reachable": True,
-                              "server_list": [server["pid"]], "error": None}]
+    assert data["pipes"] == [
+        {"pipe_dir": str(pipe), "reachable": True, "server_list": [server["pid"]], "error": None}
+    ]
     everything = json.loads(run("mps", "status", "--json", env=env).stdout)
     assert str(pipe) in [p["pipe_dir"] for p in everything["pipes"]]
     table = run("mps", "status", "--pipe-dir", str(pipe), env=env)

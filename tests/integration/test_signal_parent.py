@@ -36,8 +36,9 @@ time.sleep(60)
 def test_sigchld_goes_only_to_the_zombies_own_parent(tmp_path: Path) -> None:
     got = tmp_path / "signals"
     recorder = subprocess.Popen([sys.executable, "-c", _RECORDER, str(got)])
-    parent = subprocess.Popen([sys.executable, "-c", _NEGLECTFUL], stdout=subprocess.PIPE,
-                              text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _NEGLECTFUL], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert parent.stdout is not None
         zombie = int(parent.stdout.readline())
@@ -45,13 +46,11 @@ def test_sigchld_goes_only_to_the_zombies_own_parent(tmp_path: Path) -> None:
         wait_for(lambda: Path(f"{got}.ready").exists(), timeout=10)
         start = psutil.Process(zombie).create_time()
         # A stale plan: it names the recorder as the zombie's parent.
-        assert signal_parent(recorder.pid, zombie, wait=0.2,
-                             child_start=start) == "parent_changed"
+        assert signal_parent(recorder.pid, zombie, wait=0.2, child_start=start) == "parent_changed"
         time.sleep(0.3)
         assert not got.exists(), "SIGCHLD reached a process that is not the parent"
         # Its real parent is still asked (it ignores the nudge: the zombie stays).
-        assert signal_parent(parent.pid, zombie, wait=0.2, child_start=start) == \
-            "still_zombie"
+        assert signal_parent(parent.pid, zombie, wait=0.2, child_start=start) == "still_zombie"
     finally:
         for p in (recorder, parent):
             end_process(p)

@@ -19,8 +19,7 @@ CONTAINER = "docker:9c0ffee12345"
 
 def test_status_names_the_container_leaks_attributes_a_process_to(tmp_path: Path) -> None:
     sim = SimMachine(EXAMPLES / "leaky-4gpu.json", tmp_path / "state")
-    (proc,) = [p for g in sim.json("status")["gpus"] for p in g["processes"]
-               if p["pid"] == 88]
+    (proc,) = [p for g in sim.json("status")["gpus"] for p in g["processes"] if p["pid"] == 88]
     (leak,) = [lk for lk in sim.json("leaks", "--samples", "1")["leaks"] if lk["pid"] == 88]
     assert leak["kind"] == "other_namespace" and f"container {CONTAINER}" in leak["evidence"]
     assert proc["container"] == CONTAINER
@@ -32,31 +31,45 @@ def test_status_names_the_container_leaks_attributes_a_process_to(tmp_path: Path
 
 def test_status_takes_job_ids_from_the_daemon(daemon: Daemon) -> None:
     d = daemon
-    jid = d.submit("--mem", "1G", cmd=[sys.executable, "-m", "gpuwarden.sim.job",
-                                       "--mem", "1G", "--seconds", "30"])
+    jid = d.submit(
+        "--mem",
+        "1G",
+        cmd=[sys.executable, "-m", "gpuwarden.sim.job", "--mem", "1G", "--seconds", "30"],
+    )
     d.wait_state(jid, "running")
     started = time.monotonic()
-    procs = wait_for(lambda: [p for g in d.json("status")["gpus"] for p in g["processes"]],
-                     timeout=30, interval=0.1, what="the job to allocate")
+    procs = wait_for(
+        lambda: [p for g in d.json("status")["gpus"] for p in g["processes"]],
+        timeout=30,
+        interval=0.1,
+        what="the job to allocate",
+    )
     assert [p["job"] for p in procs] == [str(jid)]
     # A process that merely claims a job in its environment is not that job's.
     env = {**d.env, "GPUWARDEN_JOB": str(jid), "CUDA_VISIBLE_DEVICES": "1"}
     import subprocess
 
-    impostor = subprocess.Popen([sys.executable, "-m", "gpuwarden.sim.job", "--mem", "1G",
-                                 "--seconds", "30"], env=env, stdout=subprocess.PIPE, text=True)
+    impostor = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden.sim.job", "--mem", "1G", "--seconds", "30"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert impostor.stdout is not None and impostor.stdout.readline().startswith("ready")
 
         def with_impostor() -> dict[int, str | None] | None:
-            jobs = {p["pid"]: p["job"] for g in d.json("status")["gpus"]
-                    for p in g["processes"]}
+            jobs = {p["pid"]: p["job"] for g in d.json("status")["gpus"] for p in g["processes"]}
             return jobs if impostor.pid in jobs else None
 
         # The daemon's snapshot may be a second older than the impostor; both waits
         # share one minute.
-        jobs = wait_for(with_impostor, timeout=started + 60 - time.monotonic(),
-                        interval=0.1, what="status to show the impostor")
+        jobs = wait_for(
+            with_impostor,
+            timeout=started + 60 - time.monotonic(),
+            interval=0.1,
+            what="status to show the impostor",
+        )
         assert jobs[impostor.pid] is None and list(jobs.values()).count(str(jid)) == 1
     finally:
         end_process(impostor)

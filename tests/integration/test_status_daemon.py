@@ -66,16 +66,21 @@ def test_filters_and_an_unknown_gpu_as_without_a_daemon(leaky: Daemon) -> None:
     assert "daemon" in one
     assert [g["index"] for g in one["gpus"]] == [2]
     assert {p["user"] for g in one["gpus"] for p in g["processes"]} == {"bob"}
-    assert without_times(one) == without_times(json.loads(leaky.cli(
-        "status", "--json", "--fresh", "--gpu", "2", "--user", "bob", check=True).stdout))
+    assert without_times(one) == without_times(
+        json.loads(
+            leaky.cli(
+                "status", "--json", "--fresh", "--gpu", "2", "--user", "bob", check=True
+            ).stdout
+        )
+    )
     r = leaky.cli("status", "--gpu", "9")
     assert r.returncode == 2 and "no GPU with index 9" in r.stderr
 
 
-@pytest.mark.parametrize("screen", [{}, {"COLUMNS": "200", "FORCE_COLOR": "1"},
-                                    {"COLUMNS": "20"}])
+@pytest.mark.parametrize("screen", [{}, {"COLUMNS": "200", "FORCE_COLOR": "1"}, {"COLUMNS": "20"}])
 def test_the_table_is_the_same_with_the_snapshots_age_below(
-        leaky: Daemon, screen: dict[str, str]) -> None:
+    leaky: Daemon, screen: dict[str, str]
+) -> None:
     """The daemon draws the screen for the width and colour the client asks for (a
     width too narrow for it to draw: the client draws the document itself)."""
     _served(leaky)
@@ -86,8 +91,11 @@ def test_the_table_is_the_same_with_the_snapshots_age_below(
         if served[:-1] == fresh:
             break
     assert served[:-1] == fresh
-    assert re.fullmatch(r"(\x1b\[2m)?from the daemon's snapshot, \d+\.\d s old \(--fresh: "
-                        r"take one now\)(\x1b\[0m)?", served[-1])
+    assert re.fullmatch(
+        r"(\x1b\[2m)?from the daemon's snapshot, \d+\.\d s old \(--fresh: "
+        r"take one now\)(\x1b\[0m)?",
+        served[-1],
+    )
     assert "Leaks (see" in "\n".join(fresh)
     assert ("\x1b[" in served[0]) == ("FORCE_COLOR" in screen)
 
@@ -95,15 +103,26 @@ def test_the_table_is_the_same_with_the_snapshots_age_below(
 def test_the_served_path_imports_no_backend_and_no_click(leaky: Daemon) -> None:
     _served(leaky)
     for args in (("--json",), ()):
-        r = subprocess.run([PY, "-X", "importtime", "-m", "gpuwarden", "status", *args],
-                           env=leaky.env, capture_output=True, text=True, timeout=60,
-                           check=True)
+        r = subprocess.run(
+            [PY, "-X", "importtime", "-m", "gpuwarden", "status", *args],
+            env=leaky.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         assert "daemon" in r.stdout  # served: the age in the JSON or the footer
-        imported = {line.split("|")[-1].strip() for line in r.stderr.splitlines()
-                    if line.startswith("import time:")}
-        heavy = {m for m in imported if m.split(".")[0] in (
-            "pynvml", "psutil", "click", "aiohttp", "http", "rich")
-            or m.startswith(("gpuwarden.gpus", "gpuwarden.procs.live", "gpuwarden.observe"))}
+        imported = {
+            line.split("|")[-1].strip()
+            for line in r.stderr.splitlines()
+            if line.startswith("import time:")
+        }
+        heavy = {
+            m
+            for m in imported
+            if m.split(".")[0] in ("pynvml", "psutil", "click", "aiohttp", "http", "rich")
+            or m.startswith(("gpuwarden.gpus", "gpuwarden.procs.live", "gpuwarden.observe"))
+        }
         assert not heavy, heavy
 
 
@@ -127,8 +146,10 @@ def test_no_daemon_answering_means_a_snapshot_taken_here(leaky: Daemon) -> None:
 
 
 def _leak_keys(doc: dict[str, Any]) -> list[tuple[Any, ...]]:
-    return [(lk["gpu"], lk["kind"], lk["pid"], lk["memory"], lk["user"], lk["command"])
-            for lk in doc["leaks"]]
+    return [
+        (lk["gpu"], lk["kind"], lk["pid"], lk["memory"], lk["user"], lk["command"])
+        for lk in doc["leaks"]
+    ]
 
 
 def test_leaks_from_the_daemons_samples_at_once(leaky: Daemon) -> None:
@@ -153,8 +174,16 @@ def test_leaks_from_the_daemons_samples_at_once(leaky: Daemon) -> None:
     assert "Reclaim with `gpuwarden reap`" in table
     assert re.search(r"from the daemon's last 3 snapshots over \d+\.\d s", table), table
     for args, served_mark in ((["--json"], '"daemon"'), ([], "from the daemon's last")):
-        r = subprocess.run([PY, "-X", "importtime", "-m", "gpuwarden", "leaks", *args],
-                           env=leaky.env, capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [PY, "-X", "importtime", "-m", "gpuwarden", "leaks", *args],
+            env=leaky.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert served_mark in r.stdout
-        assert not [line for line in r.stderr.splitlines()
-                    if re.search(r"\| +(pynvml|psutil|click|rich|gpuwarden\.gpus)\b", line)]
+        assert not [
+            line
+            for line in r.stderr.splitlines()
+            if re.search(r"\| +(pynvml|psutil|click|rich|gpuwarden\.gpus)\b", line)
+        ]

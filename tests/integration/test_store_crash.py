@@ -53,10 +53,16 @@ def _worker(db: str, report_path: str, seed: int) -> None:  # pragma: no cover -
         JobSpec,
     )
 
-    nxt = {QUEUED: (RESERVED, RESERVED, HELD, CANCELLED, INFEASIBLE), HELD: (QUEUED, CANCELLED),
-           RESERVED: (RUNNING, RUNNING, QUEUED, FAILED, CANCELLED),
-           RUNNING: (SUCCEEDED, FAILED, CANCELLED), SUCCEEDED: (),
-           FAILED: (QUEUED,), CANCELLED: (QUEUED,), INFEASIBLE: (QUEUED,)}
+    nxt = {
+        QUEUED: (RESERVED, RESERVED, HELD, CANCELLED, INFEASIBLE),
+        HELD: (QUEUED, CANCELLED),
+        RESERVED: (RUNNING, RUNNING, QUEUED, FAILED, CANCELLED),
+        RUNNING: (SUCCEEDED, FAILED, CANCELLED),
+        SUCCEEDED: (),
+        FAILED: (QUEUED,),
+        CANCELLED: (QUEUED,),
+        INFEASIBLE: (QUEUED,),
+    }
     rng = random.Random(seed)
     report = os.open(report_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
@@ -74,9 +80,18 @@ def _worker(db: str, report_path: str, seed: int) -> None:  # pragma: no cover -
         if (r < 0.2 and len(view) < 150) or not view:
             key = f"k{rng.randrange(30)}" if rng.random() < 0.7 else None
             after = (rng.choice(list(view)),) if view and rng.random() < 0.2 else ()
-            job, created = store.submit(JobSpec(command=("sleep", "1"), user="u", uid=1000,
-                                                gid=1000, key=key, after=after,
-                                                env={"SEED": str(seed)}), now)
+            job, created = store.submit(
+                JobSpec(
+                    command=("sleep", "1"),
+                    user="u",
+                    uid=1000,
+                    gid=1000,
+                    key=key,
+                    after=after,
+                    env={"SEED": str(seed)},
+                ),
+                now,
+            )
             if created:
                 say(f"S {job.id}")
                 view[job.id] = job
@@ -90,21 +105,28 @@ def _worker(db: str, report_path: str, seed: int) -> None:  # pragma: no cover -
                 to = rng.choice(choices)
                 fields: dict[str, object] = {}
                 if to == RESERVED:
-                    fields = dict(gpus=(rng.randrange(8),), gpu_uuids=("GPU-x",),
-                                  budget=1 << 30)
+                    fields = dict(gpus=(rng.randrange(8),), gpu_uuids=("GPU-x",), budget=1 << 30)
                 elif to == RUNNING:
-                    fields = dict(started_at=now, supervisor_pid=rng.randrange(1, 1 << 22),
-                                  supervisor_start=now, boot_id="b",
-                                  attempts=job.attempts + 1)
+                    fields = dict(
+                        started_at=now,
+                        supervisor_pid=rng.randrange(1, 1 << 22),
+                        supervisor_start=now,
+                        boot_id="b",
+                        attempts=job.attempts + 1,
+                    )
                 elif to in TERMINAL:
                     fields = dict(ended_at=now, exit_code=rng.randrange(3), reason=to)
                 elif to == QUEUED:
                     fields = dict(reason=None, ended_at=None, exit_code=None, gpus=())
-                event = next(e for e, c in sorted(TRANSITIONS.items())  # the table's word
-                             if job.state in c.sources and c.target == to)
+                event = next(
+                    e
+                    for e, c in sorted(TRANSITIONS.items())  # the table's word
+                    if job.state in c.sources and c.target == to
+                )
                 try:
-                    view[job.id] = store.transition(job.id, job.state, to, now=now,
-                                                    kind=event, detail=str(seed), **fields)
+                    view[job.id] = store.transition(
+                        job.id, job.state, to, now=now, kind=event, detail=str(seed), **fields
+                    )
                 except Conflict:  # retry while a newer job holds the key
                     continue
                 say(f"T {job.id} {job.state} {to}")
@@ -133,8 +155,7 @@ def _reports(path: Path) -> list[list[str]]:
 
 
 def _chains(store: Store) -> dict[int, list[str]]:
-    return {j.id: [to for _, to in store.transitions(j.id)]
-            for j in store.list(with_events=False)}
+    return {j.id: [to for _, to in store.transitions(j.id)] for j in store.list(with_events=False)}
 
 
 def test_sigkill_mid_write_loses_and_duplicates_nothing(tmp_path: Path) -> None:
@@ -146,8 +167,11 @@ def test_sigkill_mid_write_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     total_reported = 0
     for round_ in range(ROUNDS):
         report = tmp_path / f"report-{round_}"
-        proc = subprocess.Popen([sys.executable, __file__, str(db), str(report),
-                                 str(round_)], env=env, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [sys.executable, __file__, str(db), str(report), str(round_)],
+            env=env,
+            stderr=subprocess.PIPE,
+        )
         deadline = time.monotonic() + 30
         while not (report.exists() and report.read_text().startswith("ready")):
             assert proc.poll() is None, proc.communicate()[1].decode()
@@ -188,12 +212,13 @@ def test_sigkill_mid_write_loses_and_duplicates_nothing(tmp_path: Path) -> None:
                     assert chain == ["queued"]
                     unreported += 1
                     continue
-                assert chain[:len(want)] == want, (job_id, chain, want)
+                assert chain[: len(want)] == want, (job_id, chain, want)
                 unreported += len(chain) - len(want)
             unreported += len(set(expected) - set(actual))  # removed before the report
             assert unreported <= 1, (round_, unreported)
-            live = Counter(j.spec.key for j in jobs
-                           if j.spec.key is not None and j.state not in KEY_RELEASED)
+            live = Counter(
+                j.spec.key for j in jobs if j.spec.key is not None and j.state not in KEY_RELEASED
+            )
             assert all(n == 1 for n in live.values()), live
             expected = actual
     # The kills fell on a busy worker, not an idle one.

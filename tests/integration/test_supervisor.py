@@ -42,8 +42,7 @@ from tests.conftest import end_process, wait_for
 
 SRC = Path(gpuwarden.__file__).resolve().parent.parent
 PY = sys.executable
-JOB_ENV = {"PATH": os.environ.get("PATH", os.defpath), "PYTHONUNBUFFERED": "1",
-           "LC_ALL": "C"}
+JOB_ENV = {"PATH": os.environ.get("PATH", os.defpath), "PYTHONUNBUFFERED": "1", "LC_ALL": "C"}
 
 
 def launcher_env() -> dict[str, str]:
@@ -64,9 +63,15 @@ class Jobs:
     def spec(self, argv: list[str], **kw: Any) -> Path:
         self.count += 1
         jobdir = self.root / f"job{self.count}"
-        fields: dict[str, Any] = {"job": self.count, "argv": tuple(argv), "env": dict(JOB_ENV),
-                                  "cwd": str(self.root), "uid": os.getuid(),
-                                  "gid": os.getgid(), "groups": tuple(os.getgroups())}
+        fields: dict[str, Any] = {
+            "job": self.count,
+            "argv": tuple(argv),
+            "env": dict(JOB_ENV),
+            "cwd": str(self.root),
+            "uid": os.getuid(),
+            "gid": os.getgid(),
+            "groups": tuple(os.getgroups()),
+        }
         fields.update(kw)
         write_spec(jobdir, SupervisorSpec(**fields))
         return jobdir
@@ -112,9 +117,11 @@ def wait_exit(jobdir: Path, timeout: float = 30) -> ExitInfo:
         if ended is not None:
             return ended
         time.sleep(0.02)
-    log = (jobdir / "supervisor.log")
-    raise AssertionError(f"no exit.json after {timeout}s; supervisor.log:\n"
-                         + (log.read_text() if log.exists() else "(none)"))
+    log = jobdir / "supervisor.log"
+    raise AssertionError(
+        f"no exit.json after {timeout}s; supervisor.log:\n"
+        + (log.read_text() if log.exists() else "(none)")
+    )
 
 
 def read_pid(path: Path) -> int | None:
@@ -176,12 +183,19 @@ STUBBORN = textwrap.dedent("""
 # ------------------------------------------------------------------------ exit codes
 
 
-@pytest.mark.parametrize(("argv", "code", "sig"), [
-    (["true"], 0, None),
-    ([PY, "-c", "import sys; sys.exit(3)"], 3, None),
-    ([PY, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGUSR1)"],
-     128 + signal.SIGUSR1, signal.SIGUSR1),
-], ids=["zero", "three", "signal"])
+@pytest.mark.parametrize(
+    ("argv", "code", "sig"),
+    [
+        (["true"], 0, None),
+        ([PY, "-c", "import sys; sys.exit(3)"], 3, None),
+        (
+            [PY, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGUSR1)"],
+            128 + signal.SIGUSR1,
+            signal.SIGUSR1,
+        ),
+    ],
+    ids=["zero", "three", "signal"],
+)
 def test_exit_codes(jobs: Jobs, argv: list[str], code: int, sig: int | None) -> None:
     jobdir, handle = jobs.start(argv)
     ended = wait_exit(jobdir)
@@ -317,8 +331,9 @@ def test_a_job_never_starts_twice(jobs: Jobs) -> None:
 def test_bad_spec_is_a_clear_error(jobs: Jobs, tmp_path: Path) -> None:
     jobdir = tmp_path / "bad"
     jobdir.mkdir()
-    (jobdir / "spec.json").write_text(json.dumps({"job": 1, "argv": [], "env": {},
-                                                  "cwd": "/", "uid": 0, "gid": 0}))
+    (jobdir / "spec.json").write_text(
+        json.dumps({"job": 1, "argv": [], "env": {}, "cwd": "/", "uid": 0, "gid": 0})
+    )
     with pytest.raises(SupervisorError, match="empty command"):
         spawn_supervisor(jobdir, env=launcher_env())
     with pytest.raises(SupervisorError, match=r"spec\.json"):
@@ -350,8 +365,9 @@ LAUNCHER = textwrap.dedent("""
 
 def test_supervisor_outlives_its_launcher(jobs: Jobs) -> None:
     jobdir = jobs.spec([PY, "-c", "import time; time.sleep(2); raise SystemExit(5)"])
-    launcher = subprocess.Popen([PY, "-c", LAUNCHER, str(jobdir)], env=launcher_env(),
-                                stdout=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(
+        [PY, "-c", LAUNCHER, str(jobdir)], env=launcher_env(), stdout=subprocess.PIPE, text=True
+    )
     try:
         assert launcher.stdout is not None
         handle = SupervisorHandle(**json.loads(launcher.stdout.readline()))
@@ -375,7 +391,7 @@ def test_a_killed_supervisor_takes_its_command_along(jobs: Jobs) -> None:
     os.kill(handle.pid, signal.SIGKILL)
     wait_for(lambda: gone(child.pid, child.start_time), what="the command to die")
     assert read_status(jobdir).exit is None  # nobody recorded an end: the daemon sees
-    assert not alive(handle)                 # a dead supervisor without exit.json
+    assert not alive(handle)  # a dead supervisor without exit.json
 
 
 # ----------------------------------------------------------------- launch facts
@@ -384,8 +400,9 @@ def test_a_killed_supervisor_takes_its_command_along(jobs: Jobs) -> None:
 def test_cpu_affinity_is_applied(jobs: Jobs) -> None:
     allowed = sorted(os.sched_getaffinity(0))
     want = [allowed[-1]]
-    jobdir, ended = jobs.run([PY, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
-                             cpus=frozenset(want))
+    jobdir, ended = jobs.run(
+        [PY, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"], cpus=frozenset(want)
+    )
     assert ended.exit_code == 0 and ended.warnings == ()
     assert json.loads((jobdir / "stdout").read_text()) == want
 
@@ -393,18 +410,30 @@ def test_cpu_affinity_is_applied(jobs: Jobs) -> None:
 def test_spec_from_a_launch_plan(jobs: Jobs) -> None:
     """The daemon plans with gpuwarden.launch; the supervisor runs exactly that plan."""
     cpu = sorted(os.sched_getaffinity(0))[0]
-    gpus = [GpuFacts(index=i, uuid=f"GPU-{i}", name="Test", memory_total=1 << 34,
-                     memory_used=0, memory_free=1 << 34, numa_node=None, cpus=str(cpu))
-            for i in (1, 0)]
-    host = Host(allowed_cpus=frozenset(os.sched_getaffinity(0)), numactl=None,
-                numa_nodes=None)
-    show = ("import json, os; print(json.dumps([os.environ.get(k) for k in "
-            "('CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER', 'GPUWARDEN_MEM_LIMIT')]"
-            " + [sorted(os.sched_getaffinity(0))]))")
+    gpus = [
+        GpuFacts(
+            index=i,
+            uuid=f"GPU-{i}",
+            name="Test",
+            memory_total=1 << 34,
+            memory_used=0,
+            memory_free=1 << 34,
+            numa_node=None,
+            cpus=str(cpu),
+        )
+        for i in (1, 0)
+    ]
+    host = Host(allowed_cpus=frozenset(os.sched_getaffinity(0)), numactl=None, numa_nodes=None)
+    show = (
+        "import json, os; print(json.dumps([os.environ.get(k) for k in "
+        "('CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER', 'GPUWARDEN_MEM_LIMIT')]"
+        " + [sorted(os.sched_getaffinity(0))]))"
+    )
     command = [PY, "-c", show]
     plan = plan_launch(command, gpus, base_env=JOB_ENV, host=host, mem_limit=1 << 30)
-    spec = spec_from_plan(7, plan, command, cwd="/", uid=os.getuid(), gid=os.getgid(),
-                          groups=os.getgroups(), grace=2)
+    spec = spec_from_plan(
+        7, plan, command, cwd="/", uid=os.getuid(), gid=os.getgid(), groups=os.getgroups(), grace=2
+    )
     assert spec.numactl_prefix == () and spec.cpus == frozenset({cpu})
     jobdir = jobs.root / "planned"
     write_spec(jobdir, spec)
@@ -425,8 +454,9 @@ def test_user() -> Iterator[pwd.struct_passwd]:
     if shutil.which("useradd") is None or shutil.which("userdel") is None:
         pytest.skip("needs useradd/userdel to create a real Unix user")
     name = f"gpuwarden-test-{secrets.token_hex(4)}"
-    subprocess.run(["useradd", "--system", "--no-create-home", name], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["useradd", "--system", "--no-create-home", name], check=True, capture_output=True
+    )
     try:
         yield pwd.getpwnam(name)
     finally:
@@ -436,8 +466,9 @@ def test_user() -> Iterator[pwd.struct_passwd]:
 def test_job_runs_as_its_user(jobs: Jobs, test_user: pwd.struct_passwd) -> None:
     uid, gid = test_user.pw_uid, test_user.pw_gid
     extra = 4242 if gid != 4242 else 4243
-    jobdir, ended = jobs.run(["/bin/sh", "-c", "id -u; id -g; id -G"], cwd="/", uid=uid,
-                             gid=gid, groups=(gid, extra))
+    jobdir, ended = jobs.run(
+        ["/bin/sh", "-c", "id -u; id -g; id -G"], cwd="/", uid=uid, gid=gid, groups=(gid, extra)
+    )
     assert ended.exit_code == 0, (jobdir / "stderr").read_text()
     lines = (jobdir / "stdout").read_text().split("\n")
     assert int(lines[0]) == uid and int(lines[1]) == gid
@@ -454,18 +485,19 @@ def test_job_cannot_regain_root(jobs: Jobs, test_user: pwd.struct_passwd) -> Non
     if not os.access(python, os.X_OK):
         pytest.skip(f"{python} is not installed")
     script = "import os; os.setuid(0)"
-    jobdir, ended = jobs.run([python, "-I", "-c", script], cwd="/", uid=uid, gid=gid,
-                             groups=(gid,))
+    jobdir, ended = jobs.run([python, "-I", "-c", script], cwd="/", uid=uid, gid=gid, groups=(gid,))
     assert ended.exit_code == 1
     assert "PermissionError" in (jobdir / "stderr").read_text()
 
 
-def test_cwd_is_entered_as_the_user(jobs: Jobs, test_user: pwd.struct_passwd,
-                                    tmp_path: Path) -> None:
+def test_cwd_is_entered_as_the_user(
+    jobs: Jobs, test_user: pwd.struct_passwd, tmp_path: Path
+) -> None:
     private = tmp_path / "root-only"
     private.mkdir(mode=0o700)
-    _, ended = jobs.run(["true"], cwd=str(private), uid=test_user.pw_uid,
-                             gid=test_user.pw_gid, groups=())
+    _, ended = jobs.run(
+        ["true"], cwd=str(private), uid=test_user.pw_uid, gid=test_user.pw_gid, groups=()
+    )
     assert ended.exit_code == 126
     assert ended.reason.startswith("working directory not usable:")
     assert not ended.started

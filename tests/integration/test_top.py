@@ -96,8 +96,7 @@ def test_sort_and_filters_change_the_rows(leaky: Backend) -> None:
         assert len(every) == 7 and every[0] == "34567"
         await pilot.press("s")
         assert app.sort == "pid"
-        assert pids(app) == ["88", "12345", "23456", "23457", "34567", "34568",
-                             "4294967295"]
+        assert pids(app) == ["88", "12345", "23456", "23457", "34567", "34568", "4294967295"]
         await pilot.press("s")
         assert app.sort == "user"
         users = [line.split()[2] for line in table_lines(app)]
@@ -166,8 +165,9 @@ def sim_job(mem: str, seconds: float) -> list[str]:
     return [PY, "-m", "gpuwarden.sim.job", "--mem", mem, "--seconds", str(seconds)]
 
 
-def test_daemon_jobs_are_rows_and_c_cancels(daemon: Daemon,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_daemon_jobs_are_rows_and_c_cancels(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for k in ("GPUWARDEN_HOME", "GPUWARDEN_SIM", "GPUWARDEN_SIM_STATE"):
         monkeypatch.setenv(k, daemon.env[k])
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -178,12 +178,14 @@ def test_daemon_jobs_are_rows_and_c_cancels(daemon: Daemon,
     app = TopApp(backend, interval=0.2)
 
     def job_row(jid: int) -> str | None:
-        return next((line for line in table_lines(app) if line.split()[3:4] == [str(jid)]),
-                    None)
+        return next((line for line in table_lines(app) if line.split()[3:4] == [str(jid)]), None)
 
     async def script(pilot: Pilot[Any]) -> None:
-        await until(pilot, lambda: job_row(running) is not None
-                    and job_row(running).split()[1] != "-", timeout=30)  # type: ignore[union-attr]
+        await until(
+            pilot,
+            lambda: job_row(running) is not None and job_row(running).split()[1] != "-",
+            timeout=30,
+        )  # type: ignore[union-attr]
         row = job_row(running)
         assert row is not None
         cells = row.split()
@@ -225,28 +227,49 @@ def test_daemon_jobs_are_rows_and_c_cancels(daemon: Daemon,
 
 
 def test_top_on_a_non_tty_is_one_line_and_exits_non_zero(tmp_path: Path) -> None:
-    env = {"GPUWARDEN_SIM": str(EXAMPLES / "idle-2gpu.json"),
-           "GPUWARDEN_SIM_STATE": str(tmp_path / "sim"), "PYTHONPATH": str(SRC),
-           "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([sys.executable, "-m", "gpuwarden", "top"], env=env,
-                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    env = {
+        "GPUWARDEN_SIM": str(EXAMPLES / "idle-2gpu.json"),
+        "GPUWARDEN_SIM_STATE": str(tmp_path / "sim"),
+        "PYTHONPATH": str(SRC),
+        "PATH": "/usr/bin:/bin",
+    }
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "top"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "gpuwarden: error: top needs an interactive terminal; in scripts use "
-        "`gpuwarden status --json` or `gpuwarden ps --json`"]
+        "`gpuwarden status --json` or `gpuwarden ps --json`"
+    ]
     assert "Traceback" not in r.stderr and r.stdout == ""
-    bad = subprocess.run([sys.executable, "-m", "gpuwarden", "top", "--interval", "0"],
-                         env=env, capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "top", "--interval", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "--interval" in bad.stderr
 
 
 def test_help_does_not_import_textual(tmp_path: Path) -> None:
-    code = ("import sys; from gpuwarden.cli.main import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "print('textual' in sys.modules)")
-    r = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(SRC),
-                                                          "PATH": "/usr/bin:/bin"},
-                       capture_output=True, text=True, timeout=60)
+    code = (
+        "import sys; from gpuwarden.cli.main import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('textual' in sys.modules)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert "top" in r.stdout and "Live view of GPUs" in r.stdout
     assert r.stdout.strip().splitlines()[-1] == "False"

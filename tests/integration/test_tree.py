@@ -28,14 +28,17 @@ print(json.dumps({"orphan": orphan, "plain": plain.pid, "left": left, "stuck": s
 """
 
 
-def test_a_subreaper_ends_its_whole_tree_orphans_and_term_ignorers_included(
-        tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=str(tmp_path), text=True,
-                       capture_output=True, timeout=30, env={"PYTHONPATH": str(SRC),
-                                                             "PATH": "/usr/bin:/bin"})
+def test_a_subreaper_ends_its_whole_tree_orphans_and_term_ignorers_included(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        cwd=str(tmp_path),
+        text=True,
+        capture_output=True,
+        timeout=30,
+        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert {out["orphan"], out["plain"]} <= set(out["left"]) and out["stuck"] == []
     for pid in (out["orphan"], out["plain"]):
-        assert not psutil.pid_exists(pid) or \
-            psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -36,14 +36,38 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, str
     tmp = tmp_path_factory.mktemp("web")
     config = f'history_interval = "200ms"\nweb_listen = "127.0.0.1:{port}"\n'
     for d in start_daemon(tmp, EXAMPLES / "leaky-4gpu.json", config):
-        job = d.submit("--mem", "4G", "--name", "trainer", "--gpus", "1",
-                       cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "3G", "--seconds", "3"])
+        job = d.submit(
+            "--mem",
+            "4G",
+            "--name",
+            "trainer",
+            "--gpus",
+            "1",
+            cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "3G", "--seconds", "3"],
+        )
         assert d.cli("wait", str(job), timeout=60).returncode == 0
-        blocker = d.submit("--mem", "1G", "--name", "blocker", "--restart", "on-failure",
-                           "--health-cmd", "true # SECRET-HEALTH", "--notify",
-                           "echo SECRET-NOTIFY", cmd=[PY, "-c", "import time; time.sleep(600)"])
-        d.submit("--mem", "1G", "--name", "later", "--after", str(blocker),
-                 cmd=[PY, "-c", "print('SECRET-TOKEN')"])
+        blocker = d.submit(
+            "--mem",
+            "1G",
+            "--name",
+            "blocker",
+            "--restart",
+            "on-failure",
+            "--health-cmd",
+            "true # SECRET-HEALTH",
+            "--notify",
+            "echo SECRET-NOTIFY",
+            cmd=[PY, "-c", "import time; time.sleep(600)"],
+        )
+        d.submit(
+            "--mem",
+            "1G",
+            "--name",
+            "later",
+            "--after",
+            str(blocker),
+            cmd=[PY, "-c", "print('SECRET-TOKEN')"],
+        )
         d.wait_state(blocker, "running")
         yield d, f"http://127.0.0.1:{port}", job
 
@@ -54,7 +78,8 @@ def get(url: str) -> Any:
 
 
 def test_the_public_feed_has_the_history_and_no_command_lines(
-        site: tuple[Daemon, str, int]) -> None:
+    site: tuple[Daemon, str, int],
+) -> None:
     _, base, job = site
     data = get(f"{base}/ui/data/overview?hours=1")
     assert [g["index"] for g in data["gpus"]] == [0, 1, 2, 3]
@@ -65,8 +90,10 @@ def test_the_public_feed_has_the_history_and_no_command_lines(
     leaky = data["gpus"][1]  # examples/leaky-4gpu.json: 300 MiB nobody accounts for
     assert max(leaky["leaked"]) >= 300 * MiB and leaky["leak_periods"]
     assert any(k.startswith("user ") for g in data["gpus"] for k in g["layers"])
-    assert [(j["name"], j["state"]) for j in data["queue"]] == [("blocker", "running"),
-                                                                ("later", "queued")]
+    assert [(j["name"], j["state"]) for j in data["queue"]] == [
+        ("blocker", "running"),
+        ("later", "queued"),
+    ]
     everything = json.dumps(data)
     assert "SECRET-TOKEN" not in everything and "command" not in data["queue"][1]
     assert "SECRET-NOTIFY" not in everything and "SECRET-HEALTH" not in everything
@@ -76,9 +103,13 @@ def test_the_public_feed_has_the_history_and_no_command_lines(
     assert max(page["timeline"]["used"]) >= 3 * GiB
     kinds = [e["kind"] for e in page["job"]["events"]]
     assert "placed" in kinds and "succeeded" in kinds
-    for bad, code in ((f"{base}/ui/data/jobs/999", 404), (f"{base}/ui/data/jobs/x", 400),
-                      (f"{base}/ui/data/overview?hours=-1", 400),
-                      (f"{base}/ui/data/overview?by=gpu", 400), (f"{base}/v1/jobs", 404)):
+    for bad, code in (
+        (f"{base}/ui/data/jobs/999", 404),
+        (f"{base}/ui/data/jobs/x", 400),
+        (f"{base}/ui/data/overview?hours=-1", 400),
+        (f"{base}/ui/data/overview?by=gpu", 400),
+        (f"{base}/v1/jobs", 404),
+    ):
         with pytest.raises(urllib.error.HTTPError) as err:
             get(bad)
         err.value.close()  # the answer it carries, and the socket under it
@@ -93,11 +124,16 @@ def test_the_public_feed_has_the_history_and_no_command_lines(
 
 
 def test_gpuwarden_web_serves_the_users_view_through_the_socket(
-        site: tuple[Daemon, str, int]) -> None:
+    site: tuple[Daemon, str, int],
+) -> None:
     d, _, _ = site
     port = free_port()
-    proxy = subprocess.Popen([PY, "-m", "gpuwarden", "web", "--listen", f"127.0.0.1:{port}"],
-                             env=d.env, stderr=subprocess.PIPE, text=True)
+    proxy = subprocess.Popen(
+        [PY, "-m", "gpuwarden", "web", "--listen", f"127.0.0.1:{port}"],
+        env=d.env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proxy.stderr is not None
         line = proxy.stderr.readline()
@@ -123,8 +159,13 @@ def test_gpuwarden_web_serves_the_users_view_through_the_socket(
         proxy.wait(timeout=10)
         if proxy.stderr is not None:
             proxy.stderr.close()
-    taken = subprocess.run([PY, "-m", "gpuwarden", "web", "--listen", "nonsense"], env=d.env,
-                           capture_output=True, text=True, timeout=30)
+    taken = subprocess.run(
+        [PY, "-m", "gpuwarden", "web", "--listen", "nonsense"],
+        env=d.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert taken.returncode != 0 and "invalid listen address" in taken.stderr
     assert "Traceback" not in taken.stderr
 
@@ -136,7 +177,8 @@ def chromium() -> tuple[str, str] | None:
 
 
 def test_the_page_renders_the_scenarios_numbers_in_chromium(
-        site: tuple[Daemon, str, int], tmp_path: Path) -> None:
+    site: tuple[Daemon, str, int], tmp_path: Path
+) -> None:
     found = chromium()
     if found is None:
         if os.environ.get("CI"):
@@ -150,8 +192,14 @@ def test_the_page_renders_the_scenarios_numbers_in_chromium(
     _, base, job = site
     options = webdriver.ChromeOptions()
     options.binary_location = found[0]
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1400,1000", f"--user-data-dir={tmp_path / 'profile'}"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=found[1]), options=options)
@@ -159,13 +207,17 @@ def test_the_page_renders_the_scenarios_numbers_in_chromium(
     try:
         driver.get(f"{base}/ui/")
         WebDriverWait(driver, 20).until(
-            lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready"))
+            lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready")
+        )
         assert driver.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "true"
         cards = driver.find_elements(By.CSS_SELECTOR, "section.card")
         assert [c.get_attribute("data-gpu") for c in cards] == ["0", "1", "2", "3"]
         layer = driver.find_element(By.CSS_SELECTOR, f'path[data-layer="job {job} (root)"]')
-        assert 3 * GiB + CONTEXT <= int(layer.get_attribute("data-max") or 0) \
+        assert (
+            3 * GiB + CONTEXT
+            <= int(layer.get_attribute("data-max") or 0)
             < 3 * GiB + CONTEXT + 64 * MiB
+        )
         assert cards[1].find_elements(By.CSS_SELECTOR, "rect.leakband")
         assert "leaked" in cards[1].find_element(By.TAG_NAME, "h3").text
         legend = cards[1].find_element(By.CSS_SELECTOR, ".legend").text
@@ -173,21 +225,26 @@ def test_the_page_renders_the_scenarios_numbers_in_chromium(
         rows = driver.find_elements(By.CSS_SELECTOR, "#queue tbody tr[data-job]")
         assert [r.find_elements(By.TAG_NAME, "td")[2].text for r in rows] == ["blocker", "later"]
         assert [r.find_elements(By.TAG_NAME, "td")[3].text for r in rows] == [
-            "running · service, 0 restarts", "queued"]
+            "running · service, 0 restarts",
+            "queued",
+        ]
         if shots:
             driver.save_screenshot(str(Path(shots) / "web-overview.png"))
         driver.find_element(By.CSS_SELECTOR, "#hours button[data-hours='1']").click()
         driver.find_element(By.CSS_SELECTOR, "#by button[data-by='user']").click()
-        WebDriverWait(driver, 10).until(lambda d: d.find_elements(
-            By.CSS_SELECTOR, 'path[data-layer="user root"]'))
+        WebDriverWait(driver, 10).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, 'path[data-layer="user root"]')
+        )
         driver.get(f"{base}/ui/#job/{job}")
         WebDriverWait(driver, 20).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#job svg"))
         chart = driver.find_element(By.CSS_SELECTOR, "#job svg.chart")
         assert chart.get_attribute("data-budget") == str(4 * GiB)
         used = driver.find_element(By.CSS_SELECTOR, "#job path.usedline")
         assert int(used.get_attribute("data-max") or 0) >= 3 * GiB
-        kinds = [r.get_attribute("data-kind")
-                 for r in driver.find_elements(By.CSS_SELECTOR, "#events tbody tr")]
+        kinds = [
+            r.get_attribute("data-kind")
+            for r in driver.find_elements(By.CSS_SELECTOR, "#events tbody tr")
+        ]
         assert kinds[0] == "submitted" and "placed" in kinds and "succeeded" in kinds
         assert driver.find_elements(By.CSS_SELECTOR, "#job line.event[data-kind='placed']")
         if shots:

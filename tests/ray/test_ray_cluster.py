@@ -37,8 +37,9 @@ NODE2 = "gwtest_node2"  # a Ray resource only the second node has
 
 
 class Cluster:
-    def __init__(self, gcs: str, dashboard: str, env: dict[str, str],
-                 node2_env: dict[str, str]) -> None:
+    def __init__(
+        self, gcs: str, dashboard: str, env: dict[str, str], node2_env: dict[str, str]
+    ) -> None:
         self.gcs = gcs
         self.dashboard = dashboard
         self.env = env
@@ -46,8 +47,13 @@ class Cluster:
         self.client = JobSubmissionClient(dashboard)
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run([PY, "-m", "gpuwarden", *args], env=self.env, capture_output=True,
-                           text=True, timeout=120)
+        r = subprocess.run(
+            [PY, "-m", "gpuwarden", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if check and r.returncode != 0:
             raise AssertionError(f"{args}: {r.returncode}\n{r.stdout}\n{r.stderr}")
         return r
@@ -61,8 +67,9 @@ class Cluster:
             if self.client.get_job_status(sid) in DONE:
                 return self.client.get_job_status(sid)
             time.sleep(0.3)
-        raise AssertionError(f"{sid} still {self.client.get_job_status(sid)}: "
-                             f"{self.client.get_job_logs(sid)}")
+        raise AssertionError(
+            f"{sid} still {self.client.get_job_status(sid)}: {self.client.get_job_logs(sid)}"
+        )
 
     def logs(self, sid: str) -> str:
         return str(self.client.get_job_logs(sid))
@@ -72,35 +79,69 @@ class Cluster:
 def cluster() -> Iterator[Cluster]:
     tmp = Path(tempfile.mkdtemp(prefix="gwray-"))
     port, dash = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("GPUWARDEN_", "CUDA_", "RAY_"))}
-    env.update(GPUWARDEN_SIM=str(EXAMPLES / "idle-2gpu.json"),
-               GPUWARDEN_SIM_STATE=str(tmp / "sim"), RAY_USAGE_STATS_ENABLED="0",
-               PYTHONPATH=str(SRC), PATH=f"{Path(PY).parent}{os.pathsep}{env.get('PATH', '')}",
-               GPUWARDEN_HOME=str(tmp / "gw"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUWARDEN_", "CUDA_", "RAY_"))}
+    env.update(
+        GPUWARDEN_SIM=str(EXAMPLES / "idle-2gpu.json"),
+        GPUWARDEN_SIM_STATE=str(tmp / "sim"),
+        RAY_USAGE_STATS_ENABLED="0",
+        PYTHONPATH=str(SRC),
+        PATH=f"{Path(PY).parent}{os.pathsep}{env.get('PATH', '')}",
+        GPUWARDEN_HOME=str(tmp / "gw"),
+    )
     res = resources_flag([24 * GiB, 24 * GiB])
     ray_bin = str(Path(PY).parent / "ray")
     common = ["--num-gpus=2", "--num-cpus=4", f"--resources={res}", "--disable-usage-stats"]
-    subprocess.run([ray_bin, "start", "--head", "--node-ip-address=127.0.0.1",
-                    f"--port={port}", "--include-dashboard=true",
-                    "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-                    f"--temp-dir={tmp / 'ray'}", *common], env=env, check=True,
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            ray_bin,
+            "start",
+            "--head",
+            "--node-ip-address=127.0.0.1",
+            f"--port={port}",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dash}",
+            f"--temp-dir={tmp / 'ray'}",
+            *common,
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     try:
         # A second node on the same host: its agents need ports of their own.
-        own = [f"--{flag}={free_port()}" for flag in (
-            "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-            "metrics-export-port", "runtime-env-agent-port", "node-manager-port",
-            "object-manager-port")]
+        own = [
+            f"--{flag}={free_port()}"
+            for flag in (
+                "dashboard-agent-listen-port",
+                "dashboard-agent-grpc-port",
+                "metrics-export-port",
+                "runtime-env-agent-port",
+                "node-manager-port",
+                "object-manager-port",
+            )
+        ]
         # ... and GPUs of its own: its simulated driver keeps a separate state (and a
         # gpuwarden home of its own, where one test runs the node's daemon).
         # A resource of its own lets a test send a job there.
-        env2 = {**env, "GPUWARDEN_SIM_STATE": str(tmp / "sim2"),
-                "GPUWARDEN_HOME": str(tmp / "gw2")}
+        env2 = {**env, "GPUWARDEN_SIM_STATE": str(tmp / "sim2"), "GPUWARDEN_HOME": str(tmp / "gw2")}
         res2 = json.dumps({**json.loads(res), NODE2: 1})
-        subprocess.run([ray_bin, "start", f"--address=127.0.0.1:{port}",
-                        "--node-ip-address=127.0.0.1", *own, *common, f"--resources={res2}"],
-                       env=env2, check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [
+                ray_bin,
+                "start",
+                f"--address=127.0.0.1:{port}",
+                "--node-ip-address=127.0.0.1",
+                *own,
+                *common,
+                f"--resources={res2}",
+            ],
+            env=env2,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         c = Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", env, env2)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # the dashboard answers a little later
@@ -119,18 +160,27 @@ def sim(mem: str, seconds: float) -> list[str]:
     return ["python", "-m", "gpuwarden.sim.job", "--mem", mem, "--seconds", str(seconds)]
 
 
-def test_jobs_are_placed_by_memory_share_and_run_with_the_budget_enforced(
-        cluster: Cluster) -> None:
+def test_jobs_are_placed_by_memory_share_and_run_with_the_budget_enforced(cluster: Cluster) -> None:
     from gpuwarden.ray.submit import submit
 
-    probe = ("import os, json, time; env = {k: os.environ.get(k) for k in "
-             "('CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER', 'GPUWARDEN_MEM_LIMIT', "
-             "'PYTHONPATH')}; env['start'] = time.time(); time.sleep(6); "
-             "env['end'] = time.time(); print('ENV', json.dumps(env))")
+    probe = (
+        "import os, json, time; env = {k: os.environ.get(k) for k in "
+        "('CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER', 'GPUWARDEN_MEM_LIMIT', "
+        "'PYTHONPATH')}; env['start'] = time.time(); time.sleep(6); "
+        "env['end'] = time.time(); print('ENV', json.dumps(env))"
+    )
     # 0.5 GPU each: the 4 GPUs of the two nodes hold 8 at once, two a GPU, never three
-    sids = [submit(cluster.dashboard, mem=12 * GiB, gpus=1, command=["python", "-c", probe],
-                   name=f"half-{i}", env={"GPUWARDEN_SIM": cluster.env["GPUWARDEN_SIM"]})
-            for i in range(10)]
+    sids = [
+        submit(
+            cluster.dashboard,
+            mem=12 * GiB,
+            gpus=1,
+            command=["python", "-c", probe],
+            name=f"half-{i}",
+            env={"GPUWARDEN_SIM": cluster.env["GPUWARDEN_SIM"]},
+        )
+        for i in range(10)
+    ]
     assert all(cluster.wait(s) == JobStatus.SUCCEEDED for s in sids)
     jobs = {j.submission_id: j for j in cluster.client.list_jobs()}
     spans: dict[tuple[str, str], list[tuple[float, float]]] = {}
@@ -163,8 +213,9 @@ def _most_at_once(spans: list[tuple[float, float]]) -> int:
 def test_a_job_wider_than_the_share_waits_for_room(cluster: Cluster) -> None:
     from gpuwarden.ray.submit import submit
 
-    big = [submit(cluster.dashboard, mem=20 * GiB, gpus=1, command=sim("18G", 6))
-           for _ in range(5)]  # 0.8333 GPU each: four GPUs, four at a time
+    big = [
+        submit(cluster.dashboard, mem=20 * GiB, gpus=1, command=sim("18G", 6)) for _ in range(5)
+    ]  # 0.8333 GPU each: four GPUs, four at a time
     deadline = time.monotonic() + 30
     while sum(cluster.client.get_job_status(s) == JobStatus.RUNNING for s in big) < 4:
         assert time.monotonic() < deadline
@@ -175,8 +226,7 @@ def test_a_job_wider_than_the_share_waits_for_room(cluster: Cluster) -> None:
 
 
 def test_a_cuda_oom_is_retried_through_ray_with_a_bigger_budget(cluster: Cluster) -> None:
-    sid = cluster.submit("--mem", "6G", "--retries", "1", "--name", "grower", "--",
-                         *sim("7G", 1))
+    sid = cluster.submit("--mem", "6G", "--retries", "1", "--name", "grower", "--", *sim("7G", 1))
     assert cluster.wait(sid) == JobStatus.FAILED
     log = cluster.logs(sid)
     assert "CUDA out of memory" in log and "retry 1 of 1; submitted again as Ray job" in log, log
@@ -188,9 +238,11 @@ def test_a_cuda_oom_is_retried_through_ray_with_a_bigger_budget(cluster: Cluster
 
 def test_what_a_job_leaves_behind_is_killed(cluster: Cluster, tmp_path: Path) -> None:
     pidfile = tmp_path / "orphan"
-    script = (f"import subprocess, sys; p = subprocess.Popen([sys.executable, '-m', "
-              f"'gpuwarden.sim.job', '--mem', '2G', '--seconds', '300'], "
-              f"start_new_session=True); open('{pidfile}', 'w').write(str(p.pid))")
+    script = (
+        f"import subprocess, sys; p = subprocess.Popen([sys.executable, '-m', "
+        f"'gpuwarden.sim.job', '--mem', '2G', '--seconds', '300'], "
+        f"start_new_session=True); open('{pidfile}', 'w').write(str(p.pid))"
+    )
     sid = cluster.submit("--mem", "4G", "--", "python", "-c", script)
     assert cluster.wait(sid) == JobStatus.SUCCEEDED
     pid = int(pidfile.read_text())
@@ -215,8 +267,9 @@ def test_cluster_status_shows_each_nodes_budgets(cluster: Cluster) -> None:
     while cluster.client.get_job_status(sid) != JobStatus.RUNNING:
         assert time.monotonic() < deadline
         time.sleep(0.2)
-    data = json.loads(cluster.cli("cluster", "status", "--cluster", cluster.dashboard,
-                                  "--json").stdout)
+    data = json.loads(
+        cluster.cli("cluster", "status", "--cluster", cluster.dashboard, "--json").stdout
+    )
     nodes = data["nodes"]
     assert len(nodes) == 2 and all(n["gpus"] == 2 and n["memory"] == 48 * GiB for n in nodes)
     busy = [n for n in nodes if sid in n["jobs"]]
@@ -232,10 +285,14 @@ def test_the_task_decorator_places_and_caps_by_budget(cluster: Cluster) -> None:
     os.environ.update(GPUWARDEN_SIM=cluster.env["GPUWARDEN_SIM"])
     ray.init(address=cluster.gcs, ignore_reinit_error=True, log_to_driver=False)
     try:
+
         @gpuwarden.ray.remote(mem="8G")
         def where() -> dict[str, Any]:
-            return {"gpus": ray.get_gpu_ids(), "budget": os.environ.get("GPUWARDEN_BUDGET"),
-                    "limit": os.environ.get("GPUWARDEN_MEM_LIMIT")}
+            return {
+                "gpus": ray.get_gpu_ids(),
+                "budget": os.environ.get("GPUWARDEN_BUDGET"),
+                "limit": os.environ.get("GPUWARDEN_MEM_LIMIT"),
+            }
 
         got = ray.get([where.remote() for _ in range(6)], timeout=120)
         assert where.ask.num_gpus == 0.3333
@@ -245,19 +302,22 @@ def test_the_task_decorator_places_and_caps_by_budget(cluster: Cluster) -> None:
         ray.shutdown()
 
 
-def test_a_task_out_of_gpu_memory_is_run_again_with_a_bigger_budget(
-        cluster: Cluster) -> None:
+def test_a_task_out_of_gpu_memory_is_run_again_with_a_bigger_budget(cluster: Cluster) -> None:
     import gpuwarden.ray
 
     os.environ.update(GPUWARDEN_SIM=cluster.env["GPUWARDEN_SIM"])
     ray.init(address=cluster.gcs, ignore_reinit_error=True, log_to_driver=False)
     try:
+
         @gpuwarden.ray.remote(mem="6G", oom_retries=2)
         def grow(size: str) -> tuple[str, list[int]]:
             # A simulated CUDA program under the task's cap: it fails with PyTorch's OOM
             # message while the cap is under its need.
-            r = subprocess.run([sys.executable, "-m", "gpuwarden.sim.job", "--mem", size,
-                                "--seconds", "0.2"], capture_output=True, text=True)
+            r = subprocess.run(
+                [sys.executable, "-m", "gpuwarden.sim.job", "--mem", size, "--seconds", "0.2"],
+                capture_output=True,
+                text=True,
+            )
             if r.returncode != 0:
                 raise RuntimeError(r.stderr.strip().splitlines()[-1])
             return os.environ["GPUWARDEN_BUDGET"], ray.get_gpu_ids()
@@ -282,6 +342,7 @@ def test_the_decorator_makes_budgeted_actors(cluster: Cluster) -> None:
 
     ray.init(address=cluster.gcs, ignore_reinit_error=True, log_to_driver=False)
     try:
+
         @gpuwarden.ray.remote(mem="16G")
         class Holder:
             def __init__(self, tag: str) -> None:
@@ -310,25 +371,29 @@ def test_the_decorator_makes_budgeted_actors(cluster: Cluster) -> None:
 def test_bad_input_is_one_line(cluster: Cluster) -> None:
     r = cluster.cli("submit", "--cluster", cluster.dashboard, "--", "true", check=False)
     assert r.returncode == 2 and "--cluster needs --mem" in r.stderr
-    r = cluster.cli("submit", "--cluster", "ray://127.0.0.1:1", "--mem", "1G", "--", "true",
-                    check=False)
+    r = cluster.cli(
+        "submit", "--cluster", "ray://127.0.0.1:1", "--mem", "1G", "--", "true", check=False
+    )
     assert r.returncode == 3 and "no Ray cluster at http://127.0.0.1:1" in r.stderr, r.stderr
-    r = cluster.cli("submit", "--cluster", cluster.dashboard, "--mem", "30G", "--", "true",
-                    check=False)
+    r = cluster.cli(
+        "submit", "--cluster", cluster.dashboard, "--mem", "30G", "--", "true", check=False
+    )
     assert r.returncode == 2 and "more than the smallest GPU" in r.stderr
     assert "Traceback" not in r.stderr
 
 
 def test_cluster_status_can_bring_each_nodes_own_snapshot(cluster: Cluster) -> None:
-    data = json.loads(cluster.cli("cluster", "status", "--cluster", cluster.dashboard,
-                                  "--snapshots", "--json").stdout)
+    data = json.loads(
+        cluster.cli(
+            "cluster", "status", "--cluster", cluster.dashboard, "--snapshots", "--json"
+        ).stdout
+    )
     snaps = [n["snapshot"] for n in data["nodes"]]
     assert all(s and "error" not in s for s in snaps), snaps
     assert [g["name"] for g in snaps[0]["gpus"]] == ["NVIDIA L4", "NVIDIA L4"]
     assert snaps[0]["gpus"][0]["memory_total"] == 24 * GiB
     assert all(n["in_use"] == 0 for n in data["nodes"])  # the snapshot jobs hold no budget
-    text = cluster.cli("cluster", "status", "--cluster", cluster.dashboard,
-                       "--snapshots").stdout
+    text = cluster.cli("cluster", "status", "--cluster", cluster.dashboard, "--snapshots").stdout
     assert "GPU 0 NVIDIA L4: 0B of 24.0GiB used, 0 process(es)" in text, text
 
 
@@ -342,15 +407,22 @@ def node2(cluster: Cluster) -> Iterator[Callable[..., subprocess.CompletedProces
     (home / "config.toml").write_text('interval = "100ms"\ngrace = "2s"\n')
 
     def gw(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([PY, "-m", "gpuwarden", *args], env=env, capture_output=True,
-                              text=True, timeout=60, check=True)
+        return subprocess.run(
+            [PY, "-m", "gpuwarden", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
 
     gw("daemon", "start")
     try:
         yield gw
     finally:
-        subprocess.run([PY, "-m", "gpuwarden", "daemon", "stop"], env=env,
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            [PY, "-m", "gpuwarden", "daemon", "stop"], env=env, capture_output=True, timeout=60
+        )
 
 
 def _settled(gw: Callable[..., subprocess.CompletedProcess[str]]) -> list[dict[str, Any]]:
@@ -358,22 +430,27 @@ def _settled(gw: Callable[..., subprocess.CompletedProcess[str]]) -> list[dict[s
     deadline = time.monotonic() + 30
     while True:
         jobs: list[dict[str, Any]] = json.loads(gw("ps", "--all", "--json").stdout)["jobs"]
-        if all(j["memory_release"] and j["memory_release"]["released_at"]
-               for j in jobs) or time.monotonic() > deadline:
+        if (
+            all(j["memory_release"] and j["memory_release"]["released_at"] for j in jobs)
+            or time.monotonic() > deadline
+        ):
             return jobs
         time.sleep(0.2)
 
 
 def test_jobs_on_a_node_with_a_daemon_are_registered_with_it(
-        cluster: Cluster, node2: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    cluster: Cluster, node2: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     """The second node runs a gpuwarden daemon: the jobs Ray places there show in its
     queue as jobs attached by their Ray job, with their budget, peak and memory check;
     the first node has none, and its jobs run as before."""
     from gpuwarden.ray.submit import submit
 
     # 0.8333 GPU each: one to a GPU, so four at once are spread over both nodes.
-    sids = [submit(cluster.dashboard, mem=20 * GiB, gpus=1, command=sim("18G", 8),
-                   name=f"reg-{i}") for i in range(4)]
+    sids = [
+        submit(cluster.dashboard, mem=20 * GiB, gpus=1, command=sim("18G", 8), name=f"reg-{i}")
+        for i in range(4)
+    ]
     assert all(cluster.wait(s) == JobStatus.SUCCEEDED for s in sids)
     registered = [s for s in sids if "with this node's gpuwarden daemon" in cluster.logs(s)]
     assert 1 <= len(registered) < len(sids), [cluster.logs(s) for s in sids]
@@ -386,16 +463,27 @@ def test_jobs_on_a_node_with_a_daemon_are_registered_with_it(
 
 
 def test_a_ray_job_the_node_daemon_preempts_is_submitted_again(
-        cluster: Cluster, node2: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    cluster: Cluster, node2: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     from gpuwarden.ray.submit import submit
 
-    sid = submit(cluster.dashboard, mem=20 * GiB, gpus=1, command=sim("18G", 20),
-                 name="be", qos="besteffort", resources={NODE2: 0.001})
+    sid = submit(
+        cluster.dashboard,
+        mem=20 * GiB,
+        gpus=1,
+        command=sim("18G", 20),
+        name="be",
+        qos="besteffort",
+        resources={NODE2: 0.001},
+    )
     label = f"ray job {sid}"
     deadline = time.monotonic() + 60
     while True:
-        mine = [j for j in json.loads(node2("ps", "--json").stdout)["jobs"]
-                if j["attach"] == label and j["state"] == "running"]
+        mine = [
+            j
+            for j in json.loads(node2("ps", "--json").stdout)["jobs"]
+            if j["attach"] == label and j["state"] == "running"
+        ]
         if mine:
             break
         assert time.monotonic() < deadline, cluster.logs(sid)
@@ -403,8 +491,19 @@ def test_a_ray_job_the_node_daemon_preempts_is_submitted_again(
     [job] = mine
     assert job["qos"] == "besteffort"
     # Someone on the node needs that GPU's memory, with a higher class.
-    local = int(node2("submit", "--qos", "guaranteed", "--mem", "20G", "--gpu-ids",
-                      str(job["gpus"][0]), "--", *sim("18G", 2)).stdout)
+    local = int(
+        node2(
+            "submit",
+            "--qos",
+            "guaranteed",
+            "--mem",
+            "20G",
+            "--gpu-ids",
+            str(job["gpus"][0]),
+            "--",
+            *sim("18G", 2),
+        ).stdout
+    )
     assert cluster.wait(sid) == JobStatus.FAILED
     log = cluster.logs(sid)
     assert "preempted by this node's gpuwarden daemon; submitted again as Ray job" in log, log
@@ -414,5 +513,6 @@ def test_a_ray_job_the_node_daemon_preempts_is_submitted_again(
     assert jobs[local]["state"] == "succeeded"
     assert jobs[job["id"]]["state"] == "cancelled"
     assert jobs[job["id"]]["reason"] == f"preempted; {label} may start it again"
-    assert any(j["attach"] == f"ray job {again}" and j["state"] == "succeeded"
-               for j in jobs.values())
+    assert any(
+        j["attach"] == f"ray job {again}" and j["state"] == "succeeded" for j in jobs.values()
+    )

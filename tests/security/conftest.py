@@ -26,8 +26,9 @@ def _tools_missing() -> str | None:
 
 
 def pid_namespace_works() -> bool:
-    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
-                       capture_output=True, timeout=30)
+    r = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, timeout=30
+    )
     return r.returncode == 0
 
 
@@ -43,13 +44,21 @@ def users() -> Iterator[tuple[User, User]]:
     made: list[str] = []
     try:
         for name in names:
-            subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", "--user-group",
-                            name], check=True, capture_output=True, timeout=60)
+            subprocess.run(
+                ["useradd", "--create-home", "--shell", "/bin/sh", "--user-group", name],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
             made.append(name)
         a, b = (_user(n) for n in names)
-        probe = subprocess.run([*a.prefix, PY, "-c", "import click, psutil, gpuwarden"],
-                               env={"PYTHONPATH": str(SRC), "PATH": os.environ["PATH"]},
-                               capture_output=True, text=True, timeout=60)
+        probe = subprocess.run(
+            [*a.prefix, PY, "-c", "import click, psutil, gpuwarden"],
+            env={"PYTHONPATH": str(SRC), "PATH": os.environ["PATH"]},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if probe.returncode != 0:
             pytest.skip(f"a new user cannot run this test's Python ({PY}): {probe.stderr}")
         yield a, b

@@ -42,8 +42,10 @@ def _still_open(socks: list[socket.socket], settle: float) -> int:
 
 
 def _hold(socks: list[socket.socket], refused: int) -> None:
-    print(json.dumps({"opened": len(socks), "refused": refused,
-                      "open": _still_open(socks, 1.5)}), flush=True)
+    print(
+        json.dumps({"opened": len(socks), "refused": refused, "open": _still_open(socks, 1.5)}),
+        flush=True,
+    )
     sys.stdin.read()  # until the test closes our stdin
 
 
@@ -92,8 +94,12 @@ def _ask(path: str, method: str, target: str, body: Any = None) -> tuple[int, fl
     conn = _UnixConnection(path, 30)
     try:
         payload = None if body is None else json.dumps(body).encode()
-        conn.request(method, target, body=payload,
-                     headers={"Content-Type": "application/json"} if payload else {})
+        conn.request(
+            method,
+            target,
+            body=payload,
+            headers={"Content-Type": "application/json"} if payload else {},
+        )
         resp = conn.getresponse()
         resp.read()
         return resp.status, time.monotonic() - t0
@@ -108,8 +114,14 @@ def timings(path: str, cwd: str) -> None:
     for _ in range(5):
         out["ps"].append(_ask(path, "GET", "/v1/jobs"))
     for _ in range(3):
-        out["submit"].append(_ask(path, "POST", "/v1/jobs", {
-            "command": ["sleep", "600"], "cwd": cwd, "env": dict(os.environ)}))
+        out["submit"].append(
+            _ask(
+                path,
+                "POST",
+                "/v1/jobs",
+                {"command": ["sleep", "600"], "cwd": cwd, "env": dict(os.environ)},
+            )
+        )
     print(json.dumps(out), flush=True)
 
 

@@ -43,12 +43,27 @@ class User:
 
 def run(target: str, args: dict[str, Any], timeout: float = 240) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{SRC}"}
-    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", PY, "-m",
-                        "tests.security.pidns", target, json.dumps(args)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            PY,
+            "-m",
+            "tests.security.pidns",
+            target,
+            json.dumps(args),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith(RESULT)]
     assert r.returncode == 0 and lines, f"scenario {target} failed:\n{r.stdout}\n{r.stderr}"
-    return dict(json.loads(lines[-1][len(RESULT):]))
+    return dict(json.loads(lines[-1][len(RESULT) :]))
 
 
 def user(data: dict[str, Any]) -> User:
@@ -62,9 +77,12 @@ def users_args(*users: User) -> list[dict[str, Any]]:
 def env_of(daemon_env: dict[str, str], u: User) -> dict[str, str]:
     """What the user's shell would have: their HOME, USER; the daemon's home and the
     simulated machine; nothing else of root's."""
-    env = {k: v for k, v in daemon_env.items()
-           if k in ("PATH", "PYTHONPATH", "GPUWARDEN_HOME", "GPUWARDEN_SIM",
-                    "GPUWARDEN_SIM_STATE", "LANG")}
+    env = {
+        k: v
+        for k, v in daemon_env.items()
+        if k
+        in ("PATH", "PYTHONPATH", "GPUWARDEN_HOME", "GPUWARDEN_SIM", "GPUWARDEN_SIM_STATE", "LANG")
+    }
     env.update(HOME=u.home, USER=u.name, LOGNAME=u.name)
     return env
 

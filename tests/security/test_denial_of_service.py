@@ -54,9 +54,15 @@ def _env(d: Daemon, u: User) -> dict[str, str]:
 
 def _flood(d: Daemon, u: User, *args: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
     """Start a flood as ``u``; its report once its connections have settled."""
-    p = subprocess.Popen([*u.prefix, PY, "-m", "tests.security.flood", *args],
-                         env=_env(d, u), cwd=ROOT, stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [*u.prefix, PY, "-m", "tests.security.flood", *args],
+        env=_env(d, u),
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert p.stdout is not None
     line = p.stdout.readline()
     assert line, p.communicate(timeout=10)
@@ -68,9 +74,14 @@ def _end(p: subprocess.Popen[str]) -> None:
 
 
 def _timings(d: Daemon, u: User) -> dict[str, list[tuple[int, float]]]:
-    r = subprocess.run([*u.prefix, PY, "-m", "tests.security.flood", "time",
-                        str(d.socket), u.home], env=_env(d, u), cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [*u.prefix, PY, "-m", "tests.security.flood", "time", str(d.socket), u.home],
+        env=_env(d, u),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     return dict(json.loads(r.stdout))
 
@@ -78,8 +89,9 @@ def _timings(d: Daemon, u: User) -> dict[str, list[tuple[int, float]]]:
 Timings = dict[str, list[tuple[int, float]]]
 
 
-def _timings_under(d: Daemon, u: User, stop: threading.Event,
-                   load: list[threading.Thread], *, join: float) -> Timings:
+def _timings_under(
+    d: Daemon, u: User, stop: threading.Event, load: list[threading.Thread], *, join: float
+) -> Timings:
     """``u``'s timings after a second of ``load`` (threads that run until ``stop``)."""
     for t in load:
         t.start()
@@ -99,7 +111,8 @@ def _cap_files(d: Daemon) -> None:
 
 
 def test_idle_connections_of_one_user_leave_others_served(
-        users: tuple[User, User], tmp_path: Path) -> None:
+    users: tuple[User, User], tmp_path: Path
+) -> None:
     a, b = users
     config = f"max_connections_per_user = {PER_USER}\n"
     for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json", config=config):
@@ -129,9 +142,11 @@ def test_slow_requests_are_dropped(users: tuple[User, User], tmp_path: Path) -> 
     for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json", config=config):
         cases: list[tuple[socket.socket, bytes]] = []
         health = b"GET /v1/health HTTP/1.1\r\nHost: x\r\n"
-        for head in (health,  # half a head
-                     b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
-                     health + b"\r\n" + health):  # answered, then half the next head
+        for head in (
+            health,  # half a head
+            b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+            health + b"\r\n" + health,
+        ):  # answered, then half the next head
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect(str(d.socket))
             cases.append((s, head))
@@ -152,8 +167,7 @@ def test_slow_requests_are_dropped(users: tuple[User, User], tmp_path: Path) -> 
             assert elapsed < 4, (head, elapsed)
 
 
-def test_tcp_listeners_limit_connections_in_all(users: tuple[User, User],
-                                                tmp_path: Path) -> None:
+def test_tcp_listeners_limit_connections_in_all(users: tuple[User, User], tmp_path: Path) -> None:
     """``nobody`` on web_listen can hold at most max_connections_tcp connections; the
     page still answers a new visitor once they are closed, and A's ps on the socket
     is answered meanwhile."""
@@ -174,11 +188,19 @@ def test_tcp_listeners_limit_connections_in_all(users: tuple[User, User],
 def test_connection_settings_are_bounded(tmp_path: Path) -> None:
     cfg = tmp_path / "config.toml"
     c = read_config(cfg)
-    assert (c.max_connections_per_user, c.max_connections_tcp, c.request_timeout,
-            c.idle_timeout) == (64, 256, 5.0, 30.0)
-    for bad in ("max_connections_per_user = 0", "max_connections_tcp = 1e9",
-                'max_connections_tcp = "many"', 'request_timeout = "2h"',
-                "idle_timeout = true"):
+    assert (
+        c.max_connections_per_user,
+        c.max_connections_tcp,
+        c.request_timeout,
+        c.idle_timeout,
+    ) == (64, 256, 5.0, 30.0)
+    for bad in (
+        "max_connections_per_user = 0",
+        "max_connections_tcp = 1e9",
+        'max_connections_tcp = "many"',
+        'request_timeout = "2h"',
+        "idle_timeout = true",
+    ):
         cfg.write_text(bad + "\n")
         with pytest.raises(UsageError, match=bad.split()[0]):
             read_config(cfg)
@@ -188,10 +210,24 @@ def _history(home: Path) -> None:
     """24 hours of memory samples of 2 GPUs every 10 s: charts worth drawing."""
     now = int(time.time())
     with Store(home / "state.db") as store:
-        store.record_samples([GpuSample(ts, f"GPU-{i}", i, 24 << 30, (ts % 977) << 20, 0,
-                                        {1: 1 << 30}, {"someone": 2 << 30})
-                              for ts in range(now - 86400, now, 10) for i in range(2)],
-                             keep=2 * 86400, now=now)
+        store.record_samples(
+            [
+                GpuSample(
+                    ts,
+                    f"GPU-{i}",
+                    i,
+                    24 << 30,
+                    (ts % 977) << 20,
+                    0,
+                    {1: 1 << 30},
+                    {"someone": 2 << 30},
+                )
+                for ts in range(now - 86400, now, 10)
+                for i in range(2)
+            ],
+            keep=2 * 86400,
+            now=now,
+        )
 
 
 def _passes(port: int) -> float:
@@ -202,8 +238,11 @@ def _passes(port: int) -> float:
         text = c.getresponse().read().decode()
     finally:
         c.close()
-    return next(float(ln.split()[-1]) for ln in text.splitlines()
-                if ln.startswith("gpuwarden_placement_pass_seconds_count"))
+    return next(
+        float(ln.split()[-1])
+        for ln in text.splitlines()
+        if ln.startswith("gpuwarden_placement_pass_seconds_count")
+    )
 
 
 def _chart_flood(port: int, seed: int, stop: threading.Event, statuses: list[int]) -> None:
@@ -225,23 +264,30 @@ def _chart_flood(port: int, seed: int, stop: threading.Event, statuses: list[int
             c.close()
 
 
-def test_chart_flood_is_refused_and_does_not_delay_ps(users: tuple[User, User],
-                                                      tmp_path: Path) -> None:
+def test_chart_flood_is_refused_and_does_not_delay_ps(
+    users: tuple[User, User], tmp_path: Path
+) -> None:
     """32 anonymous clients asking for charts of random windows on web_listen: every one
     a 400 (only the page's 1, 6 and 24 hours are drawn), and A's ps and submit are
     answered within 1 s throughout."""
     a, _ = users
     port, metrics = free_port(), free_port()
     config = f'web_listen = "127.0.0.1:{port}"\nmetrics_listen = "127.0.0.1:{metrics}"\n'
-    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json", config=config,
-                          prepare=_history):
+    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json", config=config, prepare=_history):
         statuses: list[int] = []
         stop = threading.Event()
         passes, began = _passes(metrics), time.monotonic()
 
-        times = _timings_under(d, a, stop, [
-            threading.Thread(target=_chart_flood, args=(port, n, stop, statuses))
-            for n in range(32)], join=60)
+        times = _timings_under(
+            d,
+            a,
+            stop,
+            [
+                threading.Thread(target=_chart_flood, args=(port, n, stop, statuses))
+                for n in range(32)
+            ],
+            join=60,
+        )
         # The pass period (interval = 100 ms) held: at least a third of the passes it
         # promises (a pass takes time of its own).
         ran, took = _passes(metrics) - passes, time.monotonic() - began
@@ -262,8 +308,12 @@ def _many_jobs(home: Path) -> None:
     with Store(home / "state.db", synchronous="NORMAL") as store:
         for n in range(JOBS):
             user, uid = ("ann", 50001) if n % 2 else ("bob", 50002)
-            store.submit(JobSpec(command=("true", str(n)), user=user, uid=uid, gid=uid),
-                         1000.0 + n, state=model.INFEASIBLE, reason="seeded")
+            store.submit(
+                JobSpec(command=("true", str(n)), user=user, uid=uid, gid=uid),
+                1000.0 + n,
+                state=model.INFEASIBLE,
+                reason="seeded",
+            )
 
 
 def _list_loop(sock: Path, stop: threading.Event, sizes: list[int]) -> None:
@@ -289,16 +339,28 @@ def test_listings_come_in_pages(users: tuple[User, User], tmp_path: Path) -> Non
         assert [j["id"] for j in backwards] == forwards and older is False
         page = c.request("GET", "/v1/jobs", query={"all": "1", "after": 17, "limit": 3})
         assert [j["id"] for j in page["jobs"]] == [18, 19, 20] and page["more"]
-        for bad in ({"limit": "0"}, {"limit": "5001"}, {"before": "-1"},
-                    {"before": "5", "after": "2"}):
-            status, body = raw_http(d.socket, http_request(
-                "GET", "/v1/jobs?all=1&" + "&".join(f"{k}={v}" for k, v in bad.items())))
+        for bad in (
+            {"limit": "0"},
+            {"limit": "5001"},
+            {"before": "-1"},
+            {"before": "5", "after": "2"},
+        ):
+            status, body = raw_http(
+                d.socket,
+                http_request(
+                    "GET", "/v1/jobs?all=1&" + "&".join(f"{k}={v}" for k, v in bad.items())
+                ),
+            )
             assert status == 400 and b"Traceback" not in body, (bad, body)
 
         stop, sizes = threading.Event(), list[int]()
-        times = _timings_under(d, a, stop, [
-            threading.Thread(target=_list_loop, args=(d.socket, stop, sizes))
-            for _ in range(8)], join=120)
+        times = _timings_under(
+            d,
+            a,
+            stop,
+            [threading.Thread(target=_list_loop, args=(d.socket, stop, sizes)) for _ in range(8)],
+            join=120,
+        )
         assert sizes and set(sizes) == {1000}
         for what, runs in times.items():
             for status, seconds in runs:

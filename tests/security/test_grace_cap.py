@@ -21,23 +21,46 @@ TRAPS_TERM = ["sh", "-c", "trap '' TERM; echo up; exec sleep 600"]  # sleep igno
 
 
 def test_grace_past_max_grace_is_refused_and_kill_ends_a_job_in_its_grace(
-        users: tuple[User, User], tmp_path: Path) -> None:
+    users: tuple[User, User], tmp_path: Path
+) -> None:
     a, b = users
     for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json", config='max_grace = "5m"\n'):
         env_a, env_b = pidns.env_of(d.env, a), pidns.env_of(d.env, b)
-        r = d.cli("submit", "--cwd", a.home, "--grace", "1000d", "--", *TRAPS_TERM,
-                  env=env_a, prefix=a.prefix)
+        r = d.cli(
+            "submit",
+            "--cwd",
+            a.home,
+            "--grace",
+            "1000d",
+            "--",
+            *TRAPS_TERM,
+            env=env_a,
+            prefix=a.prefix,
+        )
         assert r.returncode != 0 and r.stdout == ""
         assert r.stderr.count("\n") == 1 and "max_grace" in r.stderr, r.stderr
         assert "Traceback" not in r.stderr
 
-        r = d.cli("submit", "--cwd", a.home, "--grace", "5m", "--", *TRAPS_TERM,
-                  env=env_a, prefix=a.prefix)
+        r = d.cli(
+            "submit",
+            "--cwd",
+            a.home,
+            "--grace",
+            "5m",
+            "--",
+            *TRAPS_TERM,
+            env=env_a,
+            prefix=a.prefix,
+        )
         assert r.returncode == 0, r.stderr
         job = int(r.stdout)
         d.wait_state(job, "running")
-        wait_for(lambda d=d, job=job: "up" in d.cli("logs", str(job)).stdout, timeout=20,
-                 interval=0.1, what="the job's SIGTERM handler to be set")
+        wait_for(
+            lambda d=d, job=job: "up" in d.cli("logs", str(job)).stdout,
+            timeout=20,
+            interval=0.1,
+            what="the job's SIGTERM handler to be set",
+        )
 
         other = d.cli("cancel", "--kill", str(job), env=env_b, prefix=b.prefix)
         assert other.returncode != 0 and "Traceback" not in other.stderr
@@ -78,8 +101,12 @@ def test_a_stored_grace_past_a_lowered_max_grace_is_capped(tmp_path: Path) -> No
         d.start()
         assert d.job(job)["grace"] == 1800.0
         d.wait_state(job, "running")
-        wait_for(lambda d=d, job=job: "up" in d.cli("logs", str(job)).stdout, timeout=20,
-                 interval=0.1, what="the job's SIGTERM handler to be set")
+        wait_for(
+            lambda d=d, job=job: "up" in d.cli("logs", str(job)).stdout,
+            timeout=20,
+            interval=0.1,
+            what="the job's SIGTERM handler to be set",
+        )
         start = time.monotonic()
         assert d.cli("cancel", str(job)).returncode == 0
         d.wait_state(job, "cancelled", timeout=30)

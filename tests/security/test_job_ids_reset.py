@@ -17,8 +17,7 @@ from tests.security.pidns import User
 SECRET = "gw-root-output-7d2a"
 
 
-def test_reset_database_never_reuses_a_job_id(users: tuple[User, User],
-                                              tmp_path: Path) -> None:
+def test_reset_database_never_reuses_a_job_id(users: tuple[User, User], tmp_path: Path) -> None:
     _, b = users
     for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json"):
         old = d.submit("--cwd", "/", cmd=["sh", "-c", f"echo {SECRET}"])
@@ -30,8 +29,9 @@ def test_reset_database_never_reuses_a_job_id(users: tuple[User, User],
         d.start()
 
         env = pidns.env_of(d.env, b)
-        r = d.cli("submit", "--cwd", b.home, "--", "sh", "-c", "echo mine", env=env,
-                  prefix=b.prefix)
+        r = d.cli(
+            "submit", "--cwd", b.home, "--", "sh", "-c", "echo mine", env=env, prefix=b.prefix
+        )
         assert r.returncode == 0, r.stderr
         new = int(r.stdout)
         assert new > old

@@ -34,10 +34,20 @@ print(json.dumps(Client(sys.argv[1]).request("POST", "/v1/jobs", body=body)))
 
 
 def _submit_raw(d: Any, u: User, command: list[str], cwd: str) -> int:
-    r = subprocess.run([*u.prefix, PY, "-c", _SUBMIT, str(d.socket),
-                        json.dumps({"command": command, "cwd": cwd, "mem": "1G"})],
-                       env={**pidns.env_of(d.env, u), "PYTHONPATH": str(SRC)},
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            *u.prefix,
+            PY,
+            "-c",
+            _SUBMIT,
+            str(d.socket),
+            json.dumps({"command": command, "cwd": cwd, "mem": "1G"}),
+        ],
+        env={**pidns.env_of(d.env, u), "PYTHONPATH": str(SRC)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     return int(json.loads(r.stdout)["id"])
 
@@ -56,24 +66,36 @@ def test_launch_checks_tell_another_user_nothing(users: tuple[User, User]) -> No
     os.chmod(private / "tool", 0o755)
     port = free_port()
     tmp = pidns.tmp_home()
-    for d in start_daemon(tmp, EXAMPLES / "idle-2gpu.json",
-                          f'web_listen = "127.0.0.1:{port}"\n'):
-        cwds = {name: _submit_raw(d, b, ["true"], str(private / name))
-                for name in ("dir", "file", "none")}
-        cmds = {name: _submit_raw(d, b, [str(private / name)], b.home)
-                for name in ("tool", "file", "none")}
-        ended = {k: d.wait_state(j, "failed", timeout=30)
-                 for k, j in [*(("cwd " + n, j) for n, j in cwds.items()),
-                              *(("cmd " + n, j) for n, j in cmds.items())]}
-        said = {k: (j["exit_code"], j["reason"].replace(str(private / k.split()[1]), "X"))
-                for k, j in ended.items()}
+    for d in start_daemon(tmp, EXAMPLES / "idle-2gpu.json", f'web_listen = "127.0.0.1:{port}"\n'):
+        cwds = {
+            name: _submit_raw(d, b, ["true"], str(private / name))
+            for name in ("dir", "file", "none")
+        }
+        cmds = {
+            name: _submit_raw(d, b, [str(private / name)], b.home)
+            for name in ("tool", "file", "none")
+        }
+        ended = {
+            k: d.wait_state(j, "failed", timeout=30)
+            for k, j in [
+                *(("cwd " + n, j) for n, j in cwds.items()),
+                *(("cmd " + n, j) for n, j in cmds.items()),
+            ]
+        }
+        said = {
+            k: (j["exit_code"], j["reason"].replace(str(private / k.split()[1]), "X"))
+            for k, j in ended.items()
+        }
         assert len({v for k, v in said.items() if k.startswith("cwd")}) == 1, said
         assert len({v for k, v in said.items() if k.startswith("cmd")}) == 1, said
 
         base = f"http://127.0.0.1:{port}"
-        feed = json.dumps([_get(f"{base}/ui/data/overview?hours=1"),
-                           *(_get(f"{base}/ui/data/jobs/{j['id']}")
-                             for j in ended.values())])
+        feed = json.dumps(
+            [
+                _get(f"{base}/ui/data/overview?hours=1"),
+                *(_get(f"{base}/ui/data/jobs/{j['id']}") for j in ended.values()),
+            ]
+        )
         assert str(private) not in feed
         assert "supervisor pid" not in feed
         page = _get(f"{base}/ui/data/jobs/{cwds['dir']}")["job"]

@@ -41,9 +41,23 @@ def mps_jobs_of_two_users(args: dict[str, Any]) -> dict[str, Any]:
     for d in start_daemon(tmp, EXAMPLES / "idle-2gpu.json", 'context_memory = "512M"\n'):
         jobs = {}
         for u in (a, b):
-            r = d.cli("submit", "--cwd", u.home, "--mps", "--mem", "1G", "--gpu-ids", "0",
-                      "--", JOB_PY, "-c", _CLIENT, "8", env=pidns.env_of(d.env, u),
-                      prefix=u.prefix)
+            r = d.cli(
+                "submit",
+                "--cwd",
+                u.home,
+                "--mps",
+                "--mem",
+                "1G",
+                "--gpu-ids",
+                "0",
+                "--",
+                JOB_PY,
+                "-c",
+                _CLIENT,
+                "8",
+                env=pidns.env_of(d.env, u),
+                prefix=u.prefix,
+            )
             assert r.returncode == 0, r.stderr
             jobs[u.name] = int(r.stdout)
         said: dict[str, Any] = {}
@@ -55,21 +69,30 @@ def mps_jobs_of_two_users(args: dict[str, Any]) -> dict[str, Any]:
                     said[name] = json.loads(out.read_text())
             assert time.monotonic() < deadline, [d.job(j) for j in jobs.values()]
             time.sleep(0.2)
-        controls = [[c.uid, c.visible_devices, c.pipe_dir]
-                    for c in read_mps_state().controls if str(d.home) in (c.pipe_dir or "")]
-        ends = {n: d.wait_state(j, "succeeded", "failed", timeout=60)["state"]
-                for n, j in jobs.items()}
+        controls = [
+            [c.uid, c.visible_devices, c.pipe_dir]
+            for c in read_mps_state().controls
+            if str(d.home) in (c.pipe_dir or "")
+        ]
+        ends = {
+            n: d.wait_state(j, "succeeded", "failed", timeout=60)["state"] for n, j in jobs.items()
+        }
         deadline = time.monotonic() + 30
         while [c for c in read_mps_state().controls if str(d.home) in (c.pipe_dir or "")]:
             assert time.monotonic() < deadline, "an MPS control daemon was not quit"
             time.sleep(0.2)
-        return {"uids": {a.name: a.uid, b.name: b.uid}, "said": said, "controls": controls,
-                "ends": ends}
+        return {
+            "uids": {a.name: a.uid, b.name: b.uid},
+            "said": said,
+            "controls": controls,
+            "ends": ends,
+        }
     raise AssertionError("no daemon")
 
 
 def test_each_users_mps_jobs_get_a_control_daemon_of_their_own(
-        users: tuple[User, User], pidns_ok: None) -> None:
+    users: tuple[User, User], pidns_ok: None
+) -> None:
     if not os.access(JOB_PY, os.X_OK):
         pytest.skip(f"needs {JOB_PY}")
     out = pidns.run(f"{__name__}:mps_jobs_of_two_users", {"users": pidns.users_args(*users)})

@@ -32,17 +32,33 @@ def test_root_without_a_home_does_not_start_the_system_daemon() -> None:
         pytest.skip(f"{SYSTEM_CONFIG} exists: this machine has a system daemon")
     if not pid_namespace_works():
         pytest.skip("needs unshare --pid --mount")
-    script = ('mount -t tmpfs tmpfs /run && mount -t tmpfs tmpfs /var/lib || exit 99\n'
-              '"$0" -m gpuwarden ps; echo "rc=$?"\n'
-              'if [ -e /var/lib/gpuwarden ] || [ -e /run/gpuwarden.sock ]; then '
-              'echo STARTED; fi\n')
-    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--propagation",
-                        "private", "sh", "-c", script, PY], env=_env(), capture_output=True,
-                       text=True, timeout=60)
+    script = (
+        "mount -t tmpfs tmpfs /run && mount -t tmpfs tmpfs /var/lib || exit 99\n"
+        '"$0" -m gpuwarden ps; echo "rc=$?"\n'
+        "if [ -e /var/lib/gpuwarden ] || [ -e /run/gpuwarden.sock ]; then "
+        "echo STARTED; fi\n"
+    )
+    r = subprocess.run(
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            PY,
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "rc=99" not in r.stdout, r.stderr
     assert "STARTED" not in r.stdout, (r.stdout, r.stderr)
     assert "rc=0" not in r.stdout and "Traceback" not in r.stderr, (r.stdout, r.stderr)
     [line] = r.stderr.strip().splitlines()
     assert "/run/gpuwarden.sock" in line and "gpuwarden daemon start" in line, line
     assert "deploy/systemd/gpuwarden.service" in line, line
-

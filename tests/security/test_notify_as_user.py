@@ -26,9 +26,13 @@ print(json.dumps(Client(sys.argv[1]).request("POST", "/v1/jobs", body=body)))
 
 
 def _submit(d: Any, u: User, body: dict[str, Any]) -> int:
-    r = subprocess.run([*u.prefix, PY, "-c", _SUBMIT, str(d.socket), json.dumps(body)],
-                       env={**pidns.env_of(d.env, u), "PYTHONPATH": str(SRC)},
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [*u.prefix, PY, "-c", _SUBMIT, str(d.socket), json.dumps(body)],
+        env={**pidns.env_of(d.env, u), "PYTHONPATH": str(SRC)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     return int(json.loads(r.stdout)["id"])
 
@@ -40,12 +44,23 @@ def test_notify_runs_as_the_jobs_user(users: tuple[User, User]) -> None:
     out = Path(a.home) / "notified"
     tmp = pidns.tmp_home()
     for d in start_daemon(tmp, EXAMPLES / "idle-2gpu.json"):
-        jid = _submit(d, a, {
-            "command": ["true"], "cwd": a.home, "mem": "1G",
-            "notify": f"{{ id -u; id -g; cat {secret} || echo denied; cat; }} > {out}"})
+        jid = _submit(
+            d,
+            a,
+            {
+                "command": ["true"],
+                "cwd": a.home,
+                "mem": "1G",
+                "notify": f"{{ id -u; id -g; cat {secret} || echo denied; cat; }} > {out}",
+            },
+        )
         d.wait_state(jid, "succeeded", timeout=60)
-        wait_for(lambda: out.exists() and out.read_text().count("\n") >= 3, timeout=30,
-                 interval=0.1, what="the notify command to run")
+        wait_for(
+            lambda: out.exists() and out.read_text().count("\n") >= 3,
+            timeout=30,
+            interval=0.1,
+            what="the notify command to run",
+        )
         time.sleep(0.3)
         uid, gid, read, doc = out.read_text().split("\n", 3)
         assert (int(uid), int(gid)) == (a.uid, a.gid)

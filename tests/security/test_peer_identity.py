@@ -47,11 +47,21 @@ def pid_of_a_gone_connector(args: dict[str, Any]) -> dict[str, Any]:
     tmp = pidns.tmp_home()
     for d in start_daemon(tmp, EXAMPLES / "idle-2gpu.json"):
         go = tmp / "go"
-        body = json.dumps({"command": ["sleep", "300"], "cwd": a.home, "mem": 1 << 30,
-                           "env": {"PATH": "/usr/bin:/bin"}, "attach": "probe"})
-        attacker = subprocess.Popen([*a.prefix, PY, "-c", ATTACKER, str(d.socket), str(go),
-                                     body], env=pidns.env_of(d.env, a),
-                                    stdout=subprocess.PIPE, text=True)
+        body = json.dumps(
+            {
+                "command": ["sleep", "300"],
+                "cwd": a.home,
+                "mem": 1 << 30,
+                "env": {"PATH": "/usr/bin:/bin"},
+                "attach": "probe",
+            }
+        )
+        attacker = subprocess.Popen(
+            [*a.prefix, PY, "-c", ATTACKER, str(d.socket), str(go), body],
+            env=pidns.env_of(d.env, a),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert attacker.stdout is not None
         pid = int(attacker.stdout.readline())
         attacker.wait(timeout=30)  # reaped: the pid is free
@@ -70,9 +80,9 @@ def pid_of_a_gone_connector(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_request_from_a_connection_whose_process_is_gone_is_refused(
-        users: tuple[User, User], pidns_ok: None) -> None:
-    out = pidns.run(f"{__name__}:pid_of_a_gone_connector",
-                    {"users": pidns.users_args(*users)})
+    users: tuple[User, User], pidns_ok: None
+) -> None:
+    out = pidns.run(f"{__name__}:pid_of_a_gone_connector", {"users": pidns.users_args(*users)})
     assert out["victim_alive"], out
     assert out["status"] == 403, out
     assert "has exited" in json.loads(out["body"])["error"], out

@@ -20,33 +20,72 @@ SLEEP = ["sleep", "600"]
 
 
 def test_users_may_not_take_priority_or_guaranteed_by_default(
-        users: tuple[User, User], tmp_path: Path) -> None:
+    users: tuple[User, User], tmp_path: Path
+) -> None:
     a, b = users
     config = f'[limits.users.{b.name}]\nmax_priority = 10\nqos = ["guaranteed", "burstable"]\n'
     for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json", config=config):
         env_a, env_b = pidns.env_of(d.env, a), pidns.env_of(d.env, b)
-        for asked, word in ((["--priority", "1000"], "max_priority"),
-                            (["--priority", "1"], "max_priority"),
-                            (["--qos", "guaranteed", "--mem", "1G"], "qos")):
-            r = d.cli("submit", "--cwd", a.home, *asked, "--", *SLEEP,
-                      env=env_a, prefix=a.prefix)
+        for asked, word in (
+            (["--priority", "1000"], "max_priority"),
+            (["--priority", "1"], "max_priority"),
+            (["--qos", "guaranteed", "--mem", "1G"], "qos"),
+        ):
+            r = d.cli("submit", "--cwd", a.home, *asked, "--", *SLEEP, env=env_a, prefix=a.prefix)
             assert r.returncode != 0 and r.stdout == "", r
             assert r.stderr.count("\n") == 1 and word in r.stderr, r.stderr
             assert "Traceback" not in r.stderr
 
-        r = d.cli("submit", "--cwd", a.home, "--priority", "0", "--qos", "besteffort",
-                  "--", *SLEEP, env=env_a, prefix=a.prefix)
+        r = d.cli(
+            "submit",
+            "--cwd",
+            a.home,
+            "--priority",
+            "0",
+            "--qos",
+            "besteffort",
+            "--",
+            *SLEEP,
+            env=env_a,
+            prefix=a.prefix,
+        )
         assert r.returncode == 0, r.stderr
         # b's own table: priority up to 10 and guaranteed, but not besteffort.
-        r = d.cli("submit", "--cwd", b.home, "--priority", "10", "--qos", "guaranteed",
-                  "--mem", "1G", "--", *SLEEP, env=env_b, prefix=b.prefix)
+        r = d.cli(
+            "submit",
+            "--cwd",
+            b.home,
+            "--priority",
+            "10",
+            "--qos",
+            "guaranteed",
+            "--mem",
+            "1G",
+            "--",
+            *SLEEP,
+            env=env_b,
+            prefix=b.prefix,
+        )
         assert r.returncode == 0, r.stderr
-        r = d.cli("submit", "--cwd", b.home, "--qos", "besteffort", "--", *SLEEP,
-                  env=env_b, prefix=b.prefix)
+        r = d.cli(
+            "submit",
+            "--cwd",
+            b.home,
+            "--qos",
+            "besteffort",
+            "--",
+            *SLEEP,
+            env=env_b,
+            prefix=b.prefix,
+        )
         assert r.returncode != 0 and "qos" in r.stderr and "Traceback" not in r.stderr
         # Root is unlimited.
-        assert d.submit("--cwd", "/", "--priority", "1000", "--qos", "guaranteed",
-                        "--mem", "1G", cmd=SLEEP) > 0
+        assert (
+            d.submit(
+                "--cwd", "/", "--priority", "1000", "--qos", "guaranteed", "--mem", "1G", cmd=SLEEP
+            )
+            > 0
+        )
 
 
 def test_priority_policy_is_validated(tmp_path: Path) -> None:

@@ -44,9 +44,14 @@ sys.exit(0 if all(c == 0 for c in codes) else 1)
 
 
 def _procs(uid: int, seconds: str) -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["uids", "cmdline"])
-            if p.info["uids"] and p.info["uids"].real == uid
-            and p.info["cmdline"][-2:-1] == [seconds] and "-c" in p.info["cmdline"]]
+    return [
+        p
+        for p in psutil.process_iter(["uids", "cmdline"])
+        if p.info["uids"]
+        and p.info["uids"].real == uid
+        and p.info["cmdline"][-2:-1] == [seconds]
+        and "-c" in p.info["cmdline"]
+    ]
 
 
 def workers_survive_reap(args: dict[str, Any]) -> dict[str, Any]:
@@ -59,14 +64,31 @@ def workers_survive_reap(args: dict[str, Any]) -> dict[str, Any]:
         # The second job runs with an empty environment (no GPUWARDEN_JOB anywhere in
         # its tree): only the daemon's view tells its workers from strays.
         for seconds, wrap in (("12", []), ("300", ["/usr/bin/env", "-i"])):
-            r = d.cli("submit", "--cwd", a.home, "--mem", "1G", "--", *wrap, JOB_PY, "-c",
-                      _JOB, seconds, dev, env=env, prefix=a.prefix)
+            r = d.cli(
+                "submit",
+                "--cwd",
+                a.home,
+                "--mem",
+                "1G",
+                "--",
+                *wrap,
+                JOB_PY,
+                "-c",
+                _JOB,
+                seconds,
+                dev,
+                env=env,
+                prefix=a.prefix,
+            )
             assert r.returncode == 0, r.stderr
             jobs[seconds] = int(r.stdout)
             d.wait_state(jobs[seconds], "running")
-        stray = subprocess.Popen([*b.prefix, PY, "-m", "gpuwarden.sim.job", "--hold-only",
-                                  "--seconds", "120"], stdout=subprocess.PIPE, text=True,
-                                 env={**pidns.env_of(d.env, b), "CUDA_VISIBLE_DEVICES": "1"})
+        stray = subprocess.Popen(
+            [*b.prefix, PY, "-m", "gpuwarden.sim.job", "--hold-only", "--seconds", "120"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**pidns.env_of(d.env, b), "CUDA_VISIBLE_DEVICES": "1"},
+        )
         assert stray.stdout is not None and stray.stdout.readline().startswith("ready")
         deadline = time.monotonic() + 30
         while min(len(_procs(a.uid, s)) for s in jobs) < 3:
@@ -78,25 +100,40 @@ def workers_survive_reap(args: dict[str, Any]) -> dict[str, Any]:
         bare = [("GPUWARDEN_JOB" in p.environ()) for p in procs["300"]]
         found = d.json("leaks", "--samples", "1")["leaks"]
         holders = {lk["pid"] for lk in found if lk["kind"] == "hidden_holder"}
-        reap = d.cli("reap", "--yes", "--json", "--samples", "1", "--grace", "2",
-                     "--timeout", "5")
+        reap = d.cli("reap", "--yes", "--json", "--samples", "1", "--grace", "2", "--timeout", "5")
         alive_after = {s: [pidns.alive(p) for p in ps] for s, ps in procs.items()}
         stray_alive = stray.poll() is None
-        named = d.cli("reap", "--yes", "--json", "--pid", str(worker.pid), "--samples",
-                      "1", "--grace", "2", "--timeout", "5")
+        named = d.cli(
+            "reap",
+            "--yes",
+            "--json",
+            "--pid",
+            str(worker.pid),
+            "--samples",
+            "1",
+            "--grace",
+            "2",
+            "--timeout",
+            "5",
+        )
         end = d.wait_state(jobs["12"], "succeeded", "failed", timeout=60)
         stray.kill()
-        return {"holders": sorted(holders), "job_pids": {s: [p.pid for p in ps]
-                                                         for s, ps in procs.items()},
-                "reap": json.loads(reap.stdout), "alive_after": alive_after,
-                "stray_alive": stray_alive, "stray_pid": stray.pid,
-                "named": named.stdout or named.stderr, "named_alive": pidns.alive(worker),
-                "end": [end["state"], end["exit_code"], end["reason"]], "bare": bare}
+        return {
+            "holders": sorted(holders),
+            "job_pids": {s: [p.pid for p in ps] for s, ps in procs.items()},
+            "reap": json.loads(reap.stdout),
+            "alive_after": alive_after,
+            "stray_alive": stray_alive,
+            "stray_pid": stray.pid,
+            "named": named.stdout or named.stderr,
+            "named_alive": pidns.alive(worker),
+            "end": [end["state"], end["exit_code"], end["reason"]],
+            "bare": bare,
+        }
     raise AssertionError("no daemon")
 
 
-def test_root_reap_leaves_running_jobs_workers(users: tuple[User, User],
-                                               pidns_ok: None) -> None:
+def test_root_reap_leaves_running_jobs_workers(users: tuple[User, User], pidns_ok: None) -> None:
     if not os.access(JOB_PY, os.X_OK):
         pytest.skip(f"needs {JOB_PY}")
     out = pidns.run(f"{__name__}:workers_survive_reap", {"users": pidns.users_args(*users)})

@@ -25,19 +25,31 @@ def reused_leak_pid(args: dict[str, Any]) -> dict[str, Any]:
     tmp = pidns.tmp_home()
     for d in start_daemon(tmp, EXAMPLES / "idle-2gpu.json", 'release_timeout = "3s"\n'):
         env = pidns.env_of(d.env, a)
-        r = d.cli("submit", "--cwd", a.home, "--mem", "2G", "--", "sleep", "2",
-                  env=env, prefix=a.prefix)
+        r = d.cli(
+            "submit", "--cwd", a.home, "--mem", "2G", "--", "sleep", "2", env=env, prefix=a.prefix
+        )
         assert r.returncode == 0, r.stderr
         jid = int(r.stdout)
         job = d.wait_state(jid, "running")
-        [proc] = [p for p in psutil.process_iter(["uids", "cmdline"])
-                  if p.info["uids"].real == a.uid and p.info["cmdline"] == ["sleep", "2"]]
+        [proc] = [
+            p
+            for p in psutil.process_iter(["uids", "cmdline"])
+            if p.info["uids"].real == a.uid and p.info["cmdline"] == ["sleep", "2"]
+        ]
         pid = proc.pid
         # What the simulated driver knows (sim/registry.py): 1 GiB charged to the job's
         # command, a context it will not free when the process ends.
-        (tmp / "sim" / "alloc" / f"{pid}.json").write_text(json.dumps(
-            {"pid": pid, "start_time": proc.create_time(), "leak": True, "command": "sleep",
-             "gpus": {job["gpu_uuids"][0]: 1 << 30}}))
+        (tmp / "sim" / "alloc" / f"{pid}.json").write_text(
+            json.dumps(
+                {
+                    "pid": pid,
+                    "start_time": proc.create_time(),
+                    "leak": True,
+                    "command": "sleep",
+                    "gpus": {job["gpu_uuids"][0]: 1 << 30},
+                }
+            )
+        )
         d.wait_state(jid, "succeeded", "failed")
         time.sleep(1.2)  # a later start than the job's, beyond any clock tolerance
         victim = pidns.spawn_with_pid(pid, b, ["sleep", "300"])
@@ -46,14 +58,19 @@ def reused_leak_pid(args: dict[str, Any]) -> dict[str, Any]:
             assert time.monotonic() < deadline, d.job(jid)["events"]
             time.sleep(0.2)
         time.sleep(3)  # the reap runs right after the leak is recorded; give it the grace
-        return {"pid": pid, "victim_alive": pidns.alive(victim),
-                "events": [[e["kind"], e["detail"]] for e in d.job(jid)["events"]]}
+        return {
+            "pid": pid,
+            "victim_alive": pidns.alive(victim),
+            "events": [[e["kind"], e["detail"]] for e in d.job(jid)["events"]],
+        }
     raise AssertionError("no daemon")
 
 
-def test_a_reused_pid_of_a_leaked_job_is_not_reaped(users: tuple[User, User],
-                                                    pidns_ok: None) -> None:
+def test_a_reused_pid_of_a_leaked_job_is_not_reaped(
+    users: tuple[User, User], pidns_ok: None
+) -> None:
     out = pidns.run(f"{__name__}:reused_leak_pid", {"users": pidns.users_args(*users)})
     assert out["victim_alive"], out["events"]
-    assert not any(k == "reaped" and f"pid {out['pid']}" in (d or "")
-                   for k, d in out["events"]), out["events"]
+    assert not any(k == "reaped" and f"pid {out['pid']}" in (d or "") for k, d in out["events"]), (
+        out["events"]
+    )

@@ -30,8 +30,22 @@ def test_user_strings_reach_no_terminal_raw(users: tuple[User, User], tmp_path: 
     a, b = users
     for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json"):
         env_a, env_b = pidns.env_of(d.env, a), pidns.env_of(d.env, b)
-        r = d.cli("submit", "--cwd", a.home, "--name", NAME, "--group", GROUP, "--",
-                  "sh", "-c", "sleep 60", ARG, env=env_a, prefix=a.prefix)
+        r = d.cli(
+            "submit",
+            "--cwd",
+            a.home,
+            "--name",
+            NAME,
+            "--group",
+            GROUP,
+            "--",
+            "sh",
+            "-c",
+            "sleep 60",
+            ARG,
+            env=env_a,
+            prefix=a.prefix,
+        )
         assert r.returncode == 0, r.stderr
         job = int(r.stdout)
 
@@ -50,9 +64,18 @@ def test_user_strings_reach_no_terminal_raw(users: tuple[User, User], tmp_path: 
         assert jobs[0]["name"] == NAME
 
         # top: its table rows and its details page, from the same answers
-        rows = model.build_rows(Snapshot(taken_at=0.0, backend="sim", driver_version=None,
-                                         gpus=(), holders=(), in_child_namespace=False,
-                                         observer_pid=0), jobs)
+        rows = model.build_rows(
+            Snapshot(
+                taken_at=0.0,
+                backend="sim",
+                driver_version=None,
+                gpus=(),
+                holders=(),
+                in_child_namespace=False,
+                observer_pid=0,
+            ),
+            jobs,
+        )
         layout = model.table_layout(rows, 200)
         for row in rows:
             _clean("".join(model.row_cells(row, layout)))

@@ -29,8 +29,9 @@ def _status(url: str) -> tuple[int, bytes]:
 @pytest.mark.parametrize("raw", BAD_IDS)
 def test_a_job_id_in_other_digits_is_a_400_not_a_500(tmp_path: Path, raw: str) -> None:
     port = free_port()
-    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json",
-                          f'web_listen = "127.0.0.1:{port}"\n'):
+    for d in start_daemon(
+        tmp_path, EXAMPLES / "idle-2gpu.json", f'web_listen = "127.0.0.1:{port}"\n'
+    ):
         code, body = _status(f"http://127.0.0.1:{port}/ui/data/jobs/{raw}")
         assert code == 400, body
         assert "invalid job id" in json.loads(body)["error"]

@@ -36,16 +36,20 @@ def served(users: tuple[User, User], tmp_path: Path) -> Iterator[tuple[Daemon, i
     a, _ = users
     for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json"):
         env = pidns.env_of(d.env, a)
-        r = d.cli("submit", "--cwd", a.home, "--", "sh", "-c", f"echo {SECRET}", env=env,
-                  prefix=a.prefix)
+        r = d.cli(
+            "submit", "--cwd", a.home, "--", "sh", "-c", f"echo {SECRET}", env=env, prefix=a.prefix
+        )
         assert r.returncode == 0, r.stderr
         jid = int(r.stdout)
         assert d.cli("wait", str(jid), env=env, prefix=a.prefix).returncode == 0
         assert SECRET in d.cli("logs", str(jid), env=env, prefix=a.prefix).stdout
         port = free_port()
-        with subprocess.Popen([*a.prefix, PY, "-m", "gpuwarden", "web", "--listen",
-                               f"127.0.0.1:{port}"], env=env, stderr=subprocess.PIPE,
-                              text=True) as proxy:  # leaving closes its pipe
+        with subprocess.Popen(
+            [*a.prefix, PY, "-m", "gpuwarden", "web", "--listen", f"127.0.0.1:{port}"],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as proxy:  # leaving closes its pipe
             try:
                 assert proxy.stderr is not None
                 line = proxy.stderr.readline()
@@ -58,16 +62,21 @@ def served(users: tuple[User, User], tmp_path: Path) -> Iterator[tuple[Daemon, i
 
 
 def fetch_as(u: User, port: int, path: str) -> tuple[int, str]:
-    r = subprocess.run([*u.prefix, PY, "-c", FETCH, str(port), path],
-                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SRC)},
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [*u.prefix, PY, "-c", FETCH, str(port), path],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SRC)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     return out["status"], out["body"]
 
 
-def fetch(port: int, path: str, cookie: str | None = None
-          ) -> tuple[int, http.client.HTTPMessage, str]:
+def fetch(
+    port: int, path: str, cookie: str | None = None
+) -> tuple[int, http.client.HTTPMessage, str]:
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         c.request("GET", path, headers={"Cookie": cookie} if cookie else {})
@@ -78,19 +87,25 @@ def fetch(port: int, path: str, cookie: str | None = None
 
 
 def test_another_user_gets_nothing_through_gpuwarden_web(
-        users: tuple[User, User], served: tuple[Daemon, int, int, str]) -> None:
+    users: tuple[User, User], served: tuple[Daemon, int, int, str]
+) -> None:
     _, b = users
     _, jid, port, _ = served
-    for path in (f"/ui/%2e%2e/v1/jobs/{jid}/logs", f"/ui/..%2fv1/jobs/{jid}/logs",
-                 f"/ui/%2E%2E/%2E%2E/v1/jobs/{jid}", "/ui/data/overview", "/ui/",
-                 "/v1/jobs", f"/ui/data/jobs/{jid}"):
+    for path in (
+        f"/ui/%2e%2e/v1/jobs/{jid}/logs",
+        f"/ui/..%2fv1/jobs/{jid}/logs",
+        f"/ui/%2E%2E/%2E%2E/v1/jobs/{jid}",
+        "/ui/data/overview",
+        "/ui/",
+        "/v1/jobs",
+        f"/ui/data/jobs/{jid}",
+    ):
         status, body = fetch_as(b, port, path)
         assert SECRET not in body, (path, body)
         assert status == 403, (path, status, body)
 
 
-def test_the_token_opens_the_page_and_nothing_more(
-        served: tuple[Daemon, int, int, str]) -> None:
+def test_the_token_opens_the_page_and_nothing_more(served: tuple[Daemon, int, int, str]) -> None:
     _, jid, port, token = served
     assert token, "gpuwarden web printed no token"
     status, headers, _ = fetch(port, f"/ui/?token={token}")
@@ -101,10 +116,15 @@ def test_the_token_opens_the_page_and_nothing_more(
     status, _, body = fetch(port, "/ui/data/overview?hours=1", cookie)
     assert status == 200 and "gpus" in json.loads(body)
     assert fetch(port, "/ui/", cookie)[0] == 200
-    for path in (f"/ui/%2e%2e/v1/jobs/{jid}/logs", f"/ui/..%2fv1/jobs/{jid}/logs",
-                 f"/ui/static/..%2f..%2fv1%2fjobs%2f{jid}%2flogs", "/v1/jobs",
-                 f"/ui/data/jobs/{jid}/../../../v1/jobs/{jid}/logs", "/openapi.json",
-                 f"/ui/data/jobs/{jid}%2f..%2f..%2f..%2fv1%2fjobs"):
+    for path in (
+        f"/ui/%2e%2e/v1/jobs/{jid}/logs",
+        f"/ui/..%2fv1/jobs/{jid}/logs",
+        f"/ui/static/..%2f..%2fv1%2fjobs%2f{jid}%2flogs",
+        "/v1/jobs",
+        f"/ui/data/jobs/{jid}/../../../v1/jobs/{jid}/logs",
+        "/openapi.json",
+        f"/ui/data/jobs/{jid}%2f..%2f..%2f..%2fv1%2fjobs",
+    ):
         status, _, body = fetch(port, path, cookie)
         assert SECRET not in body, (path, body)
         assert status == 404, (path, status, body)

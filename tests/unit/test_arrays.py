@@ -24,20 +24,23 @@ def test_indices_ranges_steps_and_a_limit() -> None:
     assert parse_array(f"0-{MAX_TASKS - 1}%8").limit == 8
 
 
-@pytest.mark.parametrize(("spec", "said"), [
-    ("", "give indices such as 0-99"),
-    ("5-3", "'5-3' is not a range"),
-    ("0-9%0", "%N needs N from 1"),
-    ("0-9%x", "%N needs N from 1"),
-    ("a-b", "'a' is not an index"),
-    ("-1", "'' is not an index"),
-    ("1,1", "index 1 is given twice"),
-    ("3:2", "is not a range"),
-    ("0-9:0", "is not a range"),
-    (f"0-{MAX_TASKS}", f"more than {MAX_TASKS} tasks"),
-    ("0-99999999", "is not an index"),
-    ("٣", "is not an index"),  # a digit to str.isdigit, not to int() of ASCII
-])
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        ("", "give indices such as 0-99"),
+        ("5-3", "'5-3' is not a range"),
+        ("0-9%0", "%N needs N from 1"),
+        ("0-9%x", "%N needs N from 1"),
+        ("a-b", "'a' is not an index"),
+        ("-1", "'' is not an index"),
+        ("1,1", "index 1 is given twice"),
+        ("3:2", "is not a range"),
+        ("0-9:0", "is not a range"),
+        (f"0-{MAX_TASKS}", f"more than {MAX_TASKS} tasks"),
+        ("0-99999999", "is not an index"),
+        ("٣", "is not an index"),  # a digit to str.isdigit, not to int() of ASCII
+    ],
+)
 def test_a_bad_array_is_one_clear_error(spec: str, said: str) -> None:
     with pytest.raises(UsageError, match=None) as e:
         parse_array(spec)
@@ -63,14 +66,17 @@ def test_an_array_is_stored_in_one_go_and_its_references_resolve(tmp_path: Path)
         assert created and first.id == before.id + 1
         tasks = store.list(array=first.id)
         assert [(t.spec.array, t.spec.name) for t in tasks] == [
-            (Member(first.id, i, 2), "sweep") for i in (0, 5, 9)]
+            (Member(first.id, i, 2), "sweep") for i in (0, 5, 9)
+        ]
         a, ids = first.id, [t.id for t in tasks]
         # An array's id names each task; a task's own id names it alone.
         assert store.resolve([a]) == (ids, [])
         assert store.resolve([ids[1]]) == ([ids[1]], [])
         assert store.resolve([(a, 9), before.id]) == ([before.id, ids[2]], [])
-        assert store.resolve([(a, 1), (before.id, 0), 10**6]) == ([], [(a, 1), (before.id, 0),
-                                                                    10**6])
+        assert store.resolve([(a, 1), (before.id, 0), 10**6]) == (
+            [],
+            [(a, 1), (before.id, 0), 10**6],
+        )
         assert store.get(before.id).spec.array is None
 
 

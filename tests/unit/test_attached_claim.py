@@ -32,9 +32,17 @@ def _no_cancel(job: Job) -> None:
 
 
 def _placer(tmp_path: Path, store: Store, clock: list[float]) -> Placer:
-    return Placer(store, Config(), tmp_path / "jobs", boot_id(), lambda: clock[0],
-                  None, MpsPool(tmp_path / "mps"), lambda gpus: 0,
-                  _no_cancel)
+    return Placer(
+        store,
+        Config(),
+        tmp_path / "jobs",
+        boot_id(),
+        lambda: clock[0],
+        None,
+        MpsPool(tmp_path / "mps"),
+        lambda gpus: 0,
+        _no_cancel,
+    )
 
 
 def _claim(placer: Placer, job: Job, pid: int) -> None:
@@ -42,16 +50,25 @@ def _claim(placer: Placer, job: Job, pid: int) -> None:
 
     d = job_dir(placer.jobs_dir, job)
     d.mkdir(parents=True, exist_ok=True)
-    write_claim(d, job.id, SupervisorHandle(pid=pid, start_time=psutil.Process(pid)
-                                            .create_time(), boot_id=boot_id(),
-                                            start_ticks=start_ticks(pid)), "attached")
+    write_claim(
+        d,
+        job.id,
+        SupervisorHandle(
+            pid=pid,
+            start_time=psutil.Process(pid).create_time(),
+            boot_id=boot_id(),
+            start_ticks=start_ticks(pid),
+        ),
+        "attached",
+    )
 
 
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
     store = Store(tmp_path / "state.db")
-    job, _ = store.submit(JobSpec(command=("true",), user="ann", uid=50001, gid=50001,
-                                  attach="ray job x"), NOW)
+    job, _ = store.submit(
+        JobSpec(command=("true",), user="ann", uid=50001, gid=50001, attach="ray job x"), NOW
+    )
     clock = [NOW + 1]
     yield _placer(tmp_path, store, clock), store, job, clock
     store.close()
@@ -85,7 +102,8 @@ def test_a_named_launcher_that_ended_cancels_the_job(world: World) -> None:
 
 
 def test_a_launcher_named_while_the_pass_reads_is_not_taken_for_gone(
-        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The read misses the claim, which the API writes just after: the pass must not
     then find the file and cancel the job."""
     placer, store, job, _ = world

@@ -27,26 +27,29 @@ FREE = Policy(preemption=False)  # the default guard: 15 minutes
 
 # --- the starvation guard -----------------------------------------------------------------
 
+
 def test_a_job_that_fits_starts_while_the_heads_start_is_unknown() -> None:
     # One 80 GiB GPU, 40G running with no timeout, 60G waiting: a 30G that fits starts.
     gpus = [g(0, use(100, 40))]
-    d = by_id(plan(gpus, [job(1, 60, at=NOW - 60), job(2, 30, at=NOW - 1)], 0, now=NOW,
-                   policy=FREE))
+    d = by_id(
+        plan(gpus, [job(1, 60, at=NOW - 60), job(2, 30, at=NOW - 1)], 0, now=NOW, policy=FREE)
+    )
     assert d[2] == Place(2, (0,), 30 * GiB)
     assert isinstance(d[1], Wait)
-    assert "jobs that fit start before it for 14m00s more, then its room is held" \
-        in d[1].reason
+    assert "jobs that fit start before it for 14m00s more, then its room is held" in d[1].reason
 
 
 def test_past_starve_after_the_heads_room_is_held() -> None:
     gpus = [g(0, use(100, 40))]
-    d = by_id(plan(gpus, [job(1, 60, at=NOW - 901), job(2, 30, at=NOW - 1)], 0, now=NOW,
-                   policy=FREE))
+    d = by_id(
+        plan(gpus, [job(1, 60, at=NOW - 901), job(2, 30, at=NOW - 1)], 0, now=NOW, policy=FREE)
+    )
     assert isinstance(d[2], Wait) and d[2].cause == "backfill"
     assert "would delay job 1" in d[2].reason and "15m00s" in d[2].reason
     # A job that leaves the head job's room alone still starts.
-    d = by_id(plan(gpus, [job(1, 60, at=NOW - 901), job(2, 20, at=NOW - 1)], 0, now=NOW,
-                   policy=FREE))
+    d = by_id(
+        plan(gpus, [job(1, 60, at=NOW - 901), job(2, 20, at=NOW - 1)], 0, now=NOW, policy=FREE)
+    )
     assert isinstance(d[2], Place)
 
 
@@ -68,6 +71,7 @@ def test_starving_is_waiting_at_least_starve_after() -> None:
 
 
 # --- run-time estimates -------------------------------------------------------------------
+
 
 def test_the_expected_run_time_is_the_shorter_of_estimate_and_timeout() -> None:
     assert job(1).expected_runtime is None
@@ -95,13 +99,21 @@ def test_a_job_past_its_estimate_has_an_unknown_end_but_a_timeout_still_bounds_i
     late = use(100, 40, expected=NOW - 10)
     assert backfill.expected_end(late, NOW) == math.inf
     gpus = [g(0, late)]
-    d = by_id(plan(gpus, [job(1, 60, at=NOW - 60), job(2, 30, estimate=3600)], 0, now=NOW,
-                   policy=FREE))
+    d = by_id(
+        plan(gpus, [job(1, 60, at=NOW - 60), job(2, 30, estimate=3600)], 0, now=NOW, policy=FREE)
+    )
     assert isinstance(d[2], Place)  # the head's start is unknown again: the guard decides
     bounded = use(100, 40, expected=NOW - 10, ends=NOW + 600)
     assert backfill.expected_end(bounded, NOW) == NOW + 600
-    d = by_id(plan([g(0, bounded)], [job(1, 60, at=NOW - 60), job(2, 30, estimate=3600)], 0,
-                   now=NOW, policy=FREE))
+    d = by_id(
+        plan(
+            [g(0, bounded)],
+            [job(1, 60, at=NOW - 60), job(2, 30, estimate=3600)],
+            0,
+            now=NOW,
+            policy=FREE,
+        )
+    )
     assert isinstance(d[2], Wait) and d[2].cause == "backfill"
 
 
@@ -113,8 +125,13 @@ def test_a_learned_run_time_is_the_longest_of_the_last_five() -> None:
     assert how == "15m00s, the longest of 5 earlier successful run(s)"
 
 
-def _run(store: Store, spec: JobSpec, start: float, end: float, state: str = SUCCEEDED,
-         ) -> int:
+def _run(
+    store: Store,
+    spec: JobSpec,
+    start: float,
+    end: float,
+    state: str = SUCCEEDED,
+) -> int:
     job, _ = store.submit(spec, start - 1)
     store.transition(job.id, QUEUED, RESERVED, now=start, kind="placed")
     store.transition(job.id, RESERVED, RUNNING, now=start, kind="started", started_at=start)
@@ -123,8 +140,7 @@ def _run(store: Store, spec: JobSpec, start: float, end: float, state: str = SUC
 
 
 def test_run_times_are_learned_per_user_and_key_else_name(tmp_path: Path) -> None:
-    base: dict[str, Any] = dict(command=("python", "eval.py"), user="alice", uid=1000,
-                                gid=1000)
+    base: dict[str, Any] = dict(command=("python", "eval.py"), user="alice", uid=1000, gid=1000)
     with Store(tmp_path / "state.db") as store:
         _run(store, JobSpec(**base, name="eval"), 100, 400)
         _run(store, JobSpec(**base, name="eval"), 500, 1100)
@@ -141,17 +157,24 @@ def test_run_times_are_learned_per_user_and_key_else_name(tmp_path: Path) -> Non
         assert queued_view(waiting, learned).runtime == 3600.0
         view = estimate_view(waiting, learned, how)
         assert view["seconds"] == 600.0
-        assert view["how"] == ("learned: 10m00s, the longest of 2 earlier successful run(s) "
-                               "(--timeout 1h00m bounds it)")
+        assert view["how"] == (
+            "learned: 10m00s, the longest of 2 earlier successful run(s) "
+            "(--timeout 1h00m bounds it)"
+        )
         fresh, _ = store.submit(JobSpec(**base, name="new"), 10_000)
         assert estimate_view(fresh, *learned_runtime(store, fresh))["how"].startswith(
-            "unknown: no --timeout")
+            "unknown: no --timeout"
+        )
         short, _ = store.submit(JobSpec(**base, name="eval", timeout=60), 10_000)
         assert estimate_view(short, *learned_runtime(store, short)) == {
-            "seconds": 60.0, "learned": 600.0, "how": "its --timeout, 1m00s"}
+            "seconds": 60.0,
+            "learned": 600.0,
+            "how": "its --timeout, 1m00s",
+        }
 
 
 # --- best fit behind the head -------------------------------------------------------------
+
 
 def test_behind_a_waiting_job_the_job_that_fills_the_hole_goes_first() -> None:
     # 40 GiB free, the 60G head waits: in queue order the 10G would start and leave the
@@ -184,29 +207,33 @@ def test_no_job_is_passed_over_by_more_than_the_window() -> None:
     n = BEST_FIT_WINDOW + 4
     early = n - BEST_FIT_WINDOW + 1  # started before the big job is weighed
     big = 40 - early - (BEST_FIT_WINDOW - 1)
-    queue = [job(1, 60, at=NOW - 60), *(job(10 + i, 1, at=NOW - 50 + i) for i in range(n)),
-             job(99, big, at=NOW - 1)]
+    queue = [
+        job(1, 60, at=NOW - 60),
+        *(job(10 + i, 1, at=NOW - 50 + i) for i in range(n)),
+        job(99, big, at=NOW - 1),
+    ]
     decisions = plan(gpus, queue, 0, now=NOW, policy=FREE)
     order = [d.job_id for d in decisions if isinstance(d, Place)]
     assert order[:early] == [10 + i for i in range(early)]
-    assert order[early] == 99 and sorted(order[early + 1:]) == list(range(10 + early, 10 + n))
+    assert order[early] == 99 and sorted(order[early + 1 :]) == list(range(10 + early, 10 + n))
     assert sum(d.budget for d in decisions if isinstance(d, Place)) == 40 * GiB
 
 
 # --- services coming back keep their room ---------------------------------------------------
 
+
 def back(id: int, gib: float, *, not_before: float = 0.0) -> QueuedJob:
     """A service queued again after it ended (a restart, an OOM retry)."""
-    return dataclasses.replace(job(id, gib, at=NOW - 3600, not_before=not_before),
-                               returning=True)
+    return dataclasses.replace(job(id, gib, at=NOW - 3600, not_before=not_before), returning=True)
 
 
 def test_a_service_coming_back_goes_ahead_of_higher_priority_work() -> None:
     # 30G running; a priority-100 job that needs 45G and a service retried at 10G: both
     # cannot fit, and the service, admitted before, is placed first.
     gpus = [g(0, use(100, 30))]
-    d = by_id(plan(gpus, [job(1, 45, priority=100, at=NOW - 1), back(2, 10)], 0, now=NOW,
-                   policy=FREE))
+    d = by_id(
+        plan(gpus, [job(1, 45, priority=100, at=NOW - 1), back(2, 10)], 0, now=NOW, policy=FREE)
+    )
     assert d[2] == Place(2, (0,), 10 * GiB)
     assert isinstance(d[1], Wait)
 
@@ -231,8 +258,9 @@ def test_a_service_coming_back_bigger_has_its_room_held_at_once() -> None:
     assert isinstance(d[2], Wait) and d[2].cause == "backfill"
     # A new job in its place would let the 35G start (its start is unknown).
     new = job(1, 50, at=NOW - 60)
-    assert isinstance(by_id(plan(gpus, [new, job(2, 35, at=NOW - 1)], 0, now=NOW,
-                                 policy=FREE))[2], Place)
+    assert isinstance(
+        by_id(plan(gpus, [new, job(2, 35, at=NOW - 1)], 0, now=NOW, policy=FREE))[2], Place
+    )
 
 
 def test_memory_coming_back_from_an_ended_attempt_holds_the_room_for_the_head() -> None:
@@ -251,8 +279,10 @@ def test_memory_coming_back_from_an_ended_attempt_holds_the_room_for_the_head() 
 
 # --- properties -----------------------------------------------------------------------------
 
-def _booked(gpus: list[GpuState], jobs: dict[int, QueuedJob],
-            decisions: list[object]) -> list[GpuState]:
+
+def _booked(
+    gpus: list[GpuState], jobs: dict[int, QueuedJob], decisions: list[object]
+) -> list[GpuState]:
     state = list(gpus)
     for d in decisions:
         if isinstance(d, Place):
@@ -263,7 +293,8 @@ def _booked(gpus: list[GpuState], jobs: dict[int, QueuedJob],
 @settings(max_examples=300, deadline=None)
 @given(scenes())
 def test_while_no_start_is_known_and_none_starves_no_job_that_fits_waits(
-        scene: tuple[list[GpuState], list[QueuedJob]]) -> None:
+    scene: tuple[list[GpuState], list[QueuedJob]],
+) -> None:
     gpus, queue = scene
     pol = Policy(preemption=False, starve_after=math.inf)
     decisions = plan(gpus, queue, 0, now=NOW, policy=pol)

@@ -21,45 +21,92 @@ from gpuwarden.units import GiB, MiB
 NODE0, NODE1 = "0-15", "16-31"
 
 
-def proc(pid: int, gpu: int, *, user: str | None = "alice", memory: int | None = GiB,
-         exists: bool = True, status: str = "running", cpus: str | None = None,
-         env: Mapping[str, str] | None = None, torch: bool | None = None,
-         garbage: bool = False, hint: str | None = None, ppid: int = 100,
-         orphan: bool = False) -> ProcessView:
+def proc(
+    pid: int,
+    gpu: int,
+    *,
+    user: str | None = "alice",
+    memory: int | None = GiB,
+    exists: bool = True,
+    status: str = "running",
+    cpus: str | None = None,
+    env: Mapping[str, str] | None = None,
+    torch: bool | None = None,
+    garbage: bool = False,
+    hint: str | None = None,
+    ppid: int = 100,
+    orphan: bool = False,
+) -> ProcessView:
     from gpuwarden.gpus.topology import parse_cpulist
 
     info = ProcInfo(
-        pid=pid, exists=exists, start_time=1000.0 if exists else None,
-        user=user if exists else None, command=f"python job{pid}.py" if exists else None,
-        status=status if exists else None, ppid=1 if orphan else ppid,
-        pgid=pid - 1 if orphan else pid, group_leader_alive=not orphan,
+        pid=pid,
+        exists=exists,
+        start_time=1000.0 if exists else None,
+        user=user if exists else None,
+        command=f"python job{pid}.py" if exists else None,
+        status=status if exists else None,
+        ppid=1 if orphan else ppid,
+        pgid=pid - 1 if orphan else pid,
+        group_leader_alive=not orphan,
         cpus_allowed=None if cpus is None else parse_cpulist(cpus),
-        env=env, uses_torch=torch, garbage=garbage, namespace_hint=hint,
+        env=env,
+        uses_torch=torch,
+        garbage=garbage,
+        namespace_hint=hint,
     )
-    return ProcessView(GpuProcessFacts(pid=pid, gpu_index=gpu, memory=memory), info,
-                       process_state(info), 60.0)
+    return ProcessView(
+        GpuProcessFacts(pid=pid, gpu_index=gpu, memory=memory), info, process_state(info), 60.0
+    )
 
 
-def gpu(index: int, *procs: ProcessView, total: int = 40 * GiB, extra: int = 0,
-        mode: str | None = "Default", persistence: bool | None = True,
-        mps: bool | None = False, cpus: str | None = NODE0, numa: int | None = 0,
-        ecc: int | None = 0, retired: int | None = 0,
-        pending: bool | None = False) -> GpuView:
+def gpu(
+    index: int,
+    *procs: ProcessView,
+    total: int = 40 * GiB,
+    extra: int = 0,
+    mode: str | None = "Default",
+    persistence: bool | None = True,
+    mps: bool | None = False,
+    cpus: str | None = NODE0,
+    numa: int | None = 0,
+    ecc: int | None = 0,
+    retired: int | None = 0,
+    pending: bool | None = False,
+) -> GpuView:
     """A GPU whose used memory is its processes' plus ``extra`` (unaccounted)."""
     used = min(total, sum(p.memory or 0 for p in procs) + extra)
     facts = GpuFacts(
-        index=index, uuid=f"GPU-{index}", name="NVIDIA A100-SXM4-40GB", memory_total=total,
-        memory_used=used, memory_free=total - used, compute_mode=mode,
-        persistence_mode=persistence, mps=mps, numa_node=numa, cpus=cpus,
-        ecc_uncorrected=ecc, retired_pages=retired, retired_pages_pending=pending,
+        index=index,
+        uuid=f"GPU-{index}",
+        name="NVIDIA A100-SXM4-40GB",
+        memory_total=total,
+        memory_used=used,
+        memory_free=total - used,
+        compute_mode=mode,
+        persistence_mode=persistence,
+        mps=mps,
+        numa_node=numa,
+        cpus=cpus,
+        ecc_uncorrected=ecc,
+        retired_pages=retired,
+        retired_pages_pending=pending,
     )
     return GpuView(facts, tuple(procs))
 
 
-def snap(*gpus: GpuView, holders: Sequence[Holder] = (), in_child: bool = False,
-         now: float = 2000.0) -> Snapshot:
-    return Snapshot(taken_at=now, backend="test", driver_version="535.104.05", gpus=gpus,
-                    holders=tuple(holders), in_child_namespace=in_child, observer_pid=1)
+def snap(
+    *gpus: GpuView, holders: Sequence[Holder] = (), in_child: bool = False, now: float = 2000.0
+) -> Snapshot:
+    return Snapshot(
+        taken_at=now,
+        backend="test",
+        driver_version="535.104.05",
+        gpus=gpus,
+        holders=tuple(holders),
+        in_child_namespace=in_child,
+        observer_pid=1,
+    )
 
 
 def run(s: Snapshot, mps: MpsState | None = None) -> list[Finding]:
@@ -72,9 +119,11 @@ def rules(findings: Sequence[Finding], rule: str | None = None) -> list[Finding]
 
 # --- shared_default_mode ----------------------------------------------------------------
 
+
 def test_two_users_in_default_mode_is_a_warning() -> None:
-    s = snap(gpu(3, proc(10, 3, user="dave", memory=10 * GiB),
-                 proc(11, 3, user="erin", memory=10 * GiB)))
+    s = snap(
+        gpu(3, proc(10, 3, user="dave", memory=10 * GiB), proc(11, 3, user="erin", memory=10 * GiB))
+    )
     [f] = rules(run(s), "shared_default_mode")
     assert (f.severity, f.gpu, f.pid) == ("warning", 3, None)
     assert "dave" in f.evidence and "erin" in f.evidence
@@ -83,8 +132,9 @@ def test_two_users_in_default_mode_is_a_warning() -> None:
 
 
 def test_two_users_on_a_nearly_full_gpu_is_critical() -> None:
-    s = snap(gpu(0, proc(10, 0, user="dave", memory=20 * GiB),
-                 proc(11, 0, user="erin", memory=19 * GiB)))  # 1 of 40 GiB free: 2.5%
+    s = snap(
+        gpu(0, proc(10, 0, user="dave", memory=20 * GiB), proc(11, 0, user="erin", memory=19 * GiB))
+    )  # 1 of 40 GiB free: 2.5%
     [f] = rules(run(s), "shared_default_mode")
     assert f.severity == "critical"
     assert "2.5%" in f.evidence
@@ -114,6 +164,7 @@ def test_a_dead_process_does_not_count_as_a_user() -> None:
 
 # --- residual_memory ---------------------------------------------------------------------
 
+
 def test_memory_with_no_process_is_residual() -> None:
     s = snap(gpu(3, extra=126 * MiB))
     [f] = rules(run(s), "residual_memory")
@@ -137,9 +188,16 @@ def test_residual_memory_must_persist_over_the_samples() -> None:
 
 # --- hidden holders and the leak family ----------------------------------------------------
 
+
 def test_hidden_holder() -> None:
-    h = Holder(pid=45678, devices=("/dev/nvidia2", "/dev/nvidia-uvm"), gpu_indices=(2,),
-               user="bob", command="python notebook.py", uses_uvm=True)
+    h = Holder(
+        pid=45678,
+        devices=("/dev/nvidia2", "/dev/nvidia-uvm"),
+        gpu_indices=(2,),
+        user="bob",
+        command="python notebook.py",
+        uses_uvm=True,
+    )
     [f] = rules(run(snap(gpu(2), holders=[h])), "hidden_holder")
     assert (f.severity, f.gpu, f.pid) == ("warning", 2, 45678)
     assert "gpuwarden reap --pid 45678 --yes" in f.remedy and "kill 45678" in f.remedy
@@ -156,16 +214,25 @@ def test_a_listed_holder_or_a_monitor_is_not_hidden() -> None:
     ("view", "rule", "severity", "remedy"),
     [
         (proc(12345, 0, exists=False), "dead_pid", "warning", "nvidia-smi -i 0 -pm 0"),
-        (proc(2**32 - 1, 0, exists=False, garbage=True), "garbage_pid", "warning",
-         "pip install -U nvidia-ml-py"),
-        (proc(88, 0, exists=False, hint="container docker:abc"), "other_namespace", "info",
-         "--pid=host"),
+        (
+            proc(2**32 - 1, 0, exists=False, garbage=True),
+            "garbage_pid",
+            "warning",
+            "pip install -U nvidia-ml-py",
+        ),
+        (
+            proc(88, 0, exists=False, hint="container docker:abc"),
+            "other_namespace",
+            "info",
+            "--pid=host",
+        ),
         (proc(23457, 0, status="zombie", ppid=23400), "zombie", "warning", "kill -CHLD 23400"),
         (proc(23456, 0, orphan=True), "orphan", "warning", "gpuwarden reap --pid 23456 --yes"),
     ],
 )
-def test_each_leaked_pid_kind_has_its_own_remedy(view: ProcessView, rule: str, severity: str,
-                                                 remedy: str) -> None:
+def test_each_leaked_pid_kind_has_its_own_remedy(
+    view: ProcessView, rule: str, severity: str, remedy: str
+) -> None:
     [f] = rules(run(snap(gpu(0, view))), rule)
     assert (f.severity, f.gpu, f.pid) == (severity, 0, view.pid)
     assert remedy in f.remedy
@@ -173,8 +240,15 @@ def test_each_leaked_pid_kind_has_its_own_remedy(view: ProcessView, rule: str, s
 
 def test_a_running_process_is_no_leak() -> None:
     found = run(snap(gpu(0, proc(10, 0), mode="Exclusive_Process")))
-    leak_rules = {"dead_pid", "garbage_pid", "other_namespace", "zombie", "orphan",
-                  "hidden_holder", "residual_memory"}
+    leak_rules = {
+        "dead_pid",
+        "garbage_pid",
+        "other_namespace",
+        "zombie",
+        "orphan",
+        "hidden_holder",
+        "residual_memory",
+    }
     assert not [f for f in found if f.rule in leak_rules]
 
 
@@ -184,6 +258,7 @@ def test_a_self_led_daemon_reparented_to_init_is_no_orphan() -> None:
 
 
 # --- numa_mismatch -----------------------------------------------------------------------
+
 
 def test_cpus_on_the_other_node_are_a_mismatch() -> None:
     s = snap(gpu(2, proc(2332308, 2, cpus="24-47,72-95"), cpus="0-23,48-71"))
@@ -215,12 +290,12 @@ def test_unknown_cpus_give_no_numa_finding() -> None:
 
 
 def test_a_process_on_gpus_of_both_nodes_is_judged_against_both() -> None:
-    s = snap(gpu(0, proc(10, 0, cpus="0-31")),
-             gpu(1, proc(10, 1, cpus="0-31"), cpus=NODE1, numa=1))
+    s = snap(gpu(0, proc(10, 0, cpus="0-31")), gpu(1, proc(10, 1, cpus="0-31"), cpus=NODE1, numa=1))
     assert rules(run(s), "numa_mismatch") == []
 
 
 # --- persistence_off ---------------------------------------------------------------------
+
 
 def test_persistence_off() -> None:
     [f] = rules(run(snap(gpu(1, persistence=False))), "persistence_off")
@@ -234,6 +309,7 @@ def test_persistence_on_or_unknown_is_fine(persistence: bool | None) -> None:
 
 
 # --- MPS ---------------------------------------------------------------------------------
+
 
 def test_mps_gpu_shared_by_users() -> None:
     s = snap(gpu(0, proc(10, 0, user="dave"), proc(11, 0, user="erin"), mps=True))
@@ -252,15 +328,26 @@ def test_mps_gpu_of_one_user_is_fine() -> None:
 
 
 def test_mps_daemon_without_memory_limit() -> None:
-    state = MpsState((MpsDaemon(pid=500, kind="control", user="root", visible_devices="2",
-                                pipe_dir="/tmp/nvidia-mps"),
-                      MpsDaemon(pid=501, kind="server", user="root")))
+    state = MpsState(
+        (
+            MpsDaemon(
+                pid=500,
+                kind="control",
+                user="root",
+                visible_devices="2",
+                pipe_dir="/tmp/nvidia-mps",
+            ),
+            MpsDaemon(pid=501, kind="server", user="root"),
+        )
+    )
     s = snap(gpu(1), gpu(2, proc(10, 2, user="dave"), proc(11, 2, user="erin")))
     [f] = rules(run(s, state), "mps_no_memory_limit")
     assert (f.severity, f.gpu, f.pid) == ("warning", 2, 500)
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" in f.evidence
-    assert ("echo set_default_device_pinned_mem_limit 0 20G | "
-            "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps nvidia-cuda-mps-control") in f.remedy
+    assert (
+        "echo set_default_device_pinned_mem_limit 0 20G | "
+        "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps nvidia-cuda-mps-control"
+    ) in f.remedy
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT='0=20G'" in f.remedy
 
 
@@ -274,14 +361,16 @@ def test_mps_daemon_for_every_gpu_limits_each() -> None:
 
 
 def test_mps_daemon_with_limit_or_unknown_environment_is_fine() -> None:
-    limited = MpsState((MpsDaemon(pid=500, kind="control", pipe_dir="/tmp/nvidia-mps",
-                                  pinned_mem_limit="0=16G"),))
+    limited = MpsState(
+        (MpsDaemon(pid=500, kind="control", pipe_dir="/tmp/nvidia-mps", pinned_mem_limit="0=16G"),)
+    )
     unreadable = MpsState((MpsDaemon(pid=500, kind="control"),))  # not root: unknown
     for state in (limited, unreadable, MpsState(), None):
         assert rules(run(snap(gpu(0)), state), "mps_no_memory_limit") == []
 
 
 # --- alloc_conf_unset --------------------------------------------------------------------
+
 
 def test_big_torch_process_without_alloc_conf() -> None:
     s = snap(gpu(2, proc(10, 2, memory=30 * GiB, torch=True, env={})))
@@ -302,13 +391,15 @@ def test_big_torch_process_without_alloc_conf() -> None:
         (None, True, {}),
     ],
 )
-def test_alloc_conf_near_misses(memory: int | None, torch: bool | None,
-                                env: dict[str, str] | None) -> None:
+def test_alloc_conf_near_misses(
+    memory: int | None, torch: bool | None, env: dict[str, str] | None
+) -> None:
     s = snap(gpu(0, proc(10, 0, memory=memory, torch=torch, env=env)))
     assert rules(run(s), "alloc_conf_unset") == []
 
 
 # --- ECC -----------------------------------------------------------------------------------
+
 
 def test_uncorrected_ecc_is_critical() -> None:
     [f] = rules(run(snap(gpu(5, ecc=2))), "ecc_uncorrected")
@@ -336,6 +427,7 @@ def test_clean_or_unknown_ecc_is_fine() -> None:
 
 # --- container namespace, ordering, registry -------------------------------------------------
 
+
 def test_child_namespace_is_one_info_finding() -> None:
     [f] = rules(run(snap(gpu(0), in_child=True)), "container_namespace")
     assert (f.severity, f.gpu, f.pid) == ("info", None, None)
@@ -343,18 +435,23 @@ def test_child_namespace_is_one_info_finding() -> None:
 
 
 def test_a_healthy_machine_has_no_findings() -> None:
-    s = snap(gpu(0, proc(10, 0, user="dave", cpus=NODE0, torch=True, env={}, memory=GiB)),
-             gpu(1, cpus=NODE1, numa=1))
+    s = snap(
+        gpu(0, proc(10, 0, user="dave", cpus=NODE0, torch=True, env={}, memory=GiB)),
+        gpu(1, cpus=NODE1, numa=1),
+    )
     assert run(s) == []
 
 
 def test_findings_sort_by_severity_then_gpu() -> None:
-    s = snap(gpu(3, persistence=False), gpu(1, persistence=False, ecc=1),
-             gpu(0, proc(10, 0, memory=30 * GiB, torch=True, env={})), in_child=True)
+    s = snap(
+        gpu(3, persistence=False),
+        gpu(1, persistence=False, ecc=1),
+        gpu(0, proc(10, 0, memory=30 * GiB, torch=True, env={})),
+        in_child=True,
+    )
     found = run(s)
     keys = [(f.severity, f.gpu) for f in found]
-    assert keys == [("critical", 1), ("warning", 1), ("warning", 3), ("info", None),
-                    ("info", 0)]
+    assert keys == [("critical", 1), ("warning", 1), ("warning", 3), ("info", None), ("info", 0)]
     assert summarize(found) == {"critical": 1, "warning": 2, "info": 2}
 
 
@@ -374,17 +471,23 @@ _cpulists = st.sampled_from([None, "0-15", "16-31", "0-31", "3", "", "bogus", "7
 def _process(draw: st.DrawFn, pid: int, index: int) -> ProcessView:
     cpus = draw(st.one_of(st.none(), st.frozensets(st.integers(0, 40), max_size=6)))
     info = ProcInfo(
-        pid=pid, exists=draw(st.booleans()), user=draw(_users),
+        pid=pid,
+        exists=draw(st.booleans()),
+        user=draw(_users),
         status=draw(st.sampled_from(["running", "zombie", "sleeping", None])),
-        ppid=draw(st.sampled_from([None, 1, 99])), pgid=draw(st.sampled_from([None, pid, 5])),
-        group_leader_alive=draw(st.sampled_from([None, True, False])), cpus_allowed=cpus,
+        ppid=draw(st.sampled_from([None, 1, 99])),
+        pgid=draw(st.sampled_from([None, pid, 5])),
+        group_leader_alive=draw(st.sampled_from([None, True, False])),
+        cpus_allowed=cpus,
         env=draw(st.sampled_from([None, {}, {"PYTORCH_CUDA_ALLOC_CONF": "x"}])),
-        uses_torch=draw(st.sampled_from([None, True, False])), garbage=draw(st.booleans()),
+        uses_torch=draw(st.sampled_from([None, True, False])),
+        garbage=draw(st.booleans()),
         namespace_hint=draw(st.sampled_from([None, "container x"])),
     )
     mem = draw(st.one_of(st.none(), st.integers(0, 50 * GiB)))
-    return ProcessView(GpuProcessFacts(pid=pid, gpu_index=index, memory=mem), info,
-                       process_state(info), None)
+    return ProcessView(
+        GpuProcessFacts(pid=pid, gpu_index=index, memory=mem), info, process_state(info), None
+    )
 
 
 @st.composite
@@ -399,28 +502,50 @@ def _snapshots(draw: st.DrawFn) -> tuple[Snapshot, MpsState | None]:
             pid += draw(st.integers(1, 3))
             procs.append(draw(_process(pid, index)))
         facts = GpuFacts(
-            index=index, uuid=f"GPU-{index}", name="sim", memory_total=total, memory_used=used,
-            memory_free=total - used, compute_mode=draw(st.sampled_from((*COMPUTE_MODES, None))),
+            index=index,
+            uuid=f"GPU-{index}",
+            name="sim",
+            memory_total=total,
+            memory_used=used,
+            memory_free=total - used,
+            compute_mode=draw(st.sampled_from((*COMPUTE_MODES, None))),
             persistence_mode=draw(st.sampled_from([None, True, False])),
             mps=draw(st.sampled_from([None, True, False])),
-            numa_node=draw(st.sampled_from([None, 0, 1])), cpus=draw(_cpulists),
+            numa_node=draw(st.sampled_from([None, 0, 1])),
+            cpus=draw(_cpulists),
             ecc_uncorrected=draw(st.sampled_from([None, 0, 1])),
             retired_pages=draw(st.sampled_from([None, 0, 2, 99])),
             retired_pages_pending=draw(st.sampled_from([None, False, True])),
             driver_baseline=draw(st.integers(0, GiB)),
         )
         views.append(GpuView(facts, tuple(procs)))
-    holders = [Holder(pid=p, devices=("/dev/nvidia0",),
-                      gpu_indices=tuple(draw(st.lists(st.sampled_from(range(len(views))),
-                                                      max_size=2, unique=True))
-                                        if views else ()))
-               for p in draw(st.lists(st.integers(1, 40), max_size=3, unique=True))]
+    holders = [
+        Holder(
+            pid=p,
+            devices=("/dev/nvidia0",),
+            gpu_indices=tuple(
+                draw(st.lists(st.sampled_from(range(len(views))), max_size=2, unique=True))
+                if views
+                else ()
+            ),
+        )
+        for p in draw(st.lists(st.integers(1, 40), max_size=3, unique=True))
+    ]
     s = snap(*views, holders=holders, in_child=draw(st.booleans()))
-    daemons = draw(st.lists(st.builds(
-        MpsDaemon, pid=st.integers(1, 100), kind=st.sampled_from(["control", "server"]),
-        user=_users, pipe_dir=st.sampled_from([None, "/tmp/mps"]),
-        visible_devices=st.sampled_from([None, "0", "0,1", ""]),
-        pinned_mem_limit=st.sampled_from([None, "", "0=8G"])), max_size=3))
+    daemons = draw(
+        st.lists(
+            st.builds(
+                MpsDaemon,
+                pid=st.integers(1, 100),
+                kind=st.sampled_from(["control", "server"]),
+                user=_users,
+                pipe_dir=st.sampled_from([None, "/tmp/mps"]),
+                visible_devices=st.sampled_from([None, "0", "0,1", ""]),
+                pinned_mem_limit=st.sampled_from([None, "", "0=8G"]),
+            ),
+            max_size=3,
+        )
+    )
     mps = draw(st.sampled_from([None, MpsState(tuple(daemons))]))
     return s, mps
 
@@ -428,7 +553,8 @@ def _snapshots(draw: st.DrawFn) -> tuple[Snapshot, MpsState | None]:
 @settings(max_examples=300, deadline=None)
 @given(_snapshots())
 def test_diagnose_never_raises_and_every_finding_is_actionable(
-        case: tuple[Snapshot, MpsState | None]) -> None:
+    case: tuple[Snapshot, MpsState | None],
+) -> None:
     s, mps = case
     found = diagnose(s, find_leaks([s]), mps)
     indices = {g.index for g in s.gpus}

@@ -35,8 +35,16 @@ def test_a_use_fades_by_half_every_halflife() -> None:
 
 
 def test_usage_sums_each_users_spans() -> None:
-    got = usage([Span("a", GiB, NOW - 100, NOW), Span("a", GiB, NOW - 50),
-                 Span("b", 2 * GiB, NOW - 10, NOW), Span("c", 0, NOW - 10, NOW)], NOW, H)
+    got = usage(
+        [
+            Span("a", GiB, NOW - 100, NOW),
+            Span("a", GiB, NOW - 50),
+            Span("b", 2 * GiB, NOW - 10, NOW),
+            Span("c", 0, NOW - 10, NOW),
+        ],
+        NOW,
+        H,
+    )
     assert set(got) == {"a", "b"}
     assert got["a"] == pytest.approx(150 * GiB, rel=1e-4)
     assert got["b"] == pytest.approx(20 * GiB, rel=1e-4)
@@ -46,11 +54,12 @@ def test_less_usage_goes_first_at_equal_priority_and_qos_only() -> None:
     heavy = QueuedJob(id=1, user="a", mem=GiB, submitted_at=1.0, fair_usage=5e12)
     light = QueuedJob(id=2, user="b", mem=GiB, submitted_at=2.0, fair_usage=1e9)
     assert [j.id for j in order([heavy, light])] == [2, 1]
-    off = [QueuedJob(id=1, user="a", mem=GiB, submitted_at=1.0),
-           QueuedJob(id=2, user="b", mem=GiB, submitted_at=2.0)]
+    off = [
+        QueuedJob(id=1, user="a", mem=GiB, submitted_at=1.0),
+        QueuedJob(id=2, user="b", mem=GiB, submitted_at=2.0),
+    ]
     assert [j.id for j in order(off)] == [1, 2]  # off: submission order
     urgent = QueuedJob(id=1, user="a", mem=GiB, submitted_at=1.0, fair_usage=5e12, priority=1)
     assert [j.id for j in order([urgent, light])] == [1, 2]
-    classy = QueuedJob(id=1, user="a", mem=GiB, submitted_at=1.0, fair_usage=5e12,
-                       qos=GUARANTEED)
+    classy = QueuedJob(id=1, user="a", mem=GiB, submitted_at=1.0, fair_usage=5e12, qos=GUARANTEED)
     assert [j.id for j in order([classy, light])] == [1, 2]

@@ -18,8 +18,9 @@ STATUS = ("--format", "--gpu", "--user", "--pid")
 
 
 @pytest.mark.parametrize("home", ["/tmp/gw-x/home", "rel/home", "./a//b/"])
-def test_socket_path_as_resolve_paths_in_home_mode(home: str, monkeypatch: pytest.MonkeyPatch
-                                                   ) -> None:
+def test_socket_path_as_resolve_paths_in_home_mode(
+    home: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("GPUWARDEN_HOME", home)
     assert Path(socket_path()) == resolve_paths().socket
 
@@ -37,11 +38,27 @@ def test_quote_as_urllib(value: str) -> None:
 
 def test_the_options_served_and_the_rest_left_to_click() -> None:
     assert _parse(["--json", "--gpu", "1", "--gpu=2", "--user", "bob"], STATUS) == {
-        "json": True, "gpus": [1, 2], "user": "bob", "pid": None}
+        "json": True,
+        "gpus": [1, 2],
+        "user": "bob",
+        "pid": None,
+    }
     assert _parse(["--format", "json", "--pid=7"], STATUS) == {
-        "json": True, "gpus": [], "user": None, "pid": 7}
-    for args in (["--fresh"], ["--watch"], ["--format", "csv"], ["--gpu", "-1"], ["-h"],
-                 ["--gpu"], ["--json=1"], ["--processes"]):
+        "json": True,
+        "gpus": [],
+        "user": None,
+        "pid": 7,
+    }
+    for args in (
+        ["--fresh"],
+        ["--watch"],
+        ["--format", "csv"],
+        ["--gpu", "-1"],
+        ["-h"],
+        ["--gpu"],
+        ["--json=1"],
+        ["--processes"],
+    ):
         assert _parse(args, STATUS) is None, args
     assert _parse(["--user", "bob"], ("--gpu",)) is None  # leaks has no --user
     assert _parse(["--samples", "3"], ("--gpu",)) is None

@@ -36,13 +36,27 @@ class FixedProbe:
     def read(self, device: int) -> MemoryReading:
         if self.delay:
             time.sleep(self.delay)
-        return MemoryReading(device=device, index=device, uuid=f"GPU-{device}",
-                             total=self.total, free=self.free, process=self.process,
-                             allocated=None, reserved=None, cpus=None)
+        return MemoryReading(
+            device=device,
+            index=device,
+            uuid=f"GPU-{device}",
+            total=self.total,
+            free=self.free,
+            process=self.process,
+            allocated=None,
+            reserved=None,
+            cpus=None,
+        )
 
     def gpu(self, device: int) -> GpuFacts:
-        return GpuFacts(index=device, uuid=f"GPU-{device}", name="test", memory_total=self.total,
-                        memory_used=self.total - self.free, memory_free=self.free)
+        return GpuFacts(
+            index=device,
+            uuid=f"GPU-{device}",
+            name="test",
+            memory_total=self.total,
+            memory_used=self.total - self.free,
+            memory_free=self.free,
+        )
 
     def device_count(self) -> int:
         return 2
@@ -55,8 +69,10 @@ def test_outside_the_daemon_budgets_share_what_other_processes_leave() -> None:
     with pytest.raises(BudgetExceeded) as err:
         budgets.register("cache", 1)
     text = str(err.value)
-    assert text == ("budget 'cache' of 1B does not fit on cuda:0: 0B available = 60.0GiB "
-                    "left by other processes - 1024MiB reserve - 59.0GiB in 2 budgets"), text
+    assert text == (
+        "budget 'cache' of 1B does not fit on cuda:0: 0B available = 60.0GiB "
+        "left by other processes - 1024MiB reserve - 59.0GiB in 2 budgets"
+    ), text
     usage = budgets.usage(0)
     assert (usage.limit, usage.budgeted, usage.available) == (60 * GiB, 59 * GiB, 0)
     assert budgets.usage(1).budgeted == 0  # budgets are per device
@@ -156,8 +172,7 @@ def test_reads_the_simulated_driver_through_cuda_visible_devices(tmp_path: Path)
     env = {"CUDA_VISIBLE_DEVICES": "1"}
     from gpuwarden.guard.memory import DriverProbe
 
-    budgets = MemoryBudgets(reserve=0, env=env,
-                            probe=DriverProbe(env, backend=lambda: backend))
+    budgets = MemoryBudgets(reserve=0, env=env, probe=DriverProbe(env, backend=lambda: backend))
     usage = budgets.usage(0)
     assert (usage.reading.index, usage.limit) == (1, gpu1.memory_free)
     assert usage.reading.total - usage.reading.free > 300 * MiB
@@ -175,5 +190,7 @@ def test_a_job_process_may_take_its_budget_plus_the_booked_context() -> None:
     assert job_limit({}) is None  # outside the daemon
     assert job_budget({"GPUWARDEN_BUDGET": str(8 * GiB)}) == 8 * GiB  # the allocator's cap
     assert job_limit({"GPUWARDEN_BUDGET": str(8 * GiB)}) == 8 * GiB + DEFAULT_CONTEXT
-    assert job_limit({"GPUWARDEN_BUDGET": str(8 * GiB),
-                      "GPUWARDEN_CONTEXT_BYTES": str(GiB)}) == 9 * GiB
+    assert (
+        job_limit({"GPUWARDEN_BUDGET": str(8 * GiB), "GPUWARDEN_CONTEXT_BYTES": str(GiB)})
+        == 9 * GiB
+    )

@@ -48,8 +48,15 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> 
 
 def test_a_safetensors_header_is_read_without_the_data(tmp_path: Path) -> None:
     path = tmp_path / "model.safetensors"
-    write_safetensors(path, {"w1": ("F32", [4096, 4096]), "b1": ("F32", [4096]),
-                             "emb": ("BF16", [1000, 64]), "steps": ("I64", [1])})
+    write_safetensors(
+        path,
+        {
+            "w1": ("F32", [4096, 4096]),
+            "b1": ("F32", [4096]),
+            "emb": ("BF16", [1000, 64]),
+            "steps": ("I64", [1]),
+        },
+    )
     weights, table = read_safetensors(path)
     assert table["w1"] == ("F32", (4096, 4096)) and table["steps"] == ("I64", (1,))
     assert weights.parameters == 4096 * 4096 + 4096 + 64000 + 1
@@ -73,8 +80,12 @@ def test_bad_checkpoints_are_one_clear_error(tmp_path: Path) -> None:
         read_safetensors(odd)
 
 
-LINEARS = Weights((TensorGroup(4 * 8192 * 8192, 4, True, quantizable=True, rows=4 * 8192),
-                   TensorGroup(4 * 8192, 4, True)))  # four 8192x8192 linears and biases
+LINEARS = Weights(
+    (
+        TensorGroup(4 * 8192 * 8192, 4, True, quantizable=True, rows=4 * 8192),
+        TensorGroup(4 * 8192, 4, True),
+    )
+)  # four 8192x8192 linears and biases
 
 
 def test_the_plan_takes_the_best_precision_that_fits() -> None:
@@ -106,13 +117,24 @@ def test_int8_is_only_offered_where_there_is_something_to_quantize() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 10**8), st.sampled_from([2, 4]), st.booleans(),
-                          st.booleans()), min_size=1, max_size=6),
-       st.integers(0, 2 * 10**9), st.integers(0, 10**8))
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 10**8), st.sampled_from([2, 4]), st.booleans(), st.booleans()),
+        min_size=1,
+        max_size=6,
+    ),
+    st.integers(0, 2 * 10**9),
+    st.integers(0, 10**8),
+)
 def test_the_first_plan_that_fits_is_the_best_and_fits(
-        groups: list[tuple[int, int, bool, bool]], available: int, activation: int) -> None:
-    weights = Weights(tuple(TensorGroup(n, size, is_float, quantizable=q and is_float, rows=1)
-                            for n, size, is_float, q in groups))
+    groups: list[tuple[int, int, bool, bool]], available: int, activation: int
+) -> None:
+    weights = Weights(
+        tuple(
+            TensorGroup(n, size, is_float, quantizable=q and is_float, rows=1)
+            for n, size, is_float, q in groups
+        )
+    )
     plans = plan_loads(weights, available, activation=activation)
     order = [PRECISIONS.index(p.precision) for p in plans]
     assert order == sorted(order)  # highest precision first
@@ -125,13 +147,20 @@ def test_the_first_plan_that_fits_is_the_best_and_fits(
 
 
 def test_without_torch_loading_says_what_is_missing() -> None:
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "from gpuwarden.guard import load_within_budget, MissingDependency\n"
-            "import gpuwarden.guard\n"
-            "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
-            "try:\n    load_within_budget(lambda: None, budget='1G')\n"
-            "except MissingDependency as e:\n    print(e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={"PYTHONPATH": str(ROOT / "src")}, timeout=60)
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from gpuwarden.guard import load_within_budget, MissingDependency\n"
+        "import gpuwarden.guard\n"
+        "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+        "try:\n    load_within_budget(lambda: None, budget='1G')\n"
+        "except MissingDependency as e:\n    print(e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT / "src")},
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "loading a model needs PyTorch: pip install torch"

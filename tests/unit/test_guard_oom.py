@@ -64,8 +64,15 @@ def test_batch_halves_to_the_floor_and_grows_back() -> None:
     seen: list[int] = []
     fits = [16]  # the largest batch that fits
 
-    @oom_retry(10, backoff=0, batch_size=64, min_batch_size=8, grow_after=2,
-               errors=(FakeOOM,), sleep=lambda s: None)
+    @oom_retry(
+        10,
+        backoff=0,
+        batch_size=64,
+        min_batch_size=8,
+        grow_after=2,
+        errors=(FakeOOM,),
+        sleep=lambda s: None,
+    )
     def step(*, batch_size: int) -> int:
         seen.append(batch_size)
         if batch_size > fits[0]:
@@ -99,8 +106,9 @@ def test_bad_options_are_clear() -> None:
 
 def test_importing_guard_does_not_import_torch() -> None:
     code = "import sys, gpuwarden.guard; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == "False"
 
 
@@ -122,7 +130,8 @@ def test_the_failed_steps_locals_are_freed_before_the_retry() -> None:
             raise FakeOOM("CUDA out of memory")
         return "ok"
 
-    retry = OomRetry(2, errors=(FakeOOM,),
-                     sleep=lambda s: alive_at_sleep.append(refs[0]() is not None))
+    retry = OomRetry(
+        2, errors=(FakeOOM,), sleep=lambda s: alive_at_sleep.append(refs[0]() is not None)
+    )
     assert retry.call(step) == "ok"
     assert alive_at_sleep == [False]

@@ -22,10 +22,17 @@ def one_member(body: bytes) -> bytes:
 
 
 def pieces(rng: random.Random, n: int) -> list[str]:
-    words = ["gpuwarden_process_memory_bytes", '{gpu="3",user="ålice"}', "1.5e+09",
-             "# HELP x\n", "# TYPE x gauge\n", "显存", "\n", "0.0"]
-    return ["".join(rng.choice(words) for _ in range(rng.randrange(0, 400)))
-            for _ in range(n)]
+    words = [
+        "gpuwarden_process_memory_bytes",
+        '{gpu="3",user="ålice"}',
+        "1.5e+09",
+        "# HELP x\n",
+        "# TYPE x gauge\n",
+        "显存",
+        "\n",
+        "0.0",
+    ]
+    return ["".join(rng.choice(words) for _ in range(rng.randrange(0, 400))) for _ in range(n)]
 
 
 def test_scrape_after_scrape_the_same_text_as_gzip_writes() -> None:
@@ -51,8 +58,7 @@ def test_empty_and_repeated_pieces(given: list[str]) -> None:
     assert one_member(GzipSegments().compress(given)) == "".join(given).encode()
 
 
-def test_a_piece_seen_last_scrape_is_not_compressed_again(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_piece_seen_last_scrape_is_not_compressed_again(monkeypatch: pytest.MonkeyPatch) -> None:
     z = GzipSegments()
     text = ["# HELP a\n", "a 1\n" * 1000, "b 2\n" * 1000]
     z.compress(text)

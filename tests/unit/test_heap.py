@@ -60,8 +60,13 @@ print(json.dumps({"listed": listed, "kept": kept, "trimmed": trimmed}))
 def test_a_big_listing_freed_goes_back_to_the_system(tmp_path: Path) -> None:
     """What a daemon's deep queue leaves: 3,000 jobs listed with their environments and
     freed keep half their memory in the process (glibc keeps it) until the trim."""
-    out = subprocess.run([sys.executable, "-c", _LISTING, str(tmp_path / "state.db")],
-                         capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _LISTING, str(tmp_path / "state.db")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     figures = json.loads(out.stdout)
     if figures is None:
         pytest.skip("this C library has no malloc_trim")

@@ -29,8 +29,9 @@ def test_a_moment_of_memory_in_flight_does_not_raise_it() -> None:
 
 def test_old_samples_do_not_count_but_the_latest_stands_in() -> None:
     old = NOW - UNACCOUNTED_PERSIST - 1
-    assert hold_baseline([(old - 1, 5 * MiB), (old, 40 * MiB), (NOW - 0.1, 60 * MiB)],
-                         NOW) == 60 * MiB
+    assert (
+        hold_baseline([(old - 1, 5 * MiB), (old, 40 * MiB), (NOW - 0.1, 60 * MiB)], NOW) == 60 * MiB
+    )
     assert hold_baseline([(old - 1, 5 * MiB), (old, 40 * MiB)], NOW) == 40 * MiB
 
 
@@ -38,8 +39,7 @@ def test_the_foreign_figure_charges_what_persisted_and_never_less_than_zero() ->
     procs = [(NOW - 100, 2_000 * MiB), (NOW - 1, 500 * MiB)]
     # A skewed sample of -237 MiB must not lower the foreign processes' charge: before
     # the one rule, headroom grew by 237 MiB for that pass.
-    assert foreign_figure(procs, [(NOW - 0.5, -237 * MiB), (NOW, 28 * MiB)], NOW) \
-        == 2_000 * MiB
+    assert foreign_figure(procs, [(NOW - 0.5, -237 * MiB), (NOW, 28 * MiB)], NOW) == 2_000 * MiB
     # A job starting shows 49 GB unaccounted for one pass: not charged; 30 MiB is.
     seen = [(NOW - 2, 30 * MiB), (NOW - 1, 49_000 * MiB), (NOW, 31 * MiB)]
     assert foreign_figure(procs, seen, NOW) == 2_030 * MiB

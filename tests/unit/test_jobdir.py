@@ -13,10 +13,23 @@ from gpuwarden.jobs.jobdir import ChildInfo, ExitInfo, SupervisorHandle, read_st
 
 def test_claim_child_and_exit_read_back_as_written_and_once(tmp_path: Path) -> None:
     me = SupervisorHandle(pid=4242, start_time=1700000000.25, boot_id="b00t", start_ticks=99)
-    child = ChildInfo(pid=4243, start_time=1700000001.5, start_ticks=120,
-                      warnings=("no numactl",), started_at=1700000001.75)
-    ended = ExitInfo(exit_code=137, signal=9, reason="cancelled", ended_at=1700000009.0,
-                     tree_clean=False, survivors=(4250,), started=True, warnings=("late",))
+    child = ChildInfo(
+        pid=4243,
+        start_time=1700000001.5,
+        start_ticks=120,
+        warnings=("no numactl",),
+        started_at=1700000001.75,
+    )
+    ended = ExitInfo(
+        exit_code=137,
+        signal=9,
+        reason="cancelled",
+        ended_at=1700000009.0,
+        tree_clean=False,
+        survivors=(4250,),
+        started=True,
+        warnings=("late",),
+    )
     empty = read_status(tmp_path)
     assert (empty.supervisor, empty.child, empty.exit) == (None, None, None)
     jobdir.write_claim(tmp_path, 7, me, "n0nce")
@@ -24,9 +37,11 @@ def test_claim_child_and_exit_read_back_as_written_and_once(tmp_path: Path) -> N
     jobdir.write_exit(tmp_path, 7, ended)
     st = read_status(tmp_path)
     assert (st.supervisor, st.child, st.exit) == (me, child, ended) and st.finished
-    for again in (lambda: jobdir.write_claim(tmp_path, 7, me, "other"),
-                  lambda: jobdir.write_child(tmp_path, child),
-                  lambda: jobdir.write_exit(tmp_path, 7, ended)):
+    for again in (
+        lambda: jobdir.write_claim(tmp_path, 7, me, "other"),
+        lambda: jobdir.write_child(tmp_path, child),
+        lambda: jobdir.write_exit(tmp_path, 7, ended),
+    ):
         with pytest.raises(FileExistsError):
             again()
     assert read_status(tmp_path) == st

@@ -39,7 +39,8 @@ MODULES = _modules()
 def _type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imported(name: str, path: Path, node: ast.Import | ast.ImportFrom) -> Iterator[str]:
@@ -51,10 +52,11 @@ def _imported(name: str, path: Path, node: ast.Import | ast.ImportFrom) -> Itera
         base = node.module or ""
         if node.level:
             pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-            pkg = pkg[:len(pkg) - node.level + 1]
+            pkg = pkg[: len(pkg) - node.level + 1]
             base = ".".join(pkg + ([node.module] if node.module else []))
-        targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
-                   for a in node.names]
+        targets = [
+            f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names
+        ]
     for t in targets:
         while t and t not in MODULES:  # import a.b.c names module a.b.c or its package
             t = t.rpartition(".")[0]
@@ -74,11 +76,15 @@ def imports(name: str, top_only: bool, annotations: bool = True) -> set[str]:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 out.update(_imported(name, path, child))
-            elif top_only and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                 ast.Lambda)):
+            elif top_only and isinstance(
+                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+            ):
                 continue  # runs when called, not when imported
-            elif (top_only or not annotations) and isinstance(child, ast.If) \
-                    and _type_checking(child):
+            elif (
+                (top_only or not annotations)
+                and isinstance(child, ast.If)
+                and _type_checking(child)
+            ):
                 for stmt in child.orelse:
                     visit(ast.Module(body=[stmt], type_ignores=[]))
             else:
@@ -117,8 +123,7 @@ def place(module: str) -> tuple[int, tuple[str, ...], str]:
         for unit in units:
             for entry in unit:
                 inside = "." in entry and module.startswith(entry + ".")  # the root: itself
-                if (module == entry or inside) and (
-                        best is None or len(entry) > len(best[2])):
+                if (module == entry or inside) and (best is None or len(entry) > len(best[2])):
                     best = (rank, unit, entry)
     assert best is not None, f"{module} is in no layer of docs/design.md"
     return best
@@ -145,7 +150,8 @@ def test_lower_layers_never_import_higher_ones() -> None:
     found = _violations()
     new = sorted(found - ALLOWED)
     assert not new, "imports against the layers of docs/design.md:\n" + "\n".join(
-        f"  {a} -> {b}" for a, b in new)
+        f"  {a} -> {b}" for a, b in new
+    )
     gone = sorted(ALLOWED - found)
     assert not gone, f"fixed, take them out of ALLOWED: {gone}"
 
@@ -204,20 +210,30 @@ LAZY = "def f():\n    from gpuwarden.daemon import loop\n"
 TYPING = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import gpuwarden.units\n"
 
 
-@pytest.mark.parametrize("source, top, anywhere", [
-    ("import gpuwarden.units\n", {"gpuwarden.units"}, {"gpuwarden.units"}),
-    ("from gpuwarden.procs import identity\n", {"gpuwarden.procs.identity"},
-     {"gpuwarden.procs.identity"}),
-    ("from gpuwarden.units import MiB\n", {"gpuwarden.units"}, {"gpuwarden.units"}),
-    ("import gpuwarden.nothing.here\n", {"gpuwarden"}, {"gpuwarden"}),
-    (LAZY, set(), {"gpuwarden.daemon.loop"}),
-    ("class C:\n    import gpuwarden.units\n", {"gpuwarden.units"}, {"gpuwarden.units"}),
-    ("try:\n    import gpuwarden.units\nexcept ImportError:\n    pass\n",
-     {"gpuwarden.units"}, {"gpuwarden.units"}),
-    (TYPING, set(), {"gpuwarden.units"}),
-])
-def test_import_parser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str,
-                       top: set[str], anywhere: set[str]) -> None:
+@pytest.mark.parametrize(
+    "source, top, anywhere",
+    [
+        ("import gpuwarden.units\n", {"gpuwarden.units"}, {"gpuwarden.units"}),
+        (
+            "from gpuwarden.procs import identity\n",
+            {"gpuwarden.procs.identity"},
+            {"gpuwarden.procs.identity"},
+        ),
+        ("from gpuwarden.units import MiB\n", {"gpuwarden.units"}, {"gpuwarden.units"}),
+        ("import gpuwarden.nothing.here\n", {"gpuwarden"}, {"gpuwarden"}),
+        (LAZY, set(), {"gpuwarden.daemon.loop"}),
+        ("class C:\n    import gpuwarden.units\n", {"gpuwarden.units"}, {"gpuwarden.units"}),
+        (
+            "try:\n    import gpuwarden.units\nexcept ImportError:\n    pass\n",
+            {"gpuwarden.units"},
+            {"gpuwarden.units"},
+        ),
+        (TYPING, set(), {"gpuwarden.units"}),
+    ],
+)
+def test_import_parser(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, top: set[str], anywhere: set[str]
+) -> None:
     f = tmp_path / "probe.py"
     f.write_text(source)
     monkeypatch.setitem(MODULES, "gpuwarden.probe", f)
@@ -240,10 +256,17 @@ def _private_imports() -> set[tuple[str, str, str]]:
     found = set()
     for name, path in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and node.module and not node.level \
-                    and node.module.startswith("gpuwarden"):
-                found |= {(name, node.module, a.name) for a in node.names
-                          if a.name.startswith("_") and not a.name.startswith("__")}
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and not node.level
+                and node.module.startswith("gpuwarden")
+            ):
+                found |= {
+                    (name, node.module, a.name)
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                }
     return found
 
 
@@ -252,6 +275,8 @@ def test_no_module_imports_another_ones_private_names() -> None:
     made public (or the rule moves where both can use it)."""
     found = _private_imports()
     assert found - ALLOWED_PRIVATE == set(), "private names imported:\n" + "\n".join(
-        f"  {a} imports {n} from {m}" for a, m, n in sorted(found - ALLOWED_PRIVATE))
+        f"  {a} imports {n} from {m}" for a, m, n in sorted(found - ALLOWED_PRIVATE)
+    )
     assert found >= ALLOWED_PRIVATE, "fixed: drop from ALLOWED_PRIVATE " + str(
-        ALLOWED_PRIVATE - found)
+        ALLOWED_PRIVATE - found
+    )

@@ -12,21 +12,28 @@ from tests.unit.builders import GiB, gpu, holder, info, proc, snapshot
 def test_process_states() -> None:
     assert process_state(info(10)) == "running"
     assert process_state(ProcInfo(pid=10, exists=False)) == "dead"
-    assert process_state(ProcInfo(pid=10, exists=False, namespace_hint="container x")) == \
-        "other_namespace"
+    assert (
+        process_state(ProcInfo(pid=10, exists=False, namespace_hint="container x"))
+        == "other_namespace"
+    )
     assert process_state(ProcInfo(pid=0, exists=False, garbage=True)) == "garbage"
     assert process_state(info(10, status="zombie")) == "zombie"
     # Leaderless group, re-parented to init: orphan.
-    assert process_state(info(10, ppid=1, pgid=9, group_leader_alive=False,
-                              parent_pgid=1)) == "orphan"
+    assert (
+        process_state(info(10, ppid=1, pgid=9, group_leader_alive=False, parent_pgid=1)) == "orphan"
+    )
     # Re-parented to a subreaper (a different process group): still an orphan.
-    assert process_state(info(10, ppid=77, pgid=9, group_leader_alive=False,
-                              parent_pgid=77)) == "orphan"
+    assert (
+        process_state(info(10, ppid=77, pgid=9, group_leader_alive=False, parent_pgid=77))
+        == "orphan"
+    )
     # A daemon that detached on purpose is its own group leader.
     assert process_state(info(10, ppid=1, pgid=10, parent_pgid=1)) == "running"
     # A worker whose parent lives in its group is not an orphan even if the leader died.
-    assert process_state(info(10, ppid=9, pgid=8, group_leader_alive=False,
-                              parent_pgid=8)) == "running"
+    assert (
+        process_state(info(10, ppid=9, pgid=8, group_leader_alive=False, parent_pgid=8))
+        == "running"
+    )
 
 
 def test_unaccounted_memory_needs_every_sample() -> None:
@@ -56,17 +63,28 @@ def test_unknown_process_memory_means_no_unaccounted_claim() -> None:
 
 
 def test_process_kinds_carry_evidence() -> None:
-    s = snapshot([(gpu(0, used=5 * GiB), [
-        proc(11, memory=GiB, exists=False),
-        proc(12, memory=GiB, exists=False, namespace_hint="container docker:abc"),
-        proc(2**32 - 1, memory=GiB, exists=False, garbage=True),
-        proc(14, memory=GiB, status="zombie", ppid=13),
-        proc(15, memory=GiB, ppid=1, pgid=9, group_leader_alive=False, parent_pgid=1),
-    ])])
+    s = snapshot(
+        [
+            (
+                gpu(0, used=5 * GiB),
+                [
+                    proc(11, memory=GiB, exists=False),
+                    proc(12, memory=GiB, exists=False, namespace_hint="container docker:abc"),
+                    proc(2**32 - 1, memory=GiB, exists=False, garbage=True),
+                    proc(14, memory=GiB, status="zombie", ppid=13),
+                    proc(15, memory=GiB, ppid=1, pgid=9, group_leader_alive=False, parent_pgid=1),
+                ],
+            )
+        ]
+    )
     leaks = {lk.pid: lk for lk in find_leaks([s])}
     assert {p: lk.kind for p, lk in leaks.items()} == {
-        11: "dead_pid", 12: "other_namespace", 2**32 - 1: "garbage_pid", 14: "zombie",
-        15: "orphan"}
+        11: "dead_pid",
+        12: "other_namespace",
+        2**32 - 1: "garbage_pid",
+        14: "zombie",
+        15: "orphan",
+    }
     assert "docker:abc" in leaks[12].evidence
     assert "parent pid 13" in leaks[14].evidence
     assert leaks[14].parent == 13
@@ -79,7 +97,8 @@ def test_hidden_holders_and_monitors() -> None:
             holder(10, ("/dev/nvidia0", "/dev/nvidiactl"), (0,)),  # listed: not hidden
             holder(20, ("/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidia1"), (0, 1)),
             holder(30, ("/dev/nvidiactl",), ()),
-        ])
+        ],
+    )
     got = sorted((lk.kind, lk.pid, lk.gpu) for lk in find_leaks([s]))
     assert got == [("hidden_holder", 20, 0), ("hidden_holder", 20, 1), ("monitor", 30, None)]
 
@@ -95,17 +114,22 @@ def test_a_holder_that_appears_once_is_not_reported() -> None:
 states = st.sampled_from(["running", "dead", "ns", "garbage", "zombie", "orphan"])
 
 
-@given(st.lists(st.tuples(states, st.integers(min_value=0, max_value=8 * 1024)), max_size=12),
-       st.integers(min_value=0, max_value=4 * 1024))
+@given(
+    st.lists(st.tuples(states, st.integers(min_value=0, max_value=8 * 1024)), max_size=12),
+    st.integers(min_value=0, max_value=4 * 1024),
+)
 def test_leak_classification_is_total(procs: list[tuple[str, int]], extra_mib: int) -> None:
     """Every non-running process is exactly one leak; unaccounted is never negative."""
     views = []
     for i, (state, mib) in enumerate(procs):
-        kw = {"running": {}, "dead": {"exists": False},
-              "ns": {"exists": False, "namespace_hint": "c"},
-              "garbage": {"exists": False, "garbage": True}, "zombie": {"status": "zombie"},
-              "orphan": {"ppid": 1, "pgid": 1, "group_leader_alive": False, "parent_pgid": 1},
-              }[state]
+        kw = {
+            "running": {},
+            "dead": {"exists": False},
+            "ns": {"exists": False, "namespace_hint": "c"},
+            "garbage": {"exists": False, "garbage": True},
+            "zombie": {"status": "zombie"},
+            "orphan": {"ppid": 1, "pgid": 1, "group_leader_alive": False, "parent_pgid": 1},
+        }[state]
         views.append(proc(100 + i, memory=mib * MiB, **kw))
     used = sum(m for _, m in procs) * MiB + extra_mib * MiB
     leaks = find_leaks([snapshot([(gpu(0, used=used, total=2**40), views)])])
@@ -120,10 +144,12 @@ def test_leak_classification_is_total(procs: list[tuple[str, int]], extra_mib: i
 def test_nvml_only_holders_of_device_nodes_are_monitors() -> None:
     from dataclasses import replace
 
-    nvml_only = replace(holder(40, ("/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidiactl"), (0,)),
-                        device_mapped=False)
-    cuda = replace(holder(41, ("/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidiactl"), (0,)),
-                   device_mapped=True)
+    nvml_only = replace(
+        holder(40, ("/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidiactl"), (0,)), device_mapped=False
+    )
+    cuda = replace(
+        holder(41, ("/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidiactl"), (0,)), device_mapped=True
+    )
     unknown = holder(42, ("/dev/nvidia0",), (0,))
     s = snapshot([(gpu(0), [])], holders=[nvml_only, cuda, unknown])
     got = {lk.pid: lk for lk in find_leaks([s])}
@@ -136,7 +162,8 @@ def test_dead_pid_names_the_hidden_holder_that_keeps_it_alive() -> None:
     from dataclasses import replace
 
     child = replace(holder(50, ("/dev/nvidia-uvm", "/dev/nvidia0"), (0,)), device_mapped=True)
-    s = snapshot([(gpu(0, used=2 * GiB), [proc(49, memory=2 * GiB, exists=False)])],
-                 holders=[child])
+    s = snapshot(
+        [(gpu(0, used=2 * GiB), [proc(49, memory=2 * GiB, exists=False)])], holders=[child]
+    )
     dead = next(lk for lk in find_leaks([s]) if lk.kind == "dead_pid")
     assert "pid 50 still holds" in dead.evidence

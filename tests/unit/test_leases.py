@@ -39,21 +39,41 @@ SRC = str(Path(gpuwarden.__file__).resolve().parent.parent)
 
 
 def view(uuid: str, procs: dict[int, int | None]) -> GpuView:
-    facts = GpuFacts(index=int(uuid[-1]), uuid=uuid, name="g", memory_total=80 * GiB,
-                     memory_used=0, memory_free=80 * GiB)
-    return GpuView(facts, tuple(
-        ProcessView(GpuProcessFacts(pid=pid, gpu_index=facts.index, memory=mem),
-                    ProcInfo(pid=pid, exists=True), RUNNING, 0.0)
-        for pid, mem in procs.items()
-    ))
+    facts = GpuFacts(
+        index=int(uuid[-1]),
+        uuid=uuid,
+        name="g",
+        memory_total=80 * GiB,
+        memory_used=0,
+        memory_free=80 * GiB,
+    )
+    return GpuView(
+        facts,
+        tuple(
+            ProcessView(
+                GpuProcessFacts(pid=pid, gpu_index=facts.index, memory=mem),
+                ProcInfo(pid=pid, exists=True),
+                RUNNING,
+                0.0,
+            )
+            for pid, mem in procs.items()
+        ),
+    )
 
 
-def lease(gpu: str = "GPU-0", nbytes: int = 10 * GiB, pid: int = 100, *, now: float = 1000.0,
-          timeout: float = 60.0) -> Lease:
+def lease(
+    gpu: str = "GPU-0",
+    nbytes: int = 10 * GiB,
+    pid: int = 100,
+    *,
+    now: float = 1000.0,
+    timeout: float = 60.0,
+) -> Lease:
     return new_lease(gpu, nbytes, pid=pid, start_time=now - 5, now=now, timeout=timeout)
 
 
 # --- pure accounting ---------------------------------------------------------------------
+
 
 def test_lease_states() -> None:
     le = lease()
@@ -66,10 +86,14 @@ def test_lease_states() -> None:
 
 def test_outstanding_is_leased_minus_what_the_driver_shows() -> None:
     gpus = [view("GPU-0", {100: 4 * GiB, 999: 30 * GiB}), view("GPU-1", {})]
-    leases = [lease("GPU-0", 10 * GiB, 100), lease("GPU-0", 3 * GiB, 200),
-              lease("GPU-1", 5 * GiB, 100)]
-    acc = account(leases, gpus, now=1010, alive=lambda le: True,
-                  family=lambda pid: frozenset([pid]))
+    leases = [
+        lease("GPU-0", 10 * GiB, 100),
+        lease("GPU-0", 3 * GiB, 200),
+        lease("GPU-1", 5 * GiB, 100),
+    ]
+    acc = account(
+        leases, gpus, now=1010, alive=lambda le: True, family=lambda pid: frozenset([pid])
+    )
     assert acc.states == (ACTIVE, ACTIVE, ACTIVE)
     # 10 - 4 shown for pid 100, plus 3 for pid 200; pid 999 is nobody's lease.
     assert acc.outstanding == {"GPU-0": 9 * GiB, "GPU-1": 5 * GiB}
@@ -78,8 +102,9 @@ def test_outstanding_is_leased_minus_what_the_driver_shows() -> None:
 def test_stale_leases_do_not_count() -> None:
     gpus = [view("GPU-0", {100: 12 * GiB})]
     leases = [lease(pid=100), lease(pid=200), lease(pid=300, now=900)]
-    acc = account(leases, gpus, now=1010, alive=lambda le: le.pid != 200,
-                  family=lambda pid: frozenset([pid]))
+    acc = account(
+        leases, gpus, now=1010, alive=lambda le: le.pid != 200, family=lambda pid: frozenset([pid])
+    )
     assert acc.states == (HELD, DEAD, EXPIRED)
     assert acc.outstanding == {}
 
@@ -87,15 +112,25 @@ def test_stale_leases_do_not_count() -> None:
 def test_memory_of_descendants_counts_for_the_lease() -> None:
     # A launcher (pid 100) whose worker (pid 101) holds the memory.
     gpus = [view("GPU-0", {101: 6 * GiB}), view("GPU-1", {102: 20 * GiB})]
-    acc = account([lease(pid=100), lease("GPU-1", pid=100)], gpus, now=1010,
-                  alive=lambda le: True, family=lambda pid: frozenset([pid, 101, 102]))
+    acc = account(
+        [lease(pid=100), lease("GPU-1", pid=100)],
+        gpus,
+        now=1010,
+        alive=lambda le: True,
+        family=lambda pid: frozenset([pid, 101, 102]),
+    )
     assert acc.states == (ACTIVE, HELD)
     assert acc.outstanding == {"GPU-0": 4 * GiB}
 
 
 def test_withheld_process_memory_counts_as_nothing_shown() -> None:
-    acc = account([lease()], [view("GPU-0", {100: None})], now=1010, alive=lambda le: True,
-                  family=lambda pid: frozenset([pid]))
+    acc = account(
+        [lease()],
+        [view("GPU-0", {100: None})],
+        now=1010,
+        alive=lambda le: True,
+        family=lambda pid: frozenset([pid]),
+    )
     assert acc.outstanding == {"GPU-0": 10 * GiB}
 
 
@@ -103,15 +138,22 @@ def test_json_round_trip_and_validation() -> None:
     le = lease()
     assert Lease.from_json(json.loads(json.dumps(le.to_json()))) == le
     bad: object
-    for bad in ([], {"gpu": "GPU-0"}, {**le.to_json(), "bytes": -1},
-                {**le.to_json(), "pid": "x"}, {**le.to_json(), "pid": 0}):
+    for bad in (
+        [],
+        {"gpu": "GPU-0"},
+        {**le.to_json(), "bytes": -1},
+        {**le.to_json(), "pid": "x"},
+        {**le.to_json(), "pid": 0},
+    ):
         with pytest.raises(ValueError):
             Lease.from_json(bad)
 
 
 def test_lease_dir_resolution(tmp_path: Path) -> None:
-    assert lease_dir(env={"GPUWARDEN_LEASE_DIR": str(tmp_path / "x"),
-                          "GPUWARDEN_HOME": "/h"}) == (tmp_path / "x", False)
+    assert lease_dir(env={"GPUWARDEN_LEASE_DIR": str(tmp_path / "x"), "GPUWARDEN_HOME": "/h"}) == (
+        tmp_path / "x",
+        False,
+    )
     assert lease_dir(tmp_path, env={"GPUWARDEN_HOME": "/h"}) == (Path("/h/leases"), False)
     assert lease_dir(tmp_path, env={}) == (tmp_path / "leases", False)
     root, shared = lease_dir(None, env={})
@@ -120,6 +162,7 @@ def test_lease_dir_resolution(tmp_path: Path) -> None:
 
 
 # --- liveness ----------------------------------------------------------------------------
+
 
 def _dead_process() -> tuple[int, float]:
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -148,6 +191,7 @@ def test_pid_family_includes_children() -> None:
 
 # --- the file store ----------------------------------------------------------------------
 
+
 def test_add_read_remove(tmp_path: Path) -> None:
     store = LeaseStore(tmp_path / "leases")
     assert store.read() == {}  # no directory yet: no leases, no error
@@ -170,8 +214,7 @@ def test_garbage_is_removed_newer_schema_kept(tmp_path: Path) -> None:
     (tmp_path / "link.json").symlink_to(tmp_path / "notes.txt")
     os.mkfifo(tmp_path / "fifo.json")
     assert store.read() == {}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "newer.json",
-                                                          "notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "newer.json", "notes.txt"]
 
 
 def test_prune_removes_dead_expired_and_held(tmp_path: Path) -> None:
@@ -206,8 +249,10 @@ def test_a_symlink_instead_of_the_directory_is_refused(tmp_path: Path) -> None:
 
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "shared").symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(LeaseError, match="not a directory"), \
-            LeaseStore(tmp_path / "shared", shared=True).locked():
+    with (
+        pytest.raises(LeaseError, match="not a directory"),
+        LeaseStore(tmp_path / "shared", shared=True).locked(),
+    ):
         pass
 
 
@@ -221,8 +266,9 @@ def test_the_lock_excludes_another_process(tmp_path: Path) -> None:
     """)
     env = {**os.environ, "PYTHONPATH": SRC}
     with store.locked():
-        child = subprocess.Popen([sys.executable, "-c", script], env=env,
-                                 stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True
+        )
         time.sleep(1.0)
         assert child.poll() is None  # blocked on our lock
     out, _ = child.communicate(timeout=30)
@@ -253,8 +299,16 @@ def test_concurrent_processes_never_pick_the_same_gpu(tmp_path: Path) -> None:
         print(gpu)
     """)
     env = {**os.environ, "PYTHONPATH": SRC}
-    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True) for _ in range(6)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(6)
+    ]
     time.sleep(0.5)  # let them all import
     for p in procs:
         assert p.stdin is not None

@@ -29,25 +29,29 @@ def test_the_table_names_states_and_events_once() -> None:
     for event, change in lc.TRANSITIONS.items():
         assert change.sources and change.sources <= set(lc.STATES), event
         assert change.target is None or change.target in lc.STATES, event
-        assert not change.sources & lc.TERMINAL or change.target == lc.QUEUED, \
+        assert not change.sources & lc.TERMINAL or change.target == lc.QUEUED, (
             f"{event}: only a retry brings an ended job back"
+        )
     assert set(lc.STATES) >= lc.SUBMITTED_AS
     # Every state but the submitted ones is reached by some event; every active or
     # waiting state can be left.
     reached = {c.target for c in lc.TRANSITIONS.values()} | lc.SUBMITTED_AS
     assert reached >= set(lc.STATES)
     for state in set(lc.STATES) - lc.TERMINAL:
-        assert any(state in c.sources and c.target not in (None, state)
-                   for c in lc.TRANSITIONS.values()), state
+        assert any(
+            state in c.sources and c.target not in (None, state) for c in lc.TRANSITIONS.values()
+        ), state
 
 
 def test_the_store_refuses_what_the_table_does_not_allow(store: Store) -> None:
     job, _ = store.submit(spec(), 1.0)
     events = len(store.get(job.id).events)
-    for kind, froms, to in (("placed", ("queued",), "running"),  # placed reserves
-                            ("started", ("queued",), "running"),  # only a reserved job
-                            ("bogus", ("queued",), "held"),
-                            ("oom", ("queued",), None)):  # a note moves nothing
+    for kind, froms, to in (
+        ("placed", ("queued",), "running"),  # placed reserves
+        ("started", ("queued",), "running"),  # only a reserved job
+        ("bogus", ("queued",), "held"),
+        ("oom", ("queued",), None),
+    ):  # a note moves nothing
         with pytest.raises(IllegalTransition):
             store.transition(job.id, froms, to, now=2.0, kind=kind)
     with pytest.raises(IllegalTransition):
@@ -77,8 +81,11 @@ def _literal_kinds() -> set[str]:
             if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                 found.add(arg.value)
             elif isinstance(arg, ast.IfExp):
-                found |= {a.value for a in (arg.body, arg.orelse)
-                          if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+                found |= {
+                    a.value
+                    for a in (arg.body, arg.orelse)
+                    if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                }
     return found
 
 
@@ -97,17 +104,46 @@ def test_a_retried_job_keeps_nothing_of_its_last_attempt(store: Store, tmp_path:
     from gpuwarden.daemon.service import JobService
 
     job, _ = store.submit(spec(uid=1000), 1.0)
-    store.transition(job.id, ("queued",), "reserved", now=2.0, kind="placed", gpus=(0,),
-                     gpu_uuids=("GPU-0",), budget=1 << 30, cpu_set=(0, 1))
-    store.transition(job.id, ("reserved",), "running", now=3.0, kind="started",
-                     started_at=3.0)
-    store.transition(job.id, ("running",), None, now=4.0, kind="killed_over_limit",
-                     kill_reason="killed: over its limit", preempting_at=4.0)
-    store.transition(job.id, ("running",), "failed", now=5.0, kind="failed", exit_code=-9,
-                     ended_at=5.0, reason="killed: over its limit")
-    service = JobService(store, tmp_path / "jobs", Config(), wake=lambda: None,
-                         gpus=lambda: (), cancel_running=lambda job, kill: None,
-                         clock=lambda: 6.0)
+    store.transition(
+        job.id,
+        ("queued",),
+        "reserved",
+        now=2.0,
+        kind="placed",
+        gpus=(0,),
+        gpu_uuids=("GPU-0",),
+        budget=1 << 30,
+        cpu_set=(0, 1),
+    )
+    store.transition(job.id, ("reserved",), "running", now=3.0, kind="started", started_at=3.0)
+    store.transition(
+        job.id,
+        ("running",),
+        None,
+        now=4.0,
+        kind="killed_over_limit",
+        kill_reason="killed: over its limit",
+        preempting_at=4.0,
+    )
+    store.transition(
+        job.id,
+        ("running",),
+        "failed",
+        now=5.0,
+        kind="failed",
+        exit_code=-9,
+        ended_at=5.0,
+        reason="killed: over its limit",
+    )
+    service = JobService(
+        store,
+        tmp_path / "jobs",
+        Config(),
+        wake=lambda: None,
+        gpus=lambda: (),
+        cancel_running=lambda job, kill: None,
+        clock=lambda: 6.0,
+    )
     alice = Caller(pid=1, uid=1000, gid=1000, user="alice", groups=(1000,))
     service.actions.retry(alice, job.id)
     again = store.get(job.id)

@@ -25,8 +25,20 @@ def two_jobs() -> Snapshot:
     a = proc(101, 0, 2 * GiB, sm=50, env={"GPUWARDEN_JOB": "7"})
     b = proc(102, 0, 3 * GiB, sm=70, env={"GPUWARDEN_JOB": "7"})
     c = proc(103, 0, GiB, sm=None, user="bob")
-    return snapshot([(gpu(0, used=7 * GiB, utilization=40, temperature=50,
-                          compute_mode="Exclusive_Process"), [a, b, c])])
+    return snapshot(
+        [
+            (
+                gpu(
+                    0,
+                    used=7 * GiB,
+                    utilization=40,
+                    temperature=50,
+                    compute_mode="Exclusive_Process",
+                ),
+                [a, b, c],
+            )
+        ]
+    )
 
 
 def test_units_and_labels() -> None:
@@ -37,8 +49,13 @@ def test_units_and_labels() -> None:
     assert m['gpuwarden_gpu_compute_mode{gpu="0",mode="Default"}'] == 0
     key = 'gpuwarden_process_memory_bytes{container="",gpu="0",job_id="7",pid="101",user="alice"}'
     assert m[key] == 2 * GiB
-    assert m['gpuwarden_process_sm_utilization_ratio{container="",gpu="0",job_id="7",'
-             'pid="102",user="alice"}'] == 0.7
+    assert (
+        m[
+            'gpuwarden_process_sm_utilization_ratio{container="",gpu="0",job_id="7",'
+            'pid="102",user="alice"}'
+        ]
+        == 0.7
+    )
     assert m['gpuwarden_user_memory_bytes{user="alice"}'] == 5 * GiB
     assert m['gpuwarden_gpu_users{gpu="0"}'] == 2
     assert m['gpuwarden_gpu_unaccounted_bytes{gpu="0"}'] == GiB  # 7 used - 6 listed
@@ -46,8 +63,9 @@ def test_units_and_labels() -> None:
 
 def test_without_pid_labels_processes_are_summed() -> None:
     m = scrape(SnapshotCollector(two_jobs, pid_labels=False))
-    assert m['gpuwarden_process_memory_bytes{container="",gpu="0",job_id="7",'
-             'user="alice"}'] == 5 * GiB
+    assert (
+        m['gpuwarden_process_memory_bytes{container="",gpu="0",job_id="7",user="alice"}'] == 5 * GiB
+    )
     assert not any("pid=" in k for k in m)
 
 

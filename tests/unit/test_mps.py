@@ -59,9 +59,13 @@ def test_daemon_from_env_defaults_and_unreadable() -> None:
     d = daemon_from_env(7, "control", {}, user="root", uid=0)
     assert (d.pipe_dir, d.log_dir) == (DEFAULT_PIPE_DIR, DEFAULT_LOG_DIR)
     assert d.visible_devices is None and d.pinned_mem_limit is None
-    env = {"CUDA_MPS_PIPE_DIRECTORY": "/run/mps/a", "CUDA_MPS_LOG_DIRECTORY": "/var/log/a",
-           "CUDA_VISIBLE_DEVICES": "2,3", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2G",
-           "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
+    env = {
+        "CUDA_MPS_PIPE_DIRECTORY": "/run/mps/a",
+        "CUDA_MPS_LOG_DIRECTORY": "/var/log/a",
+        "CUDA_VISIBLE_DEVICES": "2,3",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2G",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+    }
     d = daemon_from_env(8, "server", env)
     assert (d.pipe_dir, d.log_dir, d.visible_devices) == ("/run/mps/a", "/var/log/a", "2,3")
     assert (d.pinned_mem_limit, d.active_thread_percentage) == ("0=2G", "25")
@@ -71,13 +75,15 @@ def test_daemon_from_env_defaults_and_unreadable() -> None:
 
 
 def test_state_filters_by_pipe_dir_spelling() -> None:
-    state = MpsState((
-        MpsDaemon(1, "control", pipe_dir="/tmp/a"),
-        MpsDaemon(2, "server", pipe_dir="/tmp/a/"),
-        MpsDaemon(3, "control", pipe_dir="/tmp/b"),
-        MpsDaemon(4, "control"),  # environ unreadable: belongs to no known dir
-        MpsDaemon(5, "control", pipe_dir="/tmp/../tmp/a"),
-    ))
+    state = MpsState(
+        (
+            MpsDaemon(1, "control", pipe_dir="/tmp/a"),
+            MpsDaemon(2, "server", pipe_dir="/tmp/a/"),
+            MpsDaemon(3, "control", pipe_dir="/tmp/b"),
+            MpsDaemon(4, "control"),  # environ unreadable: belongs to no known dir
+            MpsDaemon(5, "control", pipe_dir="/tmp/../tmp/a"),
+        )
+    )
     assert [d.pid for d in state.for_pipe_dir("/tmp/a").daemons] == [1, 2, 5]
     assert [d.pid for d in state.for_pipe_dir("/tmp/a").servers] == [2]
     assert state.pipe_dirs == ("/tmp/a", "/tmp/b")
@@ -143,8 +149,13 @@ def test_parse_server_list() -> None:
 
 
 def test_config_env_renumbers_limits_to_the_daemons_devices() -> None:
-    cfg = MpsConfig(pipe_dir="/run/p", log_dir="/run/l", visible_devices=(2, 3),
-                    mem_limits={3: 2 * GiB}, thread_percentage=50)
+    cfg = MpsConfig(
+        pipe_dir="/run/p",
+        log_dir="/run/l",
+        visible_devices=(2, 3),
+        mem_limits={3: 2 * GiB},
+        thread_percentage=50,
+    )
     assert cfg.ordinal(3) == 1
     assert cfg.env_overrides() == {
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -154,13 +165,19 @@ def test_config_env_renumbers_limits_to_the_daemons_devices() -> None:
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "1=2G",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
     }
-    assert cfg.limit_commands() == ["set_default_device_pinned_mem_limit 1 2G",
-                                    "set_default_active_thread_percentage 50"]
+    assert cfg.limit_commands() == [
+        "set_default_device_pinned_mem_limit 1 2G",
+        "set_default_active_thread_percentage 50",
+    ]
 
 
 def test_config_env_drops_inherited_mps_and_device_variables() -> None:
-    base = {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "0",
-            "CUDA_MPS_PIPE_DIRECTORY": "/elsewhere", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=1G"}
+    base = {
+        "PATH": "/usr/bin",
+        "CUDA_VISIBLE_DEVICES": "0",
+        "CUDA_MPS_PIPE_DIRECTORY": "/elsewhere",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=1G",
+    }
     env = MpsConfig(pipe_dir="/run/p").env(base)
     assert env["PATH"] == "/usr/bin"
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/p"
@@ -170,8 +187,12 @@ def test_config_env_drops_inherited_mps_and_device_variables() -> None:
     assert lines[0] == "mkdir -p /run/p /var/log/nvidia-mps"
     unset = lines[1].split(" CUDA_DEVICE_ORDER=")[0].split()
     assert unset[0] == "env"
-    assert sorted(unset[1:]) == ["-u", "-u", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
-                                 "CUDA_VISIBLE_DEVICES"]
+    assert sorted(unset[1:]) == [
+        "-u",
+        "-u",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+        "CUDA_VISIBLE_DEVICES",
+    ]
     assert lines[1].endswith(" nvidia-cuda-mps-control -d")
     assert len(lines) == 2  # no limits, no control commands
 
@@ -180,8 +201,10 @@ def test_config_shell_lines_quote_paths() -> None:
     cfg = MpsConfig(pipe_dir="/tmp/a b", mem_limits={0: GiB})
     lines = cfg.shell_lines(current_env={})
     assert "CUDA_MPS_PIPE_DIRECTORY='/tmp/a b'" in lines[1]
-    assert lines[2] == ("echo 'set_default_device_pinned_mem_limit 0 1G' | "
-                        "CUDA_MPS_PIPE_DIRECTORY='/tmp/a b' nvidia-cuda-mps-control")
+    assert lines[2] == (
+        "echo 'set_default_device_pinned_mem_limit 0 1G' | "
+        "CUDA_MPS_PIPE_DIRECTORY='/tmp/a b' nvidia-cuda-mps-control"
+    )
 
 
 def test_config_rejects_limits_outside_its_gpus() -> None:
@@ -240,15 +263,21 @@ def mps_lookalikes(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], ..
     environment) and one named nvidia-cuda-mps-server (with none)."""
     sleep = ["-c", "import time; time.sleep(60)"]
     base = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_")}
-    control_env = {**base, "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe"),
-                   "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "log"),
-                   "CUDA_VISIBLE_DEVICES": "1", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2G",
-                   "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40"}
+    control_env = {
+        **base,
+        "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "log"),
+        "CUDA_VISIBLE_DEVICES": "1",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2G",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40",
+    }
     procs = (
-        subprocess.Popen(["nvidia-cuda-mps-control", *sleep], executable=sys.executable,
-                         env=control_env),
-        subprocess.Popen(["/usr/bin/nvidia-cuda-mps-server", *sleep], executable=sys.executable,
-                         env=base),
+        subprocess.Popen(
+            ["nvidia-cuda-mps-control", *sleep], executable=sys.executable, env=control_env
+        ),
+        subprocess.Popen(
+            ["/usr/bin/nvidia-cuda-mps-server", *sleep], executable=sys.executable, env=base
+        ),
         subprocess.Popen(["not-mps", *sleep], executable=sys.executable, env=control_env),
     )
     try:
@@ -260,7 +289,8 @@ def mps_lookalikes(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], ..
 
 
 def test_read_mps_state_finds_daemons_and_their_environment(
-        mps_lookalikes: tuple[subprocess.Popen[bytes], ...], tmp_path: Path) -> None:
+    mps_lookalikes: tuple[subprocess.Popen[bytes], ...], tmp_path: Path
+) -> None:
     control, server, other = mps_lookalikes
     state = read_mps_state()
     mine = {d.pid: d for d in state.daemons}
@@ -269,22 +299,33 @@ def test_read_mps_state_finds_daemons_and_their_environment(
     assert c.kind == "control" and s.kind == "server"
     assert c.uid == os.getuid() and c.user is not None and c.start_time is not None
     assert c.pipe_dir == str(tmp_path / "pipe") and c.log_dir == str(tmp_path / "log")
-    assert (c.visible_devices, c.pinned_mem_limit, c.active_thread_percentage) == ("1", "0=2G",
-                                                                                   "40")
+    assert (c.visible_devices, c.pinned_mem_limit, c.active_thread_percentage) == (
+        "1",
+        "0=2G",
+        "40",
+    )
     assert (s.pipe_dir, s.log_dir, s.visible_devices) == (DEFAULT_PIPE_DIR, DEFAULT_LOG_DIR, None)
     assert [d.pid for d in state.for_pipe_dir(str(tmp_path / "pipe")).controls] == [control.pid]
 
 
 def test_read_mps_state_without_root_leaves_directories_unknown(
-        mps_lookalikes: tuple[subprocess.Popen[bytes], ...]) -> None:
+    mps_lookalikes: tuple[subprocess.Popen[bytes], ...],
+) -> None:
     drop = nobody_prefix()
     if drop is None:
         pytest.skip("needs root and setpriv or runuser to look as another user")
     control = mps_lookalikes[0]
-    code = ("import json; from gpuwarden.mps.state import read_mps_state; "
-            "print(json.dumps([d.to_json() for d in read_mps_state().daemons]))")
-    r = subprocess.run([*drop, sys.executable, "-c", code], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=60)
+    code = (
+        "import json; from gpuwarden.mps.state import read_mps_state; "
+        "print(json.dumps([d.to_json() for d in read_mps_state().daemons]))"
+    )
+    r = subprocess.run(
+        [*drop, sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     seen = {d["pid"]: d for d in json.loads(r.stdout)}
     d = seen[control.pid]
@@ -297,11 +338,13 @@ def test_job_client_env_renumbers_devices_and_sets_the_limit() -> None:
 
     control = MpsControl("/var/lib/gpuwarden/mps/1000-2_5/p", "/var/lib/gpuwarden/mps/1000-2_5/l")
     env = client_env(control, (5, 2), 14 << 30, 30)
-    assert env == {"CUDA_MPS_PIPE_DIRECTORY": "/var/lib/gpuwarden/mps/1000-2_5/p",
-                   "CUDA_MPS_LOG_DIRECTORY": "/var/lib/gpuwarden/mps/1000-2_5/l",
-                   "CUDA_VISIBLE_DEVICES": "0,1",
-                   "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=14G,1=14G",
-                   "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}
+    assert env == {
+        "CUDA_MPS_PIPE_DIRECTORY": "/var/lib/gpuwarden/mps/1000-2_5/p",
+        "CUDA_MPS_LOG_DIRECTORY": "/var/lib/gpuwarden/mps/1000-2_5/l",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=14G,1=14G",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
+    }
     assert key(1000, (5, 2)) == "1000-2_5"
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in client_env(control, (0,), 1 << 30, None)
 

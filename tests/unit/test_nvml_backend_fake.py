@@ -45,9 +45,13 @@ def opened(library: FakeNvmlLibrary) -> Iterator[NvmlBackend]:
 
 
 def one_gpu(**fields: object) -> FakeGpu:
-    base: dict[str, object] = dict(uuid="GPU-00000000-0000-0000-0000-00000000000a",
-                                   name="NVIDIA L40S", bus_id="0000FA11:81:00.0", minor=3,
-                                   total=48 * GiB)
+    base: dict[str, object] = dict(
+        uuid="GPU-00000000-0000-0000-0000-00000000000a",
+        name="NVIDIA L40S",
+        bus_id="0000FA11:81:00.0",
+        minor=3,
+        total=48 * GiB,
+    )
     base.update(fields)
     return FakeGpu(**base)  # type: ignore[arg-type]
 
@@ -58,14 +62,24 @@ class TestDatacenterGpu:
             g0, g1 = nv.gpus()
             assert nv.warnings == []
         assert (g0.index, g0.uuid, g0.name) == (
-            0, "GPU-11111111-2222-3333-4444-000000000000", "NVIDIA H100 80GB HBM3")
+            0,
+            "GPU-11111111-2222-3333-4444-000000000000",
+            "NVIDIA H100 80GB HBM3",
+        )
         assert (g0.memory_total, g0.memory_used, g0.memory_reserved) == (
-            80 * GiB, 41 * GiB, 512 * MiB)
+            80 * GiB,
+            41 * GiB,
+            512 * MiB,
+        )
         assert g0.memory_used + g0.memory_free + (g0.memory_reserved or 0) == g0.memory_total
         assert (g0.utilization, g0.memory_utilization, g0.temperature) == (93, 41, 61)
         assert (g0.power_watts, g0.power_limit_watts) == (512.345, 700.0)
         assert (g0.compute_mode, g0.persistence_mode, g0.mig_mode, g0.mps) == (
-            "Default", True, False, False)
+            "Default",
+            True,
+            False,
+            False,
+        )
         assert (g0.pci_bus_id, g0.minor_number, g0.numa_node) == ("0000FA11:17:00.0", 0, 0)
         assert g0.cpus == "0-7,16-23"  # from NVML's affinity mask: sysfs has no such bus
         # Row remapping: corrected + uncorrected rows, and a remap pending.
@@ -84,9 +98,12 @@ class TestDatacenterGpu:
     def test_processes_with_their_memory_and_sm_share(self) -> None:
         with opened(FakeNvmlLibrary(h100_with_processes())) as nv:
             procs = nv.processes()
-        assert [(p.pid, p.gpu_index, p.memory, p.kinds, p.sm_utilization, p.mig_uuid)
-                for p in procs] == [(4101, 0, 30 * GiB, ("compute",), 87, None),
-                                    (4102, 0, 10 * GiB, ("compute",), 12, None)]
+        assert [
+            (p.pid, p.gpu_index, p.memory, p.kinds, p.sm_utilization, p.mig_uuid) for p in procs
+        ] == [
+            (4101, 0, 30 * GiB, ("compute",), 87, None),
+            (4102, 0, 10 * GiB, ("compute",), 12, None),
+        ]
 
     def test_device_files_by_minor_number_and_the_driver_version(self) -> None:
         with opened(FakeNvmlLibrary(h100_with_processes(), driver="550.90.07")) as nv:
@@ -115,7 +132,10 @@ class TestConsumerGpu:
             (g,) = nv.gpus()
             assert nv.warnings == []
         assert (g.name, g.memory_total, g.memory_reserved) == (
-            "NVIDIA GeForce GTX 1650", 4 * GiB, 60 * MiB)
+            "NVIDIA GeForce GTX 1650",
+            4 * GiB,
+            60 * MiB,
+        )
         assert g.utilization is None and g.memory_utilization is None
         assert g.power_watts is None and g.power_limit_watts is None
         assert (g.ecc_uncorrected, g.retired_pages, g.retired_pages_pending) == (None,) * 3
@@ -130,7 +150,8 @@ class TestConsumerGpu:
             assert nv.warnings == []
         assert [(p.pid, p.memory, p.kinds, p.sm_utilization) for p in procs] == [
             (4201, 200 * MiB, ("graphics",), None),
-            (4202, 900 * MiB, ("compute", "graphics"), None)]
+            (4202, 900 * MiB, ("compute", "graphics"), None),
+        ]
 
 
 class TestOldDriver:
@@ -139,7 +160,10 @@ class TestOldDriver:
             (g,) = nv.gpus()
             assert nv.warnings == []
         assert (g.memory_total, g.memory_used, g.memory_reserved) == (
-            32 * GiB, 8 * GiB + 300 * MiB, None)
+            32 * GiB,
+            8 * GiB + 300 * MiB,
+            None,
+        )
         assert g.memory_used + g.memory_free == g.memory_total
         assert g.numa_node is None  # nvmlDeviceGetNumaNodeId is newer than the driver
 
@@ -153,12 +177,15 @@ class TestOldDriver:
             procs = nv.processes()
             assert nv.warnings == []
         assert [(p.pid, p.memory, p.kinds, p.sm_utilization) for p in procs] == [
-            (4301, 8 * GiB, ("compute",), 55)]
+            (4301, 8 * GiB, ("compute",), 55)
+        ]
 
     def test_a_driver_with_no_process_list_at_all_lists_none(self) -> None:
-        lists = {f"nvmlDevice{k}RunningProcesses{v}" for k in ("GetCompute", "GetGraphics",
-                                                                 "GetMPSCompute")
-                 for v in ("_v2", "_v3")}
+        lists = {
+            f"nvmlDevice{k}RunningProcesses{v}"
+            for k in ("GetCompute", "GetGraphics", "GetMPSCompute")
+            for v in ("_v2", "_v3")
+        }
         with opened(FakeNvmlLibrary([v100_on_an_old_driver()], missing=frozenset(lists))) as nv:
             assert nv.processes() == []
             (g,) = nv.gpus()
@@ -204,12 +231,27 @@ class TestMigGpu:
             (g,) = nv.gpus()
             assert nv.warnings == []
         assert g.mig_mode is True and g.utilization is None
-        assert [(m.gi_id, m.ci_id, m.profile, m.uuid, m.memory_total, m.memory_used)
-                for m in g.mig_instances] == [
-            (1, 0, "3g.40gb", "MIG-3g000000-0000-0000-0000-000000000001", 40 * GiB,
-             12 * GiB + 200 * MiB),
-            (5, 0, "2g.20gb", "MIG-2g000000-0000-0000-0000-000000000005", 20 * GiB,
-             5 * GiB + 200 * MiB)]
+        assert [
+            (m.gi_id, m.ci_id, m.profile, m.uuid, m.memory_total, m.memory_used)
+            for m in g.mig_instances
+        ] == [
+            (
+                1,
+                0,
+                "3g.40gb",
+                "MIG-3g000000-0000-0000-0000-000000000001",
+                40 * GiB,
+                12 * GiB + 200 * MiB,
+            ),
+            (
+                5,
+                0,
+                "2g.20gb",
+                "MIG-2g000000-0000-0000-0000-000000000005",
+                20 * GiB,
+                5 * GiB + 200 * MiB,
+            ),
+        ]
         assert all(m.memory_used + m.memory_free == m.memory_total for m in g.mig_instances)
 
     def test_processes_are_named_with_their_instance_once(self) -> None:
@@ -218,7 +260,8 @@ class TestMigGpu:
             assert nv.warnings == []
         assert [(p.pid, p.memory, p.mig_uuid) for p in procs] == [
             (4401, 12 * GiB, "MIG-3g000000-0000-0000-0000-000000000001"),
-            (4402, 5 * GiB, "MIG-2g000000-0000-0000-0000-000000000005")]
+            (4402, 5 * GiB, "MIG-2g000000-0000-0000-0000-000000000005"),
+        ]
 
     def test_a_process_only_the_gpu_lists_stays_on_the_gpu(self) -> None:
         gpu = a100_in_mig_mode()
@@ -229,9 +272,14 @@ class TestMigGpu:
 
     def test_without_permission_for_the_lists_there_are_no_processes(self) -> None:
         gpu = a100_in_mig_mode()
-        denied = dict.fromkeys(("nvmlDeviceGetComputeRunningProcesses_v3",
-                                "nvmlDeviceGetGraphicsRunningProcesses_v3",
-                                "nvmlDeviceGetMPSComputeRunningProcesses_v3"), NO_PERMISSION)
+        denied = dict.fromkeys(
+            (
+                "nvmlDeviceGetComputeRunningProcesses_v3",
+                "nvmlDeviceGetGraphicsRunningProcesses_v3",
+                "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+            ),
+            NO_PERMISSION,
+        )
         gpu.errors.update(denied)
         for mig in gpu.mig_devices.values():
             mig.errors.update(denied)
@@ -262,18 +310,24 @@ class TestMigGpu:
 
 class TestProcessMemory:
     def test_memory_the_driver_does_not_know_is_none(self) -> None:
-        gpu = one_gpu(compute=[FakeProcess(pid=4501, used_memory=None),
-                               FakeProcess(pid=4502, used_memory=2 * GiB)])
+        gpu = one_gpu(
+            compute=[
+                FakeProcess(pid=4501, used_memory=None),
+                FakeProcess(pid=4502, used_memory=2 * GiB),
+            ]
+        )
         with opened(FakeNvmlLibrary([gpu])) as nv:
             assert [(p.pid, p.memory) for p in nv.processes()] == [(4501, None), (4502, 2 * GiB)]
             assert nv.warnings == []
 
-    @pytest.mark.parametrize(("compute", "graphics"), [(None, 3 * GiB), (3 * GiB, None),
-                                                       (3 * GiB, GiB), (GiB, 3 * GiB)])
-    def test_the_most_a_list_knows_wins(self, compute: int | None,
-                                        graphics: int | None) -> None:
-        gpu = one_gpu(compute=[FakeProcess(pid=4501, used_memory=compute)],
-                      graphics=[FakeProcess(pid=4501, used_memory=graphics)])
+    @pytest.mark.parametrize(
+        ("compute", "graphics"), [(None, 3 * GiB), (3 * GiB, None), (3 * GiB, GiB), (GiB, 3 * GiB)]
+    )
+    def test_the_most_a_list_knows_wins(self, compute: int | None, graphics: int | None) -> None:
+        gpu = one_gpu(
+            compute=[FakeProcess(pid=4501, used_memory=compute)],
+            graphics=[FakeProcess(pid=4501, used_memory=graphics)],
+        )
         with opened(FakeNvmlLibrary([gpu])) as nv:
             (p,) = nv.processes()
         assert (p.memory, p.kinds) == (3 * GiB, ("compute", "graphics"))
@@ -288,12 +342,12 @@ class TestMps:
         assert g.mps is True and p.kinds == ("mps",)
 
     def test_the_server_among_compute_processes_means_mps(self) -> None:
-        server = FakeProcess(pid=4602, used_memory=30 * MiB,
-                             name=b"/usr/bin/nvidia-cuda-mps-server")
+        server = FakeProcess(
+            pid=4602, used_memory=30 * MiB, name=b"/usr/bin/nvidia-cuda-mps-server"
+        )
         with opened(FakeNvmlLibrary([one_gpu(compute=[server])])) as nv:
             (g,) = nv.gpus()
         assert g.mps is True
-
 
     def test_a_process_name_that_is_not_utf8_does_not_kill_the_view(self) -> None:
         # Linux names are bytes; pynvml decodes the name as UTF-8 and raises on others.
@@ -340,22 +394,30 @@ class TestSetComputeMode:
             nv.set_compute_mode(1, "exclusive-process")
             assert [g.compute_mode for g in nv.gpus()] == ["Default", "Exclusive_Process"]
 
-    @pytest.mark.parametrize(("code", "error", "words"), [
-        (NO_PERMISSION, PermissionDenied, "needs root"),
-        (NOT_SUPPORTED, UsageError, "does not support compute mode Prohibited"),
-        (GPU_IS_LOST, GpuwardenError, "GPU 0: setting compute mode failed: GPU is lost"),
-    ])
-    def test_refusals_are_one_clear_error(self, code: int, error: type[Exception],
-                                          words: str) -> None:
+    @pytest.mark.parametrize(
+        ("code", "error", "words"),
+        [
+            (NO_PERMISSION, PermissionDenied, "needs root"),
+            (NOT_SUPPORTED, UsageError, "does not support compute mode Prohibited"),
+            (GPU_IS_LOST, GpuwardenError, "GPU 0: setting compute mode failed: GPU is lost"),
+        ],
+    )
+    def test_refusals_are_one_clear_error(
+        self, code: int, error: type[Exception], words: str
+    ) -> None:
         gpu = one_gpu(errors={"nvmlDeviceSetComputeMode": code})
         with opened(FakeNvmlLibrary([gpu])) as nv, pytest.raises(error, match=words):
             nv.set_compute_mode(0, "prohibited")
 
-    @pytest.mark.parametrize(("gpus", "words"), [
-        (h100_with_processes, "no GPU 2; this machine has GPUs 0-1"),
-        (list, "no GPU 2; this machine has no GPUs"),
-    ])
-    def test_an_index_past_the_gpus_is_a_usage_error(self, gpus: Callable[[], list[FakeGpu]],
-                                                    words: str) -> None:
+    @pytest.mark.parametrize(
+        ("gpus", "words"),
+        [
+            (h100_with_processes, "no GPU 2; this machine has GPUs 0-1"),
+            (list, "no GPU 2; this machine has no GPUs"),
+        ],
+    )
+    def test_an_index_past_the_gpus_is_a_usage_error(
+        self, gpus: Callable[[], list[FakeGpu]], words: str
+    ) -> None:
         with opened(FakeNvmlLibrary(gpus())) as nv, pytest.raises(UsageError, match=words):
             nv.set_compute_mode(2, "default")

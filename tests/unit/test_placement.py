@@ -33,22 +33,51 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 
-def g(index: int, total: float = 80, *, reserve: float = 0, used: tuple[float, ...] = (),
-      foreign: float = 0, fprocs: int = 0, mode: str = "Default", numa: int | None = 0,
-      peers: tuple[int, ...] = (), exclusive_use: bool = False) -> GpuState:
+def g(
+    index: int,
+    total: float = 80,
+    *,
+    reserve: float = 0,
+    used: tuple[float, ...] = (),
+    foreign: float = 0,
+    fprocs: int = 0,
+    mode: str = "Default",
+    numa: int | None = 0,
+    peers: tuple[int, ...] = (),
+    exclusive_use: bool = False,
+) -> GpuState:
     """A GPU state in GiB: ``used`` are budgets of managed jobs (ids 100+)."""
-    managed = tuple(ManagedUse(100 + i, int(b * GiB), exclusive_use)
-                    for i, b in enumerate(used))
-    return GpuState(index=index, uuid=f"GPU-{index}", total=int(total * GiB),
-                    reserve=int(reserve * GiB), numa_node=numa, nvlink_peers=peers,
-                    compute_mode=mode, managed=managed, foreign_peak=int(foreign * GiB),
-                    foreign_processes=fprocs)
+    managed = tuple(ManagedUse(100 + i, int(b * GiB), exclusive_use) for i, b in enumerate(used))
+    return GpuState(
+        index=index,
+        uuid=f"GPU-{index}",
+        total=int(total * GiB),
+        reserve=int(reserve * GiB),
+        numa_node=numa,
+        nvlink_peers=peers,
+        compute_mode=mode,
+        managed=managed,
+        foreign_peak=int(foreign * GiB),
+        foreign_processes=fprocs,
+    )
 
 
-def job(mem: float | None = 10, *, id: int = 1, count: int = 1,
-        gpu_ids: tuple[int, ...] | None = None, exclusive: bool = False) -> QueuedJob:
-    return QueuedJob(id=id, user="alice", mem=None if mem is None else int(mem * GiB),
-                     count=count, gpu_ids=gpu_ids, exclusive=exclusive)
+def job(
+    mem: float | None = 10,
+    *,
+    id: int = 1,
+    count: int = 1,
+    gpu_ids: tuple[int, ...] | None = None,
+    exclusive: bool = False,
+) -> QueuedJob:
+    return QueuedJob(
+        id=id,
+        user="alice",
+        mem=None if mem is None else int(mem * GiB),
+        count=count,
+        gpu_ids=gpu_ids,
+        exclusive=exclusive,
+    )
 
 
 def placed(result: Place | None) -> tuple[int, ...]:
@@ -57,6 +86,7 @@ def placed(result: Place | None) -> tuple[int, ...]:
 
 
 # --- headroom ----------------------------------------------------------------------------
+
 
 def test_headroom_subtracts_reserve_budgets_and_foreign_peak_with_spike() -> None:
     gpu = g(0, 80, reserve=1, used=(10, 5), foreign=20)
@@ -80,13 +110,18 @@ def test_foreign_charge_rounds_up_and_is_exact() -> None:
 
 # --- gpu_states --------------------------------------------------------------------------
 
+
 def test_gpu_states_splits_managed_and_foreign_and_counts_leaks() -> None:
-    snap = snapshot([
-        # 3 GiB managed (pid 10), 2 GiB foreign (pid 20), 1 GiB nobody accounts for.
-        (facts(0, used=6 * GiB, numa_node=1, nvlink_peers=(1,)),
-         [proc(10, 0, memory=3 * GiB), proc(20, 0, memory=2 * GiB)]),
-        (facts(1, used=0, compute_mode="Prohibited"), []),
-    ])
+    snap = snapshot(
+        [
+            # 3 GiB managed (pid 10), 2 GiB foreign (pid 20), 1 GiB nobody accounts for.
+            (
+                facts(0, used=6 * GiB, numa_node=1, nvlink_peers=(1,)),
+                [proc(10, 0, memory=3 * GiB), proc(20, 0, memory=2 * GiB)],
+            ),
+            (facts(1, used=0, compute_mode="Prohibited"), []),
+        ]
+    )
     uses = {"GPU-0": [ManagedUse(7, 4 * GiB)]}
     s0, s1 = gpu_states(snap, uses, {10}, {"GPU-1": 5 * GiB})
     assert (s0.index, s0.uuid, s0.numa_node, s0.nvlink_peers) == (0, "GPU-0", 1, (1,))
@@ -103,8 +138,9 @@ def test_gpu_states_takes_the_daemons_foreign_figure_as_given() -> None:
     its peaks) and leaves out memory no process accounts for that has not persisted
     (a job's memory the driver is still freeing): the snapshot does not override it."""
     snap = snapshot([(facts(0, used=8 * GiB), [proc(20, 0, memory=2 * GiB)])])
-    (s,) = gpu_states(snap, {}, set(), {"GPU-0": 2 * GiB}, reserve=GiB,
-                      contexts={"GPU-0": 300 * MiB})
+    (s,) = gpu_states(
+        snap, {}, set(), {"GPU-0": 2 * GiB}, reserve=GiB, contexts={"GPU-0": 300 * MiB}
+    )
     assert s.foreign_peak == 2 * GiB and s.reserve == GiB and s.context == 300 * MiB
     (s,) = gpu_states(snap, {}, set())  # no figure: this snapshot's, leaked memory too
     assert s.foreign_peak == 8 * GiB and s.context == 0
@@ -112,8 +148,9 @@ def test_gpu_states_takes_the_daemons_foreign_figure_as_given() -> None:
 
 
 def test_gpu_states_withheld_process_memory_counts_all_but_managed() -> None:
-    snap = snapshot([(facts(0, used=10 * GiB),
-                      [proc(10, 0, memory=4 * GiB), proc(20, 0, memory=None)])])
+    snap = snapshot(
+        [(facts(0, used=10 * GiB), [proc(10, 0, memory=4 * GiB), proc(20, 0, memory=None)])]
+    )
     (s,) = gpu_states(snap, {}, {10})
     assert s.foreign_peak == 6 * GiB
     assert foreign_usage(snap, {10}) == {"GPU-0": 6 * GiB}
@@ -125,6 +162,7 @@ def test_gpu_states_missing_compute_mode_is_default() -> None:
 
 
 # --- best fit ----------------------------------------------------------------------------
+
 
 def test_best_fit_picks_the_tightest_gpu() -> None:
     gpus = [g(0, used=(10,)), g(1, used=(60,)), g(2, used=(65,)), g(3, used=(75,))]
@@ -151,6 +189,7 @@ def test_place_budget_is_the_request() -> None:
 
 
 # --- whole GPUs and exclusive ------------------------------------------------------------
+
 
 def test_whole_gpu_job_only_on_idle_gpus_with_all_headroom() -> None:
     gpus = [g(0, reserve=1, used=(1,)), g(1, reserve=1, fprocs=1, foreign=1), g(2, reserve=1)]
@@ -184,6 +223,7 @@ def test_nobody_joins_a_gpu_held_alone() -> None:
 
 # --- compute modes ------------------------------------------------------------------------
 
+
 def test_prohibited_never_qualifies() -> None:
     assert fits(job(1), [g(0, mode="Prohibited")], 0.1) is None
     assert placed(fits(job(1), [g(0, mode="Prohibited"), g(1, used=(70,))], 0.1)) == (1,)
@@ -201,6 +241,7 @@ def test_exclusive_process_only_when_empty(mode: str) -> None:
 
 # --- gpu_ids ------------------------------------------------------------------------------
 
+
 def test_gpu_ids_restrict_the_candidates() -> None:
     gpus = [g(0, used=(70,)), g(1), g(2)]
     assert placed(fits(job(5), gpus, 0.1)) == (0,)
@@ -212,6 +253,7 @@ def test_gpu_ids_restrict_the_candidates() -> None:
 
 # --- multi-GPU ---------------------------------------------------------------------------
 
+
 def test_multi_gpu_takes_distinct_gpus_on_one_numa_node() -> None:
     # Node 0 has the tightest pair overall (0 and 3), but only node 1 holds two.
     gpus = [g(0, used=(60,), numa=0), g(1, numa=1), g(2, numa=1), g(3, used=(60,), numa=2)]
@@ -219,15 +261,24 @@ def test_multi_gpu_takes_distinct_gpus_on_one_numa_node() -> None:
 
 
 def test_multi_gpu_prefers_one_node_over_a_tighter_fit() -> None:
-    gpus = [g(0, used=(65,), numa=0), g(1, numa=0), g(2, used=(65,), numa=1), g(3, numa=1),
-            g(4, used=(66,), numa=1)]
+    gpus = [
+        g(0, used=(65,), numa=0),
+        g(1, numa=0),
+        g(2, used=(65,), numa=1),
+        g(3, numa=1),
+        g(4, used=(66,), numa=1),
+    ]
     # Node 1 offers 2+4 (tight), node 0 only 0+1; best fit within a node wins.
     assert placed(fits(job(10, count=2), gpus, 0.1)) == (2, 4)
 
 
 def test_multi_gpu_prefers_nvlink_peers_then_best_fit() -> None:
-    gpus = [g(0, used=(60,), peers=()), g(1, used=(60,), peers=()), g(2, peers=(3,)),
-            g(3, peers=(2,))]
+    gpus = [
+        g(0, used=(60,), peers=()),
+        g(1, used=(60,), peers=()),
+        g(2, peers=(3,)),
+        g(3, peers=(2,)),
+    ]
     assert placed(fits(job(10, count=2), gpus, 0.1)) == (2, 3)
     without_links = [g(i, used=(u,)) for i, u in enumerate((60, 60, 0, 0))]
     assert placed(fits(job(10, count=2), without_links, 0.1)) == (0, 1)
@@ -261,6 +312,7 @@ def test_topology_helpers() -> None:
 
 # --- apply: the guard of invariant 1 ----------------------------------------------------
 
+
 def test_apply_books_the_reservation_and_refuses_overbooking() -> None:
     gpus = [g(0, 20), g(1, 20)]
     after = apply(gpus, job(15), Place(1, (1,), 15 * GiB), 0.1)
@@ -274,17 +326,21 @@ def test_apply_books_the_reservation_and_refuses_overbooking() -> None:
 
 # --- infeasible --------------------------------------------------------------------------
 
+
 def test_infeasible_when_more_than_any_empty_gpu_can_give() -> None:
     why = infeasible_reason(job(80), [g(0, 80, reserve=0.5), g(1, 40, reserve=0.5)])
-    assert why == ("80.0GiB per GPU is more than this machine can give "
-                   "(largest: 79.5GiB = 80.0GiB total − 512MiB reserve)")
+    assert why == (
+        "80.0GiB per GPU is more than this machine can give "
+        "(largest: 79.5GiB = 80.0GiB total − 512MiB reserve)"
+    )
     # Busy GPUs do not make a job infeasible: only empty capacity counts.
     assert infeasible_reason(job(70), [g(0, 80, used=(70,), foreign=10)]) is None
 
 
 def test_infeasible_when_too_few_gpus() -> None:
     assert infeasible_reason(job(1, count=3), [g(0), g(1)]) == (
-        "needs 3 GPUs but only 2 usable on this machine")
+        "needs 3 GPUs but only 2 usable on this machine"
+    )
     why = infeasible_reason(job(60, count=2), [g(0, 80), g(1, 40)])
     assert why == "only 1 GPU on this machine can give 60.0GiB (GPU 0); 2 can never fit"
 
@@ -292,11 +348,14 @@ def test_infeasible_when_too_few_gpus() -> None:
 def test_infeasible_unknown_gpu_ids_and_prohibited() -> None:
     gpus = [g(0), g(1, mode="Prohibited")]
     assert infeasible_reason(job(1, gpu_ids=(0, 7)), gpus) == (
-        "unknown GPU 7: this machine has GPU 0,1")
+        "unknown GPU 7: this machine has GPU 0,1"
+    )
     assert infeasible_reason(job(1, gpu_ids=(1,)), gpus) == (
-        "GPU 1: compute mode Prohibited (no process may use it)")
+        "GPU 1: compute mode Prohibited (no process may use it)"
+    )
     assert infeasible_reason(job(1, count=2), gpus) == (
-        "needs 2 GPUs but only 1 usable on this machine (GPU 1: Prohibited)")
+        "needs 2 GPUs but only 1 usable on this machine (GPU 1: Prohibited)"
+    )
     assert infeasible_reason(job(1, gpu_ids=(0,)), gpus) is None
     assert infeasible_reason(job(1), []) == "this machine has no GPUs"
     assert infeasible_reason(job(1, gpu_ids=()), gpus) == "the list of allowed GPUs is empty"
@@ -311,29 +370,35 @@ def test_infeasible_bad_requests() -> None:
 
 # --- wait reasons ------------------------------------------------------------------------
 
+
 def test_wait_reason_names_the_best_gpu_with_numbers() -> None:
     gpus = [g(0, used=(70,)), g(1, used=(66,))]  # 10 and 14 GiB of headroom
     assert wait_reason(job(15), gpus, 0.0) == (
-        "waiting for 15.0GiB free on one GPU; best has 14.0GiB (GPU 1)")
+        "waiting for 15.0GiB free on one GPU; best has 14.0GiB (GPU 1)"
+    )
     assert wait_reason(job(15, exclusive=True), [g(0, used=(66,))], 0.0) == (
-        "waiting for 15.0GiB free on one GPU, with no other job or process; "
-        "GPU 0: in use by 1 job")
+        "waiting for 15.0GiB free on one GPU, with no other job or process; GPU 0: in use by 1 job"
+    )
 
 
 def test_wait_reason_for_sets_whole_gpus_and_blocked_gpus() -> None:
     gpus = [g(0), g(1, used=(75,)), g(2, mode="Exclusive_Process", fprocs=1, foreign=1)]
     assert wait_reason(job(10, count=2), gpus, 0.0) == (
         "waiting for 10.0GiB free on each of 2 GPUs; only GPU 0 qualifies; "
-        "next best has 5120MiB (GPU 1); GPU 2: Exclusive_Process and in use")
+        "next best has 5120MiB (GPU 1); GPU 2: Exclusive_Process and in use"
+    )
     assert wait_reason(job(None, count=2), gpus, 0.0) == (
         "waiting for 2 idle GPUs; only GPU 0 qualifies; GPU 1: in use by 1 job; "
-        "GPU 2: Exclusive_Process and in use")
+        "GPU 2: Exclusive_Process and in use"
+    )
     held = [g(0, used=(1,), exclusive_use=True)]
     assert wait_reason(job(1), held, 0.0) == (
-        "waiting for 1024MiB free on one GPU; GPU 0: held alone by job 100")
+        "waiting for 1024MiB free on one GPU; GPU 0: held alone by job 100"
+    )
 
 
 # --- the CUDA context allowance ---------------------------------------------------------
+
 
 def test_a_job_books_its_budget_and_its_context_and_is_capped_at_the_budget() -> None:
     gpu = replace(g(0, 24), context=512 * MiB)
@@ -357,7 +422,8 @@ def test_whole_gpu_jobs_and_capacity_leave_room_for_the_context() -> None:
     assert capacity(gpu) == 78.5 * GiB
     assert infeasible_reason(job(79), [gpu]) == (
         "79.0GiB per GPU is more than this machine can give (largest: 78.5GiB = 80.0GiB "
-        "total − 512MiB reserve − 1024MiB CUDA context)")
+        "total − 512MiB reserve − 1024MiB CUDA context)"
+    )
 
 
 def test_a_job_using_more_than_its_budget_and_context_counts_at_its_use() -> None:
@@ -367,6 +433,7 @@ def test_a_job_using_more_than_its_budget_and_context_counts_at_its_use() -> Non
 
 
 # --- a ceiling: an OOM retry that crept into its cap ---------------------------------------
+
 
 def test_a_job_with_a_ceiling_takes_the_roomiest_gpu_up_to_its_ceiling() -> None:
     crept = replace(job(20), mem_ceiling=40 * GiB)

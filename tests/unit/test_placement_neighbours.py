@@ -22,40 +22,49 @@ def _place(snap: object, job: QueuedJob) -> tuple[int, ...]:
 
 
 def test_placement_prefers_a_gpu_without_other_users_over_a_tighter_fit() -> None:
-    snap = snapshot([(gpu(0, used=30 * GiB), [proc(10, 0, 30 * GiB, user="inference")]),
-                     (gpu(1), [])])
+    snap = snapshot(
+        [(gpu(0, used=30 * GiB), [proc(10, 0, 30 * GiB, user="inference")]), (gpu(1), [])]
+    )
     assert _place(snap, QueuedJob(id=1, user="alice", mem=10 * GiB)) == (1,)
 
 
 def test_the_jobs_own_users_processes_are_no_other_users() -> None:
-    snap = snapshot([(gpu(0, used=30 * GiB), [proc(10, 0, 30 * GiB, user="alice")]),
-                     (gpu(1), [])])
+    snap = snapshot([(gpu(0, used=30 * GiB), [proc(10, 0, 30 * GiB, user="alice")]), (gpu(1), [])])
     assert _place(snap, QueuedJob(id=1, user="alice", mem=10 * GiB)) == (0,)  # best fit
 
 
 def test_then_fewest_other_users() -> None:
-    snap = snapshot([(gpu(0, used=2 * GiB), [proc(10, 0, GiB, user="bob"),
-                                             proc(11, 0, GiB, user="carol")]),
-                     (gpu(1, used=GiB), [proc(12, 1, GiB, user="bob")])])
+    snap = snapshot(
+        [
+            (gpu(0, used=2 * GiB), [proc(10, 0, GiB, user="bob"), proc(11, 0, GiB, user="carol")]),
+            (gpu(1, used=GiB), [proc(12, 1, GiB, user="bob")]),
+        ]
+    )
     assert _place(snap, QueuedJob(id=1, user="alice", mem=10 * GiB)) == (1,)
     got = choose_gpus(snap.gpus, Request(memory=10 * GiB, user="alice"))
     assert isinstance(got, Choice) and got.indices == (1,)
 
 
 def test_select_prefers_a_gpu_without_other_users_over_more_free_memory() -> None:
-    snap = snapshot([(gpu(0, used=GiB), [proc(10, 0, GiB, user="inference")]),
-                     (gpu(1, used=10 * GiB), [])])
+    snap = snapshot(
+        [(gpu(0, used=GiB), [proc(10, 0, GiB, user="inference")]), (gpu(1, used=10 * GiB), [])]
+    )
     got = choose_gpus(snap.gpus, Request(memory=10 * GiB, user="alice"))
     assert isinstance(got, Choice) and got.indices == (1,)
-    mine = snapshot([(gpu(0, used=GiB), [proc(10, 0, GiB, user="alice")]),
-                     (gpu(1, used=10 * GiB), [])])
+    mine = snapshot(
+        [(gpu(0, used=GiB), [proc(10, 0, GiB, user="alice")]), (gpu(1, used=10 * GiB), [])]
+    )
     got = choose_gpus(mine.gpus, Request(memory=10 * GiB, user="alice"))
     assert isinstance(got, Choice) and got.indices == (0,)  # the most free, as before
 
 
 def test_placement_and_select_agree_on_the_shared_a100_machine() -> None:
-    snap = take_snapshot(SimBackend.from_file(str(EXAMPLES / "a100x8-shared.json")),
-                         holders=False, detail=False, now=1000.0)
+    snap = take_snapshot(
+        SimBackend.from_file(str(EXAMPLES / "a100x8-shared.json")),
+        holders=False,
+        detail=False,
+        now=1000.0,
+    )
     got = choose_gpus(snap.gpus, Request(memory=40 * GiB, count=2, user="alice"))
     assert isinstance(got, Choice) and got.indices == (4, 5)
     assert _place(snap, QueuedJob(id=1, user="alice", mem=40 * GiB, count=2)) == (4, 5)

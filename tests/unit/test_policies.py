@@ -37,27 +37,64 @@ NOW = 10_000.0
 ALL = Policy()  # backfill and preemption on, no aging, no limits
 
 
-def use(job_id: int, gib: float, *, qos: str = BURSTABLE, priority: int = 0,
-        started: float = NOW - 100, ends: float | None = None, used: float | None = None,
-        user: str = "bob", exclusive: bool = False, preempting: bool = False,
-        expected: float | None = None) -> ManagedUse:
-    return ManagedUse(job_id, int(gib * GiB), exclusive=exclusive, user=user, qos=qos,
-                      priority=priority, started_at=started, ends_at=ends,
-                      expected_end=expected,
-                      used=None if used is None else int(used * GiB), preempting=preempting)
+def use(
+    job_id: int,
+    gib: float,
+    *,
+    qos: str = BURSTABLE,
+    priority: int = 0,
+    started: float = NOW - 100,
+    ends: float | None = None,
+    used: float | None = None,
+    user: str = "bob",
+    exclusive: bool = False,
+    preempting: bool = False,
+    expected: float | None = None,
+) -> ManagedUse:
+    return ManagedUse(
+        job_id,
+        int(gib * GiB),
+        exclusive=exclusive,
+        user=user,
+        qos=qos,
+        priority=priority,
+        started_at=started,
+        ends_at=ends,
+        expected_end=expected,
+        used=None if used is None else int(used * GiB),
+        preempting=preempting,
+    )
 
 
 def g(index: int, *uses: ManagedUse, total: float = 80) -> GpuState:
     return GpuState(index=index, uuid=f"GPU-{index}", total=int(total * GiB), managed=uses)
 
 
-def job(id: int, gib: float | None = 10, *, qos: str = BURSTABLE, priority: int = 0,
-        at: float = NOW - 10, runtime: float | None = None, user: str = "alice",
-        count: int = 1, not_before: float = 0.0, estimate: float | None = None,
-        ) -> QueuedJob:
-    return QueuedJob(id=id, user=user, mem=None if gib is None else int(gib * GiB),
-                     count=count, priority=priority, submitted_at=at, qos=qos,
-                     runtime=runtime, not_before=not_before, estimate=estimate)
+def job(
+    id: int,
+    gib: float | None = 10,
+    *,
+    qos: str = BURSTABLE,
+    priority: int = 0,
+    at: float = NOW - 10,
+    runtime: float | None = None,
+    user: str = "alice",
+    count: int = 1,
+    not_before: float = 0.0,
+    estimate: float | None = None,
+) -> QueuedJob:
+    return QueuedJob(
+        id=id,
+        user=user,
+        mem=None if gib is None else int(gib * GiB),
+        count=count,
+        priority=priority,
+        submitted_at=at,
+        qos=qos,
+        runtime=runtime,
+        not_before=not_before,
+        estimate=estimate,
+    )
 
 
 def by_id(decisions: Iterable[Decision]) -> dict[int, Decision]:
@@ -65,6 +102,7 @@ def by_id(decisions: Iterable[Decision]) -> dict[int, Decision]:
 
 
 # --- aging ------------------------------------------------------------------------------
+
 
 def test_aging_raises_priority_with_waiting_time() -> None:
     old = job(1, at=NOW - 3600)
@@ -85,6 +123,7 @@ def test_qos_class_breaks_priority_ties() -> None:
 
 
 # --- backfill ---------------------------------------------------------------------------
+
 
 def test_backfill_admits_a_job_that_ends_before_the_head_can_start() -> None:
     gpus = [g(0, use(100, 60, ends=NOW + 3600))]
@@ -126,9 +165,16 @@ def test_backfill_may_use_room_the_head_job_does_not_need() -> None:
 
 # --- preemption -------------------------------------------------------------------------
 
+
 def test_guaranteed_job_preempts_the_cheapest_victims() -> None:
-    gpus = [g(0, use(100, 30, qos=BESTEFFORT), use(101, 30, qos=BURSTABLE),
-              use(102, 15, qos=GUARANTEED))]
+    gpus = [
+        g(
+            0,
+            use(100, 30, qos=BESTEFFORT),
+            use(101, 30, qos=BURSTABLE),
+            use(102, 15, qos=GUARANTEED),
+        )
+    ]
     d = plan(gpus, [job(1, 30, qos=GUARANTEED)], 0, now=NOW, policy=ALL)
     assert d == [Preempt(1, (100,), d[0].reason)]  # type: ignore[union-attr]
 
@@ -160,56 +206,68 @@ def test_least_run_time_lost_breaks_ties() -> None:
 
 def test_unneeded_victims_are_dropped() -> None:
     # Cheapest first would take 100 (5 GiB) and then 101 (40 GiB); 101 alone suffices.
-    gpus = [g(0, use(100, 5, qos=BESTEFFORT), use(101, 40, priority=-1), use(102, 30,
-                                                                             qos=GUARANTEED))]
+    gpus = [
+        g(0, use(100, 5, qos=BESTEFFORT), use(101, 40, priority=-1), use(102, 30, qos=GUARANTEED))
+    ]
     d = plan(gpus, [job(1, 40, qos=GUARANTEED)], 0, now=NOW, policy=ALL)
     assert isinstance(d[0], Preempt) and d[0].victims == (101,)
 
 
 def test_a_job_waits_for_victims_already_stopping_instead_of_taking_more() -> None:
-    gpus = [g(0, use(100, 40, qos=BESTEFFORT, preempting=True), use(101, 40,
-                                                                     qos=BESTEFFORT))]
+    gpus = [g(0, use(100, 40, qos=BESTEFFORT, preempting=True), use(101, 40, qos=BESTEFFORT))]
     d = plan(gpus, [job(1, 30, qos=GUARANTEED)], 0, now=NOW, policy=ALL)
     assert isinstance(d[0], Wait) and "preempted job(s) 100" in d[0].reason
 
 
 def test_room_freed_by_preemption_is_not_backfilled() -> None:
     gpus = [g(0, use(100, 70, qos=BESTEFFORT))]
-    d = by_id(plan(gpus, [job(1, 60, qos=GUARANTEED, at=1), job(2, 5, at=2)], 0, now=NOW,
-                   policy=ALL))
+    d = by_id(
+        plan(gpus, [job(1, 60, qos=GUARANTEED, at=1), job(2, 5, at=2)], 0, now=NOW, policy=ALL)
+    )
     assert isinstance(d[1], Preempt)
     # 10 GiB are free now; job 2 (5 GiB, no timeout) would still run when job 1 starts,
     # and 80 - 5 ≥ 60, so it does not delay job 1 and may start.
     assert isinstance(d[2], Place)
-    d = by_id(plan(gpus, [job(1, 78, qos=GUARANTEED, at=1), job(2, 5, at=2)], 0, now=NOW,
-                   policy=ALL))
+    d = by_id(
+        plan(gpus, [job(1, 78, qos=GUARANTEED, at=1), job(2, 5, at=2)], 0, now=NOW, policy=ALL)
+    )
     assert isinstance(d[1], Preempt) and isinstance(d[2], Wait)
 
 
 def test_preemption_off_means_waiting() -> None:
     gpus = [g(0, use(100, 70, qos=BESTEFFORT))]
-    d = plan(gpus, [job(1, 30, qos=GUARANTEED)], 0, now=NOW,
-             policy=Policy(preemption=False))
+    d = plan(gpus, [job(1, 30, qos=GUARANTEED)], 0, now=NOW, policy=Policy(preemption=False))
     assert isinstance(d[0], Wait)
 
 
 # --- limits and backoff -------------------------------------------------------------------
 
+
 def test_per_user_limits() -> None:
-    lim = Limits(default=UserLimits(max_running=2),
-                 users={"carol": UserLimits(max_gpus=1, max_memory=20 * GiB)})
+    lim = Limits(
+        default=UserLimits(max_running=2),
+        users={"carol": UserLimits(max_gpus=1, max_memory=20 * GiB)},
+    )
     pol = Policy(limits=lim)
     gpus = [g(0, use(100, 5, user="alice"), use(101, 5, user="alice")), g(1), g(2)]
     d = by_id(plan(gpus, [job(1, 5), job(2, 5, user="dave")], 0, now=NOW, policy=pol))
     assert isinstance(d[1], Wait) and "user alice may run 2 job(s) at once" in d[1].reason
     assert isinstance(d[2], Place)
-    d = by_id(plan(gpus, [job(3, 15, user="carol"), job(4, 15, user="carol"),
-                          job(5, 5, user="carol", at=NOW)], 0, now=NOW, policy=pol))
+    d = by_id(
+        plan(
+            gpus,
+            [job(3, 15, user="carol"), job(4, 15, user="carol"), job(5, 5, user="carol", at=NOW)],
+            0,
+            now=NOW,
+            policy=pol,
+        )
+    )
     assert isinstance(d[3], Place)
     assert isinstance(d[4], Wait) and "may hold 1 GPU(s)" in d[4].reason
     lim2 = Limits(default=UserLimits(max_memory=20 * GiB))
-    d = by_id(plan([g(0)], [job(6, 15), job(7, 15, at=NOW)], 0, now=NOW,
-                   policy=Policy(limits=lim2)))
+    d = by_id(
+        plan([g(0)], [job(6, 15), job(7, 15, at=NOW)], 0, now=NOW, policy=Policy(limits=lim2))
+    )
     assert isinstance(d[6], Place)
     assert isinstance(d[7], Wait) and "may reserve 20.0GiB" in d[7].reason
 
@@ -220,6 +278,7 @@ def test_a_job_in_backoff_waits() -> None:
 
 
 # --- properties ---------------------------------------------------------------------------
+
 
 @st.composite
 def scenes(draw: st.DrawFn) -> tuple[list[GpuState], list[QueuedJob]]:
@@ -234,29 +293,42 @@ def scenes(draw: st.DrawFn) -> tuple[list[GpuState], list[QueuedJob]]:
             if size > room:
                 break
             room -= size
-            uses.append(use(next(jid), size, qos=draw(st.sampled_from(QOS_CLASSES)),
-                            priority=draw(st.integers(-2, 2)),
-                            started=NOW - draw(st.integers(0, 5000)),
-                            ends=draw(st.one_of(st.none(),
-                                                st.integers(1, 7200).map(lambda s: NOW + s))),
-                            expected=draw(st.one_of(st.none(), st.integers(-600, 7200).map(
-                                lambda s: NOW + s))),
-                            used=draw(st.one_of(st.none(), st.integers(0, 60)))))
+            uses.append(
+                use(
+                    next(jid),
+                    size,
+                    qos=draw(st.sampled_from(QOS_CLASSES)),
+                    priority=draw(st.integers(-2, 2)),
+                    started=NOW - draw(st.integers(0, 5000)),
+                    ends=draw(st.one_of(st.none(), st.integers(1, 7200).map(lambda s: NOW + s))),
+                    expected=draw(
+                        st.one_of(st.none(), st.integers(-600, 7200).map(lambda s: NOW + s))
+                    ),
+                    used=draw(st.one_of(st.none(), st.integers(0, 60))),
+                )
+            )
         gpus.append(g(i, *uses))
-    queue = [job(i, draw(st.one_of(st.none(), st.integers(1, 79))),
-                 qos=draw(st.sampled_from(QOS_CLASSES)), priority=draw(st.integers(-2, 2)),
-                 at=NOW - draw(st.sampled_from((0, 100, 899, 900, 2000))),
-                 runtime=draw(st.one_of(st.none(), st.integers(1, 7200).map(float))),
-                 estimate=draw(st.one_of(st.none(), st.integers(1, 7200).map(float))),
-                 count=draw(st.integers(1, 2)))
-             for i in range(1, draw(st.integers(1, 6)))]
+    queue = [
+        job(
+            i,
+            draw(st.one_of(st.none(), st.integers(1, 79))),
+            qos=draw(st.sampled_from(QOS_CLASSES)),
+            priority=draw(st.integers(-2, 2)),
+            at=NOW - draw(st.sampled_from((0, 100, 899, 900, 2000))),
+            runtime=draw(st.one_of(st.none(), st.integers(1, 7200).map(float))),
+            estimate=draw(st.one_of(st.none(), st.integers(1, 7200).map(float))),
+            count=draw(st.integers(1, 2)),
+        )
+        for i in range(1, draw(st.integers(1, 6)))
+    ]
     return gpus, queue
 
 
 @settings(max_examples=300, deadline=None)
 @given(scenes())
-def test_backfill_never_delays_the_head_job(scene: tuple[list[GpuState], list[QueuedJob]],
-                                            ) -> None:
+def test_backfill_never_delays_the_head_job(
+    scene: tuple[list[GpuState], list[QueuedJob]],
+) -> None:
     gpus, queue = scene
     decisions = plan(gpus, queue, 0, now=NOW, policy=Policy(preemption=False))
     waiting = [d for d in decisions if isinstance(d, Wait)]
@@ -268,27 +340,43 @@ def test_backfill_never_delays_the_head_job(scene: tuple[list[GpuState], list[Qu
     if not heads:
         return
     head = jobs[heads[0].job_id]
-    placed_before = [d for d in decisions[:decisions.index(heads[0])] if isinstance(d, Place)]
+    placed_before = [d for d in decisions[: decisions.index(heads[0])] if isinstance(d, Place)]
     state = list(gpus)
     for p in placed_before:
         state = apply(state, jobs[p.job_id], p, 0, started_at=NOW)
     before = backfill.reserve(head, state, NOW, 0, fits)
-    if before is None or (before.shadow is None and not backfill.starving(
-            head, NOW, DEFAULT_STARVE_AFTER)):
+    if before is None or (
+        before.shadow is None and not backfill.starving(head, NOW, DEFAULT_STARVE_AFTER)
+    ):
         return  # an unknown start that holds no room yet: the next property
     # Every job placed after the head was considered runs as a claim with its own end
     # (as expected: the guarantee is that the plan never delays the head job).
     after = state
-    for d in decisions[decisions.index(heads[0]):]:
+    for d in decisions[decisions.index(heads[0]) :]:
         if isinstance(d, Place):
             j = jobs[d.job_id]
-            after = [gpu if gpu.index not in d.gpus else
-                     GpuState(gpu.index, gpu.uuid, gpu.total, managed=(*gpu.managed, use(
-                         j.id, d.budget / GiB, ends=None if j.runtime is None
-                         else NOW + j.runtime, exclusive=j.mem is None,
-                         expected=None if j.expected_runtime is None
-                         else NOW + j.expected_runtime)))
-                     for gpu in after]
+            after = [
+                gpu
+                if gpu.index not in d.gpus
+                else GpuState(
+                    gpu.index,
+                    gpu.uuid,
+                    gpu.total,
+                    managed=(
+                        *gpu.managed,
+                        use(
+                            j.id,
+                            d.budget / GiB,
+                            ends=None if j.runtime is None else NOW + j.runtime,
+                            exclusive=j.mem is None,
+                            expected=None
+                            if j.expected_runtime is None
+                            else NOW + j.expected_runtime,
+                        ),
+                    ),
+                )
+                for gpu in after
+            ]
     note(f"gpus={gpus}")
     note(f"decisions={decisions}")
     if before.shadow is None:
@@ -305,7 +393,8 @@ def test_backfill_never_delays_the_head_job(scene: tuple[list[GpuState], list[Qu
 @settings(max_examples=300, deadline=None)
 @given(scenes())
 def test_preemption_only_hits_cheaper_jobs_and_never_guaranteed(
-        scene: tuple[list[GpuState], list[QueuedJob]]) -> None:
+    scene: tuple[list[GpuState], list[QueuedJob]],
+) -> None:
     gpus, queue = scene
     held = claims(gpus)
     jobs = {j.id: j for j in queue}
@@ -325,15 +414,18 @@ def test_preemption_only_hits_cheaper_jobs_and_never_guaranteed(
 
 # --- OOM retry ----------------------------------------------------------------------------
 
+
 def test_oom_signatures_are_found_in_the_output_tail() -> None:
     from gpuwarden.sched.oom import oom_signature
 
-    for text in ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
-                 "RuntimeError: CUDA error: out of memory\nCUDA kernel errors ...",
-                 "cudaErrorMemoryAllocation: out of memory",
-                 "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate",
-                 "CUDNN_STATUS_NOT_ENOUGH_WORKSPACE",
-                 "jax: RESOURCE_EXHAUSTED: CUDA_ERROR_OUT_OF_MEMORY: out of memory"):
+    for text in (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "RuntimeError: CUDA error: out of memory\nCUDA kernel errors ...",
+        "cudaErrorMemoryAllocation: out of memory",
+        "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate",
+        "CUDNN_STATUS_NOT_ENOUGH_WORKSPACE",
+        "jax: RESOURCE_EXHAUSTED: CUDA_ERROR_OUT_OF_MEMORY: out of memory",
+    ):
         assert oom_signature("step 1\n" + text + "\n") is not None, text
     assert oom_signature("Traceback ...\nValueError: bad shape\n") is None
     assert oom_signature("x" * 1000 + " CUDA out of memory")
@@ -344,6 +436,7 @@ def test_oom_signatures_are_found_in_the_output_tail() -> None:
 
 
 # --- watchdog -----------------------------------------------------------------------------
+
 
 def test_watchdog_acts_per_class() -> None:
     from gpuwarden.sched.watchdog import KILL, NOTE, WARN, check
@@ -369,14 +462,17 @@ def test_a_bursting_job_counts_at_what_it_uses() -> None:
 
 # --- history: learned budgets, failure streaks ---------------------------------------------
 
+
 def test_learned_budget_is_the_highest_recent_peak_plus_a_margin_rounded_up() -> None:
     from gpuwarden.sched.history import learned_budget
 
     budget, how = learned_budget([10 * GiB, 12 * GiB, 11 * GiB])
     assert budget == int(14.5 * GiB)  # 1.2 × 12 GiB = 14.4 GiB, up to 256 MiB steps
     assert "3 earlier run(s)" in how
-    assert learned_budget([]) == (None, "no earlier successful run with a recorded peak: "
-                                        "a whole GPU")
+    assert learned_budget([]) == (
+        None,
+        "no earlier successful run with a recorded peak: a whole GPU",
+    )
     # Only the five most recent runs count.
     assert learned_budget([GiB] * 5 + [50 * GiB])[0] == int(1.25 * GiB)
 
@@ -391,15 +487,18 @@ def test_a_streak_is_three_failures_the_same_way() -> None:
     three = failure_signature("failed", 3, None, False)
     assert failing_streak([three, three, oom]) is None
     assert failing_streak([failure_signature("succeeded", 0, None, False)] * 3) is None
-    assert failure_signature("failed", None, "command not found: x", False) == \
-        "command not found: x"
+    assert (
+        failure_signature("failed", None, "command not found: x", False) == "command not found: x"
+    )
 
 
 def test_declared_vs_actual() -> None:
     from gpuwarden.sched.history import declared_vs_actual
 
-    assert declared_vs_actual(10 * GiB, 8 * GiB) == \
-        "peak 8192MiB of 10.0GiB declared: over-declared by 2048MiB (20%)"
+    assert (
+        declared_vs_actual(10 * GiB, 8 * GiB)
+        == "peak 8192MiB of 10.0GiB declared: over-declared by 2048MiB (20%)"
+    )
     assert "under-declared by" in (declared_vs_actual(10 * GiB, 11 * GiB) or "")
     assert declared_vs_actual(None, GiB) is None
     assert declared_vs_actual(GiB, GiB) == "peak 1024MiB: as declared"
@@ -407,10 +506,15 @@ def test_declared_vs_actual() -> None:
 
 # --- CPU cores held alone (--cpus) ----------------------------------------------------------
 
+
 def _cpu_gpu(index: int, cores: set[int], free: set[int] | None = None) -> GpuState:
-    return GpuState(index=index, uuid=f"GPU-{index}", total=80 * GiB,
-                    local_cpus=frozenset(cores),
-                    free_cpus=frozenset(cores if free is None else free))
+    return GpuState(
+        index=index,
+        uuid=f"GPU-{index}",
+        total=80 * GiB,
+        local_cpus=frozenset(cores),
+        free_cpus=frozenset(cores if free is None else free),
+    )
 
 
 def test_cores_are_held_alone_and_booked_within_a_pass() -> None:

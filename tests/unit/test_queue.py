@@ -29,14 +29,25 @@ MiB = 1 << 20
 
 
 def g(index: int, total: float = 80, used: tuple[float, ...] = ()) -> GpuState:
-    return GpuState(index=index, uuid=f"GPU-{index}", total=int(total * GiB),
-                    managed=tuple(ManagedUse(100 + i, int(b * GiB)) for i, b in enumerate(used)))
+    return GpuState(
+        index=index,
+        uuid=f"GPU-{index}",
+        total=int(total * GiB),
+        managed=tuple(ManagedUse(100 + i, int(b * GiB)) for i, b in enumerate(used)),
+    )
 
 
-def job(id: int, mem: float | None = 10, *, priority: int = 0, at: float = 0.0,
-        count: int = 1) -> QueuedJob:
-    return QueuedJob(id=id, user="alice", mem=None if mem is None else int(mem * GiB),
-                     count=count, priority=priority, submitted_at=at)
+def job(
+    id: int, mem: float | None = 10, *, priority: int = 0, at: float = 0.0, count: int = 1
+) -> QueuedJob:
+    return QueuedJob(
+        id=id,
+        user="alice",
+        mem=None if mem is None else int(mem * GiB),
+        count=count,
+        priority=priority,
+        submitted_at=at,
+    )
 
 
 def by_id(decisions: Iterable[Decision]) -> dict[int, Decision]:
@@ -45,13 +56,20 @@ def by_id(decisions: Iterable[Decision]) -> dict[int, Decision]:
 
 # --- order ------------------------------------------------------------------------------
 
+
 def test_order_is_priority_then_submit_time_then_id() -> None:
-    queue = [job(1, at=5), job(2, priority=1, at=9), job(3, at=1), job(4, at=1),
-             job(5, priority=-1)]
+    queue = [
+        job(1, at=5),
+        job(2, priority=1, at=9),
+        job(3, at=1),
+        job(4, at=1),
+        job(5, priority=-1),
+    ]
     assert [j.id for j in order(reversed(queue))] == [2, 3, 4, 1, 5]
 
 
 # --- plan -------------------------------------------------------------------------------
+
 
 def test_one_pass_never_overbooks_a_gpu() -> None:
     decisions = plan([g(0, 50)], [job(1, 30, at=1), job(2, 30, at=2)], 0.1)
@@ -148,23 +166,44 @@ def gpu_states(draw: st.DrawFn) -> list[GpuState]:
     for index in indices:
         total = draw(st.sampled_from([8, 16, 24, 40, 80])) * GiB + draw(st.integers(0, MiB))
         budgets = draw(st.lists(st.integers(0, total // 2), max_size=4))
-        alone = draw(st.lists(st.sampled_from([False, False, False, True]),
-                              min_size=len(budgets), max_size=len(budgets)))
-        states.append(GpuState(
-            index=index, uuid=f"GPU-{index}", total=total,
-            reserve=draw(st.sampled_from([0, 512 * MiB, GiB, 3 * GiB + 7])),
-            context=draw(st.sampled_from([0, 0, 512 * MiB, 700 * MiB + 3])),
-            numa_node=draw(st.sampled_from([0, 1, None])),
-            nvlink_peers=tuple(sorted(draw(st.sets(st.integers(0, n - 1))) - {index})),
-            compute_mode=draw(st.sampled_from(MODES)),
-            managed=tuple(ManagedUse(1000 + 10 * index + i, b, x, context=c)
-                          for i, (b, x, c) in enumerate(zip(
-                              budgets, alone, draw(st.lists(
-                                  st.sampled_from([0, 512 * MiB]), min_size=len(budgets),
-                                  max_size=len(budgets))), strict=True))),
-            foreign_peak=draw(st.one_of(st.just(0), st.integers(0, total))),
-            foreign_processes=draw(st.integers(0, 2)),
-        ))
+        alone = draw(
+            st.lists(
+                st.sampled_from([False, False, False, True]),
+                min_size=len(budgets),
+                max_size=len(budgets),
+            )
+        )
+        states.append(
+            GpuState(
+                index=index,
+                uuid=f"GPU-{index}",
+                total=total,
+                reserve=draw(st.sampled_from([0, 512 * MiB, GiB, 3 * GiB + 7])),
+                context=draw(st.sampled_from([0, 0, 512 * MiB, 700 * MiB + 3])),
+                numa_node=draw(st.sampled_from([0, 1, None])),
+                nvlink_peers=tuple(sorted(draw(st.sets(st.integers(0, n - 1))) - {index})),
+                compute_mode=draw(st.sampled_from(MODES)),
+                managed=tuple(
+                    ManagedUse(1000 + 10 * index + i, b, x, context=c)
+                    for i, (b, x, c) in enumerate(
+                        zip(
+                            budgets,
+                            alone,
+                            draw(
+                                st.lists(
+                                    st.sampled_from([0, 512 * MiB]),
+                                    min_size=len(budgets),
+                                    max_size=len(budgets),
+                                )
+                            ),
+                            strict=True,
+                        )
+                    )
+                ),
+                foreign_peak=draw(st.one_of(st.just(0), st.integers(0, total))),
+                foreign_processes=draw(st.integers(0, 2)),
+            )
+        )
     return states
 
 
@@ -173,13 +212,19 @@ def queued(id: int, gpus: int = 8) -> st.SearchStrategy[QueuedJob]:
     """A job; its ``gpu_ids`` mostly name GPUs among the first ``gpus``, sometimes not.
     Cached: building strategies anew for every draw doubles the suite's time."""
     return st.builds(
-        QueuedJob, id=st.just(id), user=st.sampled_from(["alice", "bob"]),
+        QueuedJob,
+        id=st.just(id),
+        user=st.sampled_from(["alice", "bob"]),
         mem=st.one_of(st.none(), SIZES),
         count=st.sampled_from([1, 1, 1, 1, 2, 2, 3, 4, 0, 9]),
-        gpu_ids=st.one_of(st.none(), st.none(),
-                          st.lists(st.integers(0, gpus - 1), min_size=1, max_size=4).map(tuple),
-                          st.lists(st.integers(0, 9), max_size=4).map(tuple)),
-        exclusive=st.sampled_from([False, False, False, True]), priority=st.integers(0, 3),
+        gpu_ids=st.one_of(
+            st.none(),
+            st.none(),
+            st.lists(st.integers(0, gpus - 1), min_size=1, max_size=4).map(tuple),
+            st.lists(st.integers(0, 9), max_size=4).map(tuple),
+        ),
+        exclusive=st.sampled_from([False, False, False, True]),
+        priority=st.integers(0, 3),
         submitted_at=st.integers(0, 50).map(float),
         runtime=st.one_of(st.none(), st.integers(1, 3600).map(float)),
         estimate=st.one_of(st.none(), st.integers(1, 3600).map(float)),
@@ -206,25 +251,37 @@ def available(gpu: GpuState, spike: float) -> Fraction:
 
 
 def empty(gpus: Sequence[GpuState]) -> list[GpuState]:
-    return [GpuState(index=x.index, uuid=x.uuid, total=x.total, reserve=x.reserve,
-                     context=x.context, numa_node=x.numa_node, nvlink_peers=x.nvlink_peers,
-                     compute_mode=x.compute_mode) for x in gpus]
+    return [
+        GpuState(
+            index=x.index,
+            uuid=x.uuid,
+            total=x.total,
+            reserve=x.reserve,
+            context=x.context,
+            numa_node=x.numa_node,
+            nvlink_peers=x.nvlink_peers,
+            compute_mode=x.compute_mode,
+        )
+        for x in gpus
+    ]
 
 
 PROPERTY = settings(max_examples=200, deadline=None)
 # Passes without backfill (the default), with backfill and best fit behind a waiting job
 # (its room free while its start is unknown, or held at once), with preemption too.
-POLICIES = st.sampled_from([None, Policy(preemption=False), Policy(preemption=False,
-                            starve_after=0), Policy()])
-BACKFILL = st.sampled_from([None, Policy(preemption=False),
-                            Policy(preemption=False, starve_after=0)])
+POLICIES = st.sampled_from(
+    [None, Policy(preemption=False), Policy(preemption=False, starve_after=0), Policy()]
+)
+BACKFILL = st.sampled_from(
+    [None, Policy(preemption=False), Policy(preemption=False, starve_after=0)]
+)
 
 
 @PROPERTY
 @given(machine=machines(), spike=st.sampled_from(SPIKES), policy=POLICIES)
 def test_a_pass_never_books_more_than_headroom(
-        machine: tuple[list[GpuState], list[QueuedJob]], spike: float,
-        policy: Policy | None) -> None:
+    machine: tuple[list[GpuState], list[QueuedJob]], spike: float, policy: Policy | None
+) -> None:
     gpus, queue = machine
     decisions = plan(gpus, queue, spike, now=100.0, policy=policy)
     new: dict[int, int] = {x.index: 0 for x in gpus}
@@ -245,8 +302,8 @@ def test_a_pass_never_books_more_than_headroom(
 @PROPERTY
 @given(machine=machines(), spike=st.sampled_from(SPIKES), policy=POLICIES)
 def test_every_job_gets_one_decision_and_places_are_well_formed(
-        machine: tuple[list[GpuState], list[QueuedJob]], spike: float,
-        policy: Policy | None) -> None:
+    machine: tuple[list[GpuState], list[QueuedJob]], spike: float, policy: Policy | None
+) -> None:
     gpus, queue = machine
     decisions = plan(gpus, queue, spike, now=100.0, policy=policy)
     assert sorted(d.job_id for d in decisions) == sorted(j.id for j in queue)
@@ -281,7 +338,8 @@ def test_every_job_gets_one_decision_and_places_are_well_formed(
 @PROPERTY
 @given(machine=machines())
 def test_infeasible_means_it_cannot_fit_even_on_empty_gpus(
-        machine: tuple[list[GpuState], list[QueuedJob]]) -> None:
+    machine: tuple[list[GpuState], list[QueuedJob]],
+) -> None:
     gpus, queue = machine
     idle = empty(gpus)
     for d in plan(gpus, queue, 0.1):
@@ -294,16 +352,35 @@ def test_infeasible_means_it_cannot_fit_even_on_empty_gpus(
 
 
 @PROPERTY
-@given(gpus=gpu_states(), template=queued(1, 2), n=st.integers(0, 30),
-       keys=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 20)), min_size=30,
-                     max_size=30),
-       spike=st.sampled_from(SPIKES), policy=BACKFILL)
+@given(
+    gpus=gpu_states(),
+    template=queued(1, 2),
+    n=st.integers(0, 30),
+    keys=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 20)), min_size=30, max_size=30),
+    spike=st.sampled_from(SPIKES),
+    policy=BACKFILL,
+)
 def test_identical_jobs_are_placed_in_priority_order(
-        gpus: list[GpuState], template: QueuedJob, n: int, keys: list[tuple[int, int]],
-        spike: float, policy: Policy | None) -> None:
-    queue = [QueuedJob(id=i + 1, user=template.user, mem=template.mem, count=template.count,
-                       gpu_ids=template.gpu_ids, exclusive=template.exclusive, priority=p,
-                       submitted_at=float(t)) for i, (p, t) in enumerate(keys[:n])]
+    gpus: list[GpuState],
+    template: QueuedJob,
+    n: int,
+    keys: list[tuple[int, int]],
+    spike: float,
+    policy: Policy | None,
+) -> None:
+    queue = [
+        QueuedJob(
+            id=i + 1,
+            user=template.user,
+            mem=template.mem,
+            count=template.count,
+            gpu_ids=template.gpu_ids,
+            exclusive=template.exclusive,
+            priority=p,
+            submitted_at=float(t),
+        )
+        for i, (p, t) in enumerate(keys[:n])
+    ]
     decisions = by_id(plan(gpus, queue, spike, now=100.0, policy=policy))
     kinds = [type(decisions[j.id]) for j in order(queue)]
     placed = [k is Place for k in kinds]

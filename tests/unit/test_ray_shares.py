@@ -35,11 +35,16 @@ def test_budgets_that_fit_a_gpu_never_ask_more_than_one_gpu(mib: int, gpu_mib: i
 
 
 def test_what_a_node_advertises() -> None:
-    assert node_resources([24 * GiB, 24 * GiB]) == {MEM_RESOURCE: 49152.0,
-                                                    GPU_MIB_RESOURCE: 24576.0}
+    assert node_resources([24 * GiB, 24 * GiB]) == {
+        MEM_RESOURCE: 49152.0,
+        GPU_MIB_RESOURCE: 24576.0,
+    }
     assert node_resources([]) == {}
-    nodes = [{"GPU": 2.0, GPU_MIB_RESOURCE: 24576.0}, {"GPU": 8.0, GPU_MIB_RESOURCE: 81920.0},
-             {"CPU": 4.0}]
+    nodes = [
+        {"GPU": 2.0, GPU_MIB_RESOURCE: 24576.0},
+        {"GPU": 8.0, GPU_MIB_RESOURCE: 81920.0},
+        {"CPU": 4.0},
+    ]
     assert smallest_gpu(nodes) == 24 * GiB
     with pytest.raises(UsageError, match="gpuwarden cluster resources"):
         smallest_gpu([{"CPU": 4.0}])

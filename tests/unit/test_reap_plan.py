@@ -15,8 +15,10 @@ def _plan(snap, uid=1000, named=()):  # type: ignore[no-untyped-def]
 
 
 def test_orphans_and_hidden_holders_are_terminated_once() -> None:
-    s = snapshot([(gpu(0, used=2 * GiB), [proc(10, **ORPHAN)]), (gpu(1), [])],
-                 holders=[holder(20, ("/dev/nvidia0", "/dev/nvidia1"), (0, 1), user="alice")])
+    s = snapshot(
+        [(gpu(0, used=2 * GiB), [proc(10, **ORPHAN)]), (gpu(1), [])],
+        holders=[holder(20, ("/dev/nvidia0", "/dev/nvidia1"), (0, 1), user="alice")],
+    )
     plan = _plan(s)
     assert plan[10].action == TERMINATE and plan[10].expect_bytes == GiB
     assert plan[20].action == TERMINATE and plan[20].gpus == (0, 1)
@@ -50,18 +52,29 @@ def test_memory_without_process_gets_persistence_cycle() -> None:
 
 
 def test_dead_and_garbage_pids_cannot_be_killed() -> None:
-    s = snapshot([(gpu(0, used=2 * GiB), [proc(10, exists=False),
-                                          proc(2**32 - 1, exists=False, garbage=True)])])
+    s = snapshot(
+        [
+            (
+                gpu(0, used=2 * GiB),
+                [proc(10, exists=False), proc(2**32 - 1, exists=False, garbage=True)],
+            )
+        ]
+    )
     plan = _plan(s, uid=0)
     assert plan[10].action == NONE and plan[2**32 - 1].action == NONE
     assert "nvidia-ml-py" in (plan[2**32 - 1].next_step or "")
 
 
 def test_monitors_init_and_self_are_never_killed() -> None:
-    s = snapshot([(gpu(0), [])], holders=[holder(30, ("/dev/nvidiactl",), ()),
-                                          holder(1, ("/dev/nvidia0",), (0,)),
-                                          holder(99999, ("/dev/nvidia0",), (0,))],
-                 observer=99999)
+    s = snapshot(
+        [(gpu(0), [])],
+        holders=[
+            holder(30, ("/dev/nvidiactl",), ()),
+            holder(1, ("/dev/nvidia0",), (0,)),
+            holder(99999, ("/dev/nvidia0",), (0,)),
+        ],
+        observer=99999,
+    )
     plan = _plan(s, uid=0)
     assert all(a.action == NONE for a in plan.values())
 
@@ -79,10 +92,12 @@ def test_running_jobs_processes_are_left_unless_named() -> None:
 
     # 30 runs in job 7's tree (the daemon's view); 40's parent 41 carries GPUWARDEN_JOB=7;
     # 50 carries GPUWARDEN_JOB=3, a job that ended: a leftover, a leak like any other.
-    procs = {40: ProcInfo(pid=40, exists=True, ppid=41, env={}),
-             41: ProcInfo(pid=41, exists=True, ppid=1, env={"GPUWARDEN_JOB": "7"}),
-             50: ProcInfo(pid=50, exists=True, ppid=1, env={"GPUWARDEN_JOB": "3"}),
-             30: ProcInfo(pid=30, exists=True, ppid=1, env={})}
+    procs = {
+        40: ProcInfo(pid=40, exists=True, ppid=41, env={}),
+        41: ProcInfo(pid=41, exists=True, ppid=1, env={"GPUWARDEN_JOB": "7"}),
+        50: ProcInfo(pid=50, exists=True, ppid=1, env={"GPUWARDEN_JOB": "3"}),
+        30: ProcInfo(pid=30, exists=True, ppid=1, env={}),
+    }
     daemon = {"pids": {"30": 7, "41": 7}}
     assert job_processes([30, 40, 50], procs.__getitem__, daemon) == {30: 7, 40: 7}
     assert job_processes([40, 50], procs.__getitem__, None) == {40: 7, 50: 3}

@@ -24,10 +24,15 @@ def text(findings: list[Finding], *, via_json: bool) -> str:
 
 FINDINGS = [
     Finding("numa_mismatch", "info", 2, 4242, "CPUs 0-7 are off GPU 2's node", "taskset -c 8-15"),
-    Finding("residual_memory", "critical", 1, None, "3.0 GiB held by no process",
-            "nvidia-smi -i 1 -pm 1"),
-    Finding("mps_orphan", "warning", None, 77, "an MPS server with no control",
-            "kill 77"),
+    Finding(
+        "residual_memory",
+        "critical",
+        1,
+        None,
+        "3.0 GiB held by no process",
+        "nvidia-smi -i 1 -pm 1",
+    ),
+    Finding("mps_orphan", "warning", None, 77, "an MPS server with no control", "kill 77"),
 ]
 
 

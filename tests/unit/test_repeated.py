@@ -9,8 +9,7 @@ import pytest
 from gpuwarden.daemon.repeated import Repeats
 
 
-def test_a_repeated_error_is_logged_once_per_interval(
-        caplog: pytest.LogCaptureFixture) -> None:
+def test_a_repeated_error_is_logged_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]
     repeats = Repeats(interval=60, clock=lambda: now[0])
     log = logging.getLogger("gpuwarden.test")
@@ -22,5 +21,7 @@ def test_a_repeated_error_is_logged_once_per_interval(
         now[0] = 61.0
         repeats.log(log, logging.WARNING, "accept", "accept failed: %s", "EMFILE")
     assert [r.getMessage() for r in caplog.records] == [
-        "accept failed: EMFILE", "another error",
-        "accept failed: EMFILE (repeated 3120 times in the last 61 s)"]
+        "accept failed: EMFILE",
+        "another error",
+        "accept failed: EMFILE (repeated 3120 times in the last 61 s)",
+    ]

@@ -25,8 +25,10 @@ ME = Caller(pid=1, uid=1000, gid=1000, user="alice", groups=(1000,))
 BASE = {"command": ["python", "train.py"], "cwd": "/home/a", "env": {"PATH": "/usr/bin"}}
 # What the rules between fields ask of a value of this field to be accepted at all.
 NEEDS: dict[str, dict[str, Any]] = {
-    "sm_percent": {"mps": True, "mem": "1G"}, "mem_limit": {"mem": "1G"},
-    "restart_limit": {"restart": "always"}, "health_cmd": {"restart": "always"},
+    "sm_percent": {"mps": True, "mem": "1G"},
+    "mem_limit": {"mem": "1G"},
+    "restart_limit": {"restart": "always"},
+    "health_cmd": {"restart": "always"},
     "health_url": {"restart": "always"},
     "health_interval": {"restart": "always", "health_cmd": "true"},
     "health_grace": {"restart": "always", "health_cmd": "true"},
@@ -71,18 +73,24 @@ def test_each_property_has_the_tables_type_and_bounds(f: Field) -> None:
     (main, *rest) = [b for b in branches if b != {"type": "null"}]
     assert s["description"] == f.help
     if f.kind == request.INTEGER:
-        assert (main["type"], main.get("minimum"), main.get("maximum")) == \
-            ("integer", f.lo, f.hi)
+        assert (main["type"], main.get("minimum"), main.get("maximum")) == ("integer", f.lo, f.hi)
     elif f.kind == request.BOOLEAN:
         assert main == {"type": "boolean"}
     elif f.kind == request.CHOICE:
         assert main == {"enum": list(f.choices)}
     elif f.kind == request.STRING:
-        assert (main["type"], main.get("minLength"), main.get("maxLength"),
-                main.get("pattern")) == ("string", f.min_length, f.max_length, f.pattern)
+        assert (
+            main["type"],
+            main.get("minLength"),
+            main.get("maxLength"),
+            main.get("pattern"),
+        ) == ("string", f.min_length, f.max_length, f.pattern)
     elif f.kind == request.IDS:
-        assert main["items"] == {"type": "integer", "minimum": f.lo,
-                                 **({} if f.hi is None else {"maximum": f.hi})}
+        assert main["items"] == {
+            "type": "integer",
+            "minimum": f.lo,
+            **({} if f.hi is None else {"maximum": f.hi}),
+        }
         assert main.get("minItems", 0) == f.min_items
     elif f.kind in (request.SIZE, request.DURATION):
         assert rest == [{"type": "string"}]
@@ -128,8 +136,9 @@ def _cases() -> list[tuple[str, Any, bool]]:
 
 
 @pytest.mark.parametrize(("name", "value", "valid"), _cases())
-def test_the_schema_and_the_daemon_agree_on_each_fields_values(name: str, value: Any,
-                                                               valid: bool) -> None:
+def test_the_schema_and_the_daemon_agree_on_each_fields_values(
+    name: str, value: Any, valid: bool
+) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     body = {**BASE, **NEEDS.get(name, {}), name: value}
     validator = jsonschema.Draft202012Validator(_submit_props())
@@ -144,8 +153,11 @@ def test_the_schema_and_the_daemon_agree_on_each_fields_values(name: str, value:
 
 # -- the submit options -----------------------------------------------------------------
 def _field_options() -> list[click.Option]:
-    return [p for p in submit.params if isinstance(p, click.Option) and p.name in FIELDS
-            and p.name not in NOT_ONE_FIELD]
+    return [
+        p
+        for p in submit.params
+        if isinstance(p, click.Option) and p.name in FIELDS and p.name not in NOT_ONE_FIELD
+    ]
 
 
 def test_the_submit_options_that_are_one_field_each() -> None:
@@ -157,8 +169,7 @@ def test_the_submit_options_that_are_one_field_each() -> None:
 
 
 @pytest.mark.parametrize("option", _field_options(), ids=lambda p: str(p.name))
-def test_each_one_field_option_has_the_tables_bounds_choices_and_help(
-        option: click.Option) -> None:
+def test_each_one_field_option_has_the_tables_bounds_choices_and_help(option: click.Option) -> None:
     f = FIELDS[str(option.name)]
     assert option.help == f.help
     default = submit.make_context("submit", ["true"]).params[f.name]  # as the CLI gets it
@@ -184,8 +195,7 @@ def test_each_integer_bound_is_its_edge(f: Field) -> None:
     assert getattr(spec(**needs, **{f.name: f.lo}), f.name) == f.lo
     assert getattr(spec(**needs, **{f.name: f.hi}), f.name) == f.hi
     for outside in (f.lo - 1, f.hi + 1):
-        assert refused({**needs, f.name: outside}) == \
-            f"{f.name} must be between {f.lo} and {f.hi}"
+        assert refused({**needs, f.name: outside}) == f"{f.name} must be between {f.lo} and {f.hi}"
     for wrong in ("1", 1.0, True):
         assert refused({**needs, f.name: wrong}) == f"{f.name} must be an integer"
 
@@ -198,8 +208,7 @@ def test_the_known_bounds() -> None:
 
 def test_defaults_of_absent_and_null_fields() -> None:
     s = spec()
-    assert (s.gpus, s.priority, s.qos, s.exclusive, s.no_numa) == (1, 0, "burstable",
-                                                                    False, False)
+    assert (s.gpus, s.priority, s.qos, s.exclusive, s.no_numa) == (1, 0, "burstable", False, False)
     assert spec(cpus=None, retries=None, name=None).cpus is None
     assert refused({"priority": None}) == "priority must be an integer"
     assert refused({"exclusive": None}) == "exclusive must be true or false"
@@ -214,13 +223,17 @@ def test_booleans_choices_and_strings() -> None:
     assert refused({"qos": "gold"}) == "qos must be guaranteed, burstable or besteffort"
     assert refused({"restart": "sometimes"}) == "restart must be on-failure, always or no"
     assert spec(name="x" * 200).name == "x" * 200
-    assert refused({"name": "x" * 201}) == \
-        "name must be a non-empty string of at most 200 characters"
+    assert (
+        refused({"name": "x" * 201}) == "name must be a non-empty string of at most 200 characters"
+    )
     assert refused({"cwd": 3}) == "cwd must be an absolute path"
-    assert refused({"notify": ""}) == "notify must be a non-empty command of at most 4096 " \
-        "characters"
-    assert refused({"restart": "always", "health_url": "ftp://x"}) == \
-        "health_url must be an http:// or https:// URL"
+    assert (
+        refused({"notify": ""}) == "notify must be a non-empty command of at most 4096 characters"
+    )
+    assert (
+        refused({"restart": "always", "health_url": "ftp://x"})
+        == "health_url must be an http:// or https:// URL"
+    )
 
 
 def test_ids_lists_and_their_bounds() -> None:
@@ -256,8 +269,21 @@ def test_the_fields_of_services_and_edit_are_the_tables() -> None:
     assert set(FIELDS) >= SERVICE_FIELDS | set(EDITABLE)
 
 
-@pytest.mark.parametrize("profile", ["1g.10gb", "3g.40gb", "7g.80gb", "8g.1gb", "0g.10gb",
-                                     "9g.10gb", "1g.0gb", "1g.10GB", "1g.10gb ", "huge"])
+@pytest.mark.parametrize(
+    "profile",
+    [
+        "1g.10gb",
+        "3g.40gb",
+        "7g.80gb",
+        "8g.1gb",
+        "0g.10gb",
+        "9g.10gb",
+        "1g.0gb",
+        "1g.10GB",
+        "1g.10gb ",
+        "huge",
+    ],
+)
 def test_the_mig_pattern_is_the_gpu_models(profile: str) -> None:
     pattern = FIELDS["mig"].pattern
     assert pattern is not None
@@ -269,12 +295,10 @@ def test_the_mig_pattern_is_the_gpu_models(profile: str) -> None:
 # The JobSpec attributes that are no request field of their own name: who asked (from the
 # caller), the environment (an object filtered by env_keep), what submit decided or
 # built from several fields. Every other attribute is a stored field of the table.
-NOT_STORED_AS_A_FIELD = {"user", "uid", "gid", "groups", "env", "mem_auto", "service",
-                         "array"}
+NOT_STORED_AS_A_FIELD = {"user", "uid", "gid", "groups", "env", "mem_auto", "service", "array"}
 
 
-def test_each_stored_field_is_a_spec_attribute_kept_in_a_column_of_its_own(
-        tmp_path: Any) -> None:
+def test_each_stored_field_is_a_spec_attribute_kept_in_a_column_of_its_own(tmp_path: Any) -> None:
     """``daemon/rows.py`` writes and reads a stored field by its entry: its column must
     exist once the migrations ran, and JobSpec must have the attribute."""
     import dataclasses

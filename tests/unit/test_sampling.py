@@ -20,8 +20,9 @@ from gpuwarden.sim.scenario import SimProcess
 from tests.conftest import EXAMPLES
 
 
-def sample(backend: SimBackend, samples: int, interval: float,
-           sleep: Callable[[float], None]) -> list[Snapshot]:
+def sample(
+    backend: SimBackend, samples: int, interval: float, sleep: Callable[[float], None]
+) -> list[Snapshot]:
     """The reference: every sample a full snapshot."""
     out = [take_snapshot(backend)]
     for _ in range(samples - 1):
@@ -55,13 +56,27 @@ def _apply(b: SimBackend, event: tuple[object, ...]) -> None:
     else:
         gpu, pid = int(event[1]), int(event[2])  # type: ignore[call-overload]
         if all(p.pid != pid for p in b.scenario.processes):
-            b.scenario = replace(b.scenario, processes=(*b.scenario.processes, SimProcess(
-                pid=pid, gpu=gpu, user="carol", command="python x.py", memory=700 * MiB,
-                state="dead")))
+            b.scenario = replace(
+                b.scenario,
+                processes=(
+                    *b.scenario.processes,
+                    SimProcess(
+                        pid=pid,
+                        gpu=gpu,
+                        user="carol",
+                        command="python x.py",
+                        memory=700 * MiB,
+                        state="dead",
+                    ),
+                ),
+            )
 
 
-def _found(sampler: Callable[..., list[object]], script: list[list[tuple[object, ...]]],
-           monitors: bool = False) -> list[tuple[object, ...]]:
+def _found(
+    sampler: Callable[..., list[object]],
+    script: list[list[tuple[object, ...]]],
+    monitors: bool = False,
+) -> list[tuple[object, ...]]:
     b = SimBackend.from_file(LEAKY)
     steps = iter(script)
 
@@ -69,11 +84,16 @@ def _found(sampler: Callable[..., list[object]], script: list[list[tuple[object,
         for event in next(steps):
             _apply(b, event)
 
-    snaps = sampler(b, len(script) + 1, 0.0, DEFAULT_THRESHOLD, sleep=between) \
-        if sampler is sample_suspects else sampler(b, len(script) + 1, 0.0, sleep=between)
-    return [(lk.gpu, lk.kind, lk.pid, lk.memory, lk.user)
-            for lk in find_leaks(snaps, DEFAULT_THRESHOLD)  # type: ignore[arg-type]
-            if (lk.kind == "monitor") == monitors]
+    snaps = (
+        sampler(b, len(script) + 1, 0.0, DEFAULT_THRESHOLD, sleep=between)
+        if sampler is sample_suspects
+        else sampler(b, len(script) + 1, 0.0, sleep=between)
+    )
+    return [
+        (lk.gpu, lk.kind, lk.pid, lk.memory, lk.user)
+        for lk in find_leaks(snaps, DEFAULT_THRESHOLD)  # type: ignore[arg-type]
+        if (lk.kind == "monitor") == monitors
+    ]
 
 
 @settings(max_examples=60, deadline=None)
@@ -94,8 +114,9 @@ def test_monitors_alone_are_no_reason_to_wait(tmp_path: Path) -> None:
     path = tmp_path / "monitored.json"
     path.write_text(json.dumps(scenario))
     waits: list[float] = []
-    snaps = sample_suspects(SimBackend.from_file(path), 3, 0.5, DEFAULT_THRESHOLD,
-                            sleep=waits.append)
+    snaps = sample_suspects(
+        SimBackend.from_file(path), 3, 0.5, DEFAULT_THRESHOLD, sleep=waits.append
+    )
     assert len(snaps) == 1 and waits == []
     assert [lk.kind for lk in find_leaks(snaps)] == ["monitor"]
 

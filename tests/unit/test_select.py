@@ -18,17 +18,40 @@ from gpuwarden.sched.select import Choice, Rejection, Request, assess, choose_gp
 GiB = 1 << 30
 
 
-def gpu(index: int, free: float, *, total: float = 80, util: int | None = 0,
-        mode: str | None = "Default", numa: int | None = 0, users: tuple[str, ...] = (),
-        peers: tuple[int, ...] = (), mig: bool = False) -> GpuView:
+def gpu(
+    index: int,
+    free: float,
+    *,
+    total: float = 80,
+    util: int | None = 0,
+    mode: str | None = "Default",
+    numa: int | None = 0,
+    users: tuple[str, ...] = (),
+    peers: tuple[int, ...] = (),
+    mig: bool = False,
+) -> GpuView:
     total_b, free_b = int(total * GiB), int(free * GiB)
-    facts = GpuFacts(index=index, uuid=f"GPU-{index:04d}", name="Test GPU",
-                     memory_total=total_b, memory_used=total_b - free_b, memory_free=free_b,
-                     utilization=util, compute_mode=mode, numa_node=numa,
-                     cpus=str(index), nvlink_peers=peers, mig_mode=mig)
+    facts = GpuFacts(
+        index=index,
+        uuid=f"GPU-{index:04d}",
+        name="Test GPU",
+        memory_total=total_b,
+        memory_used=total_b - free_b,
+        memory_free=free_b,
+        utilization=util,
+        compute_mode=mode,
+        numa_node=numa,
+        cpus=str(index),
+        nvlink_peers=peers,
+        mig_mode=mig,
+    )
     procs = tuple(
-        ProcessView(GpuProcessFacts(pid=1000 + 10 * index + i, gpu_index=index, memory=GiB),
-                    ProcInfo(pid=1000 + 10 * index + i, exists=True, user=u), RUNNING, 1.0)
+        ProcessView(
+            GpuProcessFacts(pid=1000 + 10 * index + i, gpu_index=index, memory=GiB),
+            ProcInfo(pid=1000 + 10 * index + i, exists=True, user=u),
+            RUNNING,
+            1.0,
+        )
         for i, u in enumerate(users)
     )
     return GpuView(facts, procs)
@@ -44,6 +67,7 @@ def chosen(result: Choice | Rejection) -> tuple[int, ...]:
 
 
 # --- ranking -----------------------------------------------------------------------------
+
 
 def test_most_free_memory_wins() -> None:
     gpus = [gpu(0, 30), gpu(1, 70), gpu(2, 50)]
@@ -73,14 +97,17 @@ def test_utilization_limit_and_unknown_utilization() -> None:
     assert chosen(choose_gpus(gpus, req(max_util=30, count=2))) == (1, 2)
 
 
-@pytest.mark.parametrize(("mode", "users", "ok"), [
-    ("Default", ("a",), True),
-    ("Prohibited", (), False),
-    ("Exclusive_Process", (), True),
-    ("Exclusive_Process", ("a",), False),
-    ("Exclusive_Thread", (), True),
-    (None, (), True),
-])
+@pytest.mark.parametrize(
+    ("mode", "users", "ok"),
+    [
+        ("Default", ("a",), True),
+        ("Prohibited", (), False),
+        ("Exclusive_Process", (), True),
+        ("Exclusive_Process", ("a",), False),
+        ("Exclusive_Thread", (), True),
+        (None, (), True),
+    ],
+)
 def test_compute_modes(mode: str | None, users: tuple[str, ...], ok: bool) -> None:
     assert assess(gpu(0, 70, mode=mode, users=users), req()).qualifies is ok
 
@@ -104,6 +131,7 @@ def test_fraction_of_each_gpus_total() -> None:
 
 
 # --- impossible vs. not now --------------------------------------------------------------
+
 
 def test_more_than_any_gpu_has_is_impossible() -> None:
     result = choose_gpus([gpu(0, 24, total=24), gpu(1, 24, total=24)], req(30))
@@ -146,6 +174,7 @@ def test_count_two_with_one_fitting_says_which() -> None:
 
 
 # --- sets --------------------------------------------------------------------------------
+
 
 def test_sets_prefer_one_numa_node_over_more_free_memory() -> None:
     gpus = [gpu(0, 79, numa=0), gpu(1, 40, numa=0), gpu(2, 30, numa=0), gpu(3, 78, numa=1)]
@@ -194,10 +223,16 @@ def test_request_validation() -> None:
         Request(memory=1, count=0)
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("20G", (20 * GiB, None)), ("512MiB", (512 << 20, None)), ("0.5", (None, 0.5)),
-    ("1.0", (None, 1.0)), ("4096B", (4096, None)),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("20G", (20 * GiB, None)),
+        ("512MiB", (512 << 20, None)),
+        ("0.5", (None, 0.5)),
+        ("1.0", (None, 1.0)),
+        ("4096B", (4096, None)),
+    ],
+)
 def test_parse_mem(text: str, expected: tuple[int | None, float | None]) -> None:
     assert parse_mem(text) == expected
 
@@ -210,6 +245,7 @@ def test_parse_mem_rejects(text: str) -> None:
 
 # --- properties --------------------------------------------------------------------------
 
+
 @st.composite
 def machines(draw: st.DrawFn) -> tuple[list[GpuView], dict[str, int]]:
     n = draw(st.integers(1, 8))
@@ -218,14 +254,20 @@ def machines(draw: st.DrawFn) -> tuple[list[GpuView], dict[str, int]]:
     for i in range(n):
         total = draw(st.sampled_from([16, 24, 40, 80]))
         free = draw(st.integers(0, total))
-        gpus.append(gpu(
-            i, free, total=total, util=draw(st.one_of(st.none(), st.integers(0, 100))),
-            mode=draw(st.sampled_from(["Default", "Default", "Exclusive_Process",
-                                       "Prohibited"])),
-            numa=draw(st.one_of(st.none(), st.integers(0, 2))),
-            users=tuple(draw(st.lists(st.sampled_from("abc"), max_size=2))),
-            peers=tuple(draw(st.sets(st.integers(0, n - 1)))),
-        ))
+        gpus.append(
+            gpu(
+                i,
+                free,
+                total=total,
+                util=draw(st.one_of(st.none(), st.integers(0, 100))),
+                mode=draw(
+                    st.sampled_from(["Default", "Default", "Exclusive_Process", "Prohibited"])
+                ),
+                numa=draw(st.one_of(st.none(), st.integers(0, 2))),
+                users=tuple(draw(st.lists(st.sampled_from("abc"), max_size=2))),
+                peers=tuple(draw(st.sets(st.integers(0, n - 1)))),
+            )
+        )
         if draw(st.booleans()):
             leased[f"GPU-{i:04d}"] = draw(st.integers(0, 40)) * GiB
     return gpus, leased
@@ -233,10 +275,18 @@ def machines(draw: st.DrawFn) -> tuple[list[GpuView], dict[str, int]]:
 
 requests = st.builds(
     lambda mem, frac, use_frac, count, util, same: Request(
-        memory=None if use_frac else mem * GiB, fraction=frac if use_frac else None,
-        count=count, max_util=util, same_numa=same),
-    st.integers(1, 90), st.sampled_from([0.1, 0.25, 0.5, 1.0]), st.booleans(),
-    st.integers(1, 4), st.one_of(st.none(), st.integers(0, 100)), st.booleans(),
+        memory=None if use_frac else mem * GiB,
+        fraction=frac if use_frac else None,
+        count=count,
+        max_util=util,
+        same_numa=same,
+    ),
+    st.integers(1, 90),
+    st.sampled_from([0.1, 0.25, 0.5, 1.0]),
+    st.booleans(),
+    st.integers(1, 4),
+    st.one_of(st.none(), st.integers(0, 100)),
+    st.booleans(),
 )
 
 
@@ -291,8 +341,9 @@ def test_choice_properties(machine: tuple[list[GpuView], dict[str, int]], r: Req
 
 @settings(max_examples=200, deadline=None)
 @given(machines(), st.integers(1, 90))
-def test_single_gpu_choice_is_the_best_ranked(machine: tuple[list[GpuView], dict[str, int]],
-                                              mem: int) -> None:
+def test_single_gpu_choice_is_the_best_ranked(
+    machine: tuple[list[GpuView], dict[str, int]], mem: int
+) -> None:
     gpus, leased = machine
     r = Request(memory=mem * GiB)
     result = choose_gpus(gpus, r, leased)
@@ -302,7 +353,12 @@ def test_single_gpu_choice_is_the_best_ranked(machine: tuple[list[GpuView], dict
         return
     # No other user's processes first (then the fewest: with no user given, every user is
     # another), then the most free memory, then the lower index.
-    best = min(ok, key=lambda g: (len(g.users),
-                                  -max(g.facts.memory_free - leased.get(g.facts.uuid, 0), 0),
-                                  g.index))
+    best = min(
+        ok,
+        key=lambda g: (
+            len(g.users),
+            -max(g.facts.memory_free - leased.get(g.facts.uuid, 0), 0),
+            g.index,
+        ),
+    )
     assert chosen(result) == (best.index,)

@@ -15,8 +15,9 @@ ME = Caller(pid=1, uid=1000, gid=1000, user="alice", groups=(1000,))
 
 
 def retries(oom_retries: int = 1, **body: Any) -> int:
-    spec, _ = spec_from_request({"command": ["true"], "cwd": "/", "env": {}, **body}, ME, 2,
-                                oom_retries=oom_retries)
+    spec, _ = spec_from_request(
+        {"command": ["true"], "cwd": "/", "env": {}, **body}, ME, 2, oom_retries=oom_retries
+    )
     return spec.retries
 
 

@@ -24,11 +24,21 @@ ROOT = Caller(pid=1, uid=0, gid=0, user="root", groups=(0,))
 
 def _snap():  # type: ignore[no-untyped-def]
     mine = proc(10, env={"GPUWARDEN_JOB": "7"})
-    theirs = proc(20, user="bob", uid=1001, command="python secret.py", container="docker:ab",
-                  env={"GPUWARDEN_JOB": "8"})
-    return snapshot([(gpu(0), [mine, theirs])],
-                    holders=[holder(30, ("/dev/nvidia0",), (0,), user="alice"),
-                             holder(31, ("/dev/nvidia0",), (0,), user="bob")])
+    theirs = proc(
+        20,
+        user="bob",
+        uid=1001,
+        command="python secret.py",
+        container="docker:ab",
+        env={"GPUWARDEN_JOB": "8"},
+    )
+    return snapshot(
+        [(gpu(0), [mine, theirs])],
+        holders=[
+            holder(30, ("/dev/nvidia0",), (0,), user="alice"),
+            holder(31, ("/dev/nvidia0",), (0,), user="bob"),
+        ],
+    )
 
 
 def test_a_user_gets_the_holders_of_their_own_processes_only() -> None:
@@ -56,8 +66,10 @@ def test_hidepid_hides_other_users_processes_but_not_ones_own() -> None:
 
 def test_hidepid_read_from_mountinfo(tmp_path: Path) -> None:
     f = tmp_path / "mountinfo"
-    f.write_text("22 1 0:21 / /sys rw,nosuid - sysfs sysfs rw\n"
-                 "23 1 0:22 / /proc rw,nosuid,nodev,noexec - proc proc rw,hidepid=2,gid=27\n")
+    f.write_text(
+        "22 1 0:21 / /sys rw,nosuid - sysfs sysfs rw\n"
+        "23 1 0:22 / /proc rw,nosuid,nodev,noexec - proc proc rw,hidepid=2,gid=27\n"
+    )
     assert hidepid(f) == (True, 27)
     f.write_text("23 1 0:22 / /proc rw,nosuid - proc proc rw\n")
     assert hidepid(f) == (False, None)
@@ -66,8 +78,9 @@ def test_hidepid_read_from_mountinfo(tmp_path: Path) -> None:
     assert hidepid(tmp_path / "absent") == (False, None)
 
 
-def _answer(caller: Caller, query: dict[str, str], hidden: tuple[bool, int | None] = (
-        False, None)) -> tuple[dict[str, Any], Any]:
+def _answer(
+    caller: Caller, query: dict[str, str], hidden: tuple[bool, int | None] = (False, None)
+) -> tuple[dict[str, Any], Any]:
     """``GET /v1/snapshot``'s body for ``caller``: its metadata, and its document."""
     snap = replace(_snap(), taken_at=time.time())
     keeper = SnapshotKeeper(lambda: None, lambda: None)  # type: ignore[arg-type,return-value]
@@ -75,12 +88,13 @@ def _answer(caller: Caller, query: dict[str, str], hidden: tuple[bool, int | Non
     keeper._history = [snap]  # as its thread would have taken it
     body = answer(caller, keeper, query)
     at = body.find(b',"snapshot":')
-    return json.loads(body[:at] + b"}"), json.loads(body[at + len(b',"snapshot":'):-1])
+    return json.loads(body[:at] + b"}"), json.loads(body[at + len(b',"snapshot":') : -1])
 
 
 @pytest.mark.parametrize("width,colour", [(80, "0"), (200, "1"), (20, "0")])
 def test_the_table_view_is_the_screen_drawn_from_the_callers_own_document(
-        width: int, colour: str) -> None:
+    width: int, colour: str
+) -> None:
     """``view=table``: the lines ``render_doc`` draws from the document this caller is
     served (here under hidepid: bob's command never reaches alice's screen), for the
     width and colour the client asked for."""
@@ -88,17 +102,22 @@ def test_the_table_view_is_the_screen_drawn_from_the_callers_own_document(
     _, doc = _answer(ALICE, {}, hides)
     _, text = _answer(ALICE, {"view": "table", "width": str(width), "colour": colour}, hides)
     assert isinstance(text, str) and "secret" not in text
-    assert text == "".join(line + "\n" for line in render_doc(
-        doc, width=width, ink=Ink(colour == "1")))
+    assert text == "".join(
+        line + "\n" for line in render_doc(doc, width=width, ink=Ink(colour == "1"))
+    )
     assert ("\x1b[1m" in text) == (colour == "1")
     _, mine = _answer(ALICE, {"view": "table", "width": "80", "user": "alice"})
     assert "python job10.py" in mine and "bob" not in mine  # a filter: what it matched
 
 
 def test_the_table_views_width_and_colour_are_checked() -> None:
-    for query in ({"view": "table"}, {"view": "table", "width": "19"},
-                  {"view": "table", "width": "1001"}, {"view": "table", "width": "８０"},
-                  {"view": "table", "width": "80", "colour": "yes"},
-                  {"view": "pictures"}):
+    for query in (
+        {"view": "table"},
+        {"view": "table", "width": "19"},
+        {"view": "table", "width": "1001"},
+        {"view": "table", "width": "８０"},
+        {"view": "table", "width": "80", "colour": "yes"},
+        {"view": "pictures"},
+    ):
         with pytest.raises(UsageError):
             _answer(ROOT, query)

@@ -41,7 +41,7 @@ def test_wide_characters_keep_the_columns_in_line() -> None:
     lines = render_doc(_doc("python 训练.py", user="李雷"), width=120)
     rows = [line for line in lines if "训练" in line]
     assert len(rows) == 6
-    at = {width_of(line[:line.index("1.0G")]) for line in rows}  # the Mem column
+    at = {width_of(line[: line.index("1.0G")]) for line in rows}  # the Mem column
     assert len(at) == 1
 
 
@@ -65,12 +65,22 @@ def test_a_command_cannot_reach_the_terminal() -> None:
 
 
 def test_leaks_report_says_no_leak_when_only_monitors_hold() -> None:
-    monitor = {"gpu": None, "kind": "monitor", "pid": 7, "memory": None,
-               "evidence": "pid 7 (nvtop) holds only /dev/nvidiactl: a monitoring tool"}
+    monitor = {
+        "gpu": None,
+        "kind": "monitor",
+        "pid": 7,
+        "memory": None,
+        "evidence": "pid 7 (nvtop) holds only /dev/nvidiactl: a monitoring tool",
+    }
     lines = leak_lines([monitor])
     assert lines[0].startswith("No leaks") and "GPU - monitor pid 7" in lines
-    leak = {**monitor, "gpu": 0, "kind": "dead_pid", "memory": 1 << 30,
-            "evidence": "the driver charges 1GiB to pid 9 " * 8}
+    leak = {
+        **monitor,
+        "gpu": 0,
+        "kind": "dead_pid",
+        "memory": 1 << 30,
+        "evidence": "the driver charges 1GiB to pid 9 " * 8,
+    }
     lines = leak_lines([monitor, leak], 60)
     assert not lines[0].startswith("No leaks") and "GPU 0 dead_pid pid 7 1024MiB" in lines
     assert all(width_of(line) <= 60 for line in lines)
@@ -82,12 +92,19 @@ class _Tty(io.StringIO):
         return True
 
 
-@pytest.mark.parametrize(("env", "tty", "colour"), [
-    ({}, True, True), ({}, False, False), ({"NO_COLOR": "1"}, True, False),
-    ({"FORCE_COLOR": "1"}, False, True), ({"TERM": "dumb"}, True, False),
-])
-def test_colour_as_rich_decides(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
-                                tty: bool, colour: bool) -> None:
+@pytest.mark.parametrize(
+    ("env", "tty", "colour"),
+    [
+        ({}, True, True),
+        ({}, False, False),
+        ({"NO_COLOR": "1"}, True, False),
+        ({"FORCE_COLOR": "1"}, False, True),
+        ({"TERM": "dumb"}, True, False),
+    ],
+)
+def test_colour_as_rich_decides(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], tty: bool, colour: bool
+) -> None:
     for name in ("NO_COLOR", "FORCE_COLOR", "TERM"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():

@@ -62,8 +62,7 @@ GiB = 1 << 30
 
 
 def spec(**kw: Any) -> JobSpec:
-    base: dict[str, Any] = dict(command=("python", "train.py"), user="alice", uid=1000,
-                                gid=1000)
+    base: dict[str, Any] = dict(command=("python", "train.py"), user="alice", uid=1000, gid=1000)
     base.update(kw)
     return JobSpec(**base)
 
@@ -90,24 +89,57 @@ def test_every_spec_field_round_trips(tmp_path: Path) -> None:
         dep2, _ = s.submit(spec(), 2.0)
         full = JobSpec(
             command=("python", "-c", "print('ü ✓')", "--flag=a b", ""),
-            user="bob", uid=1234, gid=2345, groups=(2345, 27, 100),
-            cwd="/home/bob/proj dir", env={"PATH": "/usr/bin", "X": "multi\nline=ü", "E": ""},
-            name="train-ü", group="sweep-7", key="run-42", mem=14 * GiB, gpus=3,
-            gpu_ids=(0, 2, 5), after=(dep1.id, dep2.id), timeout=3600.5, exclusive=True,
-            after_any=(dep2.id,), after_fail=(dep1.id,),
-            priority=-7, requeue_on_reboot=True, qos="guaranteed", mem_limit=20 * GiB,
-            grace=2.5, no_requeue=True, retries=3, checkpoint=True, mps=True, sm_percent=50,
-            mem_auto=True, cpus=4, no_numa=True, mig="3g.40gb", attach="ray job raysubmit_ü",
-            service=Service(restart="always", limit=3, window=120.5, health_cmd="curl -f ü",
-                            health_url=None, health_interval=5.5, health_grace=0.0),
+            user="bob",
+            uid=1234,
+            gid=2345,
+            groups=(2345, 27, 100),
+            cwd="/home/bob/proj dir",
+            env={"PATH": "/usr/bin", "X": "multi\nline=ü", "E": ""},
+            name="train-ü",
+            group="sweep-7",
+            key="run-42",
+            mem=14 * GiB,
+            gpus=3,
+            gpu_ids=(0, 2, 5),
+            after=(dep1.id, dep2.id),
+            timeout=3600.5,
+            exclusive=True,
+            after_any=(dep2.id,),
+            after_fail=(dep1.id,),
+            priority=-7,
+            requeue_on_reboot=True,
+            qos="guaranteed",
+            mem_limit=20 * GiB,
+            grace=2.5,
+            no_requeue=True,
+            retries=3,
+            checkpoint=True,
+            mps=True,
+            sm_percent=50,
+            mem_auto=True,
+            cpus=4,
+            no_numa=True,
+            mig="3g.40gb",
+            attach="ray job raysubmit_ü",
+            service=Service(
+                restart="always",
+                limit=3,
+                window=120.5,
+                health_cmd="curl -f ü",
+                health_url=None,
+                health_interval=5.5,
+                health_grace=0.0,
+            ),
             notify="notify-send 'job ü' \"$(jq -r .state)\"",
-            array=Member(0, 4, 2))  # the array's id is the store's: set below
+            array=Member(0, 4, 2),
+        )  # the array's id is the store's: set below
         # Every field differs from its default, so none can silently fall back to it.
         default = JobSpec(command=(), user="", uid=0, gid=0)
         for f in dataclasses.fields(JobSpec):
             assert getattr(full, f.name) != getattr(default, f.name), f.name
-        job, created = s.submit(dataclasses.replace(full, array=None), 1700000000.25,
-                                array=Array((4,), 2))
+        job, created = s.submit(
+            dataclasses.replace(full, array=None), 1700000000.25, array=Array((4,), 2)
+        )
         full = dataclasses.replace(full, array=Member(job.id, 4, 2))
         assert created
         assert job.spec == full
@@ -129,19 +161,40 @@ def test_unrestricted_gpu_ids_stay_none(store: Store) -> None:
 def test_every_transition_field_round_trips(tmp_path: Path) -> None:
     db = tmp_path / "state.db"
     values: dict[str, Any] = dict(
-        started_at=10.5, ended_at=20.25, gpus=(1, 3), gpu_uuids=("GPU-a", "GPU-b"),
-        budget=14 * GiB, exit_code=137, reason="killed: out of memory",
-        supervisor_pid=4242, supervisor_start=123456.78, boot_id="b00t", attempts=2,
-        peak_memory=13 * GiB, preempting_at=15.5, preemptions=1, oom_retries=2,
-        retry_mem=17 * GiB, retry_ceiling=34 * GiB, ceiling_until=99.5, not_before=30.5,
-        kill_reason="over its limit", cpu_set=(2, 3), oom_tried=6 * GiB, oom_need=10 * GiB,
-        context=676 << 20, restarts=4, health_failures=2)
+        started_at=10.5,
+        ended_at=20.25,
+        gpus=(1, 3),
+        gpu_uuids=("GPU-a", "GPU-b"),
+        budget=14 * GiB,
+        exit_code=137,
+        reason="killed: out of memory",
+        supervisor_pid=4242,
+        supervisor_start=123456.78,
+        boot_id="b00t",
+        attempts=2,
+        peak_memory=13 * GiB,
+        preempting_at=15.5,
+        preemptions=1,
+        oom_retries=2,
+        retry_mem=17 * GiB,
+        retry_ceiling=34 * GiB,
+        ceiling_until=99.5,
+        not_before=30.5,
+        kill_reason="over its limit",
+        cpu_set=(2, 3),
+        oom_tried=6 * GiB,
+        oom_need=10 * GiB,
+        context=676 << 20,
+        restarts=4,
+        health_failures=2,
+    )
     assert set(values) == TRANSITION_FIELDS
     with Store(db) as s:
         job, _ = s.submit(spec(), 1.0)
         move(s, job.id, RUNNING, 2.0)
-        moved = s.transition(job.id, RUNNING, FAILED, now=21.0, kind="failed",
-                             detail="exit 137", **values)
+        moved = s.transition(
+            job.id, RUNNING, FAILED, now=21.0, kind="failed", detail="exit 137", **values
+        )
     with Store(db) as s:
         got = s.get(job.id)
     assert got == moved
@@ -149,21 +202,55 @@ def test_every_transition_field_round_trips(tmp_path: Path) -> None:
         assert getattr(got, name) == value, name
     assert got.state == FAILED
     assert [(e.kind, e.detail) for e in got.events] == [
-        ("submitted", None), ("placed", None), ("started", None), ("failed", "exit 137")]
+        ("submitted", None),
+        ("placed", None),
+        ("started", None),
+        ("failed", "exit 137"),
+    ]
 
 
 def test_to_json_shape(store: Store) -> None:
     job, _ = store.submit(spec(name="t", mem=2 * GiB), 1700000000.0)
-    job = store.transition(job.id, QUEUED, RESERVED, now=1700000001.0, kind="placed",
-                           detail="GPU 1", gpus=(1,), budget=2 * GiB)
-    job = store.transition(job.id, RESERVED, RUNNING, now=1700000002.0, kind="started",
-                           started_at=1700000002.0)
+    job = store.transition(
+        job.id,
+        QUEUED,
+        RESERVED,
+        now=1700000001.0,
+        kind="placed",
+        detail="GPU 1",
+        gpus=(1,),
+        budget=2 * GiB,
+    )
+    job = store.transition(
+        job.id, RESERVED, RUNNING, now=1700000002.0, kind="started", started_at=1700000002.0
+    )
     store.set_peak(job.id, GiB)
-    job = store.transition(job.id, RUNNING, SUCCEEDED, now=1700000003.5, kind="succeeded",
-                           exit_code=0, ended_at=1700000003.5)
+    job = store.transition(
+        job.id,
+        RUNNING,
+        SUCCEEDED,
+        now=1700000003.5,
+        kind="succeeded",
+        exit_code=0,
+        ended_at=1700000003.5,
+    )
     out = job_json(store.get(job.id))
-    required = {"id", "user", "name", "state", "command", "gpus", "mem", "peak_memory",
-                "exit_code", "submitted_at", "started_at", "ended_at", "reason", "events"}
+    required = {
+        "id",
+        "user",
+        "name",
+        "state",
+        "command",
+        "gpus",
+        "mem",
+        "peak_memory",
+        "exit_code",
+        "submitted_at",
+        "started_at",
+        "ended_at",
+        "reason",
+        "events",
+    }
     assert required <= set(out)
     assert out["id"] == job.id and out["user"] == "alice" and out["name"] == "t"
     assert out["state"] == "succeeded"
@@ -175,8 +262,7 @@ def test_to_json_shape(store: Store) -> None:
         assert datetime.fromisoformat(out[key]).timestamp() > 0, key
     assert out["ended_at"].startswith("2023-11-14T22:13:23.500")
     assert [set(e) for e in out["events"]] == [{"at", "kind", "detail"}] * 4
-    assert [e["kind"] for e in out["events"]] == ["submitted", "placed", "started",
-                                                  "succeeded"]
+    assert [e["kind"] for e in out["events"]] == ["submitted", "placed", "started", "succeeded"]
     assert out["events"][1]["detail"] == "GPU 1"
     assert "env" not in out
 
@@ -231,8 +317,9 @@ def test_keys_are_per_user(store: Store) -> None:
 
 def test_compare_and_set(store: Store) -> None:
     job, _ = store.submit(spec(), 1.0)
-    moved = store.transition(job.id, QUEUED, RESERVED, now=2.0, kind="placed",
-                             gpus=(0,), budget=GiB)
+    moved = store.transition(
+        job.id, QUEUED, RESERVED, now=2.0, kind="placed", gpus=(0,), budget=GiB
+    )
     assert moved.state == RESERVED and moved.gpus == (0,) and moved.budget == GiB
     with pytest.raises(Conflict) as err:
         store.transition(job.id, QUEUED, RESERVED, now=3.0, kind="placed", gpus=(1,))
@@ -264,8 +351,9 @@ def test_transition_errors(store: Store) -> None:
     store.transition(job.id, QUEUED, HELD, now=3.0, kind="held", reason="held by alice")
     store.add_event(job.id, "edited", "a note", 3.5)
     assert store.get(job.id).reason == "held by alice"
-    assert store.transition(job.id, HELD, QUEUED, now=4.0, kind="released",
-                            reason=None).reason is None
+    assert (
+        store.transition(job.id, HELD, QUEUED, now=4.0, kind="released", reason=None).reason is None
+    )
     assert store.transitions(job.id) == [(None, QUEUED), (QUEUED, HELD), (HELD, QUEUED)]
 
 
@@ -306,8 +394,9 @@ def test_bad_specs_are_usage_errors(store: Store) -> None:
 
 
 def test_submit_as_infeasible_or_held(store: Store) -> None:
-    job, _ = store.submit(spec(), 1.0, state=INFEASIBLE, reason="needs 200 GiB; largest "
-                          "GPU has 141 GiB")
+    job, _ = store.submit(
+        spec(), 1.0, state=INFEASIBLE, reason="needs 200 GiB; largest GPU has 141 GiB"
+    )
     assert job.state == INFEASIBLE and job.reason.startswith("needs 200")  # type: ignore[union-attr]
     assert job.events[0].kind == "submitted" and job.events[0].detail == job.reason
     held, _ = store.submit(spec(), 2.0, state=HELD)
@@ -317,8 +406,10 @@ def test_submit_as_infeasible_or_held(store: Store) -> None:
 def test_list_filters_and_order(store: Store) -> None:
     ids = []
     for i in range(6):
-        job, _ = store.submit(spec(user="alice" if i % 2 else "bob", uid=1000 + i % 2,
-                                   group="g" if i < 3 else None), float(i))
+        job, _ = store.submit(
+            spec(user="alice" if i % 2 else "bob", uid=1000 + i % 2, group="g" if i < 3 else None),
+            float(i),
+        )
         ids.append(job.id)
     move(store, ids[0], RESERVED, 9.0)
     move(store, ids[5], RUNNING, 9.0)
@@ -354,7 +445,8 @@ def test_the_history_takes_only_the_events_the_lifecycle_names(store: Store) -> 
 
 
 def test_a_listing_decodes_its_rows_after_letting_go_of_the_store(
-        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A page of 1,000 jobs took 30 ms to decode; under the store's lock that delayed
     every submit behind each listing (a listing loop of one user held another's submit
     past 1 s)."""
@@ -400,15 +492,21 @@ def test_a_second_store_in_the_process_keeps_the_first_ones_locks(tmp_path: Path
     first = Store(path)
     first.submit(spec(name="one"), 1.0)
     second = Store(path)
-    reader = [sys.executable, "-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
-              "print(c.execute('SELECT count(*) FROM jobs').fetchone()[0]); c.close()",
-              str(path)]
+    reader = [
+        sys.executable,
+        "-c",
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+        "print(c.execute('SELECT count(*) FROM jobs').fetchone()[0]); c.close()",
+        str(path),
+    ]
     try:
-        assert subprocess.run(reader, capture_output=True, text=True,
-                              check=True).stdout.strip() == "1"
+        assert (
+            subprocess.run(reader, capture_output=True, text=True, check=True).stdout.strip() == "1"
+        )
         first.submit(spec(name="two"), 2.0)
-        assert subprocess.run(reader, capture_output=True, text=True,
-                              check=True).stdout.strip() == "2"
+        assert (
+            subprocess.run(reader, capture_output=True, text=True, check=True).stdout.strip() == "2"
+        )
         assert [j.spec.name for j in second.list()] == ["one", "two"]
     finally:
         second.close()
@@ -445,8 +543,10 @@ def test_reason_written_only_when_changed(store: Store) -> None:
     got = store.get(job.id)
     assert got.reason == "silent"
     assert [(e.kind, e.detail) for e in got.events] == [
-        ("submitted", None), ("waiting", "no GPU has 14 GiB free"),
-        ("waiting", "waiting for job 3")]
+        ("submitted", None),
+        ("waiting", "no GPU has 14 GiB free"),
+        ("waiting", "waiting for job 3"),
+    ]
     move(store, job.id, RUNNING, 5.0, reason=None)
     assert store.set_reason(job.id, "late scheduler pass", 6.0) is False
     assert store.get(job.id).reason is None
@@ -468,8 +568,10 @@ def test_delete_only_finished(store: Store) -> None:
     with pytest.raises(JobNotFound):
         store.delete(job.id)
     with closing(sqlite3.connect(store.path)) as conn:  # events went with it
-        assert conn.execute("SELECT count(*) FROM events WHERE job_id = ?",
-                            (job.id,)).fetchone()[0] == 0
+        assert (
+            conn.execute("SELECT count(*) FROM events WHERE job_id = ?", (job.id,)).fetchone()[0]
+            == 0
+        )
     # Ids are never reused, even for the highest one.
     store.delete(child.id)
     new, _ = store.submit(spec(), 5.0)
@@ -517,8 +619,15 @@ def test_threads_race_and_exactly_one_wins(tmp_path: Path) -> None:
             barrier.wait()
             for job_id in jobs:
                 try:
-                    s.transition(job_id, QUEUED, RESERVED, now=2.0, kind="placed",
-                                 detail=f"thread {me}", supervisor_pid=me)
+                    s.transition(
+                        job_id,
+                        QUEUED,
+                        RESERVED,
+                        now=2.0,
+                        kind="placed",
+                        detail=f"thread {me}",
+                        supervisor_pid=me,
+                    )
                 except Conflict:
                     continue
                 with lock:
@@ -551,8 +660,15 @@ def _claim_in_process(db: str, me: int, jobs: list[int], go: Any, results: Any) 
         for job_id in jobs:
             go.wait(timeout=30)  # a barrier: every process goes for this job at once
             try:
-                store.transition(job_id, QUEUED, RESERVED, now=2.0, kind="placed",
-                                 detail=f"process {me}", supervisor_pid=os.getpid())
+                store.transition(
+                    job_id,
+                    QUEUED,
+                    RESERVED,
+                    now=2.0,
+                    kind="placed",
+                    detail=f"process {me}",
+                    supervisor_pid=os.getpid(),
+                )
             except Conflict:
                 continue
             won.append(job_id)
@@ -573,8 +689,10 @@ def test_processes_race_and_exactly_one_wins(tmp_path: Path) -> None:
     n = 6
     go = ctx.Barrier(n)
     results = ctx.Queue()
-    procs = [ctx.Process(target=_claim_in_process, args=(str(db), i, jobs, go, results))
-             for i in range(n)]
+    procs = [
+        ctx.Process(target=_claim_in_process, args=(str(db), i, jobs, go, results))
+        for i in range(n)
+    ]
     for p in procs:
         p.start()
     try:
@@ -597,8 +715,7 @@ def test_processes_race_and_exactly_one_wins(tmp_path: Path) -> None:
             for job_id in ids:
                 job = s.get(job_id)
                 assert job.state == RUNNING
-                assert [e.detail for e in job.events if e.kind == "placed"] == [
-                    f"process {me}"]
+                assert [e.detail for e in job.events if e.kind == "placed"] == [f"process {me}"]
         assert s.audit() == [] and s.integrity() == "ok"
 
 
@@ -644,10 +761,13 @@ def _insert_v1_job(db: Path, submitted_event: bool = False) -> None:
             "INSERT INTO jobs (user, uid, gid, groups, cwd, env, command, job_key, "
             "gpu_count, after_ids, exclusive, priority, requeue_on_reboot, state, "
             "submitted_at) VALUES ('alice', 1000, 1000, '[]', '/', '{}', '[\"true\"]', "
-            "'k', 1, '[]', 0, 0, 0, 'queued', 1.0)")
+            "'k', 1, '[]', 0, 0, 0, 'queued', 1.0)"
+        )
         if submitted_event:
-            conn.execute("INSERT INTO events (job_id, at, kind, to_state) "
-                         "VALUES (1, 1.0, 'submitted', 'queued')")
+            conn.execute(
+                "INSERT INTO events (job_id, at, kind, to_state) "
+                "VALUES (1, 1.0, 'submitted', 'queued')"
+            )
 
 
 def test_older_database_is_upgraded(tmp_path: Path) -> None:
@@ -656,20 +776,27 @@ def test_older_database_is_upgraded(tmp_path: Path) -> None:
     _insert_v1_job(db)
     assert version(db) == 1
     with closing(sqlite3.connect(db)) as conn:
-        assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = "
-                            "'jobs_live_key'").fetchone()[0] == 0
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'jobs_live_key'"
+            ).fetchone()[0]
+            == 0
+        )
     with Store(db) as s:
         assert version(db) == SCHEMA_VERSION
         job = s.get(1)
-        assert job.spec == JobSpec(command=("true",), user="alice", uid=1000, gid=1000,
-                                   key="k")  # new fields at their defaults
+        assert job.spec == JobSpec(
+            command=("true",), user="alice", uid=1000, gid=1000, key="k"
+        )  # new fields at their defaults
         assert (job.preemptions, job.oom_retries, job.retry_mem) == (0, 0, None)
         assert s.submit(spec(key="k", uid=1000), 2.0) == (s.get(job.id), False)
         conn = sqlite3.connect(db)
         with closing(conn), pytest.raises(sqlite3.IntegrityError):  # a constraint now
             columns = [r[1] for r in conn.execute("PRAGMA table_info(jobs)") if r[1] != "id"]
-            conn.execute(f"INSERT INTO jobs ({', '.join(columns)}) "  # the same job again
-                         f"SELECT {', '.join(columns)} FROM jobs")
+            conn.execute(
+                f"INSERT INTO jobs ({', '.join(columns)}) "  # the same job again
+                f"SELECT {', '.join(columns)} FROM jobs"
+            )
 
 
 @pytest.mark.parametrize("was", range(1, SCHEMA_VERSION))
@@ -712,8 +839,12 @@ def test_migrations_run_in_order_inside_one_transaction(tmp_path: Path) -> None:
     with closing(sqlite3.connect(db)) as conn:
         cols = {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}
         assert "extra" not in cols
-        assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = "
-                            "'half_done'").fetchone()[0] == 0
+        assert (
+            conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'half_done'").fetchone()[
+                0
+            ]
+            == 0
+        )
     with Store(db, migrations=[*MIGRATIONS, add_column]) as s:
         assert version(db) == SCHEMA_VERSION + 1
         s.submit(spec(), 1.0)
@@ -786,8 +917,7 @@ class StoreMachine(RuleBasedStateMachine):
         if key is None:
             return None
         for job_id, state in self.state.items():
-            if (job_id != but and self.keys[job_id] == (uid, key)
-                    and state not in KEY_RELEASED):
+            if job_id != but and self.keys[job_id] == (uid, key) and state not in KEY_RELEASED:
                 return job_id
         return None
 
@@ -803,8 +933,12 @@ class StoreMachine(RuleBasedStateMachine):
             self.keys[job.id] = (uid, key)
         return job.id
 
-    @rule(job=jobs, froms=st.sets(st.sampled_from(STATES), min_size=1, max_size=3),
-          event=st.sampled_from(EVENTS), to=st.sampled_from((*STATES, None)))
+    @rule(
+        job=jobs,
+        froms=st.sets(st.sampled_from(STATES), min_size=1, max_size=3),
+        event=st.sampled_from(EVENTS),
+        to=st.sampled_from((*STATES, None)),
+    )
     def transition(self, job: int, froms: set[str], event: str, to: str | None) -> None:
         self._transition(job, froms, event, to)
 
@@ -862,26 +996,43 @@ class StoreMachine(RuleBasedStateMachine):
         got = {j.id: j.state for j in self.store.list(with_events=False)}
         assert got == self.state
         assert self.store.audit() == []
-        live = Counter(self.keys[j] for j, s in self.state.items()
-                       if s not in KEY_RELEASED and self.keys[j][1] is not None)
+        live = Counter(
+            self.keys[j]
+            for j, s in self.state.items()
+            if s not in KEY_RELEASED and self.keys[j][1] is not None
+        )
         assert all(n == 1 for n in live.values())
 
 
 TestStoreMachine = StoreMachine.TestCase
-TestStoreMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
-                                     suppress_health_check=[HealthCheck.too_slow])
+TestStoreMachine.settings = settings(
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 # --------------------------------------------------------------------------- paths
 
 
 def test_paths_under_gpuwarden_home(tmp_path: Path) -> None:
-    p = resolve_paths({"GPUWARDEN_HOME": str(tmp_path / "h"), "XDG_RUNTIME_DIR": "/run/x"},
-                      euid=0, system_config=tmp_path / "none.toml")
+    p = resolve_paths(
+        {"GPUWARDEN_HOME": str(tmp_path / "h"), "XDG_RUNTIME_DIR": "/run/x"},
+        euid=0,
+        system_config=tmp_path / "none.toml",
+    )
     home = tmp_path / "h"
-    assert p == Paths(home=home, socket=home / "gpuwarden.sock", db=home / "state.db",
-                      jobs_dir=home / "jobs", config=home / "config.toml",
-                      lock=home / "daemon.lock", configured=True, mode="home")
+    assert p == Paths(
+        home=home,
+        socket=home / "gpuwarden.sock",
+        db=home / "state.db",
+        jobs_dir=home / "jobs",
+        config=home / "config.toml",
+        lock=home / "daemon.lock",
+        configured=True,
+        mode="home",
+    )
     assert p.job_dir(12) == home / "jobs" / "12"
 
 
@@ -899,8 +1050,12 @@ def test_paths_for_root(tmp_path: Path) -> None:
 def test_paths_for_a_user(tmp_path: Path) -> None:
     runtime = tmp_path / "run"
     runtime.mkdir()
-    env = {"HOME": str(tmp_path / "u"), "XDG_STATE_HOME": str(tmp_path / "state"),
-           "XDG_RUNTIME_DIR": str(runtime), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    env = {
+        "HOME": str(tmp_path / "u"),
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+        "XDG_RUNTIME_DIR": str(runtime),
+        "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
+    }
     euid = os.geteuid()
     if euid == 0:  # root resolves to the system daemon: look as a user owning the dir
         euid = 4321
@@ -913,14 +1068,24 @@ def test_paths_for_a_user(tmp_path: Path) -> None:
     assert p.config == tmp_path / "cfg" / "gpuwarden" / "config.toml"
     assert p.mode == "user" and p.configured is False
     # Defaults: ~/.local/state; without a usable runtime dir the socket lives in home.
-    d = resolve_paths({"HOME": "/home/u", "XDG_RUNTIME_DIR": str(tmp_path / "gone"),
-                       "XDG_STATE_HOME": "relative/ignored"}, euid=4321, system_config=none)
+    d = resolve_paths(
+        {
+            "HOME": "/home/u",
+            "XDG_RUNTIME_DIR": str(tmp_path / "gone"),
+            "XDG_STATE_HOME": "relative/ignored",
+        },
+        euid=4321,
+        system_config=none,
+    )
     assert d.home == Path("/home/u/.local/state/gpuwarden")
     assert d.socket == d.home / "gpuwarden.sock"
     assert d.config == Path("/home/u/.config/gpuwarden/config.toml")
     # A runtime dir owned by someone else (after `su`) is not used either.
-    other = resolve_paths({"HOME": "/home/u", "XDG_RUNTIME_DIR": str(runtime)},
-                          euid=os.stat(runtime).st_uid + 1, system_config=none)
+    other = resolve_paths(
+        {"HOME": "/home/u", "XDG_RUNTIME_DIR": str(runtime)},
+        euid=os.stat(runtime).st_uid + 1,
+        system_config=none,
+    )
     assert other.socket == other.home / "gpuwarden.sock"
 
 
@@ -954,22 +1119,47 @@ def test_boot_id(tmp_path: Path) -> None:
 
 def test_model_states_are_covered() -> None:
     assert {s for e in EVENTS for s in TRANSITIONS[e].sources} == set(model.STATES) - {
-        SUCCEEDED}  # the one state no event leaves
+        SUCCEEDED
+    }  # the one state no event leaves
 
 
 def test_memory_holds_live_with_their_job(store: Store) -> None:
     from gpuwarden.jobs.model import NewHold
 
     job, _ = store.submit(spec(), 1.0)
-    store.transition(job.id, QUEUED, RESERVED, now=2.0, kind="placed", gpus=(0,),
-                     gpu_uuids=("GPU-a",), budget=4 * GiB)
-    ended = store.transition(job.id, RESERVED, FAILED, now=5.0, kind="failed",
-                             hold=NewHold(gpu_uuids=("GPU-a",), budget=4 * GiB,
-                                          pids=(42, 7), baseline={"GPU-a": 1024},
-                                          exited_at=4.5, starts={42: 1.25}))
+    store.transition(
+        job.id,
+        QUEUED,
+        RESERVED,
+        now=2.0,
+        kind="placed",
+        gpus=(0,),
+        gpu_uuids=("GPU-a",),
+        budget=4 * GiB,
+    )
+    ended = store.transition(
+        job.id,
+        RESERVED,
+        FAILED,
+        now=5.0,
+        kind="failed",
+        hold=NewHold(
+            gpu_uuids=("GPU-a",),
+            budget=4 * GiB,
+            pids=(42, 7),
+            baseline={"GPU-a": 1024},
+            exited_at=4.5,
+            starts={42: 1.25},
+        ),
+    )
     [h] = store.open_holds()
-    assert (h.job_id, h.attempt, h.pids, h.baseline, h.budget) == (job.id, 0, (7, 42),
-                                                                    {"GPU-a": 1024}, 4 * GiB)
+    assert (h.job_id, h.attempt, h.pids, h.baseline, h.budget) == (
+        job.id,
+        0,
+        (7, 42),
+        {"GPU-a": 1024},
+        4 * GiB,
+    )
     assert h.starts == {42: 1.25}  # pid 7's start was not known
     assert ended.release == h and job_json(ended)["memory_release"]["released_at"] is None
     with pytest.raises(Conflict, match="still holds GPU memory"):
@@ -989,8 +1179,16 @@ def test_memory_holds_live_with_their_job(store: Store) -> None:
 def test_an_edited_mem_replaces_the_budget_an_oom_retry_raised(store: Store) -> None:
     job, _ = store.submit(spec(mem=4 * GiB), 1.0)
     move(store, job.id, RUNNING, 2.0)
-    store.transition(job.id, RUNNING, QUEUED, now=2.0, kind="retried",
-                     retry_mem=10 * GiB, retry_ceiling=16 * GiB, ceiling_until=99.0)
+    store.transition(
+        job.id,
+        RUNNING,
+        QUEUED,
+        now=2.0,
+        kind="retried",
+        retry_mem=10 * GiB,
+        retry_ceiling=16 * GiB,
+        ceiling_until=99.0,
+    )
     kept = store.edit(job.id, [QUEUED], {"priority": 5}, now=3.0, detail="priority")
     assert kept.request == 10 * GiB and kept.retry_ceiling == 16 * GiB
     edited = store.edit(job.id, [QUEUED], {"mem": 6 * GiB}, now=4.0, detail="mem")

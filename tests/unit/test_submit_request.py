@@ -16,9 +16,14 @@ GiB = 1 << 30
 
 
 def submit(capacities: dict[int, int] | None = None, **body: Any) -> Any:
-    spec, _ = spec_from_request({"command": ["python", "train.py"], "cwd": "/home/a",
-                                 "env": {"PATH": "/usr/bin"}, **body}, ME, 4,
-                                capacities=capacities, oom_retries=2, max_grace=600.0)
+    spec, _ = spec_from_request(
+        {"command": ["python", "train.py"], "cwd": "/home/a", "env": {"PATH": "/usr/bin"}, **body},
+        ME,
+        4,
+        capacities=capacities,
+        oom_retries=2,
+        max_grace=600.0,
+    )
     return spec
 
 
@@ -42,8 +47,7 @@ def test_sizes_fractions_and_durations() -> None:
     assert submit(mem="14G").mem == 14 * GiB
     assert submit(mem="14G").retries == 2  # the daemon's oom_retries
     assert submit(mem="0.5", capacities={0: 80 * GiB, 1: 40 * GiB}).mem == 20 * GiB
-    assert submit(mem="0.5", gpu_ids=[0], capacities={0: 80 * GiB, 1: 40 * GiB}).mem == \
-        40 * GiB
+    assert submit(mem="0.5", gpu_ids=[0], capacities={0: 80 * GiB, 1: 40 * GiB}).mem == 40 * GiB
     assert submit(timeout="2h").timeout == 7200.0
     assert submit(grace=0).grace == 0.0
     assert submit(mem="auto", name="train").mem_auto

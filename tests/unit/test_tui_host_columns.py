@@ -12,8 +12,9 @@ from tests.unit.builders import GiB, gpu, proc, snapshot
 
 
 def _snap(cpu: float | None, at: float, start: float = 1010.0) -> Snapshot:
-    return snapshot([(gpu(0, used=GiB), [proc(10, cpu_time=cpu, rss=2 * GiB,
-                                             start_time=start)])], taken_at=at)
+    return snapshot(
+        [(gpu(0, used=GiB), [proc(10, cpu_time=cpu, rss=2 * GiB, start_time=start)])], taken_at=at
+    )
 
 
 def test_cpu_percent_is_cpu_seconds_over_wall_seconds_of_the_same_process() -> None:

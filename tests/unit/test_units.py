@@ -21,10 +21,19 @@ from gpuwarden.units import (
 )
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("14G", 14 * GiB), ("14GiB", 14 * GiB), ("14gb", 14 * GiB), ("512MiB", 512 * MiB),
-    ("9752MiB", 9752 * MiB), ("4096B", 4096), ("1.5G", int(1.5 * GiB)), (" 2 G ", 2 * GiB),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("14G", 14 * GiB),
+        ("14GiB", 14 * GiB),
+        ("14gb", 14 * GiB),
+        ("512MiB", 512 * MiB),
+        ("9752MiB", 9752 * MiB),
+        ("4096B", 4096),
+        ("1.5G", int(1.5 * GiB)),
+        (" 2 G ", 2 * GiB),
+    ],
+)
 def test_parse_size(text: str, expected: int) -> None:
     assert parse_size(text) == expected
 
@@ -59,8 +68,13 @@ def test_size_or_fraction() -> None:
     assert parse_size_or_fraction(".25") == (None, 0.25)
     assert parse_size_or_fraction("1.0") == (None, 1.0)
     assert parse_size_or_fraction("20G") == (20 * GiB, None)
-    for bad, message in (("1.5", r"\(0, 1\]"), ("0.0", r"\(0, 1\]"), ("0G", "positive"),
-                         ("20", "give a unit"), ("x", "invalid size")):
+    for bad, message in (
+        ("1.5", r"\(0, 1\]"),
+        ("0.0", r"\(0, 1\]"),
+        ("0G", "positive"),
+        ("20", "give a unit"),
+        ("x", "invalid size"),
+    ):
         with pytest.raises(UsageError, match=message):
             parse_size_or_fraction(bad)
 
@@ -76,9 +90,17 @@ def test_format_bytes_never_fails(n: int) -> None:
     assert format_bytes(n)
 
 
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("90", 90), ("1.5s", 1.5), ("10m", 600), ("2h30m", 9000), ("500ms", 0.5), ("1d", 86400),
-])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90", 90),
+        ("1.5s", 1.5),
+        ("10m", 600),
+        ("2h30m", 9000),
+        ("500ms", 0.5),
+        ("1d", 86400),
+    ],
+)
 def test_parse_duration(text: str, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 
@@ -105,11 +127,14 @@ def test_cpulist_round_trip(cpus: frozenset[int]) -> None:
     assert parse_cpulist(format_cpulist(cpus)) == cpus
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("127.0.0.1:9402", ("127.0.0.1", 9402)),
-    (":9402", ("0.0.0.0", 9402)),
-    ("[::1]:9402", ("::1", 9402)),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("127.0.0.1:9402", ("127.0.0.1", 9402)),
+        (":9402", ("0.0.0.0", 9402)),
+        ("[::1]:9402", ("::1", 9402)),
+    ],
+)
 def test_parse_listen(text: str, expected: tuple[str, int]) -> None:
     assert parse_listen(text) == expected
 
@@ -120,16 +145,20 @@ def test_parse_listen_refuses(text: str) -> None:
         parse_listen(text)
 
 
-@pytest.mark.parametrize(("raw", "kw", "said"), [
-    (True, {}, "grace must be a duration like 30s or a number of seconds"),
-    ([5], {}, "grace must be a duration like 30s"),
-    ("soon", {}, "grace: invalid duration 'soon'"),
-    (-1, {}, "grace: invalid duration -1: must not be negative"),
-    (0, {"positive": True}, "grace must be positive"),
-    ("2h", {"most": 3600.0}, "grace must be at most 1h00m"),
-])
+@pytest.mark.parametrize(
+    ("raw", "kw", "said"),
+    [
+        (True, {}, "grace must be a duration like 30s or a number of seconds"),
+        ([5], {}, "grace must be a duration like 30s"),
+        ("soon", {}, "grace: invalid duration 'soon'"),
+        (-1, {}, "grace: invalid duration -1: must not be negative"),
+        (0, {"positive": True}, "grace must be positive"),
+        ("2h", {"most": 3600.0}, "grace must be at most 1h00m"),
+    ],
+)
 def test_bounded_duration_refuses_in_one_line_naming_the_field(
-        raw: object, kw: dict[str, Any], said: str) -> None:
+    raw: object, kw: dict[str, Any], said: str
+) -> None:
     with pytest.raises(UsageError) as e:
         bounded_duration(raw, "grace", **kw)
     assert said in str(e.value) and "\n" not in str(e.value)
@@ -142,14 +171,18 @@ def test_bounded_duration_and_size_accept_what_they_bound() -> None:
     assert bounded_size(0, "reserve") == 0
 
 
-@pytest.mark.parametrize(("raw", "kw", "said"), [
-    (None, {}, "mem must be a size like 512MiB or a number of bytes"),
-    ("12X", {}, "mem: "),
-    (0, {"positive": True}, "mem must be positive"),
-    ("2G", {"most": 1 << 30}, "mem must be at most 1024MiB"),
-])
+@pytest.mark.parametrize(
+    ("raw", "kw", "said"),
+    [
+        (None, {}, "mem must be a size like 512MiB or a number of bytes"),
+        ("12X", {}, "mem: "),
+        (0, {"positive": True}, "mem must be positive"),
+        ("2G", {"most": 1 << 30}, "mem must be at most 1024MiB"),
+    ],
+)
 def test_bounded_size_refuses_in_one_line_naming_the_field(
-        raw: object, kw: dict[str, Any], said: str) -> None:
+    raw: object, kw: dict[str, Any], said: str
+) -> None:
     with pytest.raises(UsageError) as e:
         bounded_size(raw, "mem", **kw)
     assert said in str(e.value) and "\n" not in str(e.value)

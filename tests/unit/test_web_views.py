@@ -21,12 +21,13 @@ class Clock:
         return self.now
 
 
-def test_charts_are_kept_for_one_point_and_the_queue_is_read_each_time(
-        tmp_path: Path) -> None:
+def test_charts_are_kept_for_one_point_and_the_queue_is_read_each_time(tmp_path: Path) -> None:
     with Store(tmp_path / "state.db") as store:
+
         def sample(ts: int, used: int) -> None:
-            store.record_samples([GpuSample(ts, "GPU-a", 0, 80 * GiB, used, 0, {}, {})],
-                                 keep=10**6, now=ts)
+            store.record_samples(
+                [GpuSample(ts, "GPU-a", 0, 80 * GiB, used, 0, {}, {})], keep=10**6, now=ts
+            )
 
         sample(1000, 10 * GiB)
         clock = Clock()
@@ -45,15 +46,16 @@ def test_charts_are_kept_for_one_point_and_the_queue_is_read_each_time(
         assert view()["gpus"][0]["used"] == [10 * GiB, 30 * GiB]
         # Without a cache, always drawn now.
         assert overview(store, hours=1, anonymous=True, now=1010)["gpus"][0]["used"] == [
-            10 * GiB, 30 * GiB]
+            10 * GiB,
+            30 * GiB,
+        ]
 
 
 def test_the_cache_keeps_a_bounded_number_of_charts() -> None:
     cache = ChartCache(size=4)
     drawn: list[float] = []
     for hours in range(10):
-        cache.get((float(hours), "job", 360), 60.0,
-                  lambda h=hours: drawn.append(h) or [{"h": h}])  # type: ignore[func-returns-value]
+        cache.get((float(hours), "job", 360), 60.0, lambda h=hours: drawn.append(h) or [{"h": h}])  # type: ignore[func-returns-value]
     assert len(cache._charts) == 4 and drawn == list(range(10))
     assert cache.get((9.0, "job", 360), 60.0, lambda: [{"h": -1}]) == [{"h": 9}]
     assert cache.get((0.0, "job", 360), 60.0, lambda: [{"h": -1}]) == [{"h": -1}]
@@ -62,8 +64,18 @@ def test_the_cache_keeps_a_bounded_number_of_charts() -> None:
 def test_anonymous_viewers_get_no_dependency_ids_and_see_drains(tmp_path: Path) -> None:
     with Store(tmp_path / "state.db") as store:
         dep, _ = store.submit(JobSpec(command=("true",), user="ann", uid=1000, gid=1000), 1.0)
-        store.submit(JobSpec(command=("true",), user="ann", uid=1000, gid=1000,
-                             after=(dep.id,), after_any=(dep.id,), after_fail=(dep.id,)), 2.0)
+        store.submit(
+            JobSpec(
+                command=("true",),
+                user="ann",
+                uid=1000,
+                gid=1000,
+                after=(dep.id,),
+                after_any=(dep.id,),
+                after_fail=(dep.id,),
+            ),
+            2.0,
+        )
         store.drain(1, "ECC errors", "root", 3.0)
         public = overview(store, hours=1, anonymous=True, now=10)
         mine = overview(store, hours=1, anonymous=False, now=10)

@@ -13,10 +13,18 @@ def cluster() -> None:
 
 
 @cluster.command()
-@click.option("--cluster", "address", default="ray", show_default=True,
-              help="ray (RAY_ADDRESS or the local dashboard), ray://HOST:PORT or http://...")
-@click.option("--snapshots", is_flag=True,
-              help="Also each node's own `gpuwarden status` (run there as a Ray job).")
+@click.option(
+    "--cluster",
+    "address",
+    default="ray",
+    show_default=True,
+    help="ray (RAY_ADDRESS or the local dashboard), ray://HOST:PORT or http://...",
+)
+@click.option(
+    "--snapshots",
+    is_flag=True,
+    help="Also each node's own `gpuwarden status` (run there as a Ray job).",
+)
 @click.option("--json", "as_json", is_flag=True)
 def status(address: str, snapshots: bool, as_json: bool) -> None:
     """Per node: GPUs, GPU memory, the budgets of running gpuwarden jobs, what is free;
@@ -28,18 +36,34 @@ def status(address: str, snapshots: bool, as_json: bool) -> None:
     nodes = cluster_status(url)
     snaps = node_snapshots(url, [n.ip for n in nodes]) if snapshots else {}
     if as_json:
-        emit_json({"cluster": url, "nodes": [
-            {"node_id": n.node_id, "ip": n.ip, "gpus": n.gpus, "gpu_memory": n.gpu_memory,
-             "memory": n.memory, "in_use": n.in_use, "free": n.free, "jobs": n.jobs,
-             **({"snapshot": snaps.get(n.ip)} if snapshots else {})}
-            for n in nodes]})
+        emit_json(
+            {
+                "cluster": url,
+                "nodes": [
+                    {
+                        "node_id": n.node_id,
+                        "ip": n.ip,
+                        "gpus": n.gpus,
+                        "gpu_memory": n.gpu_memory,
+                        "memory": n.memory,
+                        "in_use": n.in_use,
+                        "free": n.free,
+                        "jobs": n.jobs,
+                        **({"snapshot": snaps.get(n.ip)} if snapshots else {}),
+                    }
+                    for n in nodes
+                ],
+            }
+        )
         return
     click.echo(f"Ray cluster at {url}: {len(nodes)} node(s)")
     for n in nodes:
         gpu = format_bytes(n.gpu_memory) if n.gpu_memory else "not advertised"
-        click.echo(f"  {n.ip:15} {n.node_id[:12]}  {n.gpus:g} GPU ({gpu} each)  budgets "
-                   f"{format_bytes(n.in_use)} of {format_bytes(n.memory)}, free "
-                   f"{format_bytes(n.free)}  jobs: {', '.join(n.jobs) or '-'}")
+        click.echo(
+            f"  {n.ip:15} {n.node_id[:12]}  {n.gpus:g} GPU ({gpu} each)  budgets "
+            f"{format_bytes(n.in_use)} of {format_bytes(n.memory)}, free "
+            f"{format_bytes(n.free)}  jobs: {', '.join(n.jobs) or '-'}"
+        )
         snap = snaps.get(n.ip)
         if snap is None:
             continue
@@ -47,9 +71,11 @@ def status(address: str, snapshots: bool, as_json: bool) -> None:
             click.echo(f"    its gpuwarden status: {snap['error']}")
             continue
         for g in snap.get("gpus", []):
-            click.echo(f"    GPU {g['index']} {g['name']}: {format_bytes(g['memory_used'])} of "
-                       f"{format_bytes(g['memory_total'])} used, {len(g['processes'])} "
-                       "process(es)")
+            click.echo(
+                f"    GPU {g['index']} {g['name']}: {format_bytes(g['memory_used'])} of "
+                f"{format_bytes(g['memory_total'])} used, {len(g['processes'])} "
+                "process(es)"
+            )
         if snap.get("leaks"):
             click.echo(f"    {len(snap['leaks'])} leak finding(s): gpuwarden leaks on {n.ip}")
 

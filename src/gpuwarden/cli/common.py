@@ -65,8 +65,9 @@ class SizeType(click.ParamType):  # type: ignore[type-arg]
 class DurationType(click.ParamType):  # type: ignore[type-arg]
     name = "DURATION"
 
-    def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> float:
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
         if isinstance(value, float):
             return value
         try:

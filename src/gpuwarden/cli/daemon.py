@@ -32,19 +32,23 @@ def _make_home(paths: Paths) -> None:
     try:
         paths.home.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise GpuwardenError(f"the state directory {paths.home} is not a directory "
-                             "(GPUWARDEN_HOME names a directory)") from None
+        raise GpuwardenError(
+            f"the state directory {paths.home} is not a directory "
+            "(GPUWARDEN_HOME names a directory)"
+        ) from None
     except OSError as e:
-        raise GpuwardenError(f"cannot create the state directory {paths.home}: "
-                             f"{e.strerror or e}") from None
+        raise GpuwardenError(
+            f"cannot create the state directory {paths.home}: {e.strerror or e}"
+        ) from None
 
 
 def _open_log(paths: Paths) -> BinaryIO:
     try:
         return open(paths.home / "daemon.log", "ab")
     except OSError as e:
-        raise GpuwardenError(f"cannot write {paths.home / 'daemon.log'}: "
-                             f"{e.strerror or e}") from None
+        raise GpuwardenError(
+            f"cannot write {paths.home / 'daemon.log'}: {e.strerror or e}"
+        ) from None
 
 
 def start_detached(paths: Paths, wait: float = 15.0) -> Client:
@@ -58,12 +62,19 @@ def start_detached(paths: Paths, wait: float = 15.0) -> Client:
     with _open_log(paths) as log:
         start = log.tell()
         try:
-            child = subprocess.Popen([sys.executable, "-m", "gpuwarden.daemon.main"],
-                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                     start_new_session=True, close_fds=True, cwd="/")
+            child = subprocess.Popen(
+                [sys.executable, "-m", "gpuwarden.daemon.main"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                close_fds=True,
+                cwd="/",
+            )
         except OSError as e:
-            raise GpuwardenError(f"cannot start the daemon ({sys.executable}): "
-                                 f"{e.strerror or e}") from None
+            raise GpuwardenError(
+                f"cannot start the daemon ({sys.executable}): {e.strerror or e}"
+            ) from None
     client = Client(str(paths.socket))
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
@@ -72,8 +83,10 @@ def start_detached(paths: Paths, wait: float = 15.0) -> Client:
         if child.poll() is not None:
             if client.alive():  # another daemon started first: ours found its lock
                 return client
-            raise GpuwardenError(f"the daemon exited at once: {_last_error(paths, start)} "
-                                 f"(see {paths.home / 'daemon.log'})")
+            raise GpuwardenError(
+                f"the daemon exited at once: {_last_error(paths, start)} "
+                f"(see {paths.home / 'daemon.log'})"
+            )
         time.sleep(0.05)
     raise GpuwardenError(f"the daemon did not start; see {paths.home / 'daemon.log'}")
 
@@ -114,9 +127,12 @@ def connect() -> Client:
             f"no gpuwarden daemon answers at {paths.socket}, and a client never starts the "
             "system daemon: run it as a service (deploy/systemd/gpuwarden.service, then "
             "`systemctl enable --now gpuwarden`) or start it with `gpuwarden daemon start`; "
-            "or set GPUWARDEN_HOME for a daemon of your own")
-    raise DaemonUnavailable(f"no gpuwarden daemon answers at {paths.socket}; start it with "
-                            "`gpuwarden daemon start` (or systemctl start gpuwarden)")
+            "or set GPUWARDEN_HOME for a daemon of your own"
+        )
+    raise DaemonUnavailable(
+        f"no gpuwarden daemon answers at {paths.socket}; start it with "
+        "`gpuwarden daemon start` (or systemctl start gpuwarden)"
+    )
 
 
 @click.group()
@@ -145,8 +161,13 @@ def start(foreground: bool) -> None:
 
 
 @daemon.command()
-@click.option("--timeout", type=DURATION, default=15.0, show_default=True,
-              help="How long to wait for it to stop (e.g. 30s).")
+@click.option(
+    "--timeout",
+    type=DURATION,
+    default=15.0,
+    show_default=True,
+    help="How long to wait for it to stop (e.g. 30s).",
+)
 def stop(timeout: float) -> None:
     """Stop the daemon. Running jobs keep running under their supervisors."""
     from gpuwarden.client.api import Client
@@ -187,8 +208,12 @@ def status(as_json: bool) -> None:
     paths = resolve_paths()
     client = Client(str(paths.socket))
     running = client.alive()
-    info: dict[str, object] = {"running": running, "pid": _pid(paths) if running else None,
-                               "socket": str(paths.socket), "home": str(paths.home)}
+    info: dict[str, object] = {
+        "running": running,
+        "pid": _pid(paths) if running else None,
+        "socket": str(paths.socket),
+        "home": str(paths.home),
+    }
     if running:
         jobs = client.all_jobs()
         counts: dict[str, int] = {}
@@ -198,9 +223,11 @@ def status(as_json: bool) -> None:
     if as_json:
         emit_json(info)
     elif running:
-        click.echo(f"gpuwarden daemon running (pid {info['pid']}) on {paths.socket}, state in "
-                   f"{paths.home}; jobs: " + (", ".join(f"{n} {s}" for s, n in
-                                                        sorted(counts.items())) or "none"))
+        click.echo(
+            f"gpuwarden daemon running (pid {info['pid']}) on {paths.socket}, state in "
+            f"{paths.home}; jobs: "
+            + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none")
+        )
     else:
         click.echo(f"gpuwarden daemon not running (socket {paths.socket})")
     if not running:

@@ -15,12 +15,27 @@ EXIT_CRITICAL = 1
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable schema).")
-@click.option("--gpu", "gpus", type=int, multiple=True,
-              help="Only findings on this GPU, plus machine-wide ones (repeatable).")
-@click.option("--samples", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Snapshots to take; a leak must show in all of them (no one-off blips).")
-@click.option("--interval", type=DURATION, default=0.5, show_default=True,
-              help="Time between samples (e.g. 500ms, 2s).")
+@click.option(
+    "--gpu",
+    "gpus",
+    type=int,
+    multiple=True,
+    help="Only findings on this GPU, plus machine-wide ones (repeatable).",
+)
+@click.option(
+    "--samples",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Snapshots to take; a leak must show in all of them (no one-off blips).",
+)
+@click.option(
+    "--interval",
+    type=DURATION,
+    default=0.5,
+    show_default=True,
+    help="Time between samples (e.g. 500ms, 2s).",
+)
 def doctor(as_json: bool, gpus: tuple[int, ...], samples: int, interval: float) -> None:
     """Diagnose the machine: each finding has a severity, the evidence and the exact
     command that fixes it.
@@ -44,8 +59,11 @@ def doctor(as_json: bool, gpus: tuple[int, ...], samples: int, interval: float) 
             time.sleep(interval)
             snaps.append(take_snapshot(b))
     snap = snaps[-1]
-    findings = [f for f in diagnose(snap, find_leaks(snaps), mps_state(warn))
-                if not gpus or f.gpu is None or f.gpu in gpus]
+    findings = [
+        f
+        for f in diagnose(snap, find_leaks(snaps), mps_state(warn))
+        if not gpus or f.gpu is None or f.gpu in gpus
+    ]
     if as_json:
         for w in snap.warnings:
             warn(w)

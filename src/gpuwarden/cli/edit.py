@@ -15,12 +15,14 @@ from gpuwarden.jobs.request import FIELDS
 # choices are the table's (jobs/request.py).
 _PRIORITY = FIELDS["priority"]
 
+
 @click.command()
 @click.argument("job", type=JOB)
 @click.option("--mem", help="Memory per GPU (14G, or a fraction such as 0.5 of a GPU).")
 @click.option("--mem-limit", help="How far a burstable job may grow past --mem.")
-@click.option("--priority", type=int, help=f"Higher starts first ({_PRIORITY.lo} to "
-                                           f"{_PRIORITY.hi}).")
+@click.option(
+    "--priority", type=int, help=f"Higher starts first ({_PRIORITY.lo} to {_PRIORITY.hi})."
+)
 @click.option("--qos", type=click.Choice(FIELDS["qos"].choices))
 @click.option("--gpus", type=int, help="How many GPUs.")
 @click.option("--timeout", type=DURATION, help="Kill the job after this long (2h, 30m).")
@@ -35,8 +37,10 @@ def edit(job: str, as_json: bool, **opts: Any) -> None:
 
     body = {k: v for k, v in opts.items() if v is not None}
     if not body:
-        raise UsageError("name what to change: --mem, --mem-limit, --priority, --qos, "
-                         "--gpus, --timeout or --name")
+        raise UsageError(
+            "name what to change: --mem, --mem-limit, --priority, --qos, "
+            "--gpus, --timeout or --name"
+        )
     client = connect()
     job_id = one_job(client, job)
     edited = client.request("POST", f"/v1/jobs/{job_id}/edit", body=body)
@@ -44,5 +48,6 @@ def edit(job: str, as_json: bool, **opts: Any) -> None:
         emit_json(edited)
         return
     edits = [e for e in edited["events"] if e["kind"] == "edited"]
-    click.echo(f"job {job_id} edited {edits[-1]['detail']}" if edits else
-               f"job {job_id}: nothing changed")
+    click.echo(
+        f"job {job_id} edited {edits[-1]['detail']}" if edits else f"job {job_id}: nothing changed"
+    )

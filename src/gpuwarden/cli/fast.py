@@ -60,8 +60,10 @@ def _parse(args: list[str], valued: tuple[str, ...]) -> dict[str, Any] | None:
 
 def _quote(value: str) -> str:
     """``urllib.parse.quote(value, safe="")``."""
-    return "".join(chr(b) if chr(b).isascii() and (chr(b).isalnum() or chr(b) in "-._~")
-                   else f"%{b:02X}" for b in value.encode("utf-8", "surrogateescape"))
+    return "".join(
+        chr(b) if chr(b).isascii() and (chr(b).isalnum() or chr(b) in "-._~") else f"%{b:02X}"
+        for b in value.encode("utf-8", "surrogateescape")
+    )
 
 
 def socket_path() -> str:
@@ -89,8 +91,10 @@ def _get(sock: str, path: str, query: dict[str, Any]) -> bytes | None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(GLANCE)
         s.connect(sock)
-        s.sendall(f"GET {path}{'?' + qs if qs else ''} HTTP/1.1\r\nHost: localhost\r\n"
-                  "Connection: close\r\n\r\n".encode())
+        s.sendall(
+            f"GET {path}{'?' + qs if qs else ''} HTTP/1.1\r\nHost: localhost\r\n"
+            "Connection: close\r\n\r\n".encode()
+        )
         chunks = []
         while True:
             left = deadline - time.monotonic()
@@ -106,8 +110,9 @@ def _get(sock: str, path: str, query: dict[str, Any]) -> bytes | None:
     if not sep or lines[0].split()[1:2] != ["200"]:
         return None
     headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
-    if "chunked" in headers.get("transfer-encoding", "") or \
-            len(body) != int(headers.get("content-length", -1)):
+    if "chunked" in headers.get("transfer-encoding", "") or len(body) != int(
+        headers.get("content-length", -1)
+    ):
         return None
     return body
 
@@ -122,24 +127,39 @@ def _emit_json(doc: Any) -> None:
     sys.stdout.write("\n")
 
 
-def _leaks(found: list[dict[str, Any]], opts: dict[str, Any], answer: dict[str, Any],
-           age: float) -> None:
+def _leaks(
+    found: list[dict[str, Any]], opts: dict[str, Any], answer: dict[str, Any], age: float
+) -> None:
     """``leaks`` from the daemon's last snapshots; exits 1 when one is a leak."""
     if opts["gpus"]:
         found = [lk for lk in found if lk["gpu"] in opts["gpus"] or lk["gpu"] is None]
     if opts["json"]:
-        _emit_json({"leaks": found, "daemon": {
-            "age": round(age, 3), "samples": answer["samples"],
-            "span": round(answer["span"], 3)}})
+        _emit_json(
+            {
+                "leaks": found,
+                "daemon": {
+                    "age": round(age, 3),
+                    "samples": answer["samples"],
+                    "span": round(answer["span"], 3),
+                },
+            }
+        )
     else:
         from gpuwarden.render.ink import for_stream
         from gpuwarden.render.statusview import emit, leak_lines
 
         ink, width = for_stream(sys.stdout)
-        emit([*leak_lines(found, width, ink), ink(
-            f"from the daemon's last {answer['samples']} snapshots over "
-            f"{answer['span']:.1f} s, the latest {age:.1f} s old "
-            "(--samples or --interval: sample now)", "dim")])
+        emit(
+            [
+                *leak_lines(found, width, ink),
+                ink(
+                    f"from the daemon's last {answer['samples']} snapshots over "
+                    f"{answer['span']:.1f} s, the latest {age:.1f} s old "
+                    "(--samples or --interval: sample now)",
+                    "dim",
+                ),
+            ]
+        )
     if any(lk["kind"] != "monitor" for lk in found):
         sys.stdout.flush()
         sys.exit(1)
@@ -160,23 +180,32 @@ def served(argv: list[str]) -> bool:
         sock = socket_path()
         if not os.path.exists(sock):
             return False
-        query = {"view": "leaks"} if leaks else {
-            "gpu": ",".join(map(str, opts["gpus"])) or None, "user": opts["user"],
-            "pid": opts["pid"]}
+        query = (
+            {"view": "leaks"}
+            if leaks
+            else {
+                "gpu": ",".join(map(str, opts["gpus"])) or None,
+                "user": opts["user"],
+                "pid": opts["pid"],
+            }
+        )
         body = None
         if not leaks and not opts["json"]:  # the screen, drawn by the daemon for us
             from gpuwarden.render.ink import for_stream
 
             ink, width = for_stream(sys.stdout)
             if width >= 20:
-                body = _get(sock, "/v1/snapshot", {
-                    **query, "view": "table", "width": width, "colour": int(ink.colour)})
+                body = _get(
+                    sock,
+                    "/v1/snapshot",
+                    {**query, "view": "table", "width": width, "colour": int(ink.colour)},
+                )
         if body is None:  # leaks, JSON, or a daemon that draws no tables: the document
             body = _get(sock, "/v1/snapshot", query)
         if body is None:
             return False
         at = body.find(b',"snapshot":')  # the last key: the document as --json prints it
-        raw = body[at + len(b',"snapshot":'):-1]
+        raw = body[at + len(b',"snapshot":') : -1]
         if at < 0 or raw == b"null":
             return False
         answer = json.loads(body[:at] + b"}")
@@ -206,10 +235,14 @@ def served(argv: list[str]) -> bool:
         sys.stdout.write(doc)
         lines = []
     else:
-        lines = render_doc(doc, matching=bool(opts["user"] or opts["pid"]), width=width,
-                           ink=ink)
-    emit([*lines, *(ink(line, "yellow") for line in drain_lines(answer.get("drains") or [])),
-          ink(f"from the daemon's snapshot, {age:.1f} s old (--fresh: take one now)", "dim")])
+        lines = render_doc(doc, matching=bool(opts["user"] or opts["pid"]), width=width, ink=ink)
+    emit(
+        [
+            *lines,
+            *(ink(line, "yellow") for line in drain_lines(answer.get("drains") or [])),
+            ink(f"from the daemon's snapshot, {age:.1f} s old (--fresh: take one now)", "dim"),
+        ]
+    )
     return True
 
 

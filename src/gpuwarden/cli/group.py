@@ -32,8 +32,12 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gpuwarden")
-@click.option("--sim", metavar="SCENARIO", envvar="GPUWARDEN_SIM",
-              help="Use the simulated backend with this scenario file (or set GPUWARDEN_SIM).")
+@click.option(
+    "--sim",
+    metavar="SCENARIO",
+    envvar="GPUWARDEN_SIM",
+    help="Use the simulated backend with this scenario file (or set GPUWARDEN_SIM).",
+)
 def cli(sim: str | None) -> None:
     """gpuwarden: see, clean and share the GPUs of a multi-user Linux machine."""
     if sim:

@@ -32,8 +32,7 @@ class JobRef(click.ParamType):  # type: ignore[type-arg]
 
     name = "ID"
 
-    def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> str:
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         from gpuwarden.jobs.arrays import parse_refs
 
         text = str(value)

@@ -48,17 +48,27 @@ def show(job: str, as_json: bool) -> None:
 
 @click.command()
 @click.argument("job", type=JOB)
-@click.option("-f", "--follow", is_flag=True,
-              help="Keep printing until the job ends (a rerun's output follows under a "
-                   "'==> job J attempt N of M <==' line).")
+@click.option(
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="Keep printing until the job ends (a rerun's output follows under a "
+    "'==> job J attempt N of M <==' line).",
+)
 @click.option("--stderr", "use_stderr", is_flag=True, help="The job's stderr instead.")
-@click.option("--attempt", type=click.IntRange(min=1), metavar="N",
-              help="The output of its Nth run (retries and requeues each run anew; "
-                   "default: the latest).")
-@click.option("--all", "all_attempts", is_flag=True,
-              help="Every run's output in turn, each under such a line.")
-def logs(job: str, follow: bool, use_stderr: bool, attempt: int | None,
-         all_attempts: bool) -> None:
+@click.option(
+    "--attempt",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="The output of its Nth run (retries and requeues each run anew; default: the latest).",
+)
+@click.option(
+    "--all",
+    "all_attempts",
+    is_flag=True,
+    help="Every run's output in turn, each under such a line.",
+)
+def logs(job: str, follow: bool, use_stderr: bool, attempt: int | None, all_attempts: bool) -> None:
     """A job's stdout (or --stderr). Only its owner or an admin may read it."""
     if attempt is not None and all_attempts:
         raise UsageError("--attempt and --all: choose one")
@@ -69,8 +79,12 @@ def logs(job: str, follow: bool, use_stderr: bool, attempt: int | None,
     # Pinned to one attempt once known, so a retry during -f never mixes two outputs.
     current, offset, header = (1 if all_attempts else attempt), 0, all_attempts
     while True:
-        data, headers = client.request("GET", f"/v1/jobs/{job_id}/logs", raw=True, query={
-            "stream": stream, "offset": offset, "attempt": current})
+        data, headers = client.request(
+            "GET",
+            f"/v1/jobs/{job_id}/logs",
+            raw=True,
+            query={"stream": stream, "offset": offset, "attempt": current},
+        )
         served = int(headers.get("X-Attempt", current or 1))
         total = int(headers.get("X-Attempts", served))
         current = served
@@ -127,8 +141,9 @@ def _done(verb: str, job: dict[str, Any], killed: bool = False) -> str:
     return f"job {jid} {state}"
 
 
-def _each(verb: str, specs: Sequence[str], as_json: bool,
-          query: dict[str, Any] | None = None) -> None:
+def _each(
+    verb: str, specs: Sequence[str], as_json: bool, query: dict[str, Any] | None = None
+) -> None:
     from gpuwarden.client.api import DaemonUnavailable
     from gpuwarden.errors import GpuwardenError
 
@@ -154,9 +169,11 @@ def _each(verb: str, specs: Sequence[str], as_json: bool,
 @click.command()
 @click.argument("ids", nargs=-1)
 @click.option("--group", help="Every waiting or running job of this group (yours).")
-@click.option("--kill", is_flag=True,
-              help="SIGKILL a running job's tree at once, with no grace period (also "
-                   "one already stopping).")
+@click.option(
+    "--kill",
+    is_flag=True,
+    help="SIGKILL a running job's tree at once, with no grace period (also one already stopping).",
+)
 @click.option("--json", "as_json", is_flag=True)
 def cancel(ids: tuple[str, ...], group: str | None, kill: bool, as_json: bool) -> None:
     """Cancel jobs (ids, ranges like 3-7, or --group): a running job's whole process tree
@@ -180,8 +197,9 @@ def cancel(ids: tuple[str, ...], group: str | None, kill: bool, as_json: bool) -
         click.echo(f"gpuwarden: error: {about(e['id'], e['error'])}", err=True)
     if out["missing"]:
         ints = [m for m in out["missing"] if isinstance(m, int)]
-        named = ([_ranges(ints)] if ints else []) + \
-            [m for m in out["missing"] if not isinstance(m, int)]
+        named = ([_ranges(ints)] if ints else []) + [
+            m for m in out["missing"] if not isinstance(m, int)
+        ]
         click.echo(f"gpuwarden: error: no job {','.join(named)}", err=True)
     if out["errors"] or out["missing"]:
         raise SystemExit(2)
@@ -207,14 +225,17 @@ def _simple(verb: str, doc: str) -> click.Command:
     @click.option("--json", "as_json", is_flag=True)
     def cmd(ids: tuple[str, ...], as_json: bool) -> None:
         _each(verb, ids, as_json)
+
     return cmd
 
 
 hold = _simple("hold", "Keep queued jobs from starting.")
 release = _simple("release", "Let held jobs start.")
 retry = _simple("retry", "Queue failed, cancelled or infeasible jobs again.")
-unreserve = _simple("unreserve", "Admins: clear the GPU memory ended jobs still hold because "
-                                 "it was not verified back (a leak).")
+unreserve = _simple(
+    "unreserve",
+    "Admins: clear the GPU memory ended jobs still hold because it was not verified back (a leak).",
+)
 
 
 @click.command()
@@ -233,8 +254,9 @@ def wait(ids: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
     for job_id in targets:
         while True:  # asks at least once: a job that has ended is not a timeout
             left = 30.0 if deadline is None else max(min(30.0, deadline - time.monotonic()), 0)
-            job = client.request("GET", f"/v1/jobs/{job_id}/wait", query={"timeout": left},
-                                 timeout=left + 30)
+            job = client.request(
+                "GET", f"/v1/jobs/{job_id}/wait", query={"timeout": left}, timeout=left + 30
+            )
             if job["state"] in TERMINAL:
                 done.append(job)
                 break
@@ -272,8 +294,12 @@ def rm(ids: tuple[str, ...]) -> None:
 
 
 @click.command()
-@click.option("--older-than", type=DURATION, required=True,
-              help="Remove your ended jobs older than this (e.g. 7d).")
+@click.option(
+    "--older-than",
+    type=DURATION,
+    required=True,
+    help="Remove your ended jobs older than this (e.g. 7d).",
+)
 @click.option("--json", "as_json", is_flag=True)
 def clean(older_than: float, as_json: bool) -> None:
     """Remove ended jobs (yours; all for an admin) older than a duration."""

@@ -21,12 +21,22 @@ if TYPE_CHECKING:
     from gpuwarden.observe.reap import ReapAction
 
 _sampling = [
-    click.option("--samples", type=click.IntRange(1, 100), default=3, show_default=True,
-                 help="Consecutive samples a leak must appear in."),
-    click.option("--interval", type=DURATION, default=0.5, show_default=True,
-                 help="Time between samples."),
-    click.option("--threshold", type=SIZE, default=None,
-                 help="Smallest unaccounted memory worth reporting (default 64MiB)."),
+    click.option(
+        "--samples",
+        type=click.IntRange(1, 100),
+        default=3,
+        show_default=True,
+        help="Consecutive samples a leak must appear in.",
+    ),
+    click.option(
+        "--interval", type=DURATION, default=0.5, show_default=True, help="Time between samples."
+    ),
+    click.option(
+        "--threshold",
+        type=SIZE,
+        default=None,
+        help="Smallest unaccounted memory worth reporting (default 64MiB).",
+    ),
 ]
 
 
@@ -36,8 +46,9 @@ def _with_sampling(f: Any) -> Any:
     return f
 
 
-def _find(b: Backend, samples: int, interval: float, threshold: int | None,
-          gpus: tuple[int, ...]) -> tuple[Any, list[Leak]]:
+def _find(
+    b: Backend, samples: int, interval: float, threshold: int | None, gpus: tuple[int, ...]
+) -> tuple[Any, list[Leak]]:
     from gpuwarden.observe.leaks import DEFAULT_THRESHOLD, find_leaks
     from gpuwarden.observe.sampling import sample_suspects
 
@@ -54,8 +65,9 @@ def _find(b: Backend, samples: int, interval: float, threshold: int | None,
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--gpu", "gpus", type=int, multiple=True, help="Only this GPU (repeatable).")
 @_with_sampling
-def leaks(as_json: bool, gpus: tuple[int, ...], samples: int, interval: float,
-          threshold: int | None) -> None:
+def leaks(
+    as_json: bool, gpus: tuple[int, ...], samples: int, interval: float, threshold: int | None
+) -> None:
     """Leaked GPU memory, hidden holders and pids nobody owns, each with evidence.
 
     Kinds: unaccounted (memory no process accounts for), hidden_holder (holds
@@ -144,9 +156,14 @@ def _simulated(b: Backend) -> SimBackend | None:
     return b if isinstance(b, SimBackend) else None
 
 
-def _verify(b: Backend, acted: list[ReapAction], before: dict[int, int], timeout: float,
-            started: float, declared: Callable[[int], bool] | None = None,
-            ) -> tuple[dict[int, dict[str, Any]], list[int]]:
+def _verify(
+    b: Backend,
+    acted: list[ReapAction],
+    before: dict[int, int],
+    timeout: float,
+    started: float,
+    declared: Callable[[int], bool] | None = None,
+) -> tuple[dict[int, dict[str, Any]], list[int]]:
     """Poll until every signalled pid has left the driver's lists and the expected bytes are
     back, or ``timeout`` passes. Returns per-GPU results and the pids still listed. A
     ``declared`` (simulated) pid is alive only while the simulated driver lists it."""
@@ -162,8 +179,12 @@ def _verify(b: Backend, acted: list[ReapAction], before: dict[int, int], timeout
     while True:
         now = time.monotonic()
         listed = {p.pid for p in b.processes()}
-        alive = {pid for pid in watched if pid in listed or (
-            not (declared is not None and declared(pid)) and _alive(pid, starts[pid]))}
+        alive = {
+            pid
+            for pid in watched
+            if pid in listed
+            or (not (declared is not None and declared(pid)) and _alive(pid, starts[pid]))
+        }
         used = _used(b)
         for gpu in {g for a in acted for g in a.gpus}:
             if gpu in freed_at or alive:
@@ -185,9 +206,12 @@ def _verify(b: Backend, acted: list[ReapAction], before: dict[int, int], timeout
             break
         time.sleep(0.2)
     results = {
-        gpu: {"gpu": gpu, "bytes": before.get(gpu, 0) - used.get(gpu, 0),
-              "seconds": round(freed_at[gpu] - started, 3) if gpu in freed_at else None,
-              "expected": expected.get(gpu)}
+        gpu: {
+            "gpu": gpu,
+            "bytes": before.get(gpu, 0) - used.get(gpu, 0),
+            "seconds": round(freed_at[gpu] - started, 3) if gpu in freed_at else None,
+            "expected": expected.get(gpu),
+        }
         for gpu in sorted({g for a in acted for g in a.gpus})
     }
     return results, still
@@ -195,18 +219,41 @@ def _verify(b: Backend, acted: list[ReapAction], before: dict[int, int], timeout
 
 @click.command()
 @click.option("--yes", is_flag=True, help="Act. Without it, reap only says what it would do.")
-@click.option("--pid", "pids", type=int, multiple=True,
-              help="Only this pid (repeatable); also allows reaping a computing process.")
+@click.option(
+    "--pid",
+    "pids",
+    type=int,
+    multiple=True,
+    help="Only this pid (repeatable); also allows reaping a computing process.",
+)
 @click.option("--gpu", "gpus", type=int, multiple=True, help="Only leaks on this GPU.")
-@click.option("--grace", type=DURATION, default=5.0, show_default=True,
-              help="Time between SIGTERM and SIGKILL.")
-@click.option("--timeout", type=DURATION, default=30.0, show_default=True,
-              help="How long to wait for the memory to come back.")
+@click.option(
+    "--grace",
+    type=DURATION,
+    default=5.0,
+    show_default=True,
+    help="Time between SIGTERM and SIGKILL.",
+)
+@click.option(
+    "--timeout",
+    type=DURATION,
+    default=30.0,
+    show_default=True,
+    help="How long to wait for the memory to come back.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_with_sampling
-def reap(yes: bool, pids: tuple[int, ...], gpus: tuple[int, ...], grace: float,
-         timeout: float, as_json: bool, samples: int, interval: float,
-         threshold: int | None) -> None:
+def reap(
+    yes: bool,
+    pids: tuple[int, ...],
+    gpus: tuple[int, ...],
+    grace: float,
+    timeout: float,
+    as_json: bool,
+    samples: int,
+    interval: float,
+    threshold: int | None,
+) -> None:
     """Kill what leaks GPU memory, then poll until the memory is back.
 
     Dry run by default. Kills hidden holders and orphans (SIGTERM, grace, SIGKILL), asks
@@ -222,9 +269,13 @@ def reap(yes: bool, pids: tuple[int, ...], gpus: tuple[int, ...], grace: float,
         candidates = {lk.pid for lk in found if lk.pid is not None}
         managed = job_processes(candidates, b.process_source().info, _daemon_processes())
         plan = plan_reap(found, snap, caller_uid=os.geteuid(), named=pids, managed=managed)
-        outcome: dict[str, Any] = {"dry_run": not yes,
-                                   "actions": [a.to_json() for a in plan],
-                                   "reclaimed": [], "still_held": [], "next_steps": []}
+        outcome: dict[str, Any] = {
+            "dry_run": not yes,
+            "actions": [a.to_json() for a in plan],
+            "reclaimed": [],
+            "still_held": [],
+            "next_steps": [],
+        }
         acted = [a for a in plan if a.action != NONE]
         if yes and acted:
             before = _used(b)
@@ -236,20 +287,21 @@ def reap(yes: bool, pids: tuple[int, ...], gpus: tuple[int, ...], grace: float,
                     continue
                 if sim is not None and sim.declared(a.pid):
                     sim.reap_declared(a.pid)
-                    row["result"] = ("terminated" if a.action == TERMINATE else "reaped") + \
-                        " (simulated)"
+                    row["result"] = (
+                        "terminated" if a.action == TERMINATE else "reaped"
+                    ) + " (simulated)"
                     outcome["simulated"] = True
                 elif a.action == TERMINATE:
                     row["result"] = terminate(a.pid, a.start_time, grace)
                 elif a.action == SIGNAL_PARENT and a.target is not None:
-                    row["result"] = signal_parent(a.target, a.pid,
-                                                  child_start=a.start_time)
+                    row["result"] = signal_parent(a.target, a.pid, child_start=a.start_time)
             results, still = _verify(b, acted, before, timeout, started, declared)
             outcome["reclaimed"] = list(results.values())
             outcome["still_held"] = still
         held = set(outcome["still_held"])
-        outcome["next_steps"] = sorted({a.next_step for a in plan if a.next_step and
-                                        (a.action == NONE or a.pid in held)})
+        outcome["next_steps"] = sorted(
+            {a.next_step for a in plan if a.next_step and (a.action == NONE or a.pid in held)}
+        )
     if as_json:
         emit_json(outcome)
     else:
@@ -258,8 +310,10 @@ def reap(yes: bool, pids: tuple[int, ...], gpus: tuple[int, ...], grace: float,
         raise SystemExit(1)
 
 
-_SIMULATED = ("Simulated backend: the scenario's processes were not signalled; their reaping "
-              "is modelled for this run only (the scenario file is unchanged).")
+_SIMULATED = (
+    "Simulated backend: the scenario's processes were not signalled; their reaping "
+    "is modelled for this run only (the scenario file is unchanged)."
+)
 
 
 def _render(plan: list[ReapAction], outcome: dict[str, Any], yes: bool) -> None:
@@ -278,9 +332,11 @@ def _render(plan: list[ReapAction], outcome: dict[str, Any], yes: bool) -> None:
         where = ",".join(map(str, a.gpus)) or "-"
         result = f" -> {row['result']}" if "result" in row else ""
         style = "yellow" if a.action == "none" else "bold"
-        console.print(f"[{style}]{verb[a.action]} {target}[/{style}] (GPU {where}, {a.kind}"
-                      f"{', ' + escape(a.user) if a.user else ''}): "
-                      f"{escape(visible(a.reason))}{result}")
+        console.print(
+            f"[{style}]{verb[a.action]} {target}[/{style}] (GPU {where}, {a.kind}"
+            f"{', ' + escape(a.user) if a.user else ''}): "
+            f"{escape(visible(a.reason))}{result}"
+        )
     if not yes and any(a.action != "none" for a in plan):
         console.print("\nDry run. Run [bold]gpuwarden reap --yes[/bold] to act.")
     if outcome.get("simulated"):
@@ -288,13 +344,14 @@ def _render(plan: list[ReapAction], outcome: dict[str, Any], yes: bool) -> None:
     for r in outcome["reclaimed"]:
         secs = "not yet" if r["seconds"] is None else f"in {r['seconds']:.1f}s"
         if r["expected"] is None and r["seconds"] is not None and r["bytes"] <= 0:
-            console.print(f"GPU {r['gpu']}: reaped processes gone {secs}; they held no "
-                          "GPU memory")
+            console.print(f"GPU {r['gpu']}: reaped processes gone {secs}; they held no GPU memory")
         else:
             console.print(f"GPU {r['gpu']}: reclaimed {format_bytes(r['bytes'])} {secs}")
     if outcome["still_held"]:
-        console.print(f"[red]Still listed by the driver:[/red] pids "
-                      f"{', '.join(map(str, outcome['still_held']))}")
+        console.print(
+            f"[red]Still listed by the driver:[/red] pids "
+            f"{', '.join(map(str, outcome['still_held']))}"
+        )
     if outcome["next_steps"]:
         console.print("\nNext steps:")
         for step in outcome["next_steps"]:

@@ -73,8 +73,7 @@ def _click_main(argv: list[str] | None) -> NoReturn:
         sys.exit(e.exit_code)
     except click.UsageError as e:  # one line, as every other error: exit 2
         see = f" (see {e.ctx.command_path} --help)" if e.ctx is not None else ""
-        click.echo(f"gpuwarden: error: {_negative(e, argv) or e.format_message()}{see}",
-                   err=True)
+        click.echo(f"gpuwarden: error: {_negative(e, argv) or e.format_message()}{see}", err=True)
         sys.exit(e.exit_code)
     except click.ClickException as e:
         click.echo(f"gpuwarden: error: {e.format_message()}", err=True)

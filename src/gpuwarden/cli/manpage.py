@@ -8,8 +8,11 @@ import click
 EXIT_STATUS = (
     ("0", "success; doctor: no critical finding; leaks: no leak"),
     ("1", "doctor: a critical finding; leaks: a leak (for cron and monitors)"),
-    ("2", "bad usage or input (one line on stderr), a job that can never run here, a "
-          "config file with problems"),
+    (
+        "2",
+        "bad usage or input (one line on stderr), a job that can never run here, a "
+        "config file with problems",
+    ),
     ("3", "no GPU backend, or no daemon answers"),
     ("124", "wait: the timeout passed"),
     ("130", "interrupted"),
@@ -20,8 +23,11 @@ ENVIRONMENT = (
     ("GPUWARDEN_HOME", "the daemon's state directory (socket, database, config.toml)"),
 )
 FILES = (
-    ("/etc/gpuwarden/config.toml", "the system daemon's config; deploy/config.toml is a "
-                                   "commented sample; check one with gpuwarden config check"),
+    (
+        "/etc/gpuwarden/config.toml",
+        "the system daemon's config; deploy/config.toml is a "
+        "commented sample; check one with gpuwarden config check",
+    ),
     ("/run/gpuwarden.sock", "the system daemon's socket"),
 )
 
@@ -97,10 +103,12 @@ def manpage() -> str:
     for name in cli.list_commands(root):
         cmd = cli.get_command(root, name)
         assert cmd is not None
-        lines += _command(click.Context(cmd, info_name=name, parent=root),
-                          f"gpuwarden {name}", cmd)
-    for title, rows in (("EXIT STATUS", EXIT_STATUS), ("ENVIRONMENT", ENVIRONMENT),
-                        ("FILES", FILES)):
+        lines += _command(click.Context(cmd, info_name=name, parent=root), f"gpuwarden {name}", cmd)
+    for title, rows in (
+        ("EXIT STATUS", EXIT_STATUS),
+        ("ENVIRONMENT", ENVIRONMENT),
+        ("FILES", FILES),
+    ):
         lines.append(f".SH {title}")
         for key, text in rows:
             lines += [".TP", f"\\fB{_roff(key)}\\fR", _roff(text)]
@@ -109,9 +117,13 @@ def manpage() -> str:
 
 
 @click.command("man")
-@click.option("--roff", is_flag=True, help="Print the page's roff source, even on a terminal "
-                                            "(e.g. to install it: gpuwarden man --roff > "
-                                            "/usr/local/share/man/man1/gpuwarden.1).")
+@click.option(
+    "--roff",
+    is_flag=True,
+    help="Print the page's roff source, even on a terminal "
+    "(e.g. to install it: gpuwarden man --roff > "
+    "/usr/local/share/man/man1/gpuwarden.1).",
+)
 def man(roff: bool) -> None:
     """The manual page: every command with its options, the exit codes, the environment
     and the files. On a terminal it opens in man(1); piped, it is roff (man -l -)."""

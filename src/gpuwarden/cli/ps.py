@@ -37,14 +37,31 @@ def _span(start: str, end: str) -> str:
 
     from gpuwarden.units import format_duration
 
-    return format_duration(datetime.fromisoformat(end).timestamp() -
-                           datetime.fromisoformat(start).timestamp())
+    return format_duration(
+        datetime.fromisoformat(end).timestamp() - datetime.fromisoformat(start).timestamp()
+    )
 
 
 PS_SORT = ("id", "submitted", "user", "mem", "state")
-PS_CSV = ("id", "user", "name", "group", "state", "gpus", "mem", "peak_memory",
-          "submitted_at", "started_at", "ended_at", "exit_code", "restart", "restarts",
-          "task", "reason", "command")
+PS_CSV = (
+    "id",
+    "user",
+    "name",
+    "group",
+    "state",
+    "gpus",
+    "mem",
+    "peak_memory",
+    "submitted_at",
+    "started_at",
+    "ended_at",
+    "exit_code",
+    "restart",
+    "restarts",
+    "task",
+    "reason",
+    "command",
+)
 """``ps --format csv`` columns: the job JSON's keys and units (bytes, ISO 8601 UTC
 times); gpus space-separated, command quoted as a shell would; restart a service's
 policy (on-failure, always; empty for a batch job) and restarts how often it restarted;
@@ -70,23 +87,25 @@ class SortType(click.ParamType):  # type: ignore[type-arg]
 
     name = "[-]KEY"
 
-    def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> str:
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         if str(value).removeprefix("-") not in PS_SORT:
-            self.fail(f"unknown sort key {value!r} (keys: {', '.join(PS_SORT)}; "
-                      "-KEY: descending)", param, ctx)
+            self.fail(
+                f"unknown sort key {value!r} (keys: {', '.join(PS_SORT)}; -KEY: descending)",
+                param,
+                ctx,
+            )
         return str(value)
 
-    def shell_complete(self, ctx: click.Context, param: click.Parameter,
-                       incomplete: str) -> list[Any]:
+    def shell_complete(
+        self, ctx: click.Context, param: click.Parameter, incomplete: str
+    ) -> list[Any]:
         from click.shell_completion import CompletionItem
 
         sign = "-" if incomplete.startswith("-") else ""
         return [CompletionItem(sign + k) for k in PS_SORT if (sign + k).startswith(incomplete)]
 
 
-def _ps_lines(jobs: Sequence[JobDoc], all_jobs: bool,
-              columns: int | None = None) -> list[str]:
+def _ps_lines(jobs: Sequence[JobDoc], all_jobs: bool, columns: int | None = None) -> list[str]:
     """The ``ps`` table: one row a job whatever its name holds (control characters made
     visible), aligned by display width, the command quoted as a shell would take it.
     WAIT is the time from submission to the start (or until now), RUN the run time (so
@@ -97,15 +116,22 @@ def _ps_lines(jobs: Sequence[JobDoc], all_jobs: bool,
 
     if not jobs:
         return ["No jobs" + ("" if all_jobs else " waiting or running (ps --all for ended)")]
-    rows = [("ID", "USER", "NAME", "STATE", "GPUS", "MEM", "PEAK", "WAIT", "RUN",
-             "REASON / COMMAND")]
+    rows = [
+        ("ID", "USER", "NAME", "STATE", "GPUS", "MEM", "PEAK", "WAIT", "RUN", "REASON / COMMAND")
+    ]
     for j in jobs:
         started, ended = j["started_at"], j["ended_at"]
-        wait = (_span(j["submitted_at"], started) if started else
-                _span(j["submitted_at"], ended) if ended else _age(j["submitted_at"]))
+        wait = (
+            _span(j["submitted_at"], started)
+            if started
+            else _span(j["submitted_at"], ended)
+            if ended
+            else _age(j["submitted_at"])
+        )
         run = "" if not started else _span(started, ended) if ended else _age(started)
-        what = j["reason"] or ((f"[{j['attach']}] " if j.get("attach") else "")
-                               + shlex.join(j["command"]))
+        what = j["reason"] or (
+            (f"[{j['attach']}] " if j.get("attach") else "") + shlex.join(j["command"])
+        )
         if j.get("fair_share"):  # fair share is on: what orders equal jobs of users
             what += f"  [fair share {j['fair_share']['usage'] / GiB / 3600:.1f} GiB·h]"
         state = j["state"]
@@ -113,15 +139,25 @@ def _ps_lines(jobs: Sequence[JobDoc], all_jobs: bool,
             state += f" svc:{j.get('restarts') or 0}"
         arr = j.get("array")
         task = arr.get("task") if arr else None  # as squeue shows them: 12_7
-        rows.append((task or str(j["id"]), j["user"], j["name"] or "", state,
-                     ",".join(map(str, j["gpus"])) or "-",
-                     format_bytes_short(j["mem"]) if j["mem"] else "whole",
-                     format_bytes_short(j["peak_memory"]) if j["peak_memory"] else "-",
-                     wait, run or "-", what))
+        rows.append(
+            (
+                task or str(j["id"]),
+                j["user"],
+                j["name"] or "",
+                state,
+                ",".join(map(str, j["gpus"])) or "-",
+                format_bytes_short(j["mem"]) if j["mem"] else "whole",
+                format_bytes_short(j["peak_memory"]) if j["peak_memory"] else "-",
+                wait,
+                run or "-",
+                what,
+            )
+        )
     shown = [[visible(c) for c in r] for r in rows]  # names, commands, reasons
     widths = [max(width(r[i]) for r in shown) for i in range(len(shown[0]) - 1)]
-    lines = ["  ".join(pad(c, w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1]
-             for r in shown]
+    lines = [
+        "  ".join(pad(c, w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in shown
+    ]
     return lines if columns is None else [clip(line, columns) for line in lines]
 
 
@@ -149,14 +185,12 @@ def _stream_json(pages: Iterator[list[JobDoc]]) -> None:
     first = True
     for page in pages:
         for j in page:
-            out.write(("" if first else ",") + json.dumps(j, separators=(",", ":"),
-                                                          default=str))
+            out.write(("" if first else ",") + json.dumps(j, separators=(",", ":"), default=str))
             first = False
     out.write("]}\n")
 
 
-def _ps_csv(jobs: Sequence[Mapping[str, Any]],
-            columns: Sequence[str] = PS_CSV) -> list[list[Any]]:
+def _ps_csv(jobs: Sequence[Mapping[str, Any]], columns: Sequence[str] = PS_CSV) -> list[list[Any]]:
     def cell(j: Mapping[str, Any], c: str) -> Any:
         if c == "command":
             return shlex.join(j["command"])
@@ -174,19 +208,24 @@ class ColumnsType(click.ParamType):  # type: ignore[type-arg]
 
     name = "COL[,COL]"
 
-    def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> tuple[str, ...]:
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, ...]:
         if isinstance(value, tuple):
             return value
         cols = tuple(c.strip() for c in str(value).split(",") if c.strip())
         unknown = [c for c in cols if c not in PS_CSV]
         if unknown or not cols:
-            self.fail(f"unknown column {(unknown or [value])[0]!r} (columns: "
-                      f"{', '.join(PS_CSV)})", param, ctx)
+            self.fail(
+                f"unknown column {(unknown or [value])[0]!r} (columns: {', '.join(PS_CSV)})",
+                param,
+                ctx,
+            )
         return cols
 
-    def shell_complete(self, ctx: click.Context, param: click.Parameter,
-                       incomplete: str) -> list[Any]:
+    def shell_complete(
+        self, ctx: click.Context, param: click.Parameter, incomplete: str
+    ) -> list[Any]:
         from click.shell_completion import CompletionItem
 
         done, _, last = incomplete.rpartition(",")
@@ -207,41 +246,92 @@ def _ps_columns_lines(jobs: Sequence[Mapping[str, Any]], columns: Sequence[str])
         return "" if v is None else str(v)
 
     rows = [[c.upper() for c in columns]]
-    rows += [[visible(cell(c, v)) for c, v in zip(columns, r, strict=True)]
-             for r in _ps_csv(jobs, columns)]
+    rows += [
+        [visible(cell(c, v)) for c, v in zip(columns, r, strict=True)]
+        for r in _ps_csv(jobs, columns)
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
-    return ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
-            for r in rows]
+    return ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
 @click.command()
 @click.option("--all", "all_jobs", is_flag=True, help="Also jobs that have ended.")
-@click.option("--state", "states", multiple=True, metavar="STATE[,STATE]",
-              help="Only jobs in these states, ended ones too (repeatable): queued, held, "
-                   "reserved, running, succeeded, failed, cancelled, infeasible.")
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    metavar="STATE[,STATE]",
+    help="Only jobs in these states, ended ones too (repeatable): queued, held, "
+    "reserved, running, succeeded, failed, cancelled, infeasible.",
+)
 @click.option("--user", help="Only this user's jobs.")
 @click.option("--group", help="Only this group's jobs.")
-@click.option("--array", "array", type=click.IntRange(min=1), metavar="ID",
-              help="Only the tasks of this array.")
-@click.option("--sort", "sort", type=SortType(), default="id", show_default=True,
-              help=f"Order by {', '.join(PS_SORT)}; -KEY for descending.")
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]),
-              default="table", show_default=True,
-              help="csv: a header row, then one row a job (columns: " + ", ".join(PS_CSV)
-                   + "; bytes, ISO 8601 UTC times).")
+@click.option(
+    "--array",
+    "array",
+    type=click.IntRange(min=1),
+    metavar="ID",
+    help="Only the tasks of this array.",
+)
+@click.option(
+    "--sort",
+    "sort",
+    type=SortType(),
+    default="id",
+    show_default=True,
+    help=f"Order by {', '.join(PS_SORT)}; -KEY for descending.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json"]),
+    default="table",
+    show_default=True,
+    help="csv: a header row, then one row a job (columns: "
+    + ", ".join(PS_CSV)
+    + "; bytes, ISO 8601 UTC times).",
+)
 @click.option("--json", "as_json", is_flag=True, help="The same as --format json.")
-@click.option("-o", "--columns", "columns", type=ColumnsType(), default=None,
-              help="Only these columns, in this order (of the CSV ones), for the table "
-                   "or the CSV: e.g. -o id,state,mem,command.")
-@click.option("--watch", "watch", type=DURATION, is_flag=False, flag_value=2.0, default=None,
-              metavar="[INTERVAL]", help="Refresh every INTERVAL (default 2s); with "
-                                         "--json, one JSON document a line.")
-@click.option("--limit", "limit", type=click.IntRange(min=0), default=None,
-              help=f"The latest N jobs (0: every one). Default: {PS_LATEST} in a table "
-                   "with --all or --state, every job otherwise (and in JSON and CSV).")
-def ps(all_jobs: bool, states: tuple[str, ...], user: str | None, group: str | None,
-       array: int | None, sort: str, fmt: str, as_json: bool, columns: tuple[str, ...] | None,
-       watch: float | None, limit: int | None) -> None:
+@click.option(
+    "-o",
+    "--columns",
+    "columns",
+    type=ColumnsType(),
+    default=None,
+    help="Only these columns, in this order (of the CSV ones), for the table "
+    "or the CSV: e.g. -o id,state,mem,command.",
+)
+@click.option(
+    "--watch",
+    "watch",
+    type=DURATION,
+    is_flag=False,
+    flag_value=2.0,
+    default=None,
+    metavar="[INTERVAL]",
+    help="Refresh every INTERVAL (default 2s); with --json, one JSON document a line.",
+)
+@click.option(
+    "--limit",
+    "limit",
+    type=click.IntRange(min=0),
+    default=None,
+    help=f"The latest N jobs (0: every one). Default: {PS_LATEST} in a table "
+    "with --all or --state, every job otherwise (and in JSON and CSV).",
+)
+def ps(
+    all_jobs: bool,
+    states: tuple[str, ...],
+    user: str | None,
+    group: str | None,
+    array: int | None,
+    sort: str,
+    fmt: str,
+    as_json: bool,
+    columns: tuple[str, ...] | None,
+    watch: float | None,
+    limit: int | None,
+) -> None:
     """The queue: everyone's waiting and running jobs (--all: ended ones too)."""
     from gpuwarden.cli.common import emit_csv, watch_header
 
@@ -253,8 +343,13 @@ def ps(all_jobs: bool, states: tuple[str, ...], user: str | None, group: str | N
     if columns and fmt == "json":
         raise UsageError("-o chooses the columns of the table or the CSV; JSON has them all")
     client = connect()
-    query = {"all": "1" if all_jobs else None, "user": user, "group": group,
-             "state": ",".join(states) or None, "array": array}
+    query = {
+        "all": "1" if all_jobs else None,
+        "user": user,
+        "group": group,
+        "state": ",".join(states) or None,
+        "array": array,
+    }
     history = all_jobs or bool(states)
     latest = limit if limit is not None else PS_LATEST if history and fmt == "table" else 0
     if fmt == "json" and watch is None and not latest and sort == "id":
@@ -277,16 +372,21 @@ def ps(all_jobs: bool, states: tuple[str, ...], user: str | None, group: str | N
             emit_json({"jobs": jobs})
             return
         else:
-            lines = _ps_columns_lines(jobs, columns) if columns and jobs else \
-                _ps_lines(jobs, history, _terminal_columns())
+            lines = (
+                _ps_columns_lines(jobs, columns)
+                if columns and jobs
+                else _ps_lines(jobs, history, _terminal_columns())
+            )
             lines += _drained_lines(client)
             if watch is not None:
                 clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
                 lines = [clear + watch_header("ps", watch), "", *lines]
             click.echo("\n".join(lines))
             if older:
-                click.echo(f"(the latest {latest} jobs: --limit N for more, --limit 0 "
-                           "for every job)", err=True)
+                click.echo(
+                    f"(the latest {latest} jobs: --limit N for more, --limit 0 for every job)",
+                    err=True,
+                )
         if watch is None:
             return
         sys.stdout.flush()

@@ -20,13 +20,29 @@ def _wait(seconds: float | None) -> str:
 
 
 @click.command()
-@click.option("--since", type=DURATION, default=None, metavar="DURATION",
-              help="Jobs that ended in this last period (7d, 12h); default: every ended "
-                   "job the daemon keeps.")
-@click.option("--by", "by", type=click.Choice(["user", "group", "key"]), default="user",
-              show_default=True, help="One row per user, per job group or per job key.")
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]),
-              default="table", show_default=True)
+@click.option(
+    "--since",
+    type=DURATION,
+    default=None,
+    metavar="DURATION",
+    help="Jobs that ended in this last period (7d, 12h); default: every ended "
+    "job the daemon keeps.",
+)
+@click.option(
+    "--by",
+    "by",
+    type=click.Choice(["user", "group", "key"]),
+    default="user",
+    show_default=True,
+    help="One row per user, per job group or per job key.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json"]),
+    default="table",
+    show_default=True,
+)
 @click.option("--json", "as_json", is_flag=True, help="The same as --format json.")
 def report(since: float | None, by: str, fmt: str, as_json: bool) -> None:
     """Accounting of ended jobs: jobs, GPU-hours, memory reserved vs used (GiB-h: budget
@@ -47,17 +63,43 @@ def report(since: float | None, by: str, fmt: str, as_json: bool) -> None:
         return
     from gpuwarden.printable import visible
 
-    head = (by.upper(), "JOBS", "OK", "FAIL", "GPU-H", "RESERVED GiB-h", "USED GiB-h",
-            "USED%", "OOMS", "PREEMPT", "WAIT P50", "WAIT P95")
+    head = (
+        by.upper(),
+        "JOBS",
+        "OK",
+        "FAIL",
+        "GPU-H",
+        "RESERVED GiB-h",
+        "USED GiB-h",
+        "USED%",
+        "OOMS",
+        "PREEMPT",
+        "WAIT P50",
+        "WAIT P95",
+    )
     lines = [head]
     for r in rows:
-        used = (f"{100 * r['used_gib_hours'] / r['reserved_gib_hours']:.0f}%"
-                if r["reserved_gib_hours"] else "-")
-        lines.append((visible(str(r[by])), str(r["jobs"]), str(r["succeeded"]),
-                      str(r["failed"]), f"{r['gpu_hours']:.2f}",
-                      f"{r['reserved_gib_hours']:.2f}", f"{r['used_gib_hours']:.2f}", used,
-                      str(r["ooms"]), str(r["preemptions"]), _wait(r["wait_p50"]),
-                      _wait(r["wait_p95"])))
+        used = (
+            f"{100 * r['used_gib_hours'] / r['reserved_gib_hours']:.0f}%"
+            if r["reserved_gib_hours"]
+            else "-"
+        )
+        lines.append(
+            (
+                visible(str(r[by])),
+                str(r["jobs"]),
+                str(r["succeeded"]),
+                str(r["failed"]),
+                f"{r['gpu_hours']:.2f}",
+                f"{r['reserved_gib_hours']:.2f}",
+                f"{r['used_gib_hours']:.2f}",
+                used,
+                str(r["ooms"]),
+                str(r["preemptions"]),
+                _wait(r["wait_p50"]),
+                _wait(r["wait_p95"]),
+            )
+        )
     if not rows:
         click.echo("no job ended in that period")
         return

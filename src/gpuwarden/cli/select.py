@@ -23,8 +23,9 @@ if TYPE_CHECKING:
     from gpuwarden.observe.snapshot import Snapshot
     from gpuwarden.sched.select import Candidate, Choice, Rejection, Request
 
-_MEM_HELP = ("Memory needed on each GPU: a size (20G, 512MiB) or a fraction of the GPU's "
-             "total (0.5).")
+_MEM_HELP = (
+    "Memory needed on each GPU: a size (20G, 512MiB) or a fraction of the GPU's total (0.5)."
+)
 
 
 def parse_mem(text: str) -> tuple[int | None, float | None]:
@@ -35,16 +36,24 @@ def parse_mem(text: str) -> tuple[int | None, float | None]:
         raise UsageError(f"--mem: {e}") from None
 
 
-def make_request(mem: str, count: int, max_util: int | None, same_numa: bool,
-                 mig: str | None = None) -> Request:
+def make_request(
+    mem: str, count: int, max_util: int | None, same_numa: bool, mig: str | None = None
+) -> Request:
     from gpuwarden.gpus.model import MIG_PROFILE
     from gpuwarden.sched.select import Request
 
     memory, fraction = parse_mem(mem)
     if mig is not None and not MIG_PROFILE.match(mig):
         raise UsageError(f"--mig: {mig!r} is not a MIG profile such as 1g.10gb or 3g.40gb")
-    return Request(memory=memory, fraction=fraction, count=count, max_util=max_util,
-                   same_numa=same_numa, user=_me(), mig=mig)
+    return Request(
+        memory=memory,
+        fraction=fraction,
+        count=count,
+        max_util=max_util,
+        same_numa=same_numa,
+        user=_me(),
+        mig=mig,
+    )
 
 
 def _me() -> str | None:
@@ -70,8 +79,9 @@ def _store(b: Backend) -> LeaseStore:
     return LeaseStore(root, shared=shared)
 
 
-def choose(b: Backend, request: Request, *, lease: tuple[int, float, float] | None = None
-           ) -> tuple[Choice | Rejection, Snapshot]:
+def choose(
+    b: Backend, request: Request, *, lease: tuple[int, float, float] | None = None
+) -> tuple[Choice | Rejection, Snapshot]:
     """Snapshot, account outstanding leases, choose; with ``lease`` = (pid, start time,
     timeout) also lease the chosen GPUs to that process, all under the store's lock."""
     from gpuwarden.leases import LeaseError, new_lease
@@ -91,8 +101,16 @@ def choose(b: Backend, request: Request, *, lease: tuple[int, float, float] | No
                 pid, start_time, timeout = lease
                 try:
                     for c in result.gpus:
-                        store.add(new_lease(c.uuid, c.need, pid=pid, start_time=start_time,
-                                            now=snap.taken_at, timeout=timeout))
+                        store.add(
+                            new_lease(
+                                c.uuid,
+                                c.need,
+                                pid=pid,
+                                start_time=start_time,
+                                now=snap.taken_at,
+                                timeout=timeout,
+                            )
+                        )
                 except LeaseError as e:
                     warn(f"{e}; a concurrent exec may pick the same GPU")
             return result, snap
@@ -125,13 +143,19 @@ def _result_json(request: Request, result: Choice | Rejection, use_uuid: bool) -
 
     chosen = result.gpus if isinstance(result, Choice) else ()
     return {
-        "cuda_visible_devices": (result.cuda_visible_devices(uuid=use_uuid)
-                                 if isinstance(result, Choice) else None),
+        "cuda_visible_devices": (
+            result.cuda_visible_devices(uuid=use_uuid) if isinstance(result, Choice) else None
+        ),
         "gpus": [c.index for c in chosen],
         "uuids": [c.uuid for c in chosen],
-        "request": {"memory": request.memory, "fraction": request.fraction,
-                    "count": request.count, "max_util": request.max_util,
-                    "same_numa": request.same_numa, "mig": request.mig},
+        "request": {
+            "memory": request.memory,
+            "fraction": request.fraction,
+            "count": request.count,
+            "max_util": request.max_util,
+            "same_numa": request.same_numa,
+            "mig": request.mig,
+        },
         "reason": None if isinstance(result, Choice) else result.reason,
         "considered": [_candidate_json(c) for c in result.considered],
     }
@@ -150,16 +174,25 @@ def _decided(result: Choice | Rejection) -> Choice:
 
 
 def _request_options(f: Any) -> Any:
-    f = click.option("--same-numa", is_flag=True,
-                     help="All GPUs on one NUMA node (otherwise only preferred).")(f)
-    f = click.option("--max-util", type=click.IntRange(0, 100), metavar="PERCENT",
-                     help="Skip GPUs busier than this (utilization %).")(f)
-    f = click.option("--count", type=click.IntRange(min=1), default=1, show_default=True,
-                     help="How many GPUs.")(f)
+    f = click.option(
+        "--same-numa", is_flag=True, help="All GPUs on one NUMA node (otherwise only preferred)."
+    )(f)
+    f = click.option(
+        "--max-util",
+        type=click.IntRange(0, 100),
+        metavar="PERCENT",
+        help="Skip GPUs busier than this (utilization %).",
+    )(f)
+    f = click.option(
+        "--count", type=click.IntRange(min=1), default=1, show_default=True, help="How many GPUs."
+    )(f)
     f = click.option("--mem", required=True, metavar="SIZE|FRACTION", help=_MEM_HELP)(f)
-    f = click.option("--mig", metavar="PROFILE",
-                     help="A MIG instance of this profile (e.g. 3g.40gb); on a GPU in MIG "
-                          "mode each instance is a place of its own.")(f)
+    f = click.option(
+        "--mig",
+        metavar="PROFILE",
+        help="A MIG instance of this profile (e.g. 3g.40gb); on a GPU in MIG "
+        "mode each instance is a place of its own.",
+    )(f)
     return f
 
 
@@ -167,8 +200,15 @@ def _request_options(f: Any) -> Any:
 @_request_options
 @click.option("--uuid", "use_uuid", is_flag=True, help="Print GPU UUIDs instead of indices.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable schema).")
-def select(mem: str, mig: str | None, count: int, max_util: int | None, same_numa: bool,
-           use_uuid: bool, as_json: bool) -> None:
+def select(
+    mem: str,
+    mig: str | None,
+    count: int,
+    max_util: int | None,
+    same_numa: bool,
+    use_uuid: bool,
+    as_json: bool,
+) -> None:
     """Print CUDA_VISIBLE_DEVICES for the best GPUs with --mem free on each.
 
     Exit 1 with the reason when nothing fits now; 2 when it never can here."""
@@ -186,14 +226,28 @@ def select(mem: str, mig: str | None, count: int, max_util: int | None, same_num
 @_request_options
 @click.option("--no-cap", is_flag=True, help="Do not cap PyTorch's memory at --mem.")
 @click.option("--no-bind", is_flag=True, help="Do not bind CPUs and memory to the GPUs' NUMA node.")
-@click.option("--lease-timeout", type=DURATION, default=DEFAULT_TIMEOUT, show_default=True,
-              metavar="SECONDS",
-              help="How long the picked memory stays reserved if the job never uses it.")
+@click.option(
+    "--lease-timeout",
+    type=DURATION,
+    default=DEFAULT_TIMEOUT,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long the picked memory stays reserved if the job never uses it.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Say on stderr what was chosen and bound.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def exec_(mem: str, mig: str | None, count: int, max_util: int | None, same_numa: bool,
-          no_cap: bool, no_bind: bool, lease_timeout: float, verbose: bool,
-          command: Sequence[str]) -> None:
+def exec_(
+    mem: str,
+    mig: str | None,
+    count: int,
+    max_util: int | None,
+    same_numa: bool,
+    no_cap: bool,
+    no_bind: bool,
+    lease_timeout: float,
+    verbose: bool,
+    command: Sequence[str],
+) -> None:
     """Run COMMAND on the best GPUs: CUDA_VISIBLE_DEVICES set, PyTorch capped at --mem,
     CPUs and memory bound to the GPUs' NUMA node. The command replaces gpuwarden (same
     pid, its exit code)."""
@@ -219,9 +273,14 @@ def exec_(mem: str, mig: str | None, count: int, max_util: int | None, same_numa
     choice = _decided(result)
     by_uuid = {d.uuid: d for d in devices([g.facts for g in snap.gpus])}
     facts = [by_uuid[c.uuid] for c in choice.gpus]  # a MIG instance: its own device
-    plan = plan_launch(command, facts, base_env=env, host=probe_host(env),
-                       mem_limit=None if no_cap else min(c.need for c in choice.gpus),
-                       bind=not no_bind)
+    plan = plan_launch(
+        command,
+        facts,
+        base_env=env,
+        host=probe_host(env),
+        mem_limit=None if no_cap else min(c.need for c in choice.gpus),
+        bind=not no_bind,
+    )
     problem = apply_affinity(plan.cpus)
     if problem:
         warn(problem)

@@ -27,8 +27,11 @@ if TYPE_CHECKING:
 
 # What people type -> NVML's name -> nvidia-smi's name.
 MODES = {"default": "Default", "exclusive": "Exclusive_Process", "prohibited": "Prohibited"}
-_SMI_MODES = {"Default": "DEFAULT", "Exclusive_Process": "EXCLUSIVE_PROCESS",
-              "Prohibited": "PROHIBITED"}
+_SMI_MODES = {
+    "Default": "DEFAULT",
+    "Exclusive_Process": "EXCLUSIVE_PROCESS",
+    "Prohibited": "PROHIBITED",
+}
 _EFFECT = {
     "Exclusive_Process": "only one process at a time will get a CUDA context there",
     "Prohibited": "no new process will get a CUDA context there",
@@ -46,8 +49,9 @@ def _require_root(action: str) -> None:
     if _simulated():
         return
     if os.geteuid() != 0:
-        raise PermissionDenied(f"{action} needs root: run it with sudo "
-                               "(without --yes it is a dry run, which does not)")
+        raise PermissionDenied(
+            f"{action} needs root: run it with sudo (without --yes it is a dry run, which does not)"
+        )
 
 
 def _me() -> set[str]:
@@ -106,8 +110,10 @@ def mode(index: int, mode: str, yes: bool) -> None:
             return
         others = sorted(view.users - _me())
         if target in _EFFECT and others:
-            warn(f"GPU {index} has processes of other users ({', '.join(others)}); they keep "
-                 f"running, but under {target} {_EFFECT[target]}")
+            warn(
+                f"GPU {index} has processes of other users ({', '.join(others)}); they keep "
+                f"running, but under {target} {_EFFECT[target]}"
+            )
         change = f"GPU {index}: compute mode {current or 'unknown'} -> {target}"
         if not yes:
             click.echo(f"{change} (dry run; add --yes to apply)")
@@ -121,8 +127,10 @@ def mode(index: int, mode: str, yes: bool) -> None:
         elif after != target:
             warn(f"GPU {index} reads back compute mode {after or 'unknown'}, not {target}")
         if view.facts.persistence_mode is False:
-            warn(f"persistence mode is off on GPU {index}: the driver may reset the compute "
-                 "mode when the GPU is next idle (nvidia-smi -pm 1 keeps it)")
+            warn(
+                f"persistence mode is off on GPU {index}: the driver may reset the compute "
+                "mode when the GPU is next idle (nvidia-smi -pm 1 keeps it)"
+            )
 
 
 # -- gpu drain ------------------------------------------------------------------
@@ -135,8 +143,9 @@ def drain(index: int, reason: str | None) -> None:
     """Admins: no new job is placed on GPU INDEX; its running jobs finish (the daemon)."""
     from gpuwarden.cli.daemon import connect
 
-    connect().request("POST", f"/v1/gpus/{index}/drain",
-                      body={} if reason is None else {"reason": reason})
+    connect().request(
+        "POST", f"/v1/gpus/{index}/drain", body={} if reason is None else {"reason": reason}
+    )
     click.echo(f"GPU {index} drained: no new job is placed there; running jobs finish")
 
 
@@ -178,8 +187,10 @@ def _plan_lines(config: MpsConfig, control: MpsControl) -> list[str]:
     lines = [f"  {line}" for line in config.shell_lines(control.binary)]
     if config.visible_devices is not None and config.mem_limits:
         for gpu_index in sorted(config.mem_limits):
-            lines.append(f"  # GPU {gpu_index} is device {config.ordinal(gpu_index)} "
-                         "for the daemon and its clients")
+            lines.append(
+                f"  # GPU {gpu_index} is device {config.ordinal(gpu_index)} "
+                "for the daemon and its clients"
+            )
     return lines
 
 
@@ -191,24 +202,50 @@ def _client_hint(config: MpsConfig) -> str:
         parts.append(f"set CUDA_MPS_PIPE_DIRECTORY={config.pipe_dir}")
     if config.visible_devices is not None:
         n = len(config.visible_devices)
-        parts.append(f"see the daemon's GPUs as devices 0-{n - 1}" if n > 1
-                     else "see the daemon's GPU as device 0")
+        parts.append(
+            f"see the daemon's GPUs as devices 0-{n - 1}"
+            if n > 1
+            else "see the daemon's GPU as device 0"
+        )
     return "clients: " + ("; ".join(parts) if parts else "nothing to set (default pipe dir)")
 
 
 @mps.command("start")
 @click.option("--gpus", metavar="LIST", help="GPUs the daemon serves, e.g. 0,1 (default: all).")
-@click.option("--pipe-dir", default=None, metavar="DIR",
-              help="CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps).")
-@click.option("--log-dir", default=None, metavar="DIR",
-              help="CUDA_MPS_LOG_DIRECTORY (default /var/log/nvidia-mps).")
-@click.option("--mem-limit", "mem_limits", multiple=True, metavar="GPU=SIZE",
-              help="Default pinned device memory limit per client, e.g. 0=2G (repeatable).")
-@click.option("--thread-percentage", type=int, metavar="N",
-              help="Default active thread percentage per client, 1-100.")
+@click.option(
+    "--pipe-dir",
+    default=None,
+    metavar="DIR",
+    help="CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps).",
+)
+@click.option(
+    "--log-dir",
+    default=None,
+    metavar="DIR",
+    help="CUDA_MPS_LOG_DIRECTORY (default /var/log/nvidia-mps).",
+)
+@click.option(
+    "--mem-limit",
+    "mem_limits",
+    multiple=True,
+    metavar="GPU=SIZE",
+    help="Default pinned device memory limit per client, e.g. 0=2G (repeatable).",
+)
+@click.option(
+    "--thread-percentage",
+    type=int,
+    metavar="N",
+    help="Default active thread percentage per client, 1-100.",
+)
 @click.option("--yes", is_flag=True, help="Start it (root); without it, a dry run.")
-def start(gpus: str | None, pipe_dir: str | None, log_dir: str | None,
-          mem_limits: tuple[str, ...], thread_percentage: int | None, yes: bool) -> None:
+def start(
+    gpus: str | None,
+    pipe_dir: str | None,
+    log_dir: str | None,
+    mem_limits: tuple[str, ...],
+    thread_percentage: int | None,
+    yes: bool,
+) -> None:
     """Start an MPS control daemon with default limits. A dry run unless --yes."""
     from gpuwarden.mps.control import MpsControl
     from gpuwarden.mps.limits import (
@@ -238,8 +275,10 @@ def start(gpus: str | None, pipe_dir: str | None, log_dir: str | None,
         served = list(selected) if selected is not None else available
         for g in facts:
             if g.index in served and g.mig_mode:
-                warn(f"GPU {g.index} has MIG enabled: MPS then serves MIG instances, "
-                     "not the whole GPU")
+                warn(
+                    f"GPU {g.index} has MIG enabled: MPS then serves MIG instances, "
+                    "not the whole GPU"
+                )
         sim_b = _sim(b)
         shown = _gpu_list(served)
         if not yes:
@@ -249,8 +288,10 @@ def start(gpus: str | None, pipe_dir: str | None, log_dir: str | None,
             click.echo(_client_hint(config))
             shared = [g.index for g in facts if g.index in served and g.compute_mode == "Default"]
             if shared:
-                click.echo("hint: NVIDIA recommends compute mode Exclusive_Process on MPS GPUs "
-                           f"so that only the MPS server uses them ({_gpu_list(shared)}: Default)")
+                click.echo(
+                    "hint: NVIDIA recommends compute mode Exclusive_Process on MPS GPUs "
+                    f"so that only the MPS server uses them ({_gpu_list(shared)}: Default)"
+                )
             if sim_b is not None:
                 click.echo("(simulated backend: --yes marks MPS on these GPUs; no daemon starts)")
             else:
@@ -260,23 +301,31 @@ def start(gpus: str | None, pipe_dir: str | None, log_dir: str | None,
                     warn(f"{e}; --yes would fail")
                 running = control.daemons()
                 if running:
-                    warn(f"an MPS control daemon (pid {running[0].pid}) already uses pipe dir "
-                         f"{control.pipe_dir}; --yes would refuse")
+                    warn(
+                        f"an MPS control daemon (pid {running[0].pid}) already uses pipe dir "
+                        f"{control.pipe_dir}; --yes would refuse"
+                    )
             return
         if sim_b is not None:
             for i in served:
                 sim_b.set_mps(i, True)
-            click.echo(f"MPS on {shown} (simulated backend: no daemon was started; "
-                       "on a real machine gpuwarden would run:)")
+            click.echo(
+                f"MPS on {shown} (simulated backend: no daemon was started; "
+                "on a real machine gpuwarden would run:)"
+            )
             for line in _plan_lines(config, control):
                 click.echo(line)
             return
         daemon = control.start(selected, limits, thread_percentage)
-        click.echo(f"MPS control daemon started: pid {daemon.pid}, {shown}, "
-                   f"pipe dir {control.pipe_dir}, log dir {control.log_dir}")
+        click.echo(
+            f"MPS control daemon started: pid {daemon.pid}, {shown}, "
+            f"pipe dir {control.pipe_dir}, log dir {control.log_dir}"
+        )
         for gpu_index, nbytes in sorted(limits.items()):
-            click.echo(f"  default pinned memory limit: GPU {gpu_index} "
-                       f"(device {config.ordinal(gpu_index)}) {format_mps_size(nbytes)}")
+            click.echo(
+                f"  default pinned memory limit: GPU {gpu_index} "
+                f"(device {config.ordinal(gpu_index)}) {format_mps_size(nbytes)}"
+            )
         if thread_percentage is not None:
             click.echo(f"  default active thread percentage: {thread_percentage}")
         click.echo(_client_hint(config))
@@ -284,8 +333,12 @@ def start(gpus: str | None, pipe_dir: str | None, log_dir: str | None,
 
 
 @mps.command("stop")
-@click.option("--pipe-dir", default=None, metavar="DIR",
-              help="The daemon's CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps).")
+@click.option(
+    "--pipe-dir",
+    default=None,
+    metavar="DIR",
+    help="The daemon's CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps).",
+)
 @click.option("--yes", is_flag=True, help="Stop it (root); without it, a dry run.")
 def stop(pipe_dir: str | None, yes: bool) -> None:
     """Stop an MPS control daemon (sends quit, waits for it to exit). Dry run unless --yes."""
@@ -317,8 +370,10 @@ def stop(pipe_dir: str | None, yes: bool) -> None:
     running = control.daemons()
     if running:
         pids = ", ".join(str(d.pid) for d in running)
-        click.echo(f"would stop MPS control daemon {pids} (pipe dir {control.pipe_dir}) "
-                   "(dry run; add --yes to apply)")
+        click.echo(
+            f"would stop MPS control daemon {pids} (pipe dir {control.pipe_dir}) "
+            "(dry run; add --yes to apply)"
+        )
     else:
         click.echo(f"no MPS control daemon seen with pipe dir {control.pipe_dir} (dry run)")
     click.echo(f"equivalent: {line}")
@@ -344,14 +399,20 @@ def _status_data(pipe_dir: str | None, b: Backend | None = None) -> dict[str, An
         dirs = [pipe_dir]
     else:
         dirs = list(state.pipe_dirs)
-        if (not any(same_dir(d, DEFAULT_PIPE_DIR) for d in dirs)
-                and MpsControl(DEFAULT_PIPE_DIR).reachable()):
+        if (
+            not any(same_dir(d, DEFAULT_PIPE_DIR) for d in dirs)
+            and MpsControl(DEFAULT_PIPE_DIR).reachable()
+        ):
             dirs.append(DEFAULT_PIPE_DIR)
     pipes = []
     for d in dirs:
         control = MpsControl(d, timeout=5.0)
-        entry: dict[str, Any] = {"pipe_dir": control.pipe_dir, "reachable": control.reachable(),
-                                 "server_list": None, "error": None}
+        entry: dict[str, Any] = {
+            "pipe_dir": control.pipe_dir,
+            "reachable": control.reachable(),
+            "server_list": None,
+            "error": None,
+        }
         if entry["reachable"]:
             try:
                 answer = control.query("get_server_list")
@@ -395,20 +456,36 @@ def _render(data: dict[str, Any]) -> None:
         return "?" if v is None else escape(str(v))
 
     if data["daemons"]:
-        t = Table(title="MPS daemons", title_justify="left", box=box.SIMPLE_HEAD,
-                  pad_edge=False, padding=(0, 1, 0, 0))
+        t = Table(
+            title="MPS daemons",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+            padding=(0, 1, 0, 0),
+        )
         for col in ("PID", "Kind", "User", "Pipe dir", "Devices", "Mem limit", "Threads"):
-            t.add_column(col, no_wrap=True, overflow="fold",
-                         justify="right" if col == "PID" else "left")
+            t.add_column(
+                col, no_wrap=True, overflow="fold", justify="right" if col == "PID" else "left"
+            )
         for d in data["daemons"]:
-            devices = "all" if d["pipe_dir"] is not None and d["visible_devices"] is None \
+            devices = (
+                "all"
+                if d["pipe_dir"] is not None and d["visible_devices"] is None
                 else na(d["visible_devices"])
-            limit = "-" if d["pipe_dir"] is not None and d["pinned_mem_limit"] is None \
+            )
+            limit = (
+                "-"
+                if d["pipe_dir"] is not None and d["pinned_mem_limit"] is None
                 else na(d["pinned_mem_limit"])
-            threads = "-" if d["pipe_dir"] is not None and d["active_thread_percentage"] is None \
+            )
+            threads = (
+                "-"
+                if d["pipe_dir"] is not None and d["active_thread_percentage"] is None
                 else na(d["active_thread_percentage"])
-            t.add_row(str(d["pid"]), d["kind"], na(d["user"]), na(d["pipe_dir"]), devices,
-                      limit, threads)
+            )
+            t.add_row(
+                str(d["pid"]), d["kind"], na(d["user"]), na(d["pipe_dir"]), devices, limit, threads
+            )
         console.print(t)
     else:
         console.print("No MPS control daemon or server runs here.")
@@ -429,8 +506,12 @@ def _render(data: dict[str, Any]) -> None:
 
 @mps.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable schema).")
-@click.option("--pipe-dir", default=None, metavar="DIR",
-              help="Only the daemon with this pipe directory (default: every one found).")
+@click.option(
+    "--pipe-dir",
+    default=None,
+    metavar="DIR",
+    help="Only the daemon with this pipe directory (default: every one found).",
+)
 def status(as_json: bool, pipe_dir: str | None) -> None:
     """List MPS control daemons and servers.
 

@@ -18,8 +18,14 @@ if TYPE_CHECKING:
     from gpuwarden.observe.snapshot import Snapshot
 
 
-def _watch_json(b: Backend, snap: Snapshot, interval: float, gpus: tuple[int, ...],
-                user: str | None, pid: int | None) -> NoReturn:
+def _watch_json(
+    b: Backend,
+    snap: Snapshot,
+    interval: float,
+    gpus: tuple[int, ...],
+    user: str | None,
+    pid: int | None,
+) -> NoReturn:
     """``--json --watch``: one compact document a line per refresh (JSON Lines), for
     scripts that read the stream; it runs until interrupted."""
     import json
@@ -38,13 +44,45 @@ def _watch_json(b: Backend, snap: Snapshot, interval: float, gpus: tuple[int, ..
         history = [*history[-2:], snap]  # leaks must persist over 3 samples
 
 
-GPU_CSV = ("index", "uuid", "name", "memory_total", "memory_used", "memory_free",
-           "memory_reserved", "utilization", "temperature", "power_watts",
-           "power_limit_watts", "compute_mode", "persistence_mode", "mig_mode", "mps",
-           "numa_node", "cpus", "pci_bus_id", "ecc_uncorrected", "retired_pages",
-           "nvlink_peers", "mig_instances")
-PROCESS_CSV = ("gpu", "pid", "user", "command", "memory", "container", "state",
-               "sm_utilization", "elapsed", "start_time", "kinds", "job", "mig")
+GPU_CSV = (
+    "index",
+    "uuid",
+    "name",
+    "memory_total",
+    "memory_used",
+    "memory_free",
+    "memory_reserved",
+    "utilization",
+    "temperature",
+    "power_watts",
+    "power_limit_watts",
+    "compute_mode",
+    "persistence_mode",
+    "mig_mode",
+    "mps",
+    "numa_node",
+    "cpus",
+    "pci_bus_id",
+    "ecc_uncorrected",
+    "retired_pages",
+    "nvlink_peers",
+    "mig_instances",
+)
+PROCESS_CSV = (
+    "gpu",
+    "pid",
+    "user",
+    "command",
+    "memory",
+    "container",
+    "state",
+    "sm_utilization",
+    "elapsed",
+    "start_time",
+    "kinds",
+    "job",
+    "mig",
+)
 """``status --format csv`` columns: the ``status --json`` keys, in its units (bytes,
 seconds, percent, degrees C, watts); lists space-separated (``mig_instances``: the
 instances' MIG- UUIDs), unknown values empty."""
@@ -54,31 +92,66 @@ def _csv(doc: dict[str, Any], processes: bool) -> None:
     from gpuwarden.cli.common import emit_csv
 
     if processes:
-        emit_csv(PROCESS_CSV, [[g["index"], *(p[c] for c in PROCESS_CSV[1:])]
-                               for g in doc["gpus"] for p in g["processes"]])
+        emit_csv(
+            PROCESS_CSV,
+            [
+                [g["index"], *(p[c] for c in PROCESS_CSV[1:])]
+                for g in doc["gpus"]
+                for p in g["processes"]
+            ],
+        )
     else:
-        emit_csv(GPU_CSV, [[[m["uuid"] for m in g[c]] if c == "mig_instances" else g[c]
-                            for c in GPU_CSV] for g in doc["gpus"]])
+        emit_csv(
+            GPU_CSV,
+            [
+                [[m["uuid"] for m in g[c]] if c == "mig_instances" else g[c] for c in GPU_CSV]
+                for g in doc["gpus"]
+            ],
+        )
 
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable schema).")
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]),
-              default="table", show_default=True,
-              help="csv: a header row, then one row a GPU (with --processes: a GPU "
-                   "process); columns are the --json keys, in its units.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json"]),
+    default="table",
+    show_default=True,
+    help="csv: a header row, then one row a GPU (with --processes: a GPU "
+    "process); columns are the --json keys, in its units.",
+)
 @click.option("--processes", is_flag=True, help="With --format csv: one row a process.")
-@click.option("--watch", "watch", type=DURATION, is_flag=False, flag_value=2.0, default=None,
-              metavar="[INTERVAL]", help="Refresh every INTERVAL (default 2s; e.g. 1, "
-                                         "500ms); with --json, one JSON document a line.")
+@click.option(
+    "--watch",
+    "watch",
+    type=DURATION,
+    is_flag=False,
+    flag_value=2.0,
+    default=None,
+    metavar="[INTERVAL]",
+    help="Refresh every INTERVAL (default 2s; e.g. 1, "
+    "500ms); with --json, one JSON document a line.",
+)
 @click.option("--gpu", "gpus", type=int, multiple=True, help="Only this GPU (repeatable).")
 @click.option("--user", help="Only processes of this user.")
 @click.option("--pid", type=int, help="Only this process.")
-@click.option("--fresh", is_flag=True,
-              help="Take a snapshot now, not the running daemon's latest (which a table "
-                   "says the age of, and --json gives as daemon.age).")
-def status(as_json: bool, fmt: str, processes: bool, watch: float | None,
-           gpus: tuple[int, ...], user: str | None, pid: int | None, fresh: bool) -> None:
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="Take a snapshot now, not the running daemon's latest (which a table "
+    "says the age of, and --json gives as daemon.age).",
+)
+def status(
+    as_json: bool,
+    fmt: str,
+    processes: bool,
+    watch: float | None,
+    gpus: tuple[int, ...],
+    user: str | None,
+    pid: int | None,
+    fresh: bool,
+) -> None:
     """Every GPU (memory, utilization, mode, MPS, NUMA) and every GPU process.
 
     With a daemon running, a one-shot status is its snapshot of the last second or so
@@ -112,16 +185,21 @@ def status(as_json: bool, fmt: str, processes: bool, watch: float | None,
         history = [snap]
         terminal = sys.stdout.isatty()
         while True:
-            screen = [ink(watch_header("status", watch), "bold"),
-                      *render(snap, find_leaks(history), gpus, user, pid, ink, width)]
+            screen = [
+                ink(watch_header("status", watch), "bold"),
+                *render(snap, find_leaks(history), gpus, user, pid, ink, width),
+            ]
             if terminal:  # redrawn in place, cut to the terminal's height, as watch(1) does
                 height = rows(sys.stdout)
                 if len(screen) > height - 1:
-                    screen = [*screen[:height - 2],
-                              ink(f"… {len(screen) - height + 2} more lines", "dim")]
+                    screen = [
+                        *screen[: height - 2],
+                        ink(f"… {len(screen) - height + 2} more lines", "dim"),
+                    ]
                 # home, each line over the last screen's, the rest erased: no flicker
-                sys.stdout.write("\x1b[H" + "".join(f"{line}\x1b[K\n" for line in screen)
-                                 + "\x1b[J")
+                sys.stdout.write(
+                    "\x1b[H" + "".join(f"{line}\x1b[K\n" for line in screen) + "\x1b[J"
+                )
             else:
                 emit(screen)  # piped: every screen in turn
             sys.stdout.flush()

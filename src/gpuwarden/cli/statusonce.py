@@ -15,8 +15,15 @@ if TYPE_CHECKING:
     from gpuwarden.render.ink import Ink
 
 
-def render(snap: Snapshot, leaks: list[Leak], gpus: tuple[int, ...], user: str | None,
-           pid: int | None, ink: Ink, width: int) -> list[str]:
+def render(
+    snap: Snapshot,
+    leaks: list[Leak],
+    gpus: tuple[int, ...],
+    user: str | None,
+    pid: int | None,
+    ink: Ink,
+    width: int,
+) -> list[str]:
     """The screen's lines for ``width`` columns (``statusview.WIDE`` or more add UUIDs
     and power). Drawn from the ``--json`` document (``render/statusview.py``), as a
     daemon serves it."""
@@ -35,8 +42,9 @@ def snapshot_now(b: Backend) -> Snapshot:
     return with_daemon_jobs(take_snapshot(b), daemon_job_pids())
 
 
-def print_once(snap: Snapshot, as_json: bool, gpus: tuple[int, ...], user: str | None,
-               pid: int | None) -> None:
+def print_once(
+    snap: Snapshot, as_json: bool, gpus: tuple[int, ...], user: str | None, pid: int | None
+) -> None:
     """``snap`` as ``status --json`` or the table (with the drained GPUs under it);
     ``gpus`` already checked against it."""
     from gpuwarden.cli.plain import daemon_drains, emit_json
@@ -51,12 +59,15 @@ def print_once(snap: Snapshot, as_json: bool, gpus: tuple[int, ...], user: str |
     from gpuwarden.render.statusview import drain_lines, emit
 
     ink, width = for_stream(sys.stdout)
-    emit([*render(snap, find_leaks([snap]), gpus, user, pid, ink, width),
-          *(ink(line, "yellow") for line in drain_lines(daemon_drains()))])
+    emit(
+        [
+            *render(snap, find_leaks([snap]), gpus, user, pid, ink, width),
+            *(ink(line, "yellow") for line in drain_lines(daemon_drains())),
+        ]
+    )
 
 
-def status_once(as_json: bool, gpus: tuple[int, ...], user: str | None,
-                pid: int | None) -> None:
+def status_once(as_json: bool, gpus: tuple[int, ...], user: str | None, pid: int | None) -> None:
     """Open the backend, take one snapshot, print it."""
     from gpuwarden.cli.plain import backend, check_gpu_indices
 

@@ -37,7 +37,7 @@ def read_directives(command: Sequence[str]) -> list[str]:
                 if n > 500 or (s and not s.startswith("#")):
                     break
                 if s.startswith(DIRECTIVE + " ") or s == DIRECTIVE:
-                    tokens += shlex.split(s[len(DIRECTIVE):])
+                    tokens += shlex.split(s[len(DIRECTIVE) :])
     except (OSError, ValueError) as e:
         raise UsageError(f"cannot read directives from {path}: {e}") from None
     return tokens
@@ -74,18 +74,34 @@ _SUBMIT_OPTIONS = [
     _field_option("name"),
     _field_option("group"),
     _field_option("key"),
-    click.option("--after", "after", multiple=True,
-                 help="Start only after this job succeeded (repeatable, or 3,5; an "
-                      "array's id: each of its tasks)."),
-    click.option("--after-any", "after_any", multiple=True,
-                 help="Start only after this job ended, however it ended (repeatable)."),
-    click.option("--after-fail", "after_fail", multiple=True,
-                 help="Start only after this job ended without succeeding (repeatable)."),
+    click.option(
+        "--after",
+        "after",
+        multiple=True,
+        help="Start only after this job succeeded (repeatable, or 3,5; an "
+        "array's id: each of its tasks).",
+    ),
+    click.option(
+        "--after-any",
+        "after_any",
+        multiple=True,
+        help="Start only after this job ended, however it ended (repeatable).",
+    ),
+    click.option(
+        "--after-fail",
+        "after_fail",
+        multiple=True,
+        help="Start only after this job ended without succeeding (repeatable).",
+    ),
     _field_option("timeout", type=DURATION),
     _field_option("exclusive"),
     click.option("--cwd", type=click.Path(file_okay=False), help="Working directory."),
-    click.option("--env-keep", "env_keep", multiple=True,
-                 help="Keep this credential-looking variable (repeatable)."),
+    click.option(
+        "--env-keep",
+        "env_keep",
+        multiple=True,
+        help="Keep this credential-looking variable (repeatable).",
+    ),
     _field_option("priority"),
     _field_option("requeue_on_reboot"),
     _field_option("qos"),
@@ -126,15 +142,38 @@ def _submit_to_ray(cluster: str, command: tuple[str, ...], opts: dict[str, Any])
         raise UsageError("no command given (put it after --)")
     if opts["mem"] in (None, "auto"):
         raise UsageError("--cluster needs --mem SIZE: Ray places the job by its memory share")
-    unsupported = [k for k in ("gpu_ids", "after", "after_any", "after_fail", "timeout", "mps",
-                                 "cpus", "key", "mig", "notify", "array")
-                   if opts.get(k) not in (None, False, (), 0)]
+    unsupported = [
+        k
+        for k in (
+            "gpu_ids",
+            "after",
+            "after_any",
+            "after_fail",
+            "timeout",
+            "mps",
+            "cpus",
+            "key",
+            "mig",
+            "notify",
+            "array",
+        )
+        if opts.get(k) not in (None, False, (), 0)
+    ]
     if unsupported:
-        raise UsageError("not supported with --cluster: "
-                         + ", ".join("--" + k.replace("_", "-") for k in unsupported))
-    sid = submit(dashboard_address(cluster), mem=parse_size(opts["mem"]), gpus=opts["gpus"],
-                 command=list(command), retries=opts["retries"] or 0, name=opts["name"],
-                 qos=opts.get("qos"), priority=opts.get("priority") or 0)
+        raise UsageError(
+            "not supported with --cluster: "
+            + ", ".join("--" + k.replace("_", "-") for k in unsupported)
+        )
+    sid = submit(
+        dashboard_address(cluster),
+        mem=parse_size(opts["mem"]),
+        gpus=opts["gpus"],
+        command=list(command),
+        retries=opts["retries"] or 0,
+        name=opts["name"],
+        qos=opts.get("qos"),
+        priority=opts.get("priority") or 0,
+    )
     click.echo(sid)
 
 
@@ -142,8 +181,11 @@ def _submit_to_ray(cluster: str, command: tuple[str, ...], opts: dict[str, Any])
 # is a typo, not the start of the command.
 @click.command(context_settings={"allow_interspersed_args": False})
 @_submit_options
-@click.option("--cluster", help="Submit to a Ray cluster instead: ray (RAY_ADDRESS or the "
-                                "local dashboard), ray://HOST:PORT or http://HOST:PORT.")
+@click.option(
+    "--cluster",
+    help="Submit to a Ray cluster instead: ray (RAY_ADDRESS or the "
+    "local dashboard), ray://HOST:PORT or http://HOST:PORT.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
@@ -159,25 +201,32 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
     tokens = read_directives(command)
     if tokens:
         try:  # no --help here: it would print help and exit 0 with nothing submitted
-            dctx = _directive_command.make_context("#gpuwarden", list(tokens),
-                                                   help_option_names=[])
+            dctx = _directive_command.make_context("#gpuwarden", list(tokens), help_option_names=[])
         except click.ClickException as e:
-            raise UsageError(f"{command[0]}: {DIRECTIVE} line: {e.format_message()}") \
-                from None
+            raise UsageError(f"{command[0]}: {DIRECTIVE} line: {e.format_message()}") from None
         for name, value in dctx.params.items():
             if ctx.get_parameter_source(name) != click.core.ParameterSource.COMMANDLINE:
                 opts[name] = value
     from gpuwarden.jobs.request import BOOLEAN, FIELDS
 
     body: dict[str, Any] = {
-        "command": list(command), "cwd": os.path.abspath(opts["cwd"] or os.getcwd()),
-        "env": dict(os.environ), "env_keep": list(opts["env_keep"]),
+        "command": list(command),
+        "cwd": os.path.abspath(opts["cwd"] or os.getcwd()),
+        "env": dict(os.environ),
+        "env_keep": list(opts["env_keep"]),
         # Job ids, ranges and tasks (12_7); an array's id stands for each of its tasks.
-        "after": [], "after_any": [], "after_fail": [],
+        "after": [],
+        "after_any": [],
+        "after_fail": [],
         # Each field with an option of its own, as the option gives it: a flag always,
         # another where it was given.
-        **{name: value for name, value in opts.items() if name in FIELDS
-           and name not in NOT_ONE_FIELD and (value is not None or FIELDS[name].kind == BOOLEAN)},
+        **{
+            name: value
+            for name, value in opts.items()
+            if name in FIELDS
+            and name not in NOT_ONE_FIELD
+            and (value is not None or FIELDS[name].kind == BOOLEAN)
+        },
     }
     if opts.get("array") is not None:
         from gpuwarden.jobs.arrays import parse_array
@@ -209,8 +258,11 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
                 raise SystemExit(2)
     job = client.request("POST", "/v1/jobs", body=body)
     if job.get("dropped_env"):
-        warn("not passed to the job (they look like credentials): "
-             + ", ".join(job["dropped_env"]) + "; keep one with --env-keep NAME")
+        warn(
+            "not passed to the job (they look like credentials): "
+            + ", ".join(job["dropped_env"])
+            + "; keep one with --env-keep NAME"
+        )
     if not job.get("created"):
         warn(f"key {body.get('key')!r} already names job {job['id']} ({job['state']})")
     if as_json:
@@ -219,13 +271,17 @@ def submit(ctx: click.Context, /, command: tuple[str, ...], as_json: bool, **opt
         click.echo(job["id"])
         if job.get("tasks") and job.get("created"):
             limit = job["array"]["limit"]
-            warn(f"array {job['id']}: {job['tasks']} tasks (the first {job['array']['task']})"
-                 + ("" if limit is None else f", at most {limit} at once"))
+            warn(
+                f"array {job['id']}: {job['tasks']} tasks (the first {job['array']['task']})"
+                + ("" if limit is None else f", at most {limit} at once")
+            )
         if job["state"] == "infeasible":
             warn(f"job {job['id']} can never run here: {job['reason']}")
         if job.get("group_held"):
-            warn(f"job {job['id']} is held: {job['group_held']}; "
-                 f"`gpuwarden release {job['id']}` lets it run")
+            warn(
+                f"job {job['id']} is held: {job['group_held']}; "
+                f"`gpuwarden release {job['id']}` lets it run"
+            )
 
 
 def _check_launchable(command: Sequence[str], cwd: str) -> None:

@@ -11,8 +11,13 @@ from gpuwarden.errors import UsageError
 
 
 @click.command()
-@click.option("--interval", type=DURATION, default=2.0, show_default=True,
-              help="Seconds between refreshes (e.g. 1, 500ms).")
+@click.option(
+    "--interval",
+    type=DURATION,
+    default=2.0,
+    show_default=True,
+    help="Seconds between refreshes (e.g. 1, 500ms).",
+)
 def top(interval: float) -> None:
     """Live view of every GPU's memory (by job, other processes, leaked, free) and a
     table of GPU processes and daemon jobs, queued ones included.
@@ -24,8 +29,10 @@ def top(interval: float) -> None:
     if interval <= 0:
         raise click.BadParameter("must be positive", param_hint="--interval")
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        raise UsageError("top needs an interactive terminal; in scripts use "
-                         "`gpuwarden status --json` or `gpuwarden ps --json`")
+        raise UsageError(
+            "top needs an interactive terminal; in scripts use "
+            "`gpuwarden status --json` or `gpuwarden ps --json`"
+        )
     from gpuwarden.gpus.backend import open_backend
 
     backend = open_backend()

@@ -6,8 +6,12 @@ import click
 
 
 @click.command()
-@click.option("--listen", default="127.0.0.1:9404", show_default=True,
-              help="HOST:PORT to serve the page on (keep it local: it shows your view).")
+@click.option(
+    "--listen",
+    default="127.0.0.1:9404",
+    show_default=True,
+    help="HOST:PORT to serve the page on (keep it local: it shows your view).",
+)
 def web(listen: str) -> None:
     """Serve the daemon's web page (GPU memory over time, the queue, each job) at
     http://LISTEN/ui/, read through the daemon's unix socket as you, to you alone: open
@@ -25,8 +29,11 @@ def web(listen: str) -> None:
     token = secrets.token_urlsafe(32)
 
     def ready() -> None:
-        click.echo(f"gpuwarden web: http://{listen}/ui/?token={token} (the daemon at "
-                   f"{client.socket_path}; Ctrl-C to stop)", err=True)
+        click.echo(
+            f"gpuwarden web: http://{listen}/ui/?token={token} (the daemon at "
+            f"{client.socket_path}; Ctrl-C to stop)",
+            err=True,
+        )
 
     try:
         asyncio.run(serve(client.socket_path, host, port, token, ready))

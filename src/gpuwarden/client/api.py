@@ -45,9 +45,16 @@ class Client:
         self.socket_path = socket_path
         self.timeout = timeout
 
-    def request(self, method: str, path: str, *, body: Any = None,
-                query: dict[str, Any] | None = None, timeout: float | None = None,
-                raw: bool = False) -> Any:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        raw: bool = False,
+    ) -> Any:
         if query:
             path = f"{path}?{urlencode({k: v for k, v in query.items() if v is not None})}"
         conn = _UnixConnection(self.socket_path, timeout or self.timeout)
@@ -58,14 +65,18 @@ class Client:
             resp = conn.getresponse()
             data = resp.read()
         except (FileNotFoundError, ConnectionRefusedError) as e:
-            raise DaemonUnavailable(f"no gpuwarden daemon at {self.socket_path} ({e.strerror});"
-                                    " start one with `gpuwarden daemon start`") from None
+            raise DaemonUnavailable(
+                f"no gpuwarden daemon at {self.socket_path} ({e.strerror});"
+                " start one with `gpuwarden daemon start`"
+            ) from None
         except PermissionError:
-            raise DaemonUnavailable(f"cannot connect to {self.socket_path}: permission "
-                                    "denied") from None
+            raise DaemonUnavailable(
+                f"cannot connect to {self.socket_path}: permission denied"
+            ) from None
         except (OSError, http.client.HTTPException) as e:
-            raise DaemonUnavailable(f"the daemon at {self.socket_path} did not answer: "
-                                    f"{e}") from None
+            raise DaemonUnavailable(
+                f"the daemon at {self.socket_path} did not answer: {e}"
+            ) from None
         finally:
             conn.close()
         if resp.status >= 400:
@@ -108,15 +119,15 @@ class Client:
     def all_jobs(self, query: dict[str, Any] | None = None) -> list[JobDoc]:
         return [j for page in self.job_pages(query) for j in page]
 
-    def latest_jobs(self, query: dict[str, Any] | None,
-                    n: int) -> tuple[list[JobDoc], bool]:
+    def latest_jobs(self, query: dict[str, Any] | None, n: int) -> tuple[list[JobDoc], bool]:
         """The latest ``n`` jobs matching ``query`` in id order, and whether there are
         older ones."""
         out: list[JobDoc] = []
         before = None
         while len(out) < n:
-            got = self.jobs_page({**(query or {}), "before": before,
-                                  "limit": min(n - len(out), MAX_PAGE)})
+            got = self.jobs_page(
+                {**(query or {}), "before": before, "limit": min(n - len(out), MAX_PAGE)}
+            )
             out = got["jobs"] + out
             if not got.get("more") or not got["jobs"]:
                 return out, False

@@ -52,14 +52,35 @@ class AttachedJob:
         return int(self.job["id"])
 
     @classmethod
-    def register(cls, client: Client, *, command: Sequence[str], label: str, mem: int,
-                 gpu_ids: Sequence[int], name: str | None = None,
-                 qos: str = "burstable", priority: int = 0) -> AttachedJob:
-        body = {"command": list(command), "attach": label, "mem": mem,
-                "gpus": len(gpu_ids), "gpu_ids": sorted(gpu_ids), "qos": qos,
-                "priority": priority, "cwd": os.getcwd(), "name": name}
-        return cls(client, client.request("POST", "/v1/jobs", body={
-            k: v for k, v in body.items() if v is not None}))
+    def register(
+        cls,
+        client: Client,
+        *,
+        command: Sequence[str],
+        label: str,
+        mem: int,
+        gpu_ids: Sequence[int],
+        name: str | None = None,
+        qos: str = "burstable",
+        priority: int = 0,
+    ) -> AttachedJob:
+        body = {
+            "command": list(command),
+            "attach": label,
+            "mem": mem,
+            "gpus": len(gpu_ids),
+            "gpu_ids": sorted(gpu_ids),
+            "qos": qos,
+            "priority": priority,
+            "cwd": os.getcwd(),
+            "name": name,
+        }
+        return cls(
+            client,
+            client.request(
+                "POST", "/v1/jobs", body={k: v for k, v in body.items() if v is not None}
+            ),
+        )
 
     def wait_placed(self, poll: float = 0.2) -> JobDoc:
         """Block until the daemon has reserved the job's memory, and return the job
@@ -79,26 +100,39 @@ class AttachedJob:
             if job["state"] in ("reserved", "running"):
                 return job.copy()
             if job["state"] not in ("queued", "held"):
-                raise NotPlaced(f"the node's gpuwarden daemon did not place job {self.id}: "
-                                f"{job['state']} ({job.get('reason') or 'no reason given'})")
+                raise NotPlaced(
+                    f"the node's gpuwarden daemon did not place job {self.id}: "
+                    f"{job['state']} ({job.get('reason') or 'no reason given'})"
+                )
             time.sleep(poll)
 
     def started(self, pid: int) -> None:
-        self.job = self.client.request("POST", f"/v1/jobs/{self.id}/started",
-                                       body={"pid": pid})
+        self.job = self.client.request("POST", f"/v1/jobs/{self.id}/started", body={"pid": pid})
 
-    def ended(self, *, exit_code: int | None, signal: int | None = None,
-              reason: str = "exited", tree_clean: bool = True,
-              survivors: Sequence[int] = (), output: str = "") -> None:
+    def ended(
+        self,
+        *,
+        exit_code: int | None,
+        signal: int | None = None,
+        reason: str = "exited",
+        tree_clean: bool = True,
+        survivors: Sequence[int] = (),
+        output: str = "",
+    ) -> None:
         """Report the end; retried for a while, since a daemon restarting now would
         otherwise record the job as lost."""
-        body = {"exit_code": exit_code, "signal": signal, "reason": reason,
-                "tree_clean": tree_clean, "survivors": list(survivors), "output": output}
+        body = {
+            "exit_code": exit_code,
+            "signal": signal,
+            "reason": reason,
+            "tree_clean": tree_clean,
+            "survivors": list(survivors),
+            "output": output,
+        }
         deadline = time.monotonic() + REPORT_PATIENCE
         while True:
             try:
-                self.job = self.client.request("POST", f"/v1/jobs/{self.id}/ended",
-                                               body=body)
+                self.job = self.client.request("POST", f"/v1/jobs/{self.id}/ended", body=body)
                 return
             except DaemonUnavailable:
                 if time.monotonic() >= deadline:

@@ -67,9 +67,11 @@ class Paths:
 
         size = len(os.fsencode(self.socket))
         if size > MAX_SOCKET_PATH:
-            raise UsageError(f"the socket path {self.socket} is {size} bytes, longer than "
-                             f"a unix socket allows ({MAX_SOCKET_PATH}); use a shorter "
-                             "GPUWARDEN_HOME")
+            raise UsageError(
+                f"the socket path {self.socket} is {size} bytes, longer than "
+                f"a unix socket allows ({MAX_SOCKET_PATH}); use a shorter "
+                "GPUWARDEN_HOME"
+            )
 
     def highest_job_dir(self) -> int:
         """The highest job id with a directory under ``jobs_dir`` (0: none)."""
@@ -87,8 +89,7 @@ class Paths:
         shared = self.mode == SYSTEM
         self.home.mkdir(mode=0o755 if shared else 0o700, parents=True, exist_ok=True)
         self.jobs_dir.mkdir(mode=0o711 if shared else 0o700, exist_ok=True)
-        self.socket.parent.mkdir(mode=0o755 if shared else 0o700, parents=True,
-                                 exist_ok=True)
+        self.socket.parent.mkdir(mode=0o755 if shared else 0o700, parents=True, exist_ok=True)
 
 
 def _abs_dir(value: str | None) -> Path | None:
@@ -123,28 +124,52 @@ def _runtime_dir(env: Mapping[str, str], euid: int) -> Path | None:
     return d
 
 
-def resolve_paths(env: Mapping[str, str] | None = None, euid: int | None = None, *,
-                  system_config: Path = SYSTEM_CONFIG) -> Paths:
+def resolve_paths(
+    env: Mapping[str, str] | None = None,
+    euid: int | None = None,
+    *,
+    system_config: Path = SYSTEM_CONFIG,
+) -> Paths:
     """Resolve the paths for this environment and effective uid (see the module doc)."""
     env = os.environ if env is None else env
     euid = os.geteuid() if euid is None else euid
     if env.get(HOME_ENV):
         home = Path(env[HOME_ENV]).absolute()
-        return Paths(home=home, socket=home / SOCKET_NAME, db=home / DB_NAME,
-                     jobs_dir=home / JOBS_DIR_NAME, config=home / CONFIG_NAME,
-                     lock=home / LOCK_NAME, configured=True, mode=HOME)
+        return Paths(
+            home=home,
+            socket=home / SOCKET_NAME,
+            db=home / DB_NAME,
+            jobs_dir=home / JOBS_DIR_NAME,
+            config=home / CONFIG_NAME,
+            lock=home / LOCK_NAME,
+            configured=True,
+            mode=HOME,
+        )
     has_system = system_config.is_file()
     if euid == 0 or has_system:
-        return Paths(home=SYSTEM_HOME, socket=SYSTEM_SOCKET, db=SYSTEM_HOME / DB_NAME,
-                     jobs_dir=SYSTEM_HOME / JOBS_DIR_NAME, config=system_config,
-                     lock=SYSTEM_HOME / LOCK_NAME, configured=has_system, mode=SYSTEM)
+        return Paths(
+            home=SYSTEM_HOME,
+            socket=SYSTEM_SOCKET,
+            db=SYSTEM_HOME / DB_NAME,
+            jobs_dir=SYSTEM_HOME / JOBS_DIR_NAME,
+            config=system_config,
+            lock=SYSTEM_HOME / LOCK_NAME,
+            configured=has_system,
+            mode=SYSTEM,
+        )
     user_home = _user_home(env, euid)
     state = _abs_dir(env.get("XDG_STATE_HOME")) or user_home / ".local" / "state"
     config = _abs_dir(env.get("XDG_CONFIG_HOME")) or user_home / ".config"
     home = state / "gpuwarden"
     runtime = _runtime_dir(env, euid)
     socket = (runtime if runtime is not None else home) / SOCKET_NAME
-    return Paths(home=home, socket=socket, db=home / DB_NAME,
-                 jobs_dir=home / JOBS_DIR_NAME, config=config / "gpuwarden" / CONFIG_NAME,
-                 lock=home / LOCK_NAME, configured=False, mode=USER)
-
+    return Paths(
+        home=home,
+        socket=socket,
+        db=home / DB_NAME,
+        jobs_dir=home / JOBS_DIR_NAME,
+        config=config / "gpuwarden" / CONFIG_NAME,
+        lock=home / LOCK_NAME,
+        configured=False,
+        mode=USER,
+    )

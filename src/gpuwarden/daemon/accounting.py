@@ -55,13 +55,14 @@ def usage_row(job: Job) -> dict[str, float | int]:
     count = len(job.gpus) or job.spec.gpus
     ran = hours > 0
     before = job.earlier
-    return {"gpu_hours": (hours * count if ran else 0.0) + before.gpu_seconds / 3600,
-            "reserved_gib_hours": (job.budget or 0) / GiB * count * hours
-            + before.reserved / GiB / 3600,
-            "used_gib_hours": (job.peak_memory or 0) / GiB * count * hours
-            + before.used / GiB / 3600,
-            "ooms": sum(1 for e in job.events if e.kind == "oom"),
-            "preemptions": job.preemptions}
+    return {
+        "gpu_hours": (hours * count if ran else 0.0) + before.gpu_seconds / 3600,
+        "reserved_gib_hours": (job.budget or 0) / GiB * count * hours
+        + before.reserved / GiB / 3600,
+        "used_gib_hours": (job.peak_memory or 0) / GiB * count * hours + before.used / GiB / 3600,
+        "ooms": sum(1 for e in job.events if e.kind == "oom"),
+        "preemptions": job.preemptions,
+    }
 
 
 def report(jobs: Iterable[Job], by: str = "user") -> list[dict[str, Any]]:
@@ -74,10 +75,22 @@ def report(jobs: Iterable[Job], by: str = "user") -> list[dict[str, Any]]:
     waits: dict[str, list[float]] = {}
     for job in jobs:
         label = _label(job, by)
-        row = rows.setdefault(label, {
-            by: label, "jobs": 0, "succeeded": 0, "failed": 0, "cancelled": 0,
-            "infeasible": 0, "gpu_hours": 0.0, "reserved_gib_hours": 0.0,
-            "used_gib_hours": 0.0, "ooms": 0, "preemptions": 0})
+        row = rows.setdefault(
+            label,
+            {
+                by: label,
+                "jobs": 0,
+                "succeeded": 0,
+                "failed": 0,
+                "cancelled": 0,
+                "infeasible": 0,
+                "gpu_hours": 0.0,
+                "reserved_gib_hours": 0.0,
+                "used_gib_hours": 0.0,
+                "ooms": 0,
+                "preemptions": 0,
+            },
+        )
         row["jobs"] += 1
         row[job.state] += 1
         for k, v in usage_row(job).items():
@@ -97,9 +110,20 @@ def report(jobs: Iterable[Job], by: str = "user") -> list[dict[str, Any]]:
     return out
 
 
-COLUMNS = ("jobs", "succeeded", "failed", "cancelled", "infeasible", "gpu_hours",
-           "reserved_gib_hours", "used_gib_hours", "ooms", "preemptions", "wait_p50",
-           "wait_p95")
+COLUMNS = (
+    "jobs",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "infeasible",
+    "gpu_hours",
+    "reserved_gib_hours",
+    "used_gib_hours",
+    "ooms",
+    "preemptions",
+    "wait_p50",
+    "wait_p95",
+)
 
 
 class FairUsage:

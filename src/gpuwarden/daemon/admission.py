@@ -57,20 +57,28 @@ class JobAdmission:
         if spec.mem_auto:
             from gpuwarden.sched.history import learned_budget
 
-            mem, learned = learned_budget(self.store.peaks(spec.uid, key=spec.key,
-                                                           name=spec.name))
+            mem, learned = learned_budget(self.store.peaks(spec.uid, key=spec.key, name=spec.name))
             if mem is None and spec.mps:
-                raise UsageError("mps needs mem, and there is no earlier run to learn it "
-                                 "from: give --mem SIZE this time")
-            spec = dataclasses.replace(spec, mem=mem, mem_limit=None if mem is None else
-                                       spec.mem_limit and max(spec.mem_limit, mem))
+                raise UsageError(
+                    "mps needs mem, and there is no earlier run to learn it "
+                    "from: give --mem SIZE this time"
+                )
+            spec = dataclasses.replace(
+                spec,
+                mem=mem,
+                mem_limit=None if mem is None else spec.mem_limit and max(spec.mem_limit, mem),
+            )
         never = self._never(spec, gpus)
         if never is not None:  # as select does: exit 2, and nothing queued to wait for ever
             raise UsageError(f"this job can never run here: {never}")
         held = self.group_held(spec)
-        job, created = self.store.submit(spec, self.clock(),
-                                         state=model.QUEUED if held is None else model.HELD,
-                                         reason=held, array=array)
+        job, created = self.store.submit(
+            spec,
+            self.clock(),
+            state=model.QUEUED if held is None else model.HELD,
+            reason=held,
+            array=array,
+        )
         if created and learned is not None:
             self.store.add_event(job.id, "budget_learned", f"mem auto: {learned}", self.clock())
             job = self.store.get(job.id)
@@ -78,33 +86,46 @@ class JobAdmission:
             self._claim(caller, job)
         if created:
             self.wake()
-        return {**self.view(caller, job), "created": created, "dropped_env": dropped,
-                "group_held": held if created else None,
-                "tasks": None if array is None else len(array.indices)}
+        return {
+            **self.view(caller, job),
+            "created": created,
+            "dropped_env": dropped,
+            "group_held": held if created else None,
+            "tasks": None if array is None else len(array.indices),
+        }
 
     def _every_task(self, spec: JobSpec) -> JobSpec:
         """Dependencies on an array's id wait for each of its tasks (jobs/arrays.py);
         ids that name no job stay, for the store to refuse."""
+
         def every(ids: tuple[int, ...]) -> tuple[int, ...]:
             if not ids:
                 return ids
             found, missing = self.store.resolve(list(ids))
             return tuple(sorted({*found, *(m for m in missing if isinstance(m, int))}))
 
-        return dataclasses.replace(spec, after=every(spec.after),
-                                   after_any=every(spec.after_any),
-                                   after_fail=every(spec.after_fail))
+        return dataclasses.replace(
+            spec,
+            after=every(spec.after),
+            after_any=every(spec.after_any),
+            after_fail=every(spec.after_fail),
+        )
 
-    def _validate(self, body: Mapping[str, Any], caller: Caller,
-                  gpus: Sequence[GpuState]) -> tuple[JobSpec, list[str]]:
+    def _validate(
+        self, body: Mapping[str, Any], caller: Caller, gpus: Sequence[GpuState]
+    ) -> tuple[JobSpec, list[str]]:
         """``spec_from_request`` with this daemon's GPUs and settings: the one check of
         a request's fields, for submit and edit."""
         from gpuwarden.sched.headroom import capacity
 
-        return spec_from_request(body, caller, len(gpus) or 1 << 16,
-                                 capacities={g.index: capacity(g) for g in gpus},
-                                 oom_retries=self.config.oom_retries,
-                                 max_grace=self.config.max_grace)
+        return spec_from_request(
+            body,
+            caller,
+            len(gpus) or 1 << 16,
+            capacities={g.index: capacity(g) for g in gpus},
+            oom_retries=self.config.oom_retries,
+            max_grace=self.config.max_grace,
+        )
 
     def _allowed(self, caller: Caller, spec: JobSpec) -> None:
         """Refuse what the caller may not ask for: [limits] max_priority and qos for
@@ -127,26 +148,45 @@ class JobAdmission:
             raise UsageError("name what to change: " + ", ".join(EDITABLE))
         unknown = sorted(set(body) - set(EDITABLE))
         if unknown:
-            raise UsageError(f"cannot edit {', '.join(unknown)} (editable: "
-                             f"{', '.join(EDITABLE)})")
+            raise UsageError(f"cannot edit {', '.join(unknown)} (editable: {', '.join(EDITABLE)})")
         if job.state not in (model.QUEUED, model.HELD):
-            raise UsageError(f"job {job_id} is {job.state}; only a queued or held job can "
-                             "be edited")
+            raise UsageError(
+                f"job {job_id} is {job.state}; only a queued or held job can be edited"
+            )
         if body.get("mem") == "auto":
             raise UsageError("mem: give a size (auto is learned at submit)")
         s = job.spec
-        was: dict[str, Any] = {"mem": s.mem, "mem_limit": s.mem_limit, "priority": s.priority,
-                               "qos": s.qos, "gpus": s.gpus, "timeout": s.timeout,
-                               "name": s.name}
+        was: dict[str, Any] = {
+            "mem": s.mem,
+            "mem_limit": s.mem_limit,
+            "priority": s.priority,
+            "qos": s.qos,
+            "gpus": s.gpus,
+            "timeout": s.timeout,
+            "name": s.name,
+        }
         # The fields that submit checks together with the editable ones.
         request: dict[str, Any] = {
-            "command": list(s.command), "gpu_ids": None if s.gpu_ids is None else
-            list(s.gpu_ids), "exclusive": s.exclusive, "mps": s.mps,
-            "sm_percent": s.sm_percent, "cpus": s.cpus, "no_numa": s.no_numa,
-            "mig": s.mig, "key": s.key, "retries": s.retries,
-            **{k: v for k, v in was.items() if v is not None}, **body}
-        if "mem" in body and body["mem"] is not None and "mem_limit" not in body \
-                and s.mem_limit is not None and s.qos != GUARANTEED:
+            "command": list(s.command),
+            "gpu_ids": None if s.gpu_ids is None else list(s.gpu_ids),
+            "exclusive": s.exclusive,
+            "mps": s.mps,
+            "sm_percent": s.sm_percent,
+            "cpus": s.cpus,
+            "no_numa": s.no_numa,
+            "mig": s.mig,
+            "key": s.key,
+            "retries": s.retries,
+            **{k: v for k, v in was.items() if v is not None},
+            **body,
+        }
+        if (
+            "mem" in body
+            and body["mem"] is not None
+            and "mem_limit" not in body
+            and s.mem_limit is not None
+            and s.qos != GUARANTEED
+        ):
             request.pop("mem_limit")  # a new budget: its old burst limit may be below it
         gpus = list(self.gpus())
         checked, _ = self._validate(request, caller, gpus)
@@ -164,8 +204,13 @@ class JobAdmission:
             return format_bytes(v) if k in ("mem", "mem_limit") and v is not None else str(v)
 
         detail = ", ".join(f"{k} {said(k, was[k])} -> {said(k, v)}" for k, v in changes.items())
-        job = self.store.edit(job.id, (model.QUEUED, model.HELD), changes, now=self.clock(),
-                              detail=f"by {caller.user}: {detail}")
+        job = self.store.edit(
+            job.id,
+            (model.QUEUED, model.HELD),
+            changes,
+            now=self.clock(),
+            detail=f"by {caller.user}: {detail}",
+        )
         self.wake()
         return self.view(caller, job)
 
@@ -178,16 +223,24 @@ class JobAdmission:
         if spec.group is None or spec.attach is not None:
             return None
         recent = self.store.recent_ends(spec.uid, spec.group, STREAK)
-        same = failing_streak([failure_signature(j.state, j.exit_code, j.reason,
-                                                 any(e.kind == "oom" for e in j.events))
-                               for j in recent])
+        same = failing_streak(
+            [
+                failure_signature(
+                    j.state, j.exit_code, j.reason, any(e.kind == "oom" for e in j.events)
+                )
+                for j in recent
+            ]
+        )
         if same is None:
             return None
-        if self.store.group_released_since(spec.uid, spec.group,
-                                           max(j.ended_at or 0.0 for j in recent)):
+        if self.store.group_released_since(
+            spec.uid, spec.group, max(j.ended_at or 0.0 for j in recent)
+        ):
             return None
-        return (f"group {spec.group}: its last {STREAK} jobs failed the same way ({same}); "
-                "held until released")
+        return (
+            f"group {spec.group}: its last {STREAK} jobs failed the same way ({same}); "
+            "held until released"
+        )
 
     def _never(self, spec: JobSpec, gpus: Sequence[GpuState]) -> str | None:
         """Why a job could never run on these GPUs (over every GPU's capacity, more GPUs
@@ -198,10 +251,20 @@ class JobAdmission:
 
         if not gpus:
             return None
-        job = QueuedJob(id=0, user=spec.user, mem=spec.mem, count=spec.gpus,
-                        gpu_ids=spec.gpu_ids, exclusive=spec.exclusive,
-                        priority=spec.priority, qos=spec.qos, runtime=spec.timeout,
-                        cpus=spec.cpus, mig=spec.mig, mps=spec.mps)
+        job = QueuedJob(
+            id=0,
+            user=spec.user,
+            mem=spec.mem,
+            count=spec.gpus,
+            gpu_ids=spec.gpu_ids,
+            exclusive=spec.exclusive,
+            priority=spec.priority,
+            qos=spec.qos,
+            runtime=spec.timeout,
+            cpus=spec.cpus,
+            mig=spec.mig,
+            mps=spec.mps,
+        )
         return infeasible_reason(job, gpus) or never_within(job, self.config.policy.limits)
 
     def _claim(self, caller: Caller, job: Job) -> None:
@@ -214,7 +277,14 @@ class JobAdmission:
             claim(job_dir(self.jobs_dir, job), job.id, caller)
         except (OSError, UsageError) as e:
             now = self.clock()
-            self.store.transition(job.id, (model.QUEUED,), model.CANCELLED, now=now,
-                                  kind="cancelled", detail=f"cannot attach: {e}",
-                                  reason=f"cannot attach: {e}", ended_at=now)
+            self.store.transition(
+                job.id,
+                (model.QUEUED,),
+                model.CANCELLED,
+                now=now,
+                kind="cancelled",
+                detail=f"cannot attach: {e}",
+                reason=f"cannot attach: {e}",
+                ended_at=now,
+            )
             raise UsageError(f"cannot attach job {job.id}: {e}") from None

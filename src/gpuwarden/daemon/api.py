@@ -59,11 +59,16 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except GpuwardenError as e:
         return web.json_response({"error": str(e)}, status=_status_for(e))
     except Exception as e:  # the daemon must outlive any one request
-        log_repeated(log, logging.ERROR, f"internal:{type(e).__name__}",
-                     "internal error on %s %s", request.method, request.path,
-                     exc_info=True)
-        return web.json_response({"error": f"internal error: {type(e).__name__}: {e}"},
-                                 status=500)
+        log_repeated(
+            log,
+            logging.ERROR,
+            f"internal:{type(e).__name__}",
+            "internal error on %s %s",
+            request.method,
+            request.path,
+            exc_info=True,
+        )
+        return web.json_response({"error": f"internal error: {type(e).__name__}: {e}"}, status=500)
 
 
 def identify_peers(app: web.Application, server: web.Server) -> None:
@@ -79,8 +84,9 @@ def identify_peers(app: web.Application, server: web.Server) -> None:
             try:
                 peers[transport] = identify(sock)
             except OSError:
-                log_repeated(log, logging.WARNING, "identify",
-                             "cannot identify the peer of a new connection")
+                log_repeated(
+                    log, logging.WARNING, "identify", "cannot identify the peer of a new connection"
+                )
         made(handler, transport)
 
     def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
@@ -102,8 +108,9 @@ def _peer_uid(sock: socket.socket) -> int | None:
     return int(struct.unpack("3i", raw)[1])
 
 
-def guard_connections(server: web.Server, where: str, *, limit: int, per_user: bool,
-                      request_timeout: float) -> None:
+def guard_connections(
+    server: web.Server, where: str, *, limit: int, per_user: bool, request_timeout: float
+) -> None:
     """Bound what idle clients can hold: at most ``limit`` open connections (per peer uid
     with ``per_user``, on the unix socket; in all on a TCP listener), a new one past it
     closed at once, and a connection whose first request head has not arrived within
@@ -120,10 +127,16 @@ def guard_connections(server: web.Server, where: str, *, limit: int, per_user: b
         uid = _peer_uid(sock) if per_user and sock is not None else None
         if counts.get(uid, 0) >= limit:
             who = f"uid {uid}" if per_user else "all clients"
-            log_repeated(log, logging.WARNING, f"limit:{where}:{uid}",
-                         "%s: refused a connection of %s: %d open already "
-                         "(max_connections_%s)", where, who, limit,
-                         "per_user" if per_user else "tcp")
+            log_repeated(
+                log,
+                logging.WARNING,
+                f"limit:{where}:{uid}",
+                "%s: refused a connection of %s: %d open already (max_connections_%s)",
+                where,
+                who,
+                limit,
+                "per_user" if per_user else "tcp",
+            )
             transport.abort()  # not handed on: no identity, no pidfd for it
             return
         counts[uid] = counts.get(uid, 0) + 1
@@ -155,8 +168,7 @@ def caller_of(request: web.Request) -> Caller:
     if peer is None:
         raise PermissionDenied("the caller's identity cannot be established")
     if not peer.same_process():
-        raise PermissionDenied("the process that opened this connection has exited; "
-                               "connect again")
+        raise PermissionDenied("the process that opened this connection has exited; connect again")
     return peer.caller
 
 
@@ -193,8 +205,7 @@ async def _body(request: web.Request, carried: tuple[str, ...] = ()) -> Any:
             request.transport.abort()
         raise UsageError(f"the request body did not arrive within {timeout:g}s") from None
     try:
-        body = json.loads(data or b"null", parse_constant=_no_constant,
-                          parse_float=_finite_float)
+        body = json.loads(data or b"null", parse_constant=_no_constant, parse_float=_finite_float)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"the request body is not valid JSON: {e}") from None
     except RecursionError:
@@ -204,8 +215,9 @@ async def _body(request: web.Request, carried: tuple[str, ...] = ()) -> Any:
     except RecursionError:
         raise UsageError("the request body is nested too deeply") from None
     except UnicodeEncodeError:
-        raise UsageError("the request body is not valid JSON: a string holds a lone "
-                         "surrogate (\\ud800-\\udfff)") from None
+        raise UsageError(
+            "the request body is not valid JSON: a string holds a lone surrogate (\\ud800-\\udfff)"
+        ) from None
     for key, value in body.items() if isinstance(body, dict) else [(None, body)]:
         if key in carried:
             continue
@@ -213,9 +225,10 @@ async def _body(request: web.Request, carried: tuple[str, ...] = ()) -> Any:
             json.dumps([key, value], ensure_ascii=False).encode()
         except UnicodeEncodeError:
             what = "the request body" if key is None else visible(key)
-            raise UsageError(f"{what} is not UTF-8" + (
-                f" (only {' and '.join(carried)} may hold other bytes)" if carried else "")
-                ) from None
+            raise UsageError(
+                f"{what} is not UTF-8"
+                + (f" (only {' and '.join(carried)} may hold other bytes)" if carried else "")
+            ) from None
     return body
 
 
@@ -250,8 +263,7 @@ async def call(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.json_response({"version": __version__, "uptime": time.time() -
-                              request.app[STARTED]})
+    return web.json_response({"version": __version__, "uptime": time.time() - request.app[STARTED]})
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -284,13 +296,20 @@ async def list_jobs(request: web.Request) -> web.Response:
     if before is not None and after is not None:
         raise UsageError("give before or after, not both")
     all_jobs, user = _flag(request, "all"), request.query.get("user") or None
-    group, array = request.query.get("group") or None, _int_query(request, "array", 1,
-                                                                  2**63 - 1)
+    group, array = request.query.get("group") or None, _int_query(request, "array", 1, 2**63 - 1)
 
     def page() -> bytes:
-        jobs = svc.list(caller, all_jobs=all_jobs, user=user, group=group,
-                        states=states or None, limit=limit + 1, before=before,
-                        after=after, array=array)
+        jobs = svc.list(
+            caller,
+            all_jobs=all_jobs,
+            user=user,
+            group=group,
+            states=states or None,
+            limit=limit + 1,
+            before=before,
+            after=after,
+            array=array,
+        )
         more = len(jobs) > limit
         if more:  # the one past the page: the next after it, or the one before it
             jobs = jobs[:limit] if after is not None else jobs[1:]
@@ -328,6 +347,7 @@ def _action(name: str) -> Handler:
         svc, caller = request.app[SERVICE], caller_of(request)
         action = getattr(svc.actions, name)
         return web.json_response(await call(action, caller, job_id_of(request)))
+
     return handler
 
 
@@ -352,7 +372,8 @@ async def cancel_many(request: web.Request) -> web.Response:
     ids, group, kill = body.get("ids", []), body.get("group"), body.get("kill", False)
     refs = body.get("refs", [])
     if not isinstance(ids, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) and 0 < i < 2**63 for i in ids):
+        isinstance(i, int) and not isinstance(i, bool) and 0 < i < 2**63 for i in ids
+    ):
         raise UsageError("ids must be a list of job ids")
     if not isinstance(refs, list):
         raise UsageError("refs must be a list of job references such as 3, 3-7 or 12_7")
@@ -362,8 +383,7 @@ async def cancel_many(request: web.Request) -> web.Response:
         raise UsageError("kill must be true or false")
     if not ids and not refs and group is None:
         raise UsageError("name job ids or a group")
-    return web.json_response(await call(svc.actions.cancel_many, caller, ids, group, kill,
-                                        refs))
+    return web.json_response(await call(svc.actions.cancel_many, caller, ids, group, kill, refs))
 
 
 async def resolve(request: web.Request) -> web.Response:
@@ -388,8 +408,10 @@ async def wait(request: web.Request) -> web.Response:
     deadline = time.monotonic() + timeout
     while True:
         job = await call(svc.show, caller, job_id)
-        if job["state"] in ("succeeded", "failed", "cancelled", "infeasible") or \
-                time.monotonic() >= deadline:
+        if (
+            job["state"] in ("succeeded", "failed", "cancelled", "infeasible")
+            or time.monotonic() >= deadline
+        ):
             return web.json_response(job)
         if request.transport is None or request.transport.is_closing():
             return web.json_response(job)  # the client has gone: stop polling for it
@@ -398,10 +420,12 @@ async def wait(request: web.Request) -> web.Response:
 
 def _report(name: str) -> Handler:
     """An attached job's launcher reports its start or its end (daemon/attached.py)."""
+
     async def handler(request: web.Request) -> web.Response:
         svc, caller = request.app[SERVICE], caller_of(request)
         job_id, body = job_id_of(request), await _body(request)
         return web.json_response(await call(getattr(svc, name), caller, job_id, body))
+
     return handler
 
 
@@ -412,12 +436,20 @@ async def logs(request: web.Request) -> web.Response:
         attempt = None if "attempt" not in request.query else int(request.query["attempt"])
     except ValueError:
         raise UsageError("offset and attempt must be integers") from None
-    got = await call(svc.logs, caller, job_id_of(request),
-                     request.query.get("stream", "stdout"), offset, attempt)
-    return web.Response(body=got.data, content_type="application/octet-stream", headers={
-        "X-Next-Offset": str(got.next_offset), "X-Job-Ended": str(got.job_ended).lower(),
-        "X-Attempt": str(got.attempt), "X-Attempts": str(got.attempts),
-        "X-Attempt-Ended": str(got.ended).lower()})
+    got = await call(
+        svc.logs, caller, job_id_of(request), request.query.get("stream", "stdout"), offset, attempt
+    )
+    return web.Response(
+        body=got.data,
+        content_type="application/octet-stream",
+        headers={
+            "X-Next-Offset": str(got.next_offset),
+            "X-Job-Ended": str(got.job_ended).lower(),
+            "X-Attempt": str(got.attempt),
+            "X-Attempts": str(got.attempts),
+            "X-Attempt-Ended": str(got.ended).lower(),
+        },
+    )
 
 
 async def job_pids(request: web.Request) -> web.Response:
@@ -477,8 +509,7 @@ async def accounting(request: web.Request) -> web.Response:
     svc, caller = request.app[SERVICE], caller_of(request)
     raw = request.query.get("since")
     since = None if raw is None else parse_duration(raw)
-    return web.json_response(await call(svc.report, caller, since,
-                                        request.query.get("by", "user")))
+    return web.json_response(await call(svc.report, caller, since, request.query.get("by", "user")))
 
 
 def make_app(service: JobService) -> web.Application:

@@ -41,16 +41,17 @@ if TYPE_CHECKING:
 
 MAX_OUTPUT = 64 << 10  # the tail of the output a launcher may hand over (OOM detection)
 # What cannot apply to a job the daemon does not start or stop itself.
-NOT_FOR_ATTACHED = ("mps", "checkpoint", "requeue_on_reboot", "timeout", "after", "key",
-                    "retries")
+NOT_FOR_ATTACHED = ("mps", "checkpoint", "requeue_on_reboot", "timeout", "after", "key", "retries")
 
 
 def refuse_clashes(body: Mapping[str, Any]) -> None:
     """An attached job is started, retried and timed by its launcher."""
     clash = [f for f in NOT_FOR_ATTACHED if body.get(f) not in (None, False, 0, [])]
     if clash:
-        raise UsageError(f"an attached job is started and ended by its launcher: "
-                         f"{', '.join(clash)} cannot apply to it")
+        raise UsageError(
+            f"an attached job is started and ended by its launcher: "
+            f"{', '.join(clash)} cannot apply to it"
+        )
 
 
 def claim(jobdir: Path, job_id: int, caller: Caller) -> None:
@@ -58,12 +59,21 @@ def claim(jobdir: Path, job_id: int, caller: Caller) -> None:
     by the identity read when its connection was accepted (``auth.identify``): read now,
     the pid could be another process's."""
     if caller.pid <= 0 or caller.start_time is None:
-        raise UsageError(f"the attaching process {caller.pid} is gone (or not visible "
-                         "from the daemon)")
+        raise UsageError(
+            f"the attaching process {caller.pid} is gone (or not visible from the daemon)"
+        )
     jobdir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    write_claim(jobdir, job_id, SupervisorHandle(
-        pid=caller.pid, start_time=caller.start_time, boot_id=boot_id(),
-        start_ticks=caller.start_ticks), "attached")
+    write_claim(
+        jobdir,
+        job_id,
+        SupervisorHandle(
+            pid=caller.pid,
+            start_time=caller.start_time,
+            boot_id=boot_id(),
+            start_ticks=caller.start_ticks,
+        ),
+        "attached",
+    )
 
 
 def live_launcher(jobdir: Path) -> SupervisorHandle | None:
@@ -75,18 +85,24 @@ def live_launcher(jobdir: Path) -> SupervisorHandle | None:
 def check_reporter(jobdir: Path, job_id: int, caller: Caller) -> None:
     """Only the process that attached the job reports on it (the same pid and start)."""
     handle = read_status(jobdir).supervisor
-    same = handle is not None and handle.pid == caller.pid and (
-        None in (handle.start_ticks, caller.start_ticks)
-        or handle.start_ticks == caller.start_ticks)
+    same = (
+        handle is not None
+        and handle.pid == caller.pid
+        and (
+            None in (handle.start_ticks, caller.start_ticks)
+            or handle.start_ticks == caller.start_ticks
+        )
+    )
     if handle is None or not same or not alive(handle):
-        raise PermissionDenied(f"only the process that attached job {job_id} may report "
-                               "its start and end")
+        raise PermissionDenied(
+            f"only the process that attached job {job_id} may report its start and end"
+        )
 
 
 def record_start(jobdir: Path, job_id: int, launcher: int, body: Any) -> int:
     """``child.json`` for the command the launcher started (one of its descendants)."""
     if not isinstance(body, Mapping) or set(body) != {"pid"}:
-        raise UsageError("the body must be {\"pid\": N}")
+        raise UsageError('the body must be {"pid": N}')
     pid = body["pid"]
     if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < 1 << 31:
         raise UsageError("pid must be a process id")
@@ -97,11 +113,16 @@ def record_start(jobdir: Path, job_id: int, launcher: int, body: Any) -> int:
     except psutil.Error:
         raise UsageError(f"process {pid} is gone") from None
     if launcher not in ancestors:
-        raise PermissionDenied(f"process {pid} was not started by the process that "
-                               f"attached job {job_id}")
+        raise PermissionDenied(
+            f"process {pid} was not started by the process that attached job {job_id}"
+        )
     try:
-        write_child(jobdir, ChildInfo(pid=pid, start_time=start,
-                                      start_ticks=start_ticks(pid), started_at=time.time()))
+        write_child(
+            jobdir,
+            ChildInfo(
+                pid=pid, start_time=start, start_ticks=start_ticks(pid), started_at=time.time()
+            ),
+        )
     except FileExistsError:
         raise UsageError(f"job {job_id}'s start was reported already") from None
     return pid
@@ -111,14 +132,14 @@ def record_end(jobdir: Path, job_id: int, body: Any) -> None:
     """``exit.json`` (and the output's tail, where the loop looks for a CUDA OOM)."""
     if not isinstance(body, Mapping):
         raise UsageError("the body must be a JSON object")
-    unknown = sorted(set(body) - {"exit_code", "signal", "reason", "tree_clean",
-                                  "survivors", "output"})
+    unknown = sorted(
+        set(body) - {"exit_code", "signal", "reason", "tree_clean", "survivors", "output"}
+    )
     if unknown:
         raise UsageError(f"unknown field(s): {', '.join(unknown)}")
     code, sig = body.get("exit_code"), body.get("signal")
     for label, v in (("exit_code", code), ("signal", sig)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)
-                              or not 0 <= v <= 255):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 255):
             raise UsageError(f"{label} must be an integer from 0 to 255, or null")
     reason = body.get("reason", "exited")
     if not isinstance(reason, str) or not reason or len(reason) > 500:
@@ -128,8 +149,8 @@ def record_end(jobdir: Path, job_id: int, body: Any) -> None:
         raise UsageError("tree_clean must be true or false")
     survivors = body.get("survivors", [])
     if not isinstance(survivors, list) or not all(
-            isinstance(p, int) and not isinstance(p, bool) and 0 < p < 1 << 31
-            for p in survivors):
+        isinstance(p, int) and not isinstance(p, bool) and 0 < p < 1 << 31 for p in survivors
+    ):
         raise UsageError("survivors must be a list of process ids")
     output = body.get("output", "")
     if not isinstance(output, str):
@@ -141,17 +162,25 @@ def record_end(jobdir: Path, job_id: int, body: Any) -> None:
         data = output.encode(errors="replace")[-MAX_OUTPUT:]
         _write_output(jobdir / STDERR, data)
     try:
-        write_exit(jobdir, job_id, ExitInfo(
-            exit_code=code, signal=sig, reason=reason, ended_at=time.time(),
-            tree_clean=clean, survivors=tuple(survivors), started=started))
+        write_exit(
+            jobdir,
+            job_id,
+            ExitInfo(
+                exit_code=code,
+                signal=sig,
+                reason=reason,
+                ended_at=time.time(),
+                tree_clean=clean,
+                survivors=tuple(survivors),
+                started=started,
+            ),
+        )
     except FileExistsError:
         raise UsageError(f"job {job_id}'s end was reported already") from None
 
 
 def _write_output(path: Path, data: bytes) -> None:
     """The output tail, as the job's stderr (what ``logs`` shows for an attached job)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
-

@@ -58,7 +58,7 @@ def _peer_groups(sock: socket.socket, gid: int) -> tuple[int, ...] | None:
                 return None
             return (gid,)  # no supplementary groups we can trust
         n = len(raw) // 4
-        return tuple(sorted({gid, *struct.unpack(f"{n}I", raw[:4 * n])}))
+        return tuple(sorted({gid, *struct.unpack(f"{n}I", raw[: 4 * n])}))
 
 
 def _groups_of(pid: int, uid: int, gid: int) -> tuple[int, ...]:
@@ -171,8 +171,10 @@ def admin_gids(group_names: tuple[str, ...]) -> frozenset[int]:
     return frozenset(out)
 
 
-def may_manage(caller: Caller, owner_uid: int, admins: frozenset[int],
-               daemon_uid: int) -> bool:
+def may_manage(caller: Caller, owner_uid: int, admins: frozenset[int], daemon_uid: int) -> bool:
     """Owner, root, a member of an admin group, or — for a user's own daemon — its user."""
-    return (caller.uid in (owner_uid, 0) or bool(admins.intersection(caller.groups))
-            or (daemon_uid != 0 and caller.uid == daemon_uid))
+    return (
+        caller.uid in (owner_uid, 0)
+        or bool(admins.intersection(caller.groups))
+        or (daemon_uid != 0 and caller.uid == daemon_uid)
+    )

@@ -104,13 +104,34 @@ class Config:
         return min(self.grace if asked is None else asked, self.max_grace)
 
 
-SETTINGS = ("admin_groups", "spike_buffer", "reserve", "context_memory", "interval", "grace",
-            "max_grace", "aging", "fairshare_halflife", "backfill", "starve_after",
-            "preemption", "oom_retries",
-            "retry_backoff", "release_timeout", "metrics_listen", "metrics_cache",
-            "history_interval", "history_retention", "web_listen",
-            "max_connections_per_user", "max_connections_tcp", "request_timeout",
-            "idle_timeout", "limits", "notify")
+SETTINGS = (
+    "admin_groups",
+    "spike_buffer",
+    "reserve",
+    "context_memory",
+    "interval",
+    "grace",
+    "max_grace",
+    "aging",
+    "fairshare_halflife",
+    "backfill",
+    "starve_after",
+    "preemption",
+    "oom_retries",
+    "retry_backoff",
+    "release_timeout",
+    "metrics_listen",
+    "metrics_cache",
+    "history_interval",
+    "history_retention",
+    "web_listen",
+    "max_connections_per_user",
+    "max_connections_tcp",
+    "request_timeout",
+    "idle_timeout",
+    "limits",
+    "notify",
+)
 """Every top-level setting the loader knows (deploy/config.toml shows each)."""
 LIMIT_SETTINGS = ("max_gpus", "max_memory", "max_running", "max_priority", "qos")
 """The settings of ``[limits]`` and of each ``[limits.users.NAME]``."""
@@ -124,8 +145,9 @@ def _load(path: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except UnicodeDecodeError:
-        raise UsageError(f"cannot read the config file {path}: it is not UTF-8 text "
-                         "(TOML)") from None
+        raise UsageError(
+            f"cannot read the config file {path}: it is not UTF-8 text (TOML)"
+        ) from None
     except OSError as e:
         raise UsageError(f"cannot read the config file {path}: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
@@ -186,14 +208,20 @@ def _parse(path: Path, raw: dict[str, Any]) -> Config:
         if not isinstance(raw.get(flag, True), bool):
             raise UsageError(f"{path}: {flag} must be true or false")
     oom_retries = raw.get("oom_retries", 1)
-    if isinstance(oom_retries, bool) or not isinstance(oom_retries, int) \
-            or not 0 <= oom_retries <= 100:
+    if (
+        isinstance(oom_retries, bool)
+        or not isinstance(oom_retries, int)
+        or not 0 <= oom_retries <= 100
+    ):
         raise UsageError(f"{path}: oom_retries must be a whole number from 0 to 100")
-    policy = Policy(aging=_duration(path, raw, "aging", 3600.0, YEAR),
-                    fairshare_halflife=_duration(path, raw, "fairshare_halflife", 0.0, YEAR),
-                    backfill=raw.get("backfill", True), preemption=raw.get("preemption", True),
-                    limits=_limits(path, raw.get("limits", {})),
-                    starve_after=_starve_after(path, raw.get("starve_after", "15m")))
+    policy = Policy(
+        aging=_duration(path, raw, "aging", 3600.0, YEAR),
+        fairshare_halflife=_duration(path, raw, "fairshare_halflife", 0.0, YEAR),
+        backfill=raw.get("backfill", True),
+        preemption=raw.get("preemption", True),
+        limits=_limits(path, raw.get("limits", {})),
+        starve_after=_starve_after(path, raw.get("starve_after", "15m")),
+    )
     grace = _duration(path, raw, "grace", 10.0, DAY)
     max_grace = _duration(path, raw, "max_grace", 300.0, DAY)
     if grace > max_grace:
@@ -206,8 +234,7 @@ def _parse(path: Path, raw: dict[str, Any]) -> Config:
         metrics_listen=_listen(path, raw.get("metrics_listen"), "metrics_listen"),
         web_listen=_listen(path, raw.get("web_listen"), "web_listen"),
         history_interval=_duration(path, raw, "history_interval", 10.0, DAY),
-        history_retention=max(_duration(path, raw, "history_retention", 48 * 3600.0, YEAR),
-                              60.0),
+        history_retention=max(_duration(path, raw, "history_retention", 48 * 3600.0, YEAR), 60.0),
         metrics_cache=_duration(path, raw, "metrics_cache", 1.0, HOUR),
         admin_groups=tuple(groups),
         spike_buffer=float(spike),
@@ -229,11 +256,9 @@ DAY = 24 * HOUR
 YEAR = 365 * DAY
 
 
-def _duration(path: Path, raw: dict[str, Any], name: str, default: float,
-              most: float) -> float:
+def _duration(path: Path, raw: dict[str, Any], name: str, default: float, most: float) -> float:
     """Setting ``name``: a duration from 0 to ``most`` seconds, or one line saying not."""
-    return bounded_duration(raw.get(name, default), f"{path}: {name}", most=most,
-                            example="10s")
+    return bounded_duration(raw.get(name, default), f"{path}: {name}", most=most, example="10s")
 
 
 def _count(path: Path, raw: dict[str, Any], name: str, default: int) -> int:
@@ -254,7 +279,7 @@ def _context_memory(path: Path, raw: Any) -> int | None:
     if raw == "auto":
         return None
     if isinstance(raw, bool) or not isinstance(raw, (int, str)):
-        raise UsageError(f"{path}: context_memory must be \"auto\" or a size like 600MiB")
+        raise UsageError(f'{path}: context_memory must be "auto" or a size like 600MiB')
     return bounded_size(raw, f"{path}: context_memory", most=16 << 30)
 
 
@@ -284,14 +309,17 @@ def _user_limits(path: Path, where: str, raw: Any) -> UserLimits:
             raise UsageError(f"{path}: {where}.max_memory: {e}") from None
     prio = raw.get("max_priority", UserLimits.max_priority)
     if isinstance(prio, bool) or not isinstance(prio, int) or not -1000 <= prio <= 1000:
-        raise UsageError(f"{path}: {where}.max_priority must be a whole number "
-                         "from -1000 to 1000")
+        raise UsageError(f"{path}: {where}.max_priority must be a whole number from -1000 to 1000")
     qos = raw.get("qos", list(UserLimits.qos))
     if not isinstance(qos, list) or not all(q in QOS_CLASSES for q in qos):
         raise UsageError(f"{path}: {where}.qos must be a list of {', '.join(QOS_CLASSES)}")
-    return UserLimits(max_gpus=out["max_gpus"], max_running=out["max_running"],
-                      max_memory=mem,
-                      max_priority=prio, qos=tuple(qos))
+    return UserLimits(
+        max_gpus=out["max_gpus"],
+        max_running=out["max_running"],
+        max_memory=mem,
+        max_priority=prio,
+        qos=tuple(qos),
+    )
 
 
 def _limits(path: Path, raw: Any) -> Limits:
@@ -301,8 +329,7 @@ def _limits(path: Path, raw: Any) -> Limits:
     if not isinstance(users_raw, dict):
         raise UsageError(f"{path}: limits.users must be a table of users")
     default = _user_limits(path, "limits", {k: v for k, v in raw.items() if k != "users"})
-    users = {name: _user_limits(path, f"limits.users.{name}", v)
-             for name, v in users_raw.items()}
+    users = {name: _user_limits(path, f"limits.users.{name}", v) for name, v in users_raw.items()}
     return Limits(default=default, users=users)
 
 

@@ -35,8 +35,9 @@ class GpuDrains:
         waiting."""
         if not self.is_admin(caller):
             raise PermissionDenied("only root or an admin may drain a GPU")
-        if reason is not None and (not isinstance(reason, str) or not reason
-                                   or len(reason) > 200 or "\0" in reason):
+        if reason is not None and (
+            not isinstance(reason, str) or not reason or len(reason) > 200 or "\0" in reason
+        ):
             raise UsageError("reason must be a non-empty string of at most 200 characters")
         self._gpu_index(index)
         self.store.drain(index, reason, caller.user, self.clock())
@@ -54,12 +55,14 @@ class GpuDrains:
 
     def list(self, caller: Caller) -> dict[str, Any]:
         """The drained GPUs, to any local user (``status``, ``ps``, the web page)."""
-        return {"drains": [{"gpu": i, "reason": d["reason"], "by": d["by"],
-                            "at": model.iso(d["at"])}
-                           for i, d in self.store.drains().items()]}
+        return {
+            "drains": [
+                {"gpu": i, "reason": d["reason"], "by": d["by"], "at": model.iso(d["at"])}
+                for i, d in self.store.drains().items()
+            ]
+        }
 
     def _gpu_index(self, index: int) -> None:
         known = sorted(g.index for g in self.gpus())
         if known and index not in known:
-            raise UsageError(f"no GPU with index {index} (GPUs here: "
-                             f"{', '.join(map(str, known))})")
+            raise UsageError(f"no GPU with index {index} (GPUs here: {', '.join(map(str, known))})")

@@ -46,9 +46,14 @@ class GpuStates:
     (foreign peaks, samples of unaccounted memory, this daemon's CPU mask) and the CUDA
     context allowances: the measured samples, and the one booked for a job."""
 
-    def __init__(self, store: Store, config: Config, jobs_dir: Path,
-                 clock: Callable[[], float],
-                 estimate: Callable[[Job], float | None]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        config: Config,
+        jobs_dir: Path,
+        clock: Callable[[], float],
+        estimate: Callable[[Job], float | None],
+    ) -> None:
         self.store = store
         self.config = config
         self.jobs_dir = jobs_dir
@@ -92,8 +97,9 @@ class GpuStates:
         for v in snap.gpus:
             key = (v.facts.name, driver)
             self._models[v.facts.uuid] = key
-            out[v.facts.uuid] = allowance(self._context_samples.get(key, []),
-                                          self.config.context_memory)
+            out[v.facts.uuid] = allowance(
+                self._context_samples.get(key, []), self.config.context_memory
+            )
         return out
 
     def measure_context(self, job: Job, started: bool) -> None:
@@ -113,8 +119,13 @@ class GpuStates:
         finally:
             with contextlib.suppress(OSError):
                 path.unlink()
-        if not started or len(job.gpu_uuids) != 1 or isinstance(peak, bool) \
-                or not isinstance(peak, int) or not 0 <= peak < 1 << 50:
+        if (
+            not started
+            or len(job.gpu_uuids) != 1
+            or isinstance(peak, bool)
+            or not isinstance(peak, int)
+            or not 0 <= peak < 1 << 50
+        ):
             return
         self.store.set_allocated_peak(job.id, peak)
         if job.peak_memory is None or job.attempts:
@@ -129,9 +140,15 @@ class GpuStates:
         self._context_samples = None  # read again next pass
 
     # -- the states -----------------------------------------------------------------------
-    def update(self, snap: Snapshot, active: list[Job], managed_pids: set[int],
-               used: dict[int, dict[str, int]], holds: list[Hold],
-               seen_pids: Mapping[int, Mapping[int, float | None]]) -> list[GpuState]:
+    def update(
+        self,
+        snap: Snapshot,
+        active: list[Job],
+        managed_pids: set[int],
+        used: dict[int, dict[str, int]],
+        holds: list[Hold],
+        seen_pids: Mapping[int, Mapping[int, float | None]],
+    ) -> list[GpuState]:
         """This pass's states, kept as ``last``. ``managed_pids`` grows by every process
         of an active attempt (``seen_pids``) and of an open hold: none is foreign."""
         from gpuwarden.sched.booking import reservation
@@ -148,17 +165,28 @@ class GpuStates:
                 continue
             view = queued_view(job, self.estimate(job))
             for uuid in job.gpu_uuids:
-                uses.setdefault(uuid, []).append(reservation(
-                    view, job.budget, started_at=job.started_at or now,
-                    used=used.get(job.id, {}).get(uuid),
-                    preempting=job.preempting_at is not None,
-                    context=job.context if job.context is not None else
-                    contexts.get(uuid, 0)))
+                uses.setdefault(uuid, []).append(
+                    reservation(
+                        view,
+                        job.budget,
+                        started_at=job.started_at or now,
+                        used=used.get(job.id, {}).get(uuid),
+                        preempting=job.preempting_at is not None,
+                        context=job.context if job.context is not None else contexts.get(uuid, 0),
+                    )
+                )
         for h in holds:  # ended attempts whose memory is not back yet
             for uuid in h.gpu_uuids:
-                uses.setdefault(uuid, []).append(ManagedUse(
-                    job_id=-h.id, budget=h.budget, qos=GUARANTEED, started_at=h.exited_at,
-                    context=contexts.get(uuid, 0), ended=True))
+                uses.setdefault(uuid, []).append(
+                    ManagedUse(
+                        job_id=-h.id,
+                        budget=h.budget,
+                        qos=GUARANTEED,
+                        started_at=h.exited_at,
+                        context=contexts.get(uuid, 0),
+                        ended=True,
+                    )
+                )
             managed_pids |= set(h.pids)  # what they leave is theirs, not foreign
         foreign: dict[str, int] = {}
         for gpu in snap.gpus:
@@ -169,13 +197,17 @@ class GpuStates:
             self._peaks[uuid] = hist[-600:]
             seen: list[tuple[float, int]] = []
             if unaccounted is not None:
-                seen = [(t, b) for t, b in self.unaccounted_seen.get(uuid, [])
-                        if now - t < UNACCOUNTED_PERSIST]
+                seen = [
+                    (t, b)
+                    for t, b in self.unaccounted_seen.get(uuid, [])
+                    if now - t < UNACCOUNTED_PERSIST
+                ]
                 seen.append((now, unaccounted))
                 self.unaccounted_seen[uuid] = seen[-600:]
             foreign[uuid] = foreign_figure(hist, seen, now)
-        states = gpu_states(snap, uses, managed_pids, foreign, self.config.reserve,
-                            contexts=contexts)
+        states = gpu_states(
+            snap, uses, managed_pids, foreign, self.config.reserve, contexts=contexts
+        )
         self.last = self._drained(self._with_cpus(states, snap, active))
         return self.last
 
@@ -184,11 +216,16 @@ class GpuStates:
         drains = self.store.drains()
         if not drains:
             return states
-        return [dataclasses.replace(g, drained=drains[g.index]["reason"] or "")
-                if g.index in drains else g for g in states]
+        return [
+            dataclasses.replace(g, drained=drains[g.index]["reason"] or "")
+            if g.index in drains
+            else g
+            for g in states
+        ]
 
-    def _with_cpus(self, states: list[GpuState], snap: Snapshot,
-                   active: list[Job]) -> list[GpuState]:
+    def _with_cpus(
+        self, states: list[GpuState], snap: Snapshot, active: list[Job]
+    ) -> list[GpuState]:
         """Each GPU's local CPUs (those this daemon may use) and which of them no job
         holds alone (--cpus), for placement."""
         from gpuwarden.gpus.topology import parse_cpulist

@@ -13,8 +13,7 @@ from collections.abc import Callable
 
 
 class HeapTrimmer:
-    def __init__(self, every: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, every: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.every = every
         self.clock = clock
         self._last = float("-inf")

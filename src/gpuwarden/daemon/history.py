@@ -37,16 +37,35 @@ class GpuSample:
         return {"j": {str(k): v for k, v in self.jobs.items()}, "u": dict(self.users)}
 
     @classmethod
-    def from_row(cls, ts: int, uuid: str, index: int, total: int, used: int, leaked: int,
-                 parts: Mapping[str, Any]) -> GpuSample:
-        return cls(ts=ts, uuid=uuid, index=index, total=total, used=used, leaked=leaked,
-                   jobs={int(k): int(v) for k, v in parts.get("j", {}).items()},
-                   users={str(k): int(v) for k, v in parts.get("u", {}).items()})
+    def from_row(
+        cls,
+        ts: int,
+        uuid: str,
+        index: int,
+        total: int,
+        used: int,
+        leaked: int,
+        parts: Mapping[str, Any],
+    ) -> GpuSample:
+        return cls(
+            ts=ts,
+            uuid=uuid,
+            index=index,
+            total=total,
+            used=used,
+            leaked=leaked,
+            jobs={int(k): int(v) for k, v in parts.get("j", {}).items()},
+            users={str(k): int(v) for k, v in parts.get("u", {}).items()},
+        )
 
 
-def sample_gpus(snap: Snapshot, job_use: Mapping[int, Mapping[str, int]],
-                managed_pids: set[int], now: float,
-                leftovers: Mapping[int, int] | None = None) -> list[GpuSample]:
+def sample_gpus(
+    snap: Snapshot,
+    job_use: Mapping[int, Mapping[str, int]],
+    managed_pids: set[int],
+    now: float,
+    leftovers: Mapping[int, int] | None = None,
+) -> list[GpuSample]:
     """Samples of every GPU: ``job_use`` is {job id: {GPU uuid: bytes its tree uses}}
     (what the pass computed). ``leftovers`` maps pids an ended attempt left behind to
     their job: their memory stays the job's, so a leak shows on the job that made it.
@@ -72,9 +91,18 @@ def sample_gpus(snap: Snapshot, job_use: Mapping[int, Mapping[str, int]],
             else:
                 who = p.user or ("(container)" if p.state == OTHER_NAMESPACE else "(unknown)")
                 users[who] = users.get(who, 0) + p.memory
-        out.append(GpuSample(ts=int(now), uuid=uuid, index=view.facts.index,
-                             total=view.facts.memory_total, used=view.facts.memory_used,
-                             leaked=leaked, jobs=jobs, users=users))
+        out.append(
+            GpuSample(
+                ts=int(now),
+                uuid=uuid,
+                index=view.facts.index,
+                total=view.facts.memory_total,
+                used=view.facts.memory_used,
+                leaked=leaked,
+                jobs=jobs,
+                users=users,
+            )
+        )
     return out
 
 
@@ -96,8 +124,9 @@ def _label_job(job_id: int, owners: Mapping[int, str]) -> str:
     return f"job {job_id}" + (f" ({owner})" if owner else "")
 
 
-def series(samples: Iterable[GpuSample], owners: Mapping[int, str], *,
-           by: str = "job", points: int = 360) -> list[Series]:
+def series(
+    samples: Iterable[GpuSample], owners: Mapping[int, str], *, by: str = "job", points: int = 360
+) -> list[Series]:
     """Chart series per GPU, oldest first. ``by="job"`` stacks each managed job and each
     other user; ``by="user"`` folds jobs into their owners. At most ``points`` points:
     samples are grouped into buckets and each layer keeps its bucket's highest value."""
@@ -110,7 +139,7 @@ def series(samples: Iterable[GpuSample], owners: Mapping[int, str], *,
     for uuid, rows in sorted(per_gpu.items(), key=lambda kv: kv[1][0].index):
         rows.sort(key=lambda s: s.ts)
         size = max(1, -(-len(rows) // max(1, points)))
-        buckets = [rows[i:i + size] for i in range(0, len(rows), size)]
+        buckets = [rows[i : i + size] for i in range(0, len(rows), size)]
         names: list[str] = []
         values: list[dict[str, int]] = []
         for bucket in buckets:
@@ -118,8 +147,9 @@ def series(samples: Iterable[GpuSample], owners: Mapping[int, str], *,
             for s in bucket:
                 layer: dict[str, int] = {}
                 for jid, b in s.jobs.items():
-                    name = (_label_job(jid, owners) if by == "job"
-                            else f"user {owners.get(jid, '?')}")
+                    name = (
+                        _label_job(jid, owners) if by == "job" else f"user {owners.get(jid, '?')}"
+                    )
                     layer[name] = layer.get(name, 0) + b
                 for user, b in s.users.items():
                     name = f"user {user}"
@@ -130,17 +160,23 @@ def series(samples: Iterable[GpuSample], owners: Mapping[int, str], *,
                 if name not in names:
                     names.append(name)
             values.append(point)
-        out.append(Series(
-            uuid=uuid, index=rows[0].index, total=rows[-1].total,
-            t=[b[-1].ts for b in buckets],
-            used=[max(s.used for s in b) for b in buckets],
-            leaked=[max(s.leaked for s in b) for b in buckets],
-            layers={n: [v.get(n, 0) for v in values] for n in names}))
+        out.append(
+            Series(
+                uuid=uuid,
+                index=rows[0].index,
+                total=rows[-1].total,
+                t=[b[-1].ts for b in buckets],
+                used=[max(s.used for s in b) for b in buckets],
+                leaked=[max(s.leaked for s in b) for b in buckets],
+                layers={n: [v.get(n, 0) for v in values] for n in names},
+            )
+        )
     return out
 
 
-def leak_periods(t: Sequence[int], leaked: Sequence[int], *,
-                 threshold: int = LEAK_THRESHOLD) -> list[tuple[int, int]]:
+def leak_periods(
+    t: Sequence[int], leaked: Sequence[int], *, threshold: int = LEAK_THRESHOLD
+) -> list[tuple[int, int]]:
     """[start, end] spans where leaked memory stood at or above ``threshold``."""
     spans: list[tuple[int, int]] = []
     start: int | None = None

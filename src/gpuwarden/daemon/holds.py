@@ -48,9 +48,15 @@ class Holds:
     an ending attempt leaves, the verification of the open holds each pass, and the
     reaping of what a leaked attempt left."""
 
-    def __init__(self, store: Store, config: Config, jobs_dir: Path,
-                 clock: Callable[[], float], backend: Callable[[], Backend],
-                 unaccounted_seen: Mapping[str, Sequence[tuple[float, int]]]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        config: Config,
+        jobs_dir: Path,
+        clock: Callable[[], float],
+        backend: Callable[[], Backend],
+        unaccounted_seen: Mapping[str, Sequence[tuple[float, int]]],
+    ) -> None:
         self.store = store
         self.config = config
         self.jobs_dir = jobs_dir
@@ -76,9 +82,14 @@ class Holds:
 
     def new(self, job: Job, exited_at: float) -> NewHold | None:
         """What the ending attempt leaves reserved until its memory is verified back."""
-        return new_hold(job, self.seen_pids.pop(job.id, {}),
-                        read_status(job_dir(self.jobs_dir, job)).child,
-                        self.unaccounted_seen, exited_at, self.clock())
+        return new_hold(
+            job,
+            self.seen_pids.pop(job.id, {}),
+            read_status(job_dir(self.jobs_dir, job)).child,
+            self.unaccounted_seen,
+            exited_at,
+            self.clock(),
+        )
 
     def verify(self, snap: Snapshot) -> list[Hold]:
         """Release the memory of ended attempts once it is back: none of their processes
@@ -92,13 +103,20 @@ class Holds:
             left = hold_left(h, snap.gpus, _still_running(h), psutil.pid_exists)
             took = now - h.exited_at
             if not left:
-                how = "verified" if h.pids or h.baseline else \
-                    "unverified: the daemon did not see the attempt run"
-                self.store.close_hold(h.id, now, how, kind="memory_returned",
-                                      detail=f"{format_bytes(h.budget)} on "
-                                             f"{len(h.gpu_uuids)} GPU(s) back {took:.2f} s "
-                                             "after the end" + ("" if how == "verified"
-                                                                else f" ({how})"))
+                how = (
+                    "verified"
+                    if h.pids or h.baseline
+                    else "unverified: the daemon did not see the attempt run"
+                )
+                self.store.close_hold(
+                    h.id,
+                    now,
+                    how,
+                    kind="memory_returned",
+                    detail=f"{format_bytes(h.budget)} on "
+                    f"{len(h.gpu_uuids)} GPU(s) back {took:.2f} s "
+                    "after the end" + ("" if how == "verified" else f" ({how})"),
+                )
                 continue
             if took > self.config.release_timeout and h.leak is None:
                 what = "; ".join(left) + f" ({took:.1f} s after the end)"
@@ -127,15 +145,20 @@ class Holds:
             if lk.pid is None:
                 if lk.gpu in gpus:
                     mine.append(lk)
-            elif lk.pid in hold.starts and (lk.start_time is None  # gone: advice only
-                                            or same_start(lk.start_time, hold.starts[lk.pid])):
+            elif lk.pid in hold.starts and (
+                lk.start_time is None  # gone: advice only
+                or same_start(lk.start_time, hold.starts[lk.pid])
+            ):
                 mine.append(lk)
             elif lk.pid in hold.pids and lk.start_time is not None:
                 reused.add(lk.pid)
         for pid in sorted(reused):
-            self.store.add_event(hold.job_id, "reap_advice",
-                                 f"pid {pid} is now another process than the job's: left "
-                                 "alone", self.clock())
+            self.store.add_event(
+                hold.job_id,
+                "reap_advice",
+                f"pid {pid} is now another process than the job's: left alone",
+                self.clock(),
+            )
         for a in plan_reap(mine, snap, caller_uid=os.geteuid()):
             acted = True  # "reaped" only for a process signalled; else what would free it
             if a.action == "terminate" and a.pid is not None:
@@ -145,10 +168,19 @@ class Holds:
             else:
                 acted = False
                 result = "; ".join(x for x in (a.reason, a.next_step) if x)
-            who = (None if a.pid is None else f"dead pid {a.pid}" if a.kind == "dead_pid"
-                   else f"{a.kind} pid {a.pid}")
-            self.store.add_event(hold.job_id, "reaped" if acted else "reap_advice",
-                                 result if who is None else f"{who}: {result}", self.clock())
+            who = (
+                None
+                if a.pid is None
+                else f"dead pid {a.pid}"
+                if a.kind == "dead_pid"
+                else f"{a.kind} pid {a.pid}"
+            )
+            self.store.add_event(
+                hold.job_id,
+                "reaped" if acted else "reap_advice",
+                result if who is None else f"{who}: {result}",
+                self.clock(),
+            )
 
     def _end_orphans(self, hold: Hold) -> None:
         """Processes of the job still running after its end: what a supervisor (or an
@@ -162,6 +194,6 @@ class Holds:
         targets = {pid: hold.starts[pid] for pid in _still_running(hold)}
         for pid, started in sorted(targets.items()):
             result = terminate(pid, started, self.config.grace)
-            self.store.add_event(hold.job_id, "reaped",
-                                 f"pid {pid}, left running by the job: {result}",
-                                 self.clock())
+            self.store.add_event(
+                hold.job_id, "reaped", f"pid {pid}, left running by the job: {result}", self.clock()
+            )

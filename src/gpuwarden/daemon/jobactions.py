@@ -53,17 +53,27 @@ class JobActions:
         may ask (``ps`` shows every job to everyone)."""
         from gpuwarden.jobs.arrays import parse_refs
 
-        if not isinstance(refs, list) or not refs or len(refs) > 10_000 \
-                or not all(isinstance(r, str) and r[:1].isascii() and r[:1].isdigit()
-                           for r in refs):
-            raise UsageError("refs must be a list of 1 to 10000 strings such as 3, "
-                             "3-7 or 12_7")
+        if (
+            not isinstance(refs, list)
+            or not refs
+            or len(refs) > 10_000
+            or not all(isinstance(r, str) and r[:1].isascii() and r[:1].isdigit() for r in refs)
+        ):
+            raise UsageError("refs must be a list of 1 to 10000 strings such as 3, 3-7 or 12_7")
         ids, missing = self.store.resolve(parse_refs(refs))
-        return {"ids": ids,
-                "missing": [r if isinstance(r, int) else f"{r[0]}_{r[1]}" for r in missing]}
+        return {
+            "ids": ids,
+            "missing": [r if isinstance(r, int) else f"{r[0]}_{r[1]}" for r in missing],
+        }
 
-    def cancel_many(self, caller: Caller, ids: Sequence[int], group: str | None,
-                    kill: bool = False, refs: Any = ()) -> dict[str, Any]:
+    def cancel_many(
+        self,
+        caller: Caller,
+        ids: Sequence[int],
+        group: str | None,
+        kill: bool = False,
+        refs: Any = (),
+    ) -> dict[str, Any]:
         """``cancel 1-100000``, ``cancel 12_7`` and ``cancel --group`` in one request: the
         jobs named by id or reference (``resolve``; read in one query), and the caller's
         waiting and running jobs of ``group``. Each job that cannot be cancelled (not the
@@ -76,34 +86,51 @@ class JobActions:
         jobs = {j.id: j for j in self.store.list(ids=ids, with_events=False)} if ids else {}
         if group is not None:
             waiting = [s for s in model.STATES if s not in model.TERMINAL]
-            jobs.update((j.id, j) for j in self.store.list(
-                states=waiting, user=caller.user, group=group, with_events=False))
+            jobs.update(
+                (j.id, j)
+                for j in self.store.list(
+                    states=waiting, user=caller.user, group=group, with_events=False
+                )
+            )
         done: list[JobDoc] = []
         errors: list[dict[str, Any]] = []
         for job_id in sorted(jobs):
             try:
                 if not self.may(caller, jobs[job_id]):
-                    raise PermissionDenied(f"job {job_id} belongs to {jobs[job_id].user}; "
-                                           "only its owner or an admin may cancel it")
+                    raise PermissionDenied(
+                        f"job {job_id} belongs to {jobs[job_id].user}; "
+                        "only its owner or an admin may cancel it"
+                    )
                 done.append(self.view(caller, self._cancel(caller, jobs[job_id], kill)))
             except (UsageError, PermissionDenied, Conflict) as e:
                 errors.append({"id": job_id, "error": str(e)})
         if done:
             self.wake()
-        return {"jobs": done, "errors": errors,
-                "missing": [*sorted(set(ids) - set(jobs)), *named]}
+        return {"jobs": done, "errors": errors, "missing": [*sorted(set(ids) - set(jobs)), *named]}
 
     def _cancel(self, caller: Caller, job: Job, kill: bool) -> Job:
         job_id = job.id
         now = self.clock()
         if job.state in (model.QUEUED, model.HELD) or (
-                job.state == model.RESERVED and job.supervisor_pid is None):
-            job = self.store.transition(job.id, (job.state,), model.CANCELLED, now=now,
-                                        kind="cancelled", detail=f"by {caller.user}",
-                                        reason=f"cancelled by {caller.user}", ended_at=now)
+            job.state == model.RESERVED and job.supervisor_pid is None
+        ):
+            job = self.store.transition(
+                job.id,
+                (job.state,),
+                model.CANCELLED,
+                now=now,
+                kind="cancelled",
+                detail=f"by {caller.user}",
+                reason=f"cancelled by {caller.user}",
+                ended_at=now,
+            )
         elif job.state in model.ACTIVE:
-            self.store.add_event(job.id, "cancel_requested",
-                                 f"by {caller.user}" + (" (SIGKILL)" if kill else ""), now)
+            self.store.add_event(
+                job.id,
+                "cancel_requested",
+                f"by {caller.user}" + (" (SIGKILL)" if kill else ""),
+                now,
+            )
             self.cancel_running(job, kill)
             job = self.store.get(job.id)
         else:
@@ -114,17 +141,30 @@ class JobActions:
         job = self.owned(caller, job_id, "hold")
         if job.state != model.QUEUED:
             raise UsageError(f"job {job_id} is {job.state}; only a queued job can be held")
-        job = self.store.transition(job.id, (model.QUEUED,), model.HELD, now=self.clock(),
-                                    kind="held", detail=f"by {caller.user}",
-                                    reason=f"held by {caller.user}")
+        job = self.store.transition(
+            job.id,
+            (model.QUEUED,),
+            model.HELD,
+            now=self.clock(),
+            kind="held",
+            detail=f"by {caller.user}",
+            reason=f"held by {caller.user}",
+        )
         return self.view(caller, job)
 
     def release(self, caller: Caller, job_id: int) -> JobDoc:
         job = self.owned(caller, job_id, "release")
         if job.state != model.HELD:
             raise UsageError(f"job {job_id} is {job.state}, not held")
-        job = self.store.transition(job.id, (model.HELD,), model.QUEUED, now=self.clock(),
-                                    kind="released", detail=f"by {caller.user}", reason=None)
+        job = self.store.transition(
+            job.id,
+            (model.HELD,),
+            model.QUEUED,
+            now=self.clock(),
+            kind="released",
+            detail=f"by {caller.user}",
+            reason=None,
+        )
         self.wake()
         return self.view(caller, job)
 
@@ -132,33 +172,46 @@ class JobActions:
         """Clear the memory an ended job still holds because it was not verified back (a
         leak): admins only, since it hands that memory to other jobs."""
         if not self.is_admin(caller):
-            raise PermissionDenied("only root or an admin may clear a job's memory "
-                                   "reservation")
+            raise PermissionDenied("only root or an admin may clear a job's memory reservation")
         job = self.store.get(job_id)
         opened = [h for h in self.store.open_holds() if h.job_id == job_id]
         if not opened:
             raise UsageError(f"job {job_id} holds no memory that is waiting to come back")
         for h in opened:
-            self.store.close_hold(h.id, self.clock(), model.CLEARED_BY + caller.user,
-                                  kind="memory_cleared",
-                                  detail=f"hold released by {caller.user}; the memory was "
-                                         "not verified back"
-                                         + (f": {h.leak}" if h.leak else ""))
+            self.store.close_hold(
+                h.id,
+                self.clock(),
+                model.CLEARED_BY + caller.user,
+                kind="memory_cleared",
+                detail=f"hold released by {caller.user}; the memory was "
+                "not verified back" + (f": {h.leak}" if h.leak else ""),
+            )
         self.wake()
         return self.view(caller, self.store.get(job.id))
 
     def retry(self, caller: Caller, job_id: int) -> JobDoc:
         job = self.owned(caller, job_id, "retry")
         if job.state not in (model.FAILED, model.CANCELLED, model.INFEASIBLE):
-            raise UsageError(f"job {job_id} is {job.state}; only a failed, cancelled or "
-                             "infeasible job can be retried")
+            raise UsageError(
+                f"job {job_id} is {job.state}; only a failed, cancelled or "
+                "infeasible job can be retried"
+            )
         if job.spec.attach is not None:
-            raise UsageError(f"job {job_id} was started by its launcher ({job.spec.attach}); "
-                             "retry it there")
+            raise UsageError(
+                f"job {job_id} was started by its launcher ({job.spec.attach}); retry it there"
+            )
         job = self.store.transition(
-            job.id, (job.state,), model.QUEUED, now=self.clock(), kind="retried",
-            detail=f"by {caller.user}", reason=None, ended_at=None, **model.FRESH_ATTEMPT,
-            attempts=job.attempts + 1)
+            job.id,
+            (job.state,),
+            model.QUEUED,
+            now=self.clock(),
+            kind="retried",
+            detail=f"by {caller.user}",
+            reason=None,
+            ended_at=None,
+            **model.FRESH_ATTEMPT,
+            attempts=job.attempts + 1,
+        )
         self.wake()
         return self.view(caller, job)
 
@@ -172,8 +225,9 @@ class JobActions:
     def clean(self, caller: Caller, older_than: float) -> int:
         cutoff = self.clock() - older_than
         removed = 0
-        for job in self.store.list(states=sorted(model.TERMINAL), with_events=False,
-                                   with_env=False):
+        for job in self.store.list(
+            states=sorted(model.TERMINAL), with_events=False, with_env=False
+        ):
             if job.ended_at is not None and job.ended_at < cutoff and self.may(caller, job):
                 try:
                     self.store.delete(job.id)

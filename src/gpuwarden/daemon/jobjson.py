@@ -50,17 +50,23 @@ def job_json(job: Job, *, with_env: bool = False) -> JobDoc:
         "attach": s.attach,
         "service": None if s.service is None else s.service.to_json(),
         "notify": s.notify,
-        "array": None if s.array is None else {
-            "id": s.array.array_id, "index": s.array.index, "limit": s.array.limit,
-            "task": s.array.ref()},
+        "array": None
+        if s.array is None
+        else {
+            "id": s.array.array_id,
+            "index": s.array.index,
+            "limit": s.array.limit,
+            "task": s.array.ref(),
+        },
         "restarts": job.restarts,
         "health_failures": job.health_failures,
         "cpu_set": list(job.cpu_set),
         "allocated_peak": job.allocated_peak,
         # Advice for jobs that ended normally: a failure (an OOM most of all) may
         # stop before its peak, or be stopped by its limit.
-        "declared_vs_peak": None if job.state != SUCCEEDED else
-        declared_vs_actual(s.mem, job.allocations_peak),
+        "declared_vs_peak": None
+        if job.state != SUCCEEDED
+        else declared_vs_actual(s.mem, job.allocations_peak),
         "oom_end": job.oom_end(),
         "sm_percent": s.sm_percent,
         "after": list(s.after),
@@ -77,10 +83,14 @@ def job_json(job: Job, *, with_env: bool = False) -> JobDoc:
         "oom_retries": job.oom_retries,
         # How an OOM retry was sized; a final OOM that was not retried says it in
         # oom_end (its fields hold what that OOM asked for).
-        "oom": None if not job.oom_retries or (job.oom_tried is None
-                                                and job.oom_need is None) else
-        {"tried": job.oom_tried, "need": job.oom_need, "retry_budget": job.retry_mem,
-         "retry_ceiling": job.retry_ceiling},
+        "oom": None
+        if not job.oom_retries or (job.oom_tried is None and job.oom_need is None)
+        else {
+            "tried": job.oom_tried,
+            "need": job.oom_need,
+            "retry_budget": job.retry_mem,
+            "retry_ceiling": job.retry_ceiling,
+        },
         "preempting": job.preempting_at is not None,
         "enforcement": enforcement(job),
         "memory_release": None if job.release is None else job.release.to_json(),
@@ -97,11 +107,13 @@ def enforcement(job: Job) -> EnforcementDoc:
     limit = job.cap()
     return {
         "limit": limit,
-        "cooperative": None if limit is None else
-        "PyTorch memory fraction at the limit (the CUDA context booked beside it) "
+        "cooperative": None
+        if limit is None
+        else "PyTorch memory fraction at the limit (the CUDA context booked beside it) "
         "+ expandable segments",
-        "hard": None if limit is None or not job.spec.mps else
-        "MPS pinned device memory limit"
+        "hard": None
+        if limit is None or not job.spec.mps
+        else "MPS pinned device memory limit"
         + (f", {job.spec.sm_percent}% of SMs" if job.spec.sm_percent else "")
         + f" ({SHARED_FATE})",
         "watchdog": None if limit is None else policy(job.spec.qos),

@@ -28,8 +28,9 @@ class LogChunk:
     job_ended: bool
 
 
-def read_log(jobs_dir: Path, job: Job, stream: str, offset: int,
-             attempt: int | None = None) -> LogChunk:
+def read_log(
+    jobs_dir: Path, job: Job, stream: str, offset: int, attempt: int | None = None
+) -> LogChunk:
     """At most ``MAX_LOG_CHUNK`` bytes of ``stream`` (stdout or stderr) of one attempt of
     the job (the latest unless ``attempt``, counted from 1), from ``offset``. Whether the
     caller may read them is decided before (daemon/service.py)."""
@@ -41,9 +42,11 @@ def read_log(jobs_dir: Path, job: Job, stream: str, offset: int,
     if attempt is None:
         attempt = attempts
     elif not 1 <= attempt <= attempts:
-        raise UsageError(f"job {job.id} has had {attempts} attempt"
-                         f"{'' if attempts == 1 else 's'}; attempt {attempt} is not one "
-                         "of them")
+        raise UsageError(
+            f"job {job.id} has had {attempts} attempt"
+            f"{'' if attempts == 1 else 's'}; attempt {attempt} is not one "
+            "of them"
+        )
     path = job_dir(jobs_dir, dataclasses.replace(job, attempts=attempt - 1)) / stream
     try:
         with open(path, "rb") as f:
@@ -55,5 +58,11 @@ def read_log(jobs_dir: Path, job: Job, stream: str, offset: int,
                 chunk = f.read(MAX_LOG_CHUNK)
     except FileNotFoundError:
         chunk = b""
-    return LogChunk(chunk, offset + len(chunk), attempt, attempts,
-                    ended=job.terminal or attempt < attempts, job_ended=job.terminal)
+    return LogChunk(
+        chunk,
+        offset + len(chunk),
+        attempt,
+        attempts,
+        ended=job.terminal or attempt < attempts,
+        job_ended=job.terminal,
+    )

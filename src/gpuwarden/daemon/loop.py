@@ -56,12 +56,18 @@ class Scheduler:
     running jobs' health and limits, the memory history and the queue's dependencies
     are watched here, between the steps."""
 
-    def __init__(self, store: Store, jobs_dir: Path, config: Config,
-                 backend: Callable[[], Backend], boot_id: str,
-                 clock: Callable[[], float] = time.time,
-                 spawn: Callable[[Path], SupervisorHandle] | None = None,
-                 mps: MpsPool | None = None,
-                 on_pass: Callable[[float], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        jobs_dir: Path,
+        config: Config,
+        backend: Callable[[], Backend],
+        boot_id: str,
+        clock: Callable[[], float] = time.time,
+        spawn: Callable[[Path], SupervisorHandle] | None = None,
+        mps: MpsPool | None = None,
+        on_pass: Callable[[float], None] | None = None,
+    ) -> None:
         self.store = store
         self.on_pass = on_pass  # told each pass's duration (the metrics histogram)
         self.last_running: list[dict[str, Any]] = []  # running jobs' use, last pass
@@ -79,13 +85,22 @@ class Scheduler:
         self.health = HealthChecks()  # services' health checks, beside the passes
         self.notifier = Notifier(config.webhook)  # word of each job's end, beside them
         self.gpus = GpuStates(store, config, jobs_dir, clock, self._estimate)
-        self.holds = Holds(store, config, jobs_dir, clock, self._open_backend,
-                           self.gpus.unaccounted_seen)
+        self.holds = Holds(
+            store, config, jobs_dir, clock, self._open_backend, self.gpus.unaccounted_seen
+        )
         self.exits = ExitCollector(store, config, jobs_dir, clock, self.gpus, self.holds)
-        self.recovery = Recovery(store, jobs_dir, boot_id, clock, self.exits.finish,
-                                 self.holds.new)
-        self.placer = Placer(store, config, jobs_dir, boot_id, clock, spawn, self.mps,
-                             self.gpus.booked_context, self.cancel_running)
+        self.recovery = Recovery(store, jobs_dir, boot_id, clock, self.exits.finish, self.holds.new)
+        self.placer = Placer(
+            store,
+            config,
+            jobs_dir,
+            boot_id,
+            clock,
+            spawn,
+            self.mps,
+            self.gpus.booked_context,
+            self.cancel_running,
+        )
         store.on_end = self.notifier.ended
 
     @property
@@ -103,17 +118,29 @@ class Scheduler:
         SIGKILL; their end is then a failure their restart policy restarts from."""
         from gpuwarden.jobs.lifecycle import HEALTH_FAILED
 
-        running = [j for j in active if j.state == model.RUNNING and j.spec.service
-                   and j.preempting_at is None and j.kill_reason is None]
+        running = [
+            j
+            for j in active
+            if j.state == model.RUNNING
+            and j.spec.service
+            and j.preempting_at is None
+            and j.kill_reason is None
+        ]
         if not running and not self.health.busy:
             return
         now = self.clock()
         for job, why in self.health.poll(running, now):
             try:
-                self.store.transition(job.id, (model.RUNNING,), None, now=now,
-                                      kind=HEALTH_FAILED, detail=why,
-                                      kill_reason=f"health check failed: {why}",
-                                      health_failures=job.health_failures + 1)
+                self.store.transition(
+                    job.id,
+                    (model.RUNNING,),
+                    None,
+                    now=now,
+                    kind=HEALTH_FAILED,
+                    detail=why,
+                    kill_reason=f"health check failed: {why}",
+                    health_failures=job.health_failures + 1,
+                )
             except (Conflict, JobNotFound):
                 continue
             self.cancel_running(job)
@@ -161,10 +188,15 @@ class Scheduler:
                 self.recovery.settle_unlaunched(job, st)
             elif step == STARTED:
                 assert st.child is not None
-                self.store.transition(job.id, (model.RESERVED,), model.RUNNING,
-                                      now=self.clock(), kind="started",
-                                      detail=f"pid {st.child.pid}",
-                                      started_at=st.child.started_at or self.clock())
+                self.store.transition(
+                    job.id,
+                    (model.RESERVED,),
+                    model.RUNNING,
+                    now=self.clock(),
+                    kind="started",
+                    detail=f"pid {st.child.pid}",
+                    started_at=st.child.started_at or self.clock(),
+                )
             elif step == LOST:
                 self.recovery.finish_or_lost(job)
 
@@ -202,10 +234,16 @@ class Scheduler:
         self.gpus.update(snap, active, managed_pids, used, holds, self.holds.seen_pids)
         index = {v.facts.uuid: v.facts.index for v in snap.gpus}
         self.last_running = [  # limits as the driver counts (its figures hold the context)
-            {"id": j.id, "user": j.user, "qos": j.spec.qos, "limit": driver_limit(
-                j.cap(j.budget), self.gpus.context_allowance(j)),
-             "used": {str(index[u]): b for u, b in used.get(j.id, {}).items() if u in index}}
-            for j in active if j.state == model.RUNNING]
+            {
+                "id": j.id,
+                "user": j.user,
+                "qos": j.spec.qos,
+                "limit": driver_limit(j.cap(j.budget), self.gpus.context_allowance(j)),
+                "used": {str(index[u]): b for u, b in used.get(j.id, {}).items() if u in index},
+            }
+            for j in active
+            if j.state == model.RUNNING
+        ]
 
         self._record_history(snap, used, managed_pids, holds)
 
@@ -213,8 +251,13 @@ class Scheduler:
         room_wanted = self._schedule(snap)
         self._watch(active, used, room_wanted)
 
-    def _record_history(self, snap: Snapshot, used: dict[int, dict[str, int]],
-                        managed_pids: set[int], holds: list[Hold]) -> None:
+    def _record_history(
+        self,
+        snap: Snapshot,
+        used: dict[int, dict[str, int]],
+        managed_pids: set[int],
+        holds: list[Hold],
+    ) -> None:
         """Keep a memory sample of every GPU each ``history_interval`` (the web page's
         charts). A full disk costs the history, never the scheduling pass."""
         now = self.clock()
@@ -227,29 +270,42 @@ class Scheduler:
         self._last_sample = now
         try:
             leftovers = {pid: h.job_id for h in holds for pid in h.pids}
-            self.store.record_samples(sample_gpus(snap, used, managed_pids, now, leftovers),
-                                      keep=self.config.history_retention, now=now)
+            self.store.record_samples(
+                sample_gpus(snap, used, managed_pids, now, leftovers),
+                keep=self.config.history_retention,
+                now=now,
+            )
         except StoreError as e:
             log.warning("memory history not recorded: %s", e)
 
-    def _watch(self, active: list[Job], used: dict[int, dict[str, int]],
-               room_wanted: bool) -> None:
+    def _watch(self, active: list[Job], used: dict[int, dict[str, int]], room_wanted: bool) -> None:
         """The watchdog: a running job past its limit is noted, warned about or killed,
         per its class (``sched/watchdog.py``); each finding is one event per attempt."""
         from gpuwarden.sched.watchdog import KILL, check
 
         index = {g.uuid: g.index for g in self.gpus.last}
         for job in active:
-            if job.state != model.RUNNING or job.budget is None or job.preempting_at \
-                    or job.kill_reason:
+            if (
+                job.state != model.RUNNING
+                or job.budget is None
+                or job.preempting_at
+                or job.kill_reason
+            ):
                 continue
             # The driver's figures hold the job's CUDA context: so do its limits here.
             context = self.gpus.context_allowance(job)
             request = job.budget + context if job.request is not None else None
-            by_index = {str(index[uuid]): b for uuid, b in used.get(job.id, {}).items()
-                        if uuid in index}
-            d = check(job.id, job.spec.qos, request,
-                      driver_limit(job.cap(job.budget), context), by_index, room_wanted)
+            by_index = {
+                str(index[uuid]): b for uuid, b in used.get(job.id, {}).items() if uuid in index
+            }
+            d = check(
+                job.id,
+                job.spec.qos,
+                request,
+                driver_limit(job.cap(job.budget), context),
+                by_index,
+                room_wanted,
+            )
             if d is None:
                 continue
             key = (job.id, job.attempts, d.action)
@@ -261,9 +317,15 @@ class Scheduler:
                 self.store.add_event(job.id, "over_budget", d.detail, now)
                 continue
             try:
-                self.store.transition(job.id, (model.RUNNING,), None, now=now,
-                                      kind="killed_over_limit", detail=d.detail,
-                                      kill_reason=f"killed: {d.detail}")
+                self.store.transition(
+                    job.id,
+                    (model.RUNNING,),
+                    None,
+                    now=now,
+                    kind="killed_over_limit",
+                    detail=d.detail,
+                    kill_reason=f"killed: {d.detail}",
+                )
             except (Conflict, JobNotFound):
                 continue
             self.cancel_running(job)
@@ -283,8 +345,9 @@ class Scheduler:
             blocked = self._dependency_block(job)
             if blocked is None:
                 ready.append(job)
-        ready, throttled = throttle(ready, self.store.list(
-            states=sorted(model.ACTIVE), with_env=False, with_events=False))
+        ready, throttled = throttle(
+            ready, self.store.list(states=sorted(model.ACTIVE), with_env=False, with_events=False)
+        )
         self.store.set_reasons(throttled)
         if not ready:
             return False
@@ -295,8 +358,9 @@ class Scheduler:
         views = [self._view(j, now) for j in ready]
         if fair:
             views = [dataclasses.replace(v, fair_usage=fair.get(v.user, 0.0)) for v in views]
-        for d in plan(self.gpus.last, views,
-                      self.config.spike_buffer, now=now, policy=self.config.policy):
+        for d in plan(
+            self.gpus.last, views, self.config.spike_buffer, now=now, policy=self.config.policy
+        ):
             job = by_id[d.job_id]
             if isinstance(d, Preempt):
                 self.placer.preempt(job, d)
@@ -307,9 +371,16 @@ class Scheduler:
                 room_wanted = room_wanted or d.cause in ("room", "preemption")
                 self.store.set_reason(job.id, d.reason)
             elif isinstance(d, Infeasible):
-                self.store.transition(job.id, (model.QUEUED,), model.INFEASIBLE,
-                                      now=self.clock(), kind="infeasible", detail=d.reason,
-                                      reason=d.reason, ended_at=self.clock())
+                self.store.transition(
+                    job.id,
+                    (model.QUEUED,),
+                    model.INFEASIBLE,
+                    now=self.clock(),
+                    kind="infeasible",
+                    detail=d.reason,
+                    reason=d.reason,
+                    ended_at=self.clock(),
+                )
         return room_wanted
 
     def _view(self, job: Job, now: float) -> QueuedJob:
@@ -340,8 +411,11 @@ class Scheduler:
         from gpuwarden.sched.queue import dependency_state
 
         s = job.spec
-        for kind, ids in (("after", s.after), ("after_any", s.after_any),
-                          ("after_fail", s.after_fail)):
+        for kind, ids in (
+            ("after", s.after),
+            ("after_any", s.after_any),
+            ("after_fail", s.after_fail),
+        ):
             for dep_id in ids:
                 try:
                     state: str | None = self.store.get(dep_id).state
@@ -351,11 +425,17 @@ class Scheduler:
                 if met:
                     continue
                 if why is not None:
-                    self.store.transition(job.id, (model.QUEUED,), model.CANCELLED,
-                                          now=self.clock(), kind="dependency_failed",
-                                          detail=why, reason=why, ended_at=self.clock())
+                    self.store.transition(
+                        job.id,
+                        (model.QUEUED,),
+                        model.CANCELLED,
+                        now=self.clock(),
+                        kind="dependency_failed",
+                        detail=why,
+                        reason=why,
+                        ended_at=self.clock(),
+                    )
                     return why
                 self.store.set_reason(job.id, f"waiting for job {dep_id} ({state})")
                 return "waiting"
         return None
-

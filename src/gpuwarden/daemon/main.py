@@ -116,9 +116,13 @@ class DaemonMetrics:
         backend = self.backend
         # The pass histogram (in self.registry), then the snapshot's series rendered by
         # their collector (the same bytes as generate_latest, cheaper), then the queue's.
-        parts = (self.registry, SnapshotCollector(lambda: take_snapshot(backend),
-                                                  cache_seconds=self.config.metrics_cache),
-                 JobsCollector(store, lambda: sched.last_running))
+        parts = (
+            self.registry,
+            SnapshotCollector(
+                lambda: take_snapshot(backend), cache_seconds=self.config.metrics_cache
+            ),
+            JobsCollector(store, lambda: sched.last_running),
+        )
         gzipped = GzipSegments()
 
         async def metrics(request: web.Request) -> web.Response:
@@ -133,8 +137,9 @@ class DaemonMetrics:
         app = web.Application(client_max_size=1 << 16)
         app.router.add_get("/metrics", metrics)
         app.router.add_get("/", metrics)
-        self.runner = await _serve_tcp(self.config, app, "metrics_listen",
-                                       self.config.metrics_listen)
+        self.runner = await _serve_tcp(
+            self.config, app, "metrics_listen", self.config.metrics_listen
+        )
         log.info("metrics on http://%s/metrics", self.config.metrics_listen)
 
     async def stop(self) -> None:
@@ -144,20 +149,25 @@ class DaemonMetrics:
             self.backend.close()
 
 
-async def _serve_tcp(config: Config, app: web.Application, name: str,
-                     listen: str) -> web.AppRunner:
+async def _serve_tcp(config: Config, app: web.Application, name: str, listen: str) -> web.AppRunner:
     """Serve ``app`` on ``listen`` (the setting ``name``), its connections bounded in
     all (``max_connections_tcp``) and timed out like the socket's."""
     from gpuwarden.daemon.api import guard_connections
     from gpuwarden.metrics.exporter import parse_listen
 
     host, port = parse_listen(listen)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
-                           keepalive_timeout=config.idle_timeout)
+    runner = web.AppRunner(
+        app, access_log=None, shutdown_timeout=2.0, keepalive_timeout=config.idle_timeout
+    )
     await runner.setup()
     assert runner.server is not None
-    guard_connections(runner.server, name, limit=config.max_connections_tcp,
-                      per_user=False, request_timeout=config.request_timeout)
+    guard_connections(
+        runner.server,
+        name,
+        limit=config.max_connections_tcp,
+        per_user=False,
+        request_timeout=config.request_timeout,
+    )
     try:
         await web.TCPSite(runner, host, port).start()
     except OSError as e:
@@ -170,15 +180,13 @@ def _metrics_registry(config: Config) -> DaemonMetrics | None:
     return None if config.metrics_listen is None else DaemonMetrics(config)
 
 
-async def _start_public_web(config: Config, store: Any,
-                            pool: Executor) -> web.AppRunner | None:
+async def _start_public_web(config: Config, store: Any, pool: Executor) -> web.AppRunner | None:
     """The read-only web page on ``web_listen`` for anyone who can reach it."""
     if config.web_listen is None:
         return None
     from gpuwarden.web.routes import make_public_app
 
-    runner = await _serve_tcp(config, make_public_app(store, pool), "web_listen",
-                              config.web_listen)
+    runner = await _serve_tcp(config, make_public_app(store, pool), "web_listen", config.web_listen)
     log.info("web page on http://%s/ui/ (read-only)", config.web_listen)
     return runner
 
@@ -186,8 +194,9 @@ async def _start_public_web(config: Config, store: Any,
 WEB_THREADS = 2  # the page's and /metrics' reads and chart draws, at most this many at once
 
 
-async def _close_web(metrics: DaemonMetrics | None, public: web.AppRunner | None,
-                     pool: Executor, store: Any) -> None:
+async def _close_web(
+    metrics: DaemonMetrics | None, public: web.AppRunner | None, pool: Executor, store: Any
+) -> None:
     if metrics is not None:
         await metrics.stop()
     if public is not None:
@@ -210,15 +219,27 @@ async def serve(paths: Paths, config: Config) -> None:
     highest = paths.highest_job_dir()
     issued = store.ids_above(highest)
     if issued is not None:
-        log.warning("state database %s knows jobs up to %s only, but %s holds job "
-                    "directories up to %s (was the database reset?); new job ids start "
-                    "at %s and those directories are left as they are",
-                    paths.db, issued, paths.jobs_dir, highest, highest + 1)
+        log.warning(
+            "state database %s knows jobs up to %s only, but %s holds job "
+            "directories up to %s (was the database reset?); new job ids start "
+            "at %s and those directories are left as they are",
+            paths.db,
+            issued,
+            paths.jobs_dir,
+            highest,
+            highest + 1,
+        )
     launcher = ForkServer()
     metrics = _metrics_registry(config)
-    sched = Scheduler(store, paths.jobs_dir, config, open_backend, boot_id(),
-                      spawn=launcher.spawn,
-                      on_pass=None if metrics is None else metrics.on_pass)
+    sched = Scheduler(
+        store,
+        paths.jobs_dir,
+        config,
+        open_backend,
+        boot_id(),
+        spawn=launcher.spawn,
+        on_pass=None if metrics is None else metrics.on_pass,
+    )
     # The page and /metrics: a connection and threads of their own (``off_loop``).
     web_store = Store(paths.db)
     web_pool = ThreadPoolExecutor(WEB_THREADS, thread_name_prefix="gpuwarden-web")
@@ -241,8 +262,14 @@ async def serve(paths: Paths, config: Config) -> None:
     def nudge() -> None:
         loop.call_soon_threadsafe(wake.set)
 
-    service = JobService(store, paths.jobs_dir, config, wake=nudge,
-                         gpus=lambda: sched.last_states, cancel_running=sched.cancel_running)
+    service = JobService(
+        store,
+        paths.jobs_dir,
+        config,
+        wake=nudge,
+        gpus=lambda: sched.last_states,
+        cancel_running=sched.cancel_running,
+    )
     await in_pass(sched.recover)
     await in_pass(sched.tick)
 
@@ -260,15 +287,28 @@ async def serve(paths: Paths, config: Config) -> None:
     from gpuwarden.daemon.snapview import SnapshotKeeper, add_snapshot_route
 
     me = Caller(pid=os.getpid(), uid=os.getuid(), gid=os.getgid(), user="gpuwarden", groups=())
-    add_snapshot_route(app, SnapshotKeeper(open_backend, lambda: {  # `status`, served
-        int(pid): job for pid, job in service.job_pids(me)["pids"].items()}))
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
-                           keepalive_timeout=config.idle_timeout)
+    add_snapshot_route(
+        app,
+        SnapshotKeeper(
+            open_backend,
+            lambda: {  # `status`, served
+                int(pid): job for pid, job in service.job_pids(me)["pids"].items()
+            },
+        ),
+    )
+    runner = web.AppRunner(
+        app, access_log=None, shutdown_timeout=2.0, keepalive_timeout=config.idle_timeout
+    )
     await runner.setup()
     assert runner.server is not None
     identify_peers(app, runner.server)
-    guard_connections(runner.server, "socket", limit=config.max_connections_per_user,
-                      per_user=True, request_timeout=config.request_timeout)
+    guard_connections(
+        runner.server,
+        "socket",
+        limit=config.max_connections_per_user,
+        per_user=True,
+        request_timeout=config.request_timeout,
+    )
     sock = paths.socket
     sock.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
@@ -290,8 +330,9 @@ async def serve(paths: Paths, config: Config) -> None:
             with contextlib.suppress(asyncio.TimeoutError):
                 waiter = asyncio.ensure_future(wake.wait())
                 stopper = asyncio.ensure_future(stop.wait())
-                await asyncio.wait({waiter, stopper}, timeout=config.interval,
-                                   return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    {waiter, stopper}, timeout=config.interval, return_when=asyncio.FIRST_COMPLETED
+                )
                 waiter.cancel()
                 stopper.cancel()
             wake.clear()
@@ -300,12 +341,18 @@ async def serve(paths: Paths, config: Config) -> None:
             try:
                 await in_pass(sched.tick)
                 pids = await in_pass(
-                    lambda: {j.supervisor_pid for j in store.active() if j.supervisor_pid})
+                    lambda: {j.supervisor_pid for j in store.active() if j.supervisor_pid}
+                )
                 watcher.watch(pids)
                 await in_pass(trimmer.maybe_trim)  # what passes and pages freed
             except Exception as e:
-                log_repeated(log, logging.ERROR, f"pass:{type(e).__name__}",
-                             "scheduling pass failed; trying again", exc_info=True)
+                log_repeated(
+                    log,
+                    logging.ERROR,
+                    f"pass:{type(e).__name__}",
+                    "scheduling pass failed; trying again",
+                    exc_info=True,
+                )
     finally:
         watcher.close()
         launcher.close()
@@ -321,8 +368,11 @@ async def serve(paths: Paths, config: Config) -> None:
 
 def run(paths: Paths | None = None) -> int:
     paths = paths or resolve_paths()
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
     try:
         lock = _lock(paths)
     except AlreadyRunning as e:

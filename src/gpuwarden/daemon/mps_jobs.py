@@ -40,8 +40,10 @@ from gpuwarden.mps.state import (
 log = logging.getLogger("gpuwarden.mps")
 MAX_SOCKET_PATH = 100  # MPS puts unix sockets in the pipe directory (sun_path is 108)
 SIM_BIN = "sim-bin"  # under the pool's root: the simulated control program
-SHARED_FATE = ("MPS: one server per user and GPU set; a client that faults takes that "
-               "server and its other clients down with it")
+SHARED_FATE = (
+    "MPS: one server per user and GPU set; a client that faults takes that "
+    "server and its other clients down with it"
+)
 
 
 class MpsJobError(GpuwardenError):
@@ -53,15 +55,19 @@ def key(uid: int, gpus: Sequence[int]) -> str:
     return f"{uid}-{'_'.join(str(g) for g in sorted(gpus))}"
 
 
-def client_env(control: MpsControl, gpus: Sequence[int], limit: int,
-               sm_percent: int | None) -> dict[str, str]:
+def client_env(
+    control: MpsControl, gpus: Sequence[int], limit: int, sm_percent: int | None
+) -> dict[str, str]:
     """What a job's environment needs to be this daemon's client with ``limit`` bytes on
     each of its GPUs. The daemon shows its clients only its GPUs, numbered from 0: the
     client must say so (torch counts GPUs through NVML first and asserts otherwise)."""
     n = len(gpus)
-    env = {ENV_PIPE_DIR: control.pipe_dir, ENV_LOG_DIR: control.log_dir,
-           ENV_VISIBLE: ",".join(str(i) for i in range(n)),
-           ENV_MEM_LIMIT: format_mem_limits({i: limit for i in range(n)})}
+    env = {
+        ENV_PIPE_DIR: control.pipe_dir,
+        ENV_LOG_DIR: control.log_dir,
+        ENV_VISIBLE: ",".join(str(i) for i in range(n)),
+        ENV_MEM_LIMIT: format_mem_limits({i: limit for i in range(n)}),
+    }
     if sm_percent is not None:
         env[ENV_THREADS] = str(sm_percent)
     return env
@@ -70,8 +76,7 @@ def client_env(control: MpsControl, gpus: Sequence[int], limit: int,
 class MpsPool:
     """The control daemons gpuwarden runs for ``--mps`` jobs, one per (uid, GPU set)."""
 
-    def __init__(self, root: Path,
-                 control: Callable[..., MpsControl] = MpsControl) -> None:
+    def __init__(self, root: Path, control: Callable[..., MpsControl] = MpsControl) -> None:
         self.root = root
         self.control = control
         self._lock = threading.Lock()
@@ -102,8 +107,10 @@ class MpsPool:
         base = self.root / name
         pipe, logs = base / "p", base / "l"
         if len(str(pipe)) > MAX_SOCKET_PATH:
-            raise MpsJobError(f"the MPS pipe directory {pipe} is too long for its unix "
-                              "sockets; use a shorter state directory")
+            raise MpsJobError(
+                f"the MPS pipe directory {pipe} is too long for its unix "
+                "sockets; use a shorter state directory"
+            )
         return self.control(str(pipe), str(logs), uid=uid, gid=gid, binary=self.binary())
 
     def ensure(self, uid: int, gid: int, gpus: Sequence[int]) -> MpsControl:
@@ -120,8 +127,9 @@ class MpsPool:
             try:
                 control.start(visible_devices=list(gpus))
             except GpuwardenError as e:
-                raise MpsJobError(f"cannot start an MPS daemon for GPU "
-                                  f"{','.join(map(str, gpus))}: {e}") from None
+                raise MpsJobError(
+                    f"cannot start an MPS daemon for GPU {','.join(map(str, gpus))}: {e}"
+                ) from None
             log.info("started MPS control daemon %s for uid %s", name, uid)
             return control
 
@@ -131,8 +139,11 @@ class MpsPool:
         from gpuwarden.mps.state import read_mps_state
 
         root = str(self.root.resolve()) + os.sep
-        return {d.pid for d in read_mps_state().daemons
-                if d.pipe_dir is not None and os.path.abspath(d.pipe_dir).startswith(root)}
+        return {
+            d.pid
+            for d in read_mps_state().daemons
+            if d.pipe_dir is not None and os.path.abspath(d.pipe_dir).startswith(root)
+        }
 
     def running(self) -> list[str]:
         """Names of the control daemons started here that still run."""

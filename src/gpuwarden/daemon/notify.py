@@ -39,9 +39,14 @@ def job_document(job: Job) -> bytes:
     return json.dumps(job_json(job), sort_keys=True).encode()
 
 
-def post(url: str, body: bytes, *, timeout: float = WEBHOOK_TIMEOUT,
-         delays: tuple[float, ...] = WEBHOOK_DELAYS,
-         sleep: Callable[[float], None] = time.sleep) -> str | None:
+def post(
+    url: str,
+    body: bytes,
+    *,
+    timeout: float = WEBHOOK_TIMEOUT,
+    delays: tuple[float, ...] = WEBHOOK_DELAYS,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str | None:
     """POST ``body`` (JSON) to ``url`` (no proxy), tried again after each of ``delays``
     while it fails; None once it is answered 2xx, else why the last try failed."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -49,9 +54,12 @@ def post(url: str, body: bytes, *, timeout: float = WEBHOOK_TIMEOUT,
     for delay in (0.0, *delays):
         if delay:
             sleep(delay)
-        req = urllib.request.Request(url, data=body, method="POST",
-                                     headers={"Content-Type": "application/json",
-                                              "User-Agent": "gpuwarden"})
+        req = urllib.request.Request(
+            url,
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/json", "User-Agent": "gpuwarden"},
+        )
         try:
             with opener.open(req, timeout=timeout) as r:
                 if 200 <= r.status < 300:
@@ -85,8 +93,7 @@ class Notifier:
             return
         with self._lock:
             if self._waiting >= MAX_WAITING:
-                log.warning("notification of job %d dropped: %d waiting", job.id,
-                            self._waiting)
+                log.warning("notification of job %d dropped: %d waiting", job.id, self._waiting)
                 return
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._workers, "notify")
@@ -97,8 +104,9 @@ class Notifier:
         try:
             body = job_document(job)
             if job.spec.notify is not None:
-                why = run_as(job, job.spec.notify, timeout=COMMAND_TIMEOUT,
-                             what="notify command", stdin=body)
+                why = run_as(
+                    job, job.spec.notify, timeout=COMMAND_TIMEOUT, what="notify command", stdin=body
+                )
                 if why is not None:
                     self._failed(job.id, NOTIFY_FAILED, why)
             if self.webhook is not None:

@@ -12,131 +12,268 @@ from typing import Any
 from gpuwarden.jobs.model import STATES
 from gpuwarden.jobs.request import EDITABLE, FIELDS, QOS_CLASSES, properties
 
-_ERROR = {"type": "object", "required": ["error"],
-          "properties": {"error": {"type": "string"}}}
-_EVENT = {"type": "object", "properties": {"at": {"type": "string"}, "kind": {"type": "string"},
-                                           "detail": {"type": ["string", "null"]}}}
+_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
+_EVENT = {
+    "type": "object",
+    "properties": {
+        "at": {"type": "string"},
+        "kind": {"type": "string"},
+        "detail": {"type": ["string", "null"]},
+    },
+}
 JOB = {
     "type": "object",
-    "required": ["id", "user", "name", "state", "command", "gpus", "mem", "peak_memory",
-                 "exit_code", "submitted_at", "started_at", "ended_at", "reason", "events"],
+    "required": [
+        "id",
+        "user",
+        "name",
+        "state",
+        "command",
+        "gpus",
+        "mem",
+        "peak_memory",
+        "exit_code",
+        "submitted_at",
+        "started_at",
+        "ended_at",
+        "reason",
+        "events",
+    ],
     "properties": {
-        "id": {"type": "integer"}, "user": {"type": "string"},
-        "name": {"type": ["string", "null"]}, "state": {"type": "string", "enum": list(STATES)},
+        "id": {"type": "integer"},
+        "user": {"type": "string"},
+        "name": {"type": ["string", "null"]},
+        "state": {"type": "string", "enum": list(STATES)},
         "command": {"type": "array", "items": {"type": "string"}},
         "gpus": {"type": "array", "items": {"type": "integer"}},
-        "mem": {"type": ["integer", "null"]}, "peak_memory": {"type": ["integer", "null"]},
+        "mem": {"type": ["integer", "null"]},
+        "peak_memory": {"type": ["integer", "null"]},
         "exit_code": {"type": ["integer", "null"]},
-        "submitted_at": {"type": "string"}, "started_at": {"type": ["string", "null"]},
-        "ended_at": {"type": ["string", "null"]}, "reason": {"type": ["string", "null"]},
+        "submitted_at": {"type": "string"},
+        "started_at": {"type": ["string", "null"]},
+        "ended_at": {"type": ["string", "null"]},
+        "reason": {"type": ["string", "null"]},
         "events": {"type": "array", "items": _EVENT},
         "qos": {"enum": list(QOS_CLASSES)},
-        "mem_limit": {"type": ["integer", "null"]}, "request": {"type": ["integer", "null"]},
-        "preemptions": {"type": "integer"}, "oom_retries": {"type": "integer"},
-        "retries": {"type": "integer"}, "preempting": {"type": "boolean"},
-        "service": {"oneOf": [{"type": "object", "properties": {
-            "restart": {"enum": ["on-failure", "always"]},
-            "restart_limit": {"type": "integer"}, "restart_window": {"type": "number"},
-            "health_cmd": {"type": ["string", "null"]},
-            "health_url": {"type": ["string", "null"]},
-            "health_interval": {"type": "number"}, "health_grace": {"type": "number"}}},
-            {"type": "null"}]},
-        "restarts": {"type": "integer"}, "health_failures": {"type": "integer"},
-        "array": {"oneOf": [{"type": "object", "properties": {
-            "id": {"type": "integer"}, "index": {"type": "integer"},
-            "limit": {"type": ["integer", "null"]}, "task": {"type": "string"}}},
-            {"type": "null"}]},
+        "mem_limit": {"type": ["integer", "null"]},
+        "request": {"type": ["integer", "null"]},
+        "preemptions": {"type": "integer"},
+        "oom_retries": {"type": "integer"},
+        "retries": {"type": "integer"},
+        "preempting": {"type": "boolean"},
+        "service": {
+            "oneOf": [
+                {
+                    "type": "object",
+                    "properties": {
+                        "restart": {"enum": ["on-failure", "always"]},
+                        "restart_limit": {"type": "integer"},
+                        "restart_window": {"type": "number"},
+                        "health_cmd": {"type": ["string", "null"]},
+                        "health_url": {"type": ["string", "null"]},
+                        "health_interval": {"type": "number"},
+                        "health_grace": {"type": "number"},
+                    },
+                },
+                {"type": "null"},
+            ]
+        },
+        "restarts": {"type": "integer"},
+        "health_failures": {"type": "integer"},
+        "array": {
+            "oneOf": [
+                {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "integer"},
+                        "index": {"type": "integer"},
+                        "limit": {"type": ["integer", "null"]},
+                        "task": {"type": "string"},
+                    },
+                },
+                {"type": "null"},
+            ]
+        },
     },
 }
 # One property a field of the request, from the table of fields (jobs/request.py).
 PROPERTIES = properties()
-SUBMIT = {"type": "object", "additionalProperties": False,
-          "required": [f.name for f in FIELDS.values() if f.required],
-          "properties": PROPERTIES}
-EDIT = {"type": "object", "additionalProperties": False, "minProperties": 1,
-        "properties": {k: PROPERTIES[k] for k in EDITABLE}}
-STARTED = {"type": "object", "required": ["pid"], "additionalProperties": False,
-           "properties": {"pid": {"type": "integer", "minimum": 1}}}
-ENDED = {"type": "object", "additionalProperties": False, "properties": {
-    "exit_code": {"type": ["integer", "null"], "minimum": 0, "maximum": 255},
-    "signal": {"type": ["integer", "null"], "minimum": 0, "maximum": 255},
-    "reason": {"type": "string", "minLength": 1, "maxLength": 500},
-    "tree_clean": {"type": "boolean"},
-    "survivors": {"type": "array", "items": {"type": "integer", "minimum": 1}},
-    "output": {"type": "string", "description": "the tail of the output (CUDA OOM "
-                                                "detection; what logs shows)"}}}
-REFS = {"type": "array", "minItems": 1, "maxItems": 10_000, "items": {
-    "type": "string", "pattern": "^[0-9][0-9,_ -]*$", "maxLength": 200000}}
-DRAINS = {"type": "object", "required": ["drains"], "properties": {"drains": {
-    "type": "array", "items": {"type": "object", "properties": {
-        "gpu": {"type": "integer"}, "reason": {"type": ["string", "null"]},
-        "by": {"type": "string"}, "at": {"type": "string"}}}}}}
+SUBMIT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": [f.name for f in FIELDS.values() if f.required],
+    "properties": PROPERTIES,
+}
+EDIT = {
+    "type": "object",
+    "additionalProperties": False,
+    "minProperties": 1,
+    "properties": {k: PROPERTIES[k] for k in EDITABLE},
+}
+STARTED = {
+    "type": "object",
+    "required": ["pid"],
+    "additionalProperties": False,
+    "properties": {"pid": {"type": "integer", "minimum": 1}},
+}
+ENDED = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "exit_code": {"type": ["integer", "null"], "minimum": 0, "maximum": 255},
+        "signal": {"type": ["integer", "null"], "minimum": 0, "maximum": 255},
+        "reason": {"type": "string", "minLength": 1, "maxLength": 500},
+        "tree_clean": {"type": "boolean"},
+        "survivors": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+        "output": {
+            "type": "string",
+            "description": "the tail of the output (CUDA OOM detection; what logs shows)",
+        },
+    },
+}
+REFS = {
+    "type": "array",
+    "minItems": 1,
+    "maxItems": 10_000,
+    "items": {"type": "string", "pattern": "^[0-9][0-9,_ -]*$", "maxLength": 200000},
+}
+DRAINS = {
+    "type": "object",
+    "required": ["drains"],
+    "properties": {
+        "drains": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "gpu": {"type": "integer"},
+                    "reason": {"type": ["string", "null"]},
+                    "by": {"type": "string"},
+                    "at": {"type": "string"},
+                },
+            },
+        }
+    },
+}
 
 
 def response(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
     """A JSON answer of this schema."""
-    return {"description": description,
-            "content": {"application/json": {"schema": schema}}}
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-ERRORS = {str(code): response(_ERROR, text) for code, text in (
-    (400, "bad request"), (403, "not allowed"), (404, "no such job"), (409, "conflict"),
-    (503, "the daemon cannot do it now (its disk is full, its database is unusable)"))}
+ERRORS = {
+    str(code): response(_ERROR, text)
+    for code, text in (
+        (400, "bad request"),
+        (403, "not allowed"),
+        (404, "no such job"),
+        (409, "conflict"),
+        (503, "the daemon cannot do it now (its disk is full, its database is unusable)"),
+    )
+}
 # The path parameters.
-JOB_ID = {"name": "id", "in": "path", "required": True,
-          "schema": {"type": "integer", "minimum": 1}}
-GPU_INDEX = {"name": "index", "in": "path", "required": True,
-             "schema": {"type": "integer", "minimum": 0, "maximum": 65535}}
+JOB_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 1}}
+GPU_INDEX = {
+    "name": "index",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "integer", "minimum": 0, "maximum": 65535},
+}
 # The query parameters, one list a route.
 LIST_QUERY = [
     {"name": "all", "in": "query", "schema": {"type": "boolean"}},
     {"name": "user", "in": "query", "schema": {"type": "string"}},
     {"name": "group", "in": "query", "schema": {"type": "string"}},
-    {"name": "state", "in": "query", "schema": {"type": "string"},
-     "description": "only jobs in these states (comma-separated), ended ones too: "
-                    + ", ".join(STATES)},
-    {"name": "limit", "in": "query",
-     "schema": {"type": "integer", "minimum": 1, "maximum": 5000},
-     "description": "jobs in the page (default 1000)"},
-    {"name": "before", "in": "query",
-     "schema": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
-     "description": "the latest jobs with smaller ids (the default: the latest of all); "
-                    "the next older page is before the first id of this one"},
-    {"name": "after", "in": "query",
-     "schema": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
-     "description": "the first jobs with larger ids; the next page is after the last id "
-                    "of this one (not with before)"},
-    {"name": "array", "in": "query",
-     "schema": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
-     "description": "only the tasks of this array (its id)"}]
-CANCEL_QUERY = [{"name": "kill", "in": "query", "required": False,
-                 "schema": {"type": "string", "enum": ["0", "1"]}}]
-WAIT_QUERY = [{"name": "timeout", "in": "query",
-               "schema": {"type": "number", "minimum": 0, "maximum": 3600}}]
+    {
+        "name": "state",
+        "in": "query",
+        "schema": {"type": "string"},
+        "description": "only jobs in these states (comma-separated), ended ones too: "
+        + ", ".join(STATES),
+    },
+    {
+        "name": "limit",
+        "in": "query",
+        "schema": {"type": "integer", "minimum": 1, "maximum": 5000},
+        "description": "jobs in the page (default 1000)",
+    },
+    {
+        "name": "before",
+        "in": "query",
+        "schema": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+        "description": "the latest jobs with smaller ids (the default: the latest of all); "
+        "the next older page is before the first id of this one",
+    },
+    {
+        "name": "after",
+        "in": "query",
+        "schema": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+        "description": "the first jobs with larger ids; the next page is after the last id "
+        "of this one (not with before)",
+    },
+    {
+        "name": "array",
+        "in": "query",
+        "schema": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+        "description": "only the tasks of this array (its id)",
+    },
+]
+CANCEL_QUERY = [
+    {
+        "name": "kill",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "string", "enum": ["0", "1"]},
+    }
+]
+WAIT_QUERY = [
+    {"name": "timeout", "in": "query", "schema": {"type": "number", "minimum": 0, "maximum": 3600}}
+]
 LOGS_QUERY = [
-    {"name": "stream", "in": "query",
-     "schema": {"type": "string", "enum": ["stdout", "stderr"]}},
+    {"name": "stream", "in": "query", "schema": {"type": "string", "enum": ["stdout", "stderr"]}},
     {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0}},
-    {"name": "attempt", "in": "query",
-     "schema": {"type": "integer", "minimum": 1},
-     "description": "which run of the job, counted from 1 (default: the latest); "
-                    "X-Attempt names the one served, X-Attempts how many there were"}]
+    {
+        "name": "attempt",
+        "in": "query",
+        "schema": {"type": "integer", "minimum": 1},
+        "description": "which run of the job, counted from 1 (default: the latest); "
+        "X-Attempt names the one served, X-Attempts how many there were",
+    },
+]
 REPORT_QUERY = [
-    {"name": "since", "in": "query", "schema": {"type": "string"},
-     "description": "a duration back from now (7d, 12h); default: every ended job kept"},
-    {"name": "by", "in": "query",
-     "schema": {"type": "string", "enum": ["user", "group", "key"]}}]
+    {
+        "name": "since",
+        "in": "query",
+        "schema": {"type": "string"},
+        "description": "a duration back from now (7d, 12h); default: every ended job kept",
+    },
+    {"name": "by", "in": "query", "schema": {"type": "string", "enum": ["user", "group", "key"]}},
+]
 SNAPSHOT_QUERY = [
-    {"name": "gpu", "in": "query",
-     "schema": {"type": "string", "pattern": "^[0-9]{1,5}(,[0-9]{1,5})*$"},
-     "description": "GPU indices, separated by commas"},
+    {
+        "name": "gpu",
+        "in": "query",
+        "schema": {"type": "string", "pattern": "^[0-9]{1,5}(,[0-9]{1,5})*$"},
+        "description": "GPU indices, separated by commas",
+    },
     {"name": "user", "in": "query", "schema": {"type": "string"}},
-    {"name": "pid", "in": "query",
-     "schema": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1}},
-    {"name": "leaks", "in": "query",
-     "schema": {"type": "string", "enum": ["true", "false"]},
-     "description": "true: leaks found in every snapshot kept"},
-    {"name": "view", "in": "query",
-     "schema": {"type": "string", "enum": ["status", "leaks"]},
-     "description": "leaks: the document of `leaks --json` (found in every snapshot "
-                    "kept) instead of `status --json`'s"}]
+    {
+        "name": "pid",
+        "in": "query",
+        "schema": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
+    },
+    {
+        "name": "leaks",
+        "in": "query",
+        "schema": {"type": "string", "enum": ["true", "false"]},
+        "description": "true: leaks found in every snapshot kept",
+    },
+    {
+        "name": "view",
+        "in": "query",
+        "schema": {"type": "string", "enum": ["status", "leaks"]},
+        "description": "leaks: the document of `leaks --json` (found in every snapshot "
+        "kept) instead of `status --json`'s",
+    },
+]

@@ -43,8 +43,7 @@ def _report_file(path: Path, uid: int, gid: int) -> None:
     path.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         if os.geteuid() == 0:
             os.fchown(fd, uid, gid)
@@ -57,15 +56,22 @@ def job_env(job: Job, budget: int, jobdir: Path) -> dict[str, str]:
     the preemption notice file of checkpoint-friendly jobs, and expandable segments for
     PyTorch's allocator (fragmentation otherwise makes a job OOM below its budget) unless
     the user chose allocator settings."""
-    env = {**job.spec.env, "GPUWARDEN_JOB": str(job.id), "GPUWARDEN_BUDGET": str(budget),
-           "GPUWARDEN_QOS": job.spec.qos}
+    env = {
+        **job.spec.env,
+        "GPUWARDEN_JOB": str(job.id),
+        "GPUWARDEN_BUDGET": str(budget),
+        "GPUWARDEN_QOS": job.spec.qos,
+    }
     if job.spec.array is not None:  # as Slurm's SLURM_ARRAY_JOB_ID and _TASK_ID
         env["GPUWARDEN_ARRAY_ID"] = str(job.spec.array.array_id)
         env["GPUWARDEN_ARRAY_INDEX"] = str(job.spec.array.index)
     if job.spec.checkpoint:
         env["GPUWARDEN_PREEMPT_FILE"] = str(jobdir / PREEMPT_NOTICE)
-    if job.request is not None and "PYTORCH_CUDA_ALLOC_CONF" not in env \
-            and "PYTORCH_ALLOC_CONF" not in env:
+    if (
+        job.request is not None
+        and "PYTORCH_CUDA_ALLOC_CONF" not in env
+        and "PYTORCH_ALLOC_CONF" not in env
+    ):
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     return env
 
@@ -75,11 +81,18 @@ class Placer:
     supervisor, or its launcher named), an attached job's wait for its launcher, and
     stopping the victims of a preemption with their notice."""
 
-    def __init__(self, store: Store, config: Config, jobs_dir: Path, boot_id: str,
-                 clock: Callable[[], float],
-                 spawn: Callable[[Path], SupervisorHandle] | None, mps: MpsPool,
-                 booked_context: Callable[[Iterable[int]], int],
-                 cancel_running: Callable[[Job], None]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        config: Config,
+        jobs_dir: Path,
+        boot_id: str,
+        clock: Callable[[], float],
+        spawn: Callable[[Path], SupervisorHandle] | None,
+        mps: MpsPool,
+        booked_context: Callable[[Iterable[int]], int],
+        cancel_running: Callable[[Job], None],
+    ) -> None:
         self.store = store
         self.config = config
         self.jobs_dir = jobs_dir
@@ -99,25 +112,32 @@ class Placer:
         for victim_id in d.victims:
             try:
                 victim = self.store.transition(
-                    victim_id, model.ACTIVE, None, now=now, kind="preempted",
-                    detail=f"for job {job.id}: {d.reason}", preempting_at=now)
+                    victim_id,
+                    model.ACTIVE,
+                    None,
+                    now=now,
+                    kind="preempted",
+                    detail=f"for job {job.id}: {d.reason}",
+                    preempting_at=now,
+                )
             except (Conflict, JobNotFound):
                 continue  # it ended meanwhile: its room is coming back anyway
             if victim.spec.checkpoint:
                 self._write_preempt_notice(victim, job, now)
             self.cancel_running(victim)
-        self.store.set_reason(job.id, f"waiting for preempted job(s) "
-                                      f"{', '.join(map(str, d.victims))} to stop")
+        self.store.set_reason(
+            job.id, f"waiting for preempted job(s) {', '.join(map(str, d.victims))} to stop"
+        )
 
     def _write_preempt_notice(self, victim: Job, job: Job, now: float) -> None:
         path = job_dir(self.jobs_dir, victim) / PREEMPT_NOTICE
         grace = self.config.grace_of(victim.spec.grace)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o644)
+            fd = os.open(
+                path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+            )
             with os.fdopen(fd, "w") as f:
-                json.dump({"job": victim.id, "preempted_by": job.id, "at": now,
-                           "grace": grace}, f)
+                json.dump({"job": victim.id, "preempted_by": job.id, "at": now, "grace": grace}, f)
                 f.write("\n")
         except OSError as e:
             log.warning("cannot write the preemption notice of job %s: %s", victim.id, e)
@@ -140,10 +160,16 @@ class Placer:
         if not named and self.clock() - job.submitted_at < CLAIM_WAIT:
             return None  # stored, its launcher not yet named (the API names it next)
         with contextlib.suppress(Conflict, JobNotFound):
-            self.store.transition(job.id, (model.QUEUED,), model.CANCELLED, now=self.clock(),
-                                  kind="cancelled", detail="its launcher went away",
-                                  reason=f"its launcher ({job.spec.attach}) went away before "
-                                         "it was placed", ended_at=self.clock())
+            self.store.transition(
+                job.id,
+                (model.QUEUED,),
+                model.CANCELLED,
+                now=self.clock(),
+                kind="cancelled",
+                detail="its launcher went away",
+                reason=f"its launcher ({job.spec.attach}) went away before it was placed",
+                ended_at=self.clock(),
+            )
         return None
 
     def _reserve_attached(self, job: Job, place: Place, snap: Snapshot) -> None:
@@ -156,12 +182,23 @@ class Placer:
         facts = {g.index: g.facts for g in snap.gpus}
         uuids = place.uuids or tuple(facts[i].uuid for i in place.gpus)
         self.store.transition(
-            job.id, (model.QUEUED,), model.RESERVED, now=self.clock(), kind="placed",
+            job.id,
+            (model.QUEUED,),
+            model.RESERVED,
+            now=self.clock(),
+            kind="placed",
             detail=f"GPU {','.join(map(str, place.gpus))}, {format_bytes(place.budget)} "
-                   f"each; started by {job.spec.attach} (pid {handle.pid})",
-            gpus=place.gpus, gpu_uuids=uuids, budget=place.budget, cpu_set=place.cpus,
-            reason=None, supervisor_pid=handle.pid, supervisor_start=handle.start_time,
-            boot_id=self.boot_id, context=self.booked_context(place.gpus))
+            f"each; started by {job.spec.attach} (pid {handle.pid})",
+            gpus=place.gpus,
+            gpu_uuids=uuids,
+            budget=place.budget,
+            cpu_set=place.cpus,
+            reason=None,
+            supervisor_pid=handle.pid,
+            supervisor_start=handle.start_time,
+            boot_id=self.boot_id,
+            context=self.booked_context(place.gpus),
+        )
 
     def launch(self, job: Job, place: Place, snap: Snapshot) -> None:
         if job.spec.attach is not None:
@@ -175,61 +212,110 @@ class Placer:
         facts = {g.index: g.facts for g in snap.gpus}
         places = {d.uuid: d for d in devices([g.facts for g in snap.gpus])}
         # a MIG instance is a device of its own, named by its MIG- UUID
-        chosen = [places[u] for u in place.uuids] if place.uuids else \
-            [facts[i] for i in place.gpus]
+        chosen = [places[u] for u in place.uuids] if place.uuids else [facts[i] for i in place.gpus]
         budget_text = format_bytes(place.budget)
         context = self.booked_context(place.gpus)
         job = self.store.transition(
-            job.id, (model.QUEUED,), model.RESERVED, now=self.clock(), kind="placed",
+            job.id,
+            (model.QUEUED,),
+            model.RESERVED,
+            now=self.clock(),
+            kind="placed",
             detail=f"GPU {','.join(map(str, place.gpus))}, {budget_text} each "
-                   f"(+ {format_bytes(context)} CUDA context)",
-            gpus=place.gpus, gpu_uuids=tuple(f.uuid for f in chosen), budget=place.budget,
-            cpu_set=place.cpus, reason=None, context=context)
+            f"(+ {format_bytes(context)} CUDA context)",
+            gpus=place.gpus,
+            gpu_uuids=tuple(f.uuid for f in chosen),
+            budget=place.budget,
+            cpu_set=place.cpus,
+            reason=None,
+            context=context,
+        )
         try:
             d = job_dir(self.jobs_dir, job)
             report = report_path(self.jobs_dir, job)
-            env = {**job_env(job, place.budget, d), "GPUWARDEN_CONTEXT_BYTES": str(context),
-                   "GPUWARDEN_ALLOCATOR_REPORT": str(report)}
-            launch = plan_launch(job.spec.command, chosen, base_env=env,
-                                 host=probe_host(env), mem_limit=job.cap(place.budget),
-                                 bind=not job.spec.no_numa,
-                                 cores=frozenset(place.cpus) if place.cpus else None)
+            env = {
+                **job_env(job, place.budget, d),
+                "GPUWARDEN_CONTEXT_BYTES": str(context),
+                "GPUWARDEN_ALLOCATOR_REPORT": str(report),
+            }
+            launch = plan_launch(
+                job.spec.command,
+                chosen,
+                base_env=env,
+                host=probe_host(env),
+                mem_limit=job.cap(place.budget),
+                bind=not job.spec.no_numa,
+                cores=frozenset(place.cpus) if place.cpus else None,
+            )
             if job.spec.mps:
                 # MPS limits the whole client, its CUDA context inside the limit.
                 control = self.mps.ensure(job.spec.uid, job.spec.gid, place.gpus)
                 limit = (job.cap(place.budget) or place.budget) + context
-                launch = dataclasses.replace(launch, env={
-                    **launch.env, **client_env(control, place.gpus, limit,
-                                               job.spec.sm_percent)})
+                launch = dataclasses.replace(
+                    launch,
+                    env={
+                        **launch.env,
+                        **client_env(control, place.gpus, limit, job.spec.sm_percent),
+                    },
+                )
             grace = self.config.grace_of(job.spec.grace)
-            write_spec(d, spec_from_plan(job.id, launch, job.spec.command, cwd=job.spec.cwd,
-                                         uid=job.spec.uid, gid=job.spec.gid,
-                                         groups=job.spec.groups, timeout=job.spec.timeout,
-                                         grace=grace))
+            write_spec(
+                d,
+                spec_from_plan(
+                    job.id,
+                    launch,
+                    job.spec.command,
+                    cwd=job.spec.cwd,
+                    uid=job.spec.uid,
+                    gid=job.spec.gid,
+                    groups=job.spec.groups,
+                    timeout=job.spec.timeout,
+                    grace=grace,
+                ),
+            )
             _report_file(report, job.spec.uid, job.spec.gid)
             if job.spec.checkpoint:
                 d.chmod(0o711)  # the job may look up its notice file, not list the rest
             handle = (self.spawn or spawn_supervisor)(d)
         except NotStarted as e:  # proven: nothing of it ran
-            log.warning("launching job %s failed before it started (%s); queued again",
-                        job.id, e)
-            self.store.transition(job.id, (model.RESERVED,), model.QUEUED, now=self.clock(),
-                                  kind="requeued", detail=str(e), **model.FRESH_ATTEMPT,
-                                  attempts=job.attempts + 1)
+            log.warning("launching job %s failed before it started (%s); queued again", job.id, e)
+            self.store.transition(
+                job.id,
+                (model.RESERVED,),
+                model.QUEUED,
+                now=self.clock(),
+                kind="requeued",
+                detail=str(e),
+                **model.FRESH_ATTEMPT,
+                attempts=job.attempts + 1,
+            )
             return
         except Exception as e:
             log.exception("launching job %s failed", job.id)
-            self.store.transition(job.id, (model.RESERVED,), model.FAILED, now=self.clock(),
-                                  kind="launch_failed", detail=str(e),
-                                  reason=f"launch failed: {e}", ended_at=self.clock())
+            self.store.transition(
+                job.id,
+                (model.RESERVED,),
+                model.FAILED,
+                now=self.clock(),
+                kind="launch_failed",
+                detail=str(e),
+                reason=f"launch failed: {e}",
+                ended_at=self.clock(),
+            )
             return
         try:
-            self.store.transition(job.id, (model.RESERVED,), model.RESERVED,
-                                  now=self.clock(), kind="launched",
-                                  detail=f"supervisor pid {handle.pid}; {launch.describe()}"
-                                  + "".join(f"; {n}" for n in launch.notes),
-                                  supervisor_pid=handle.pid,
-                                  supervisor_start=handle.start_time, boot_id=self.boot_id)
+            self.store.transition(
+                job.id,
+                (model.RESERVED,),
+                model.RESERVED,
+                now=self.clock(),
+                kind="launched",
+                detail=f"supervisor pid {handle.pid}; {launch.describe()}"
+                + "".join(f"; {n}" for n in launch.notes),
+                supervisor_pid=handle.pid,
+                supervisor_start=handle.start_time,
+                boot_id=self.boot_id,
+            )
         except Conflict:
             # Cancelled through the API while we launched it (a reserved job without a
             # supervisor is cancelled in the store alone): stop what we started.

@@ -15,12 +15,26 @@ def queued_view(job: Job, estimate: float | None = None, now: float = 0.0) -> Qu
     """The job as the queue policy sees it at ``now``; ``estimate`` is its learned run
     time (``learned_runtime``), its ``--timeout`` the bound."""
     s = job.spec
-    return QueuedJob(id=job.id, user=s.user, mem=job.request, mem_ceiling=job.retry_ceiling,
-                     wait_for_ceiling=now < (job.ceiling_until or 0.0), count=s.gpus,
-                     gpu_ids=s.gpu_ids, exclusive=s.exclusive, priority=s.priority,
-                     submitted_at=job.submitted_at, qos=s.qos, runtime=s.timeout,
-                     estimate=estimate, not_before=job.not_before or 0.0, cpus=s.cpus,
-                     mig=s.mig, mps=s.mps, returning=job.returning)
+    return QueuedJob(
+        id=job.id,
+        user=s.user,
+        mem=job.request,
+        mem_ceiling=job.retry_ceiling,
+        wait_for_ceiling=now < (job.ceiling_until or 0.0),
+        count=s.gpus,
+        gpu_ids=s.gpu_ids,
+        exclusive=s.exclusive,
+        priority=s.priority,
+        submitted_at=job.submitted_at,
+        qos=s.qos,
+        runtime=s.timeout,
+        estimate=estimate,
+        not_before=job.not_before or 0.0,
+        cpus=s.cpus,
+        mig=s.mig,
+        mps=s.mps,
+        returning=job.returning,
+    )
 
 
 def learned_runtime(store: Store, job: Job) -> tuple[float | None, str | None]:
@@ -40,11 +54,14 @@ def estimate_view(job: Job, learned: float | None, how: str | None) -> EstimateD
     seconds = queued_view(job, learned).expected_runtime
     timeout = job.spec.timeout
     if seconds is None:
-        why = ("unknown: no --timeout and no earlier successful run of its key or name; "
-               "backfill counts it as running until it ends")
+        why = (
+            "unknown: no --timeout and no earlier successful run of its key or name; "
+            "backfill counts it as running until it ends"
+        )
     elif learned is not None and (timeout is None or learned <= timeout):
-        why = f"learned: {how}" + ("" if timeout is None else
-                                   f" (--timeout {format_duration(timeout)} bounds it)")
+        why = f"learned: {how}" + (
+            "" if timeout is None else f" (--timeout {format_duration(timeout)} bounds it)"
+        )
     else:
         why = f"its --timeout, {format_duration(seconds)}"
     return {"seconds": seconds, "learned": learned, "how": why}

@@ -39,8 +39,7 @@ LOST = "lost"  # its supervisor is gone and recorded no end (read the directory 
 KEEP = "keep"  # nothing new
 
 
-def pass_step(job: Job, status: SupervisorStatus,
-              alive: Callable[[SupervisorHandle], bool]) -> str:
+def pass_step(job: Job, status: SupervisorStatus, alive: Callable[[SupervisorHandle], bool]) -> str:
     """What one pass does with an active job, from its job directory as just read."""
     if status.exit is not None:
         return FINISH
@@ -53,8 +52,13 @@ def pass_step(job: Job, status: SupervisorStatus,
     return KEEP
 
 
-def recovery_step(job: Job, status: SupervisorStatus, *, same_boot: bool,
-                  alive: Callable[[SupervisorHandle], bool]) -> str:
+def recovery_step(
+    job: Job,
+    status: SupervisorStatus,
+    *,
+    same_boot: bool,
+    alive: Callable[[SupervisorHandle], bool],
+) -> str:
     """What the daemon does with an active job when it (re)starts (invariant 3): collect
     an end recorded while it was down, settle a job of another boot, adopt a supervisor
     that kept running, void a launch that never happened; else the supervisor is lost."""
@@ -117,8 +121,11 @@ def hold_baseline(seen: Sequence[tuple[float, int]], now: float) -> int | None:
     return max(0, min(recent))
 
 
-def foreign_figure(procs_seen: Sequence[tuple[float, int]],
-                   unaccounted_seen: Sequence[tuple[float, int]], now: float) -> int:
+def foreign_figure(
+    procs_seen: Sequence[tuple[float, int]],
+    unaccounted_seen: Sequence[tuple[float, int]],
+    now: float,
+) -> int:
     """What placement charges a GPU for memory that is not its jobs': the peak of foreign
     processes' memory over the samples given (``PEAK_WINDOW``), plus the memory no process
     accounts for that persisted, by the same rule as a hold's baseline: a moment's
@@ -127,9 +134,14 @@ def foreign_figure(procs_seen: Sequence[tuple[float, int]],
     return peak + (hold_baseline(unaccounted_seen, now) or 0)
 
 
-def new_hold(job: Job, seen: Mapping[int, float | None], child: ChildInfo | None,
-             unaccounted_seen: Mapping[str, Sequence[tuple[float, int]]], exited_at: float,
-             now: float) -> NewHold | None:
+def new_hold(
+    job: Job,
+    seen: Mapping[int, float | None],
+    child: ChildInfo | None,
+    unaccounted_seen: Mapping[str, Sequence[tuple[float, int]]],
+    exited_at: float,
+    now: float,
+) -> NewHold | None:
     """What an ending attempt leaves reserved until its memory is verified back
     (invariant 5): its budget on its GPUs, the processes the passes saw in its tree (and
     its command, even if no pass saw it run) but not its supervisor or launcher, and
@@ -141,15 +153,24 @@ def new_hold(job: Job, seen: Mapping[int, float | None], child: ChildInfo | None
         pids.setdefault(child.pid, child.start_time)
     if job.supervisor_pid is not None:  # gpuwarden's shim, or an attached job's
         pids.pop(job.supervisor_pid, None)  # launcher: not the job's GPU user
-    baseline = {u: b for u in job.gpu_uuids
-                if (b := hold_baseline(unaccounted_seen.get(u, ()), now)) is not None}
-    return NewHold(gpu_uuids=job.gpu_uuids, budget=job.budget, pids=tuple(sorted(pids)),
-                   baseline=baseline, exited_at=exited_at,
-                   starts={p: t for p, t in pids.items() if t is not None})
+    baseline = {
+        u: b
+        for u in job.gpu_uuids
+        if (b := hold_baseline(unaccounted_seen.get(u, ()), now)) is not None
+    }
+    return NewHold(
+        gpu_uuids=job.gpu_uuids,
+        budget=job.budget,
+        pids=tuple(sorted(pids)),
+        baseline=baseline,
+        exited_at=exited_at,
+        starts={p: t for p, t in pids.items() if t is not None},
+    )
 
 
-def hold_left(hold: Hold, gpus: Sequence[GpuView], running: Collection[int],
-              pid_exists: Callable[[int], bool]) -> list[str]:
+def hold_left(
+    hold: Hold, gpus: Sequence[GpuView], running: Collection[int], pid_exists: Callable[[int], bool]
+) -> list[str]:
     """What keeps an ended attempt's memory from being verified back, in words (none:
     it is back): one of its processes still listed on its GPUs (a dead one, or one whose
     pid was reused, still holds memory the driver keeps), more memory in use by no
@@ -163,13 +184,16 @@ def hold_left(hold: Hold, gpus: Sequence[GpuView], running: Collection[int],
             continue
         for p in view.processes:
             if p.pid in hold.pids:
-                dead = p.pid not in running and (p.pid in hold.starts
-                                                 or not pid_exists(p.pid))
-                left.append(f"{'dead pid' if dead else 'pid'} {p.pid} "
-                            f"{'still holds' if dead else 'holds'} "
-                            f"{format_bytes(p.memory)} on GPU {view.facts.index}")
+                dead = p.pid not in running and (p.pid in hold.starts or not pid_exists(p.pid))
+                left.append(
+                    f"{'dead pid' if dead else 'pid'} {p.pid} "
+                    f"{'still holds' if dead else 'holds'} "
+                    f"{format_bytes(p.memory)} on GPU {view.facts.index}"
+                )
         base, unacc = hold.baseline.get(uuid), view.unaccounted
         if base is not None and unacc is not None and unacc - base > LEAK_TOLERANCE:
-            left.append(f"GPU {view.facts.index}: {format_bytes(unacc - base)} more in use "
-                        "by no process than while it ran")
+            left.append(
+                f"GPU {view.facts.index}: {format_bytes(unacc - base)} more in use "
+                "by no process than while it ran"
+            )
     return left + [f"pid {pid} still runs" for pid in running]

@@ -27,9 +27,15 @@ class Recovery:
     store records: adopting one, voiding an attempt nobody claimed, and the ends of
     jobs lost to a reboot or with their supervisor."""
 
-    def __init__(self, store: Store, jobs_dir: Path, boot_id: str,
-                 clock: Callable[[], float], finish: Callable[[Job, ExitInfo], None],
-                 hold: Callable[[Job, float], NewHold | None]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        jobs_dir: Path,
+        boot_id: str,
+        clock: Callable[[], float],
+        finish: Callable[[Job, ExitInfo], None],
+        hold: Callable[[Job, float], NewHold | None],
+    ) -> None:
         self.store = store
         self.jobs_dir = jobs_dir
         self.boot_id = boot_id
@@ -47,8 +53,9 @@ class Recovery:
 
         for job in self.store.active():
             st = self._status(job)
-            step = recovery_step(job, st, same_boot=same_boot(job.boot_id, self.boot_id),
-                                 alive=alive)
+            step = recovery_step(
+                job, st, same_boot=same_boot(job.boot_id, self.boot_id), alive=alive
+            )
             if step == FINISH:
                 assert st.exit is not None
                 self.finish(job, st.exit)
@@ -63,10 +70,16 @@ class Recovery:
                 # the directory), so voiding the spec is not enough: take its claim
                 # first. Whoever creates supervisor.json owns this attempt.
                 if self._void_attempt(job):
-                    self.store.transition(job.id, (model.RESERVED,), model.QUEUED,
-                                          now=self.clock(), kind="requeued",
-                                          detail="the daemon stopped before launching it",
-                                          **model.FRESH_ATTEMPT, attempts=job.attempts + 1)
+                    self.store.transition(
+                        job.id,
+                        (model.RESERVED,),
+                        model.QUEUED,
+                        now=self.clock(),
+                        kind="requeued",
+                        detail="the daemon stopped before launching it",
+                        **model.FRESH_ATTEMPT,
+                        attempts=job.attempts + 1,
+                    )
                     continue
                 st = self._status(job)  # a supervisor won: adopt it, or collect its end
                 if st.exit is None and st.supervisor is not None and alive(st.supervisor):
@@ -84,17 +97,31 @@ class Recovery:
             self.finish(job, st.exit)
             return
         now = self.clock()
-        self.store.transition(job.id, (model.RESERVED, model.RUNNING), model.FAILED,
-                              now=now, kind="lost",
-                              detail="its supervisor died without recording an exit",
-                              reason="supervisor lost", ended_at=now, hold=self.hold(job, now))
+        self.store.transition(
+            job.id,
+            (model.RESERVED, model.RUNNING),
+            model.FAILED,
+            now=now,
+            kind="lost",
+            detail="its supervisor died without recording an exit",
+            reason="supervisor lost",
+            ended_at=now,
+            hold=self.hold(job, now),
+        )
 
     def _adopt(self, job: Job, supervisor: SupervisorHandle) -> None:
         """Record a reserved job's running supervisor, found where the pass that
         launched it could not record it (a restart, a launch cut short)."""
-        self.store.transition(job.id, (model.RESERVED,), model.RESERVED, now=self.clock(),
-                              kind=lifecycle.ADOPTED, supervisor_pid=supervisor.pid,
-                              supervisor_start=supervisor.start_time, boot_id=self.boot_id)
+        self.store.transition(
+            job.id,
+            (model.RESERVED,),
+            model.RESERVED,
+            now=self.clock(),
+            kind=lifecycle.ADOPTED,
+            supervisor_pid=supervisor.pid,
+            supervisor_start=supervisor.start_time,
+            boot_id=self.boot_id,
+        )
 
     def settle_unlaunched(self, job: Job, st: SupervisorStatus) -> None:
         """A reserved job whose launch did not complete: the pass that placed it failed
@@ -108,9 +135,16 @@ class Recovery:
                 self._adopt(job, st.supervisor)
             return  # a dead one: its exit.json, or the lost-supervisor rule, settles it
         if self._void_attempt(job):
-            self.store.transition(job.id, (model.RESERVED,), model.QUEUED, now=self.clock(),
-                                  kind="requeued", detail="its launch did not complete",
-                                  **model.FRESH_ATTEMPT, attempts=job.attempts + 1)
+            self.store.transition(
+                job.id,
+                (model.RESERVED,),
+                model.QUEUED,
+                now=self.clock(),
+                kind="requeued",
+                detail="its launch did not complete",
+                **model.FRESH_ATTEMPT,
+                attempts=job.attempts + 1,
+            )
 
     def _void_attempt(self, job: Job) -> bool:
         """Make sure no supervisor ever runs this attempt of a job: its claim, taken
@@ -124,10 +158,24 @@ class Recovery:
     def _lost_on_reboot(self, job: Job) -> None:
         now = self.clock()
         if job.spec.requeue_on_reboot:
-            self.store.transition(job.id, (model.RESERVED, model.RUNNING), model.QUEUED,
-                                  now=now, kind="requeued", detail="the machine rebooted",
-                                  **model.FRESH_ATTEMPT, attempts=job.attempts + 1)
+            self.store.transition(
+                job.id,
+                (model.RESERVED, model.RUNNING),
+                model.QUEUED,
+                now=now,
+                kind="requeued",
+                detail="the machine rebooted",
+                **model.FRESH_ATTEMPT,
+                attempts=job.attempts + 1,
+            )
         else:
-            self.store.transition(job.id, (model.RESERVED, model.RUNNING), model.FAILED,
-                                  now=now, kind="lost", detail="lost on reboot",
-                                  reason="lost on reboot", ended_at=now)
+            self.store.transition(
+                job.id,
+                (model.RESERVED, model.RUNNING),
+                model.FAILED,
+                now=now,
+                kind="lost",
+                detail="lost on reboot",
+                reason="lost on reboot",
+                ended_at=now,
+            )

@@ -17,8 +17,9 @@ MAX_KEYS = 1024  # keys come from the code, some with a uid: bounded all the sam
 
 
 class Repeats:
-    def __init__(self, interval: float = INTERVAL,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, interval: float = INTERVAL, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.interval = interval
         self.clock = clock
         self._lock = threading.Lock()
@@ -41,8 +42,15 @@ class Repeats:
             return ""
         return f" (repeated {int(seen[1])} times in the last {now - seen[0]:.0f} s)"
 
-    def log(self, logger: logging.Logger, level: int, key: str, msg: str, *args: object,
-            exc_info: bool = False) -> bool:
+    def log(
+        self,
+        logger: logging.Logger,
+        level: int,
+        key: str,
+        msg: str,
+        *args: object,
+        exc_info: bool = False,
+    ) -> bool:
         """Log ``msg`` unless ``key`` was logged less than ``interval`` ago (then only
         count it); True when it was logged."""
         tail = self.note(key)
@@ -55,8 +63,9 @@ class Repeats:
 REPEATS = Repeats()
 
 
-def log_repeated(logger: logging.Logger, level: int, key: str, msg: str, *args: object,
-                 exc_info: bool = False) -> bool:
+def log_repeated(
+    logger: logging.Logger, level: int, key: str, msg: str, *args: object, exc_info: bool = False
+) -> bool:
     """The daemon's one way to log an error that may repeat (see ``Repeats``)."""
     return REPEATS.log(logger, level, key, msg, *args, exc_info=exc_info)
 

@@ -41,8 +41,9 @@ def parse_limit(raw: Any) -> tuple[int, float]:
     return int(count), bounded_duration(window, "restart_limit window", positive=True)
 
 
-SERVICE_FIELDS = frozenset({"restart", "restart_limit", "health_cmd", "health_url",
-                            "health_interval", "health_grace"})
+SERVICE_FIELDS = frozenset(
+    {"restart", "restart_limit", "health_cmd", "health_url", "health_interval", "health_grace"}
+)
 
 
 def service_from_request(body: Mapping[str, Any]) -> Service | None:
@@ -56,8 +57,11 @@ def service_from_request(body: Mapping[str, Any]) -> Service | None:
         return None
     if restart not in POLICIES:
         raise UsageError("restart must be on-failure, always or no")
-    limit, window = (DEFAULT_LIMIT, DEFAULT_WINDOW) if body.get("restart_limit") is None \
+    limit, window = (
+        (DEFAULT_LIMIT, DEFAULT_WINDOW)
+        if body.get("restart_limit") is None
         else parse_limit(body["restart_limit"])
+    )
     cmd, url = body.get("health_cmd"), body.get("health_url")
     if cmd is not None and url is not None:
         raise UsageError("give health_cmd or health_url, not both")
@@ -65,15 +69,31 @@ def service_from_request(body: Mapping[str, Any]) -> Service | None:
         checked_command(cmd, "health_cmd")
     if url is not None:
         checked_url(url, "health_url")
-    interval = DEFAULT_INTERVAL if body.get("health_interval") is None else \
-        bounded_duration(body["health_interval"], "health_interval", positive=True)
-    grace = DEFAULT_GRACE if body.get("health_grace") is None else \
-        bounded_duration(body["health_grace"], "health_grace")
-    if (body.get("health_interval") is not None or body.get("health_grace") is not None) \
-            and cmd is None and url is None:
+    interval = (
+        DEFAULT_INTERVAL
+        if body.get("health_interval") is None
+        else bounded_duration(body["health_interval"], "health_interval", positive=True)
+    )
+    grace = (
+        DEFAULT_GRACE
+        if body.get("health_grace") is None
+        else bounded_duration(body["health_grace"], "health_grace")
+    )
+    if (
+        (body.get("health_interval") is not None or body.get("health_grace") is not None)
+        and cmd is None
+        and url is None
+    ):
         raise UsageError("health_interval and health_grace need health_cmd or health_url")
-    return Service(restart=restart, limit=limit, window=window, health_cmd=cmd,
-                   health_url=url, health_interval=interval, health_grace=grace)
+    return Service(
+        restart=restart,
+        limit=limit,
+        window=window,
+        health_cmd=cmd,
+        health_url=url,
+        health_interval=interval,
+        health_grace=grace,
+    )
 
 
 def recent_restarts(events: Iterable[Event], now: float, window: float) -> int:
@@ -96,7 +116,7 @@ def cancel_asked(events: Iterable[Event]) -> bool:
 def backoff(recent: int) -> float:
     """Seconds before the next start: 1 s after the first restart in the window,
     doubling with each further one, at most a minute (a crash loop costs little)."""
-    return min(BACKOFF_FIRST * 2.0 ** recent, BACKOFF_CAP)
+    return min(BACKOFF_FIRST * 2.0**recent, BACKOFF_CAP)
 
 
 # -- health checks -----------------------------------------------------------------------
@@ -147,9 +167,13 @@ class HealthChecks:
     def poll(self, running: Iterable[Job], now: float) -> list[tuple[Job, str]]:
         """Failures of checks that finished, for jobs still in this attempt; and new
         checks started for services whose grace is over and whose interval came round."""
-        jobs = {(j.id, j.attempts): j for j in running
-                if j.spec.service is not None and j.started_at is not None
-                and (j.spec.service.health_cmd or j.spec.service.health_url)}
+        jobs = {
+            (j.id, j.attempts): j
+            for j in running
+            if j.spec.service is not None
+            and j.started_at is not None
+            and (j.spec.service.health_cmd or j.spec.service.health_url)
+        }
         failed: list[tuple[Job, str]] = []
         with self._lock:
             for key, fut in list(self._inflight.items()):
@@ -168,9 +192,12 @@ class HealthChecks:
             for key, j in jobs.items():
                 svc = j.spec.service
                 assert svc is not None and j.started_at is not None
-                if key in self._inflight or key in failing \
-                        or now - j.started_at < svc.health_grace \
-                        or now - self._last.get(key, float("-inf")) < svc.health_interval:
+                if (
+                    key in self._inflight
+                    or key in failing
+                    or now - j.started_at < svc.health_grace
+                    or now - self._last.get(key, float("-inf")) < svc.health_interval
+                ):
                     continue
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self._workers, "health")

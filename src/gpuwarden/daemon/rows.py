@@ -53,9 +53,15 @@ def check_spec(spec: JobSpec) -> None:
     """Reject what the database cannot hold faithfully (bad input, not a crash)."""
     if not spec.command or not all(isinstance(a, str) for a in spec.command):
         raise UsageError("a job needs a command (a non-empty list of strings)")
-    for label, text in (("user", spec.user), ("cwd", spec.cwd), ("name", spec.name),
-                        ("group", spec.group), ("key", spec.key), ("attach", spec.attach),
-                        ("notify", spec.notify)):
+    for label, text in (
+        ("user", spec.user),
+        ("cwd", spec.cwd),
+        ("name", spec.name),
+        ("group", spec.group),
+        ("key", spec.key),
+        ("attach", spec.attach),
+        ("notify", spec.notify),
+    ):
         if text is None:
             continue
         try:
@@ -64,9 +70,22 @@ def check_spec(spec: JobSpec) -> None:
             raise UsageError(f"job {label} is not valid UTF-8") from None
         if "\0" in text:
             raise UsageError(f"job {label} contains a NUL character")
-    ints = (spec.uid, spec.gid, spec.mem, spec.gpus, spec.priority, spec.mem_limit,
-            spec.retries, spec.sm_percent, spec.cpus, *spec.groups,
-            *(spec.gpu_ids or ()), *spec.after, *spec.after_any, *spec.after_fail)
+    ints = (
+        spec.uid,
+        spec.gid,
+        spec.mem,
+        spec.gpus,
+        spec.priority,
+        spec.mem_limit,
+        spec.retries,
+        spec.sm_percent,
+        spec.cpus,
+        *spec.groups,
+        *(spec.gpu_ids or ()),
+        *spec.after,
+        *spec.after_any,
+        *spec.after_fail,
+    )
     if not ints_ok(*ints):
         raise UsageError("a number in the job request is out of range")
 
@@ -83,13 +102,19 @@ _LISTS = [(f.name, c, f.default) for f, c in _STORED if f.kind in (ARGV, IDS)]
 def spec_columns(spec: JobSpec) -> dict[str, object]:
     """A job's request as its columns store it (``row_to_job`` reads them back)."""
     return {
-        "user": spec.user, "uid": spec.uid, "gid": spec.gid, "groups": json_ids(spec.groups),
-        "env": json.dumps(dict(spec.env), sort_keys=True), "mem_auto": int(spec.mem_auto),
+        "user": spec.user,
+        "uid": spec.uid,
+        "gid": spec.gid,
+        "groups": json_ids(spec.groups),
+        "env": json.dumps(dict(spec.env), sort_keys=True),
+        "mem_auto": int(spec.mem_auto),
         "service": None if spec.service is None else spec.service.dumps(),
         **{column: getattr(spec, name) for name, column in _AS_IS},
         **{column: int(getattr(spec, name)) for name, column in _FLAGS},
-        **{column: None if (v := getattr(spec, name)) is None else json_ids(v)
-           for name, column, _ in _LISTS},
+        **{
+            column: None if (v := getattr(spec, name)) is None else json_ids(v)
+            for name, column, _ in _LISTS
+        },
     }
 
 
@@ -97,8 +122,10 @@ def hold_columns(hold: NewHold) -> dict[str, object]:
     """What an ended attempt leaves reserved as its columns store it (``row_to_hold``
     reads them back)."""
     return {
-        "gpu_uuids": json_ids(hold.gpu_uuids), "budget": hold.budget,
-        "pids": json_ids(sorted(hold.pids)), "baseline": json.dumps(dict(hold.baseline)),
+        "gpu_uuids": json_ids(hold.gpu_uuids),
+        "budget": hold.budget,
+        "pids": json_ids(sorted(hold.pids)),
+        "baseline": json.dumps(dict(hold.baseline)),
         "exited_at": hold.exited_at,
         "starts": json.dumps({str(k): v for k, v in sorted(hold.starts.items())}),
     }
@@ -108,8 +135,15 @@ def _stored_fields(row: dict[str, Any]) -> dict[str, Any]:
     """The JobSpec attributes of the request's stored fields, from their columns."""
     out: dict[str, Any] = {name: row[column] for name, column in _AS_IS}
     out.update((name, bool(row[column])) for name, column in _FLAGS)
-    out.update((name, (None if default is None else tuple(default)) if row[column] is None
-                else _loads_tuple(row[column])) for name, column, default in _LISTS)
+    out.update(
+        (
+            name,
+            (None if default is None else tuple(default))
+            if row[column] is None
+            else _loads_tuple(row[column]),
+        )
+        for name, column, default in _LISTS
+    )
     return out
 
 
@@ -120,13 +154,20 @@ def _loads_tuple(text: str | None) -> tuple[Any, ...]:
 
 
 def row_to_hold(row: sqlite3.Row) -> Hold:
-    return Hold(id=row["id"], job_id=row["job_id"], attempt=row["attempt"],
-                gpu_uuids=tuple(json.loads(row["gpu_uuids"])), budget=row["budget"],
-                pids=tuple(json.loads(row["pids"])),
-                baseline={str(k): int(v) for k, v in json.loads(row["baseline"]).items()},
-                exited_at=row["exited_at"], released_at=row["released_at"], how=row["how"],
-                leak=row["leak"],
-                starts={int(k): float(v) for k, v in json.loads(row["starts"] or "{}").items()})
+    return Hold(
+        id=row["id"],
+        job_id=row["job_id"],
+        attempt=row["attempt"],
+        gpu_uuids=tuple(json.loads(row["gpu_uuids"])),
+        budget=row["budget"],
+        pids=tuple(json.loads(row["pids"])),
+        baseline={str(k): int(v) for k, v in json.loads(row["baseline"]).items()},
+        exited_at=row["exited_at"],
+        released_at=row["released_at"],
+        how=row["how"],
+        leak=row["leak"],
+        starts={int(k): float(v) for k, v in json.loads(row["starts"] or "{}").items()},
+    )
 
 
 def row_to_job(raw: sqlite3.Row, events: Sequence[Event], hold: Hold | None = None) -> Job:
@@ -138,12 +179,16 @@ def row_to_job(raw: sqlite3.Row, events: Sequence[Event], hold: Hold | None = No
         uid=row["uid"],
         gid=row["gid"],
         groups=_loads_tuple(row["groups"]),
-        env=ENV_NOT_READ if row["env"] is None
-        else {} if row["env"] == "{}" else dict(json.loads(row["env"])),
+        env=ENV_NOT_READ
+        if row["env"] is None
+        else {}
+        if row["env"] == "{}"
+        else dict(json.loads(row["env"])),
         mem_auto=bool(row["mem_auto"]),
         service=Service.loads(row["service"]),
-        array=None if row["array_id"] is None else Member(
-            row["array_id"], row["array_index"], row["array_limit"]),
+        array=None
+        if row["array_id"] is None
+        else Member(row["array_id"], row["array_index"], row["array_limit"]),
         **_stored_fields(row),
     )
     return Job(
@@ -179,23 +224,35 @@ def row_to_job(raw: sqlite3.Row, events: Sequence[Event], hold: Hold | None = No
         cpu_set=_loads_tuple(row["cpu_set"]),
         restarts=row["restarts"],
         health_failures=row["health_failures"],
-        earlier=AttemptUse(row["earlier_gpu_seconds"], row["earlier_reserved"],
-                           row["earlier_used"]),
+        earlier=AttemptUse(
+            row["earlier_gpu_seconds"], row["earlier_reserved"], row["earlier_used"]
+        ),
         events=tuple(events),
     )
 
 
-def keep_attempt_use(row: sqlite3.Row, state: str, now: float, sets: list[str],
-                     args: list[Any]) -> tuple[list[str], list[Any]]:
+def keep_attempt_use(
+    row: sqlite3.Row, state: str, now: float, sets: list[str], args: list[Any]
+) -> tuple[list[str], list[Any]]:
     """Add what the attempt being cleared used (its start to its end, or to now while it
     still runs) to the job's earlier attempts' figures, in the same UPDATE."""
     end = row["ended_at"] if state in TERMINAL and row["ended_at"] is not None else now
     seconds = max(end - row["started_at"], 0.0)
     gpus = max(len(json.loads(row["gpus"] or "[]")), 1)
-    return ([*sets, "earlier_gpu_seconds = earlier_gpu_seconds + ?",
-             "earlier_reserved = earlier_reserved + ?", "earlier_used = earlier_used + ?"],
-            [*args, seconds * gpus, seconds * gpus * (row["budget"] or 0),
-             seconds * gpus * (row["peak_memory"] or 0)])
+    return (
+        [
+            *sets,
+            "earlier_gpu_seconds = earlier_gpu_seconds + ?",
+            "earlier_reserved = earlier_reserved + ?",
+            "earlier_used = earlier_used + ?",
+        ],
+        [
+            *args,
+            seconds * gpus,
+            seconds * gpus * (row["budget"] or 0),
+            seconds * gpus * (row["peak_memory"] or 0),
+        ],
+    )
 
 
 def states_arg(states: str | Iterable[str]) -> tuple[str, ...]:

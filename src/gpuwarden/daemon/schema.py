@@ -153,14 +153,18 @@ MIGRATIONS: list[Migration] = [
     ),
     # 5: jobs another launcher starts and the daemon places and watches (daemon/attached.py).
     # ... and the start times of an ended attempt's processes, to know them again.
-    sql("ALTER TABLE jobs ADD COLUMN attach TEXT",
-        "ALTER TABLE holds ADD COLUMN starts TEXT"),  # JSON object: pid -> start time
+    sql(
+        "ALTER TABLE jobs ADD COLUMN attach TEXT", "ALTER TABLE holds ADD COLUMN starts TEXT"
+    ),  # JSON object: pid -> start time
     # 6: what the latest CUDA OOM showed: the allocation that failed, what the job needed.
-    sql("ALTER TABLE jobs ADD COLUMN oom_tried INTEGER",
-        "ALTER TABLE jobs ADD COLUMN oom_need INTEGER"),
+    sql(
+        "ALTER TABLE jobs ADD COLUMN oom_tried INTEGER",
+        "ALTER TABLE jobs ADD COLUMN oom_need INTEGER",
+    ),
     # 7: the CUDA context allowance booked beside a job's budget, and the measurements
     # it comes from, per GPU model and driver (sched/context.py).
-    sql("ALTER TABLE jobs ADD COLUMN context INTEGER",
+    sql(
+        "ALTER TABLE jobs ADD COLUMN context INTEGER",
         "ALTER TABLE jobs ADD COLUMN allocated_peak INTEGER",  # the cap hook's report
         """CREATE TABLE contexts (
             model TEXT NOT NULL,
@@ -168,11 +172,14 @@ MIGRATIONS: list[Migration] = [
             at REAL NOT NULL,
             bytes INTEGER NOT NULL
         )""",
-        "CREATE INDEX contexts_model ON contexts(model, driver, at)"),
+        "CREATE INDEX contexts_model ON contexts(model, driver, at)",
+    ),
     # 8: the most an OOM retry of a job that crept into its cap may take (sched/oom.py).
     # ... and until when it waits for room for that ceiling.
-    sql("ALTER TABLE jobs ADD COLUMN retry_ceiling INTEGER",
-        "ALTER TABLE jobs ADD COLUMN ceiling_until REAL"),
+    sql(
+        "ALTER TABLE jobs ADD COLUMN retry_ceiling INTEGER",
+        "ALTER TABLE jobs ADD COLUMN ceiling_until REAL",
+    ),
     # 9: drained GPUs: no new placement there until undrained (gpuwarden gpu drain).
     sql("""CREATE TABLE IF NOT EXISTS drains (
             gpu INTEGER PRIMARY KEY,       -- index, as placement numbers GPUs
@@ -182,28 +189,36 @@ MIGRATIONS: list[Migration] = [
         )"""),
     # 10: services: a restart policy and health check (JSON, daemon/restart.py), the
     # restarts so far and the failed health checks.
-    sql("ALTER TABLE jobs ADD COLUMN service TEXT",
+    sql(
+        "ALTER TABLE jobs ADD COLUMN service TEXT",
         "ALTER TABLE jobs ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE jobs ADD COLUMN health_failures INTEGER NOT NULL DEFAULT 0"),
+        "ALTER TABLE jobs ADD COLUMN health_failures INTEGER NOT NULL DEFAULT 0",
+    ),
     # 11: dependencies beside --after (success): --after-any (any end), --after-fail.
-    sql("ALTER TABLE jobs ADD COLUMN after_any_ids TEXT NOT NULL DEFAULT '[]'",
-        "ALTER TABLE jobs ADD COLUMN after_fail_ids TEXT NOT NULL DEFAULT '[]'"),
+    sql(
+        "ALTER TABLE jobs ADD COLUMN after_any_ids TEXT NOT NULL DEFAULT '[]'",
+        "ALTER TABLE jobs ADD COLUMN after_fail_ids TEXT NOT NULL DEFAULT '[]'",
+    ),
     # 12: a MIG instance profile the job asks for (--mig 3g.40gb).
     sql("ALTER TABLE jobs ADD COLUMN mig TEXT"),
     # 13: a command run as the user once the job ends (--notify).
     sql("ALTER TABLE jobs ADD COLUMN notify TEXT"),
     # 14: arrays (--array 0-99%8): the array's id (its first task's), the task's index
     # and the array's limit on tasks at once.
-    sql("ALTER TABLE jobs ADD COLUMN array_id INTEGER",
+    sql(
+        "ALTER TABLE jobs ADD COLUMN array_id INTEGER",
         "ALTER TABLE jobs ADD COLUMN array_index INTEGER",
         "ALTER TABLE jobs ADD COLUMN array_limit INTEGER",
-        "CREATE INDEX jobs_array ON jobs (array_id, array_index)"),
+        "CREATE INDEX jobs_array ON jobs (array_id, array_index)",
+    ),
     # 15: what a job's earlier attempts used (a requeue, an OOM retry, a restart, a
     # retry clears the attempt's own fields): GPU-seconds, and byte-seconds reserved
     # (budget) and used (peak) over its GPUs, for `report`.
-    sql("ALTER TABLE jobs ADD COLUMN earlier_gpu_seconds REAL NOT NULL DEFAULT 0",
+    sql(
+        "ALTER TABLE jobs ADD COLUMN earlier_gpu_seconds REAL NOT NULL DEFAULT 0",
         "ALTER TABLE jobs ADD COLUMN earlier_reserved REAL NOT NULL DEFAULT 0",
-        "ALTER TABLE jobs ADD COLUMN earlier_used REAL NOT NULL DEFAULT 0"),
+        "ALTER TABLE jobs ADD COLUMN earlier_used REAL NOT NULL DEFAULT 0",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -222,8 +237,10 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration], path: Pat
                 "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
             ).fetchone()[0]
             if others:
-                raise StoreError(f"{path} is not a gpuwarden state database "
-                                 "(it has tables but no schema_version)")
+                raise StoreError(
+                    f"{path} is not a gpuwarden state database "
+                    "(it has tables but no schema_version)"
+                )
             conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
             conn.execute("INSERT INTO schema_version (version) VALUES (0)")
         row = conn.execute("SELECT version FROM schema_version").fetchone()
@@ -231,7 +248,8 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration], path: Pat
         if version > target:
             raise SchemaTooNew(
                 f"state database {path} has schema version {version}, newer "
-                f"than this gpuwarden understands ({target}); upgrade gpuwarden")
+                f"than this gpuwarden understands ({target}); upgrade gpuwarden"
+            )
         for number in range(version + 1, target + 1):
             migrations[number - 1](conn)
         if version != target:

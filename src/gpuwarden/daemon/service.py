@@ -34,10 +34,17 @@ class JobService:
     """Operations on jobs for one caller. ``wake`` nudges the scheduler loop; ``gpus``
     returns the GPU states of the last scheduling pass (for at-once infeasibility)."""
 
-    def __init__(self, store: Store, jobs_dir: Path, config: Config, *,
-                 wake: Callable[[], None], gpus: Callable[[], Sequence[GpuState]],
-                 cancel_running: Callable[[Job, bool], None],
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: Store,
+        jobs_dir: Path,
+        config: Config,
+        *,
+        wake: Callable[[], None],
+        gpus: Callable[[], Sequence[GpuState]],
+        cancel_running: Callable[[Job, bool], None],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
         self.jobs_dir = jobs_dir
         self.config = config
@@ -50,12 +57,28 @@ class JobService:
 
         self.fair_usage = FairUsage(store, config.policy.fairshare_halflife, clock)
         self.drains = GpuDrains(store, self.is_admin, gpus, wake, clock)
-        self.admission = JobAdmission(store, jobs_dir, config, gpus, is_admin=self.is_admin,
-                                      owned=self.owned, view=self.view, wake=wake,
-                                      clock=clock)
-        self.actions = JobActions(store, jobs_dir, owned=self.owned, may=self.may,
-                                  is_admin=self.is_admin, view=self.view, wake=wake,
-                                  cancel_running=cancel_running, clock=clock)
+        self.admission = JobAdmission(
+            store,
+            jobs_dir,
+            config,
+            gpus,
+            is_admin=self.is_admin,
+            owned=self.owned,
+            view=self.view,
+            wake=wake,
+            clock=clock,
+        )
+        self.actions = JobActions(
+            store,
+            jobs_dir,
+            owned=self.owned,
+            may=self.may,
+            is_admin=self.is_admin,
+            view=self.view,
+            wake=wake,
+            cancel_running=cancel_running,
+            clock=clock,
+        )
 
     def is_admin(self, caller: Caller) -> bool:
         """Root, a member of an admin group or (of a user's own daemon) its user: may act
@@ -71,8 +94,9 @@ class JobService:
         saying who may ``verb`` it."""
         job = self.store.get(job_id)
         if not self.may(caller, job):
-            raise PermissionDenied(f"job {job_id} belongs to {job.user}; only its owner or an "
-                                   f"admin may {verb} it")
+            raise PermissionDenied(
+                f"job {job_id} belongs to {job.user}; only its owner or an admin may {verb} it"
+            )
         return job
 
     def view(self, caller: Caller, job: Job) -> JobDoc:
@@ -82,8 +106,10 @@ class JobService:
         out = job_json(job, with_env=self.may(caller, job))
         halflife = self.config.policy.fairshare_halflife
         if halflife > 0 and job.state in (model.QUEUED, model.HELD):
-            out["fair_share"] = {"usage": self.fair_usage.get().get(job.spec.user, 0.0),
-                                 "halflife": halflife}
+            out["fair_share"] = {
+                "usage": self.fair_usage.get().get(job.spec.user, 0.0),
+                "halflife": halflife,
+            }
         return out
 
     # -- an attached job's launcher reports -----------------------------------------
@@ -104,8 +130,9 @@ class JobService:
 
         job, d = self._attached(caller, job_id)
         if job.state != model.RESERVED:
-            raise UsageError(f"job {job_id} is {job.state}; a start is reported once, after "
-                             "the daemon placed it")
+            raise UsageError(
+                f"job {job_id} is {job.state}; a start is reported once, after the daemon placed it"
+            )
         record_start(d, job.id, caller.pid, body)
         self.wake()
         return self.view(caller, self.store.get(job.id))
@@ -116,8 +143,10 @@ class JobService:
 
         job, d = self._attached(caller, job_id)
         if job.state not in model.ACTIVE:
-            raise UsageError(f"job {job_id} is {job.state}; only a placed job's end is "
-                             "reported (cancel a waiting one)")
+            raise UsageError(
+                f"job {job_id} is {job.state}; only a placed job's end is "
+                "reported (cancel a waiting one)"
+            )
         record_end(d, job.id, body)
         self.wake()
         return self.view(caller, self.store.get(job.id))
@@ -130,10 +159,19 @@ class JobService:
             out["estimate"] = estimate_view(job, *learned_runtime(self.store, job))
         return out
 
-    def list(self, caller: Caller, *, all_jobs: bool, user: str | None,
-             group: str | None, states: Sequence[str] | None = None,
-             limit: int | None = None, before: int | None = None,
-             after: int | None = None, array: int | None = None) -> list[JobDoc]:
+    def list(
+        self,
+        caller: Caller,
+        *,
+        all_jobs: bool,
+        user: str | None,
+        group: str | None,
+        states: Sequence[str] | None = None,
+        limit: int | None = None,
+        before: int | None = None,
+        after: int | None = None,
+        array: int | None = None,
+    ) -> list[JobDoc]:
         """``states`` (``ps --state``) names the states shown, ended ones too; without
         it, the waiting and running jobs (with ``all_jobs``, every job). One page of
         at most ``limit``: the first above ``after``, else the latest below ``before``
@@ -141,13 +179,21 @@ class JobService:
         if states is not None:
             unknown = [s for s in states if s not in model.STATES]
             if unknown:
-                raise UsageError(f"unknown state {unknown[0]!r} (states: "
-                                 f"{', '.join(model.STATES)})")
+                raise UsageError(
+                    f"unknown state {unknown[0]!r} (states: {', '.join(model.STATES)})"
+                )
         elif not all_jobs:
             states = [s for s in model.STATES if s not in model.TERMINAL]
-        jobs = self.store.list(states=states, user=user, group=group, limit=limit,
-                               before=before, after=after, array=array,
-                               newest=limit is not None and after is None)
+        jobs = self.store.list(
+            states=states,
+            user=user,
+            group=group,
+            limit=limit,
+            before=before,
+            after=after,
+            array=array,
+            newest=limit is not None and after is None,
+        )
         return [self.view(caller, j) for j in sorted(jobs, key=lambda j: j.id)]
 
     def report(self, caller: Caller, since: float | None, by: str) -> dict[str, Any]:
@@ -160,10 +206,17 @@ class JobService:
             raise UsageError(f"by must be one of {', '.join(BY)}")
         now = self.clock()
         cutoff = None if since is None else now - since
-        jobs = [j for j in self.store.list(states=sorted(model.TERMINAL), with_env=False)
-                if cutoff is None or (j.ended_at is not None and j.ended_at >= cutoff)]
-        return {"by": by, "since": model.iso(cutoff), "until": model.iso(now),
-                "rows": report(jobs, by)}
+        jobs = [
+            j
+            for j in self.store.list(states=sorted(model.TERMINAL), with_env=False)
+            if cutoff is None or (j.ended_at is not None and j.ended_at >= cutoff)
+        ]
+        return {
+            "by": by,
+            "since": model.iso(cutoff),
+            "until": model.iso(now),
+            "rows": report(jobs, by),
+        }
 
     def job_pids(self, caller: Caller) -> dict[str, Any]:
         """pid -> job id for every process of every running job, to any local user (``ps``
@@ -180,8 +233,11 @@ class JobService:
                 children.setdefault(ppid, []).append(p.pid)
         pids: dict[str, int] = {}
         for job in self.store.active():
-            if job.supervisor_pid is None or job.supervisor_start is None or \
-                    identify(job.supervisor_pid, job.supervisor_start) is None:
+            if (
+                job.supervisor_pid is None
+                or job.supervisor_start is None
+                or identify(job.supervisor_pid, job.supervisor_start) is None
+            ):
                 continue
             todo = [job.supervisor_pid]
             while todo:
@@ -191,8 +247,9 @@ class JobService:
                     todo.extend(children.get(pid, ()))
         return {"pids": pids}
 
-    def logs(self, caller: Caller, job_id: int, stream: str, offset: int,
-             attempt: int | None = None) -> LogChunk:
+    def logs(
+        self, caller: Caller, job_id: int, stream: str, offset: int, attempt: int | None = None
+    ) -> LogChunk:
         """A chunk of one attempt's output (the latest unless ``attempt``, counted from 1),
         for ``logs`` and ``logs -f`` polling; the owner's or an admin's alone."""
         job = self.owned(caller, job_id, "read the logs of")

@@ -61,30 +61,37 @@ def for_caller(snap: Snapshot, caller: Caller, hidden: tuple[bool, int | None]) 
     """``snap`` as ``caller``'s own ``status`` could see it (see the module doc)."""
     if caller.root:
         return snap
-    hides = hidden[0] and not (hidden[1] is not None and hidden[1] in
-                               (caller.gid, *caller.groups))
+    hides = hidden[0] and not (hidden[1] is not None and hidden[1] in (caller.gid, *caller.groups))
 
     def seen(p: Any) -> Any:
         info = p.info
         if info.uid == caller.uid or (info.uid is None and info.user == caller.user):
             return p if info.env is None else replace(p, info=replace(info, env=None))
         if hides:
-            info = replace(info, user=None, uid=None, command=None, name=None,
-                           container=None, start_time=None)
+            info = replace(
+                info, user=None, uid=None, command=None, name=None, container=None, start_time=None
+            )
             return replace(p, info=replace(info, env=None), elapsed=None)
         return replace(p, info=replace(info, env=None))
 
-    return replace(snap, holders=tuple(h for h in snap.holders if h.user == caller.user),
-                   gpus=tuple(replace(g, processes=tuple(seen(p) for p in g.processes))
-                              for g in snap.gpus))
+    return replace(
+        snap,
+        holders=tuple(h for h in snap.holders if h.user == caller.user),
+        gpus=tuple(replace(g, processes=tuple(seen(p) for p in g.processes)) for g in snap.gpus),
+    )
 
 
 class SnapshotKeeper:
     """The latest full snapshots (oldest first), refreshed while clients ask."""
 
-    def __init__(self, open_backend: Callable[[], Backend],
-                 job_pids: Callable[[], Mapping[int, int] | None], *,
-                 interval: float = INTERVAL, linger: float = LINGER) -> None:
+    def __init__(
+        self,
+        open_backend: Callable[[], Backend],
+        job_pids: Callable[[], Mapping[int, int] | None],
+        *,
+        interval: float = INTERVAL,
+        linger: float = LINGER,
+    ) -> None:
         self._open_backend = open_backend
         self._job_pids = job_pids
         self.interval = interval
@@ -99,8 +106,7 @@ class SnapshotKeeper:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="gpuwarden-snapshot",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="gpuwarden-snapshot", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
@@ -113,13 +119,13 @@ class SnapshotKeeper:
         self._wake.set()
         return list(self._history)
 
-    def document(self, caller: Caller, history: list[Snapshot],
-                 query: Mapping[str, str]) -> bytes:
+    def document(self, caller: Caller, history: list[Snapshot], query: Mapping[str, str]) -> bytes:
         """``_document``, made once per snapshot, caller and query: the keeper makes
         those asked for lately as soon as it takes a snapshot, so that a client polling
         (``watch``) finds its answer made."""
-        who = (True,) if caller.root else (False, caller.uid, caller.user, caller.gid,
-                                           caller.groups)
+        who = (
+            (True,) if caller.root else (False, caller.uid, caller.user, caller.gid, caller.groups)
+        )
         asked = (who, tuple(sorted(query.items())))
         key = (history[-1].taken_at, len(history), asked)
         doc = self.answers.get(key)
@@ -145,14 +151,13 @@ class SnapshotKeeper:
             while not self._stop.is_set():
                 self._wake.wait()
                 self._wake.clear()
-                while (not self._stop.is_set()
-                       and time.monotonic() - self._asked < self.linger):
+                while not self._stop.is_set() and time.monotonic() - self._asked < self.linger:
                     started = time.monotonic()
                     try:
                         if backend is None:
                             backend = self._open_backend()
                         snap = with_daemon_jobs(take_snapshot(backend), self._job_pids())
-                        history = [*self._history[-(KEEP - 1):], snap]
+                        history = [*self._history[-(KEEP - 1) :], snap]
                         self.answers = {}
                         for caller, query in list(self._recent.values()):
                             self.document(caller, history, query)
@@ -182,8 +187,12 @@ def _compact(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), default=str).encode()
 
 
-def _document(caller: Caller, history: list[Snapshot], query: Mapping[str, str],
-              hidden: tuple[bool, int | None]) -> bytes:
+def _document(
+    caller: Caller,
+    history: list[Snapshot],
+    query: Mapping[str, str],
+    hidden: tuple[bool, int | None],
+) -> bytes:
     """``status --json``'s document for ``caller`` (``view=status``, filtered by ``gpu``,
     ``user``, ``pid``; its leaks those of the latest snapshot, or with ``leaks=true``
     those found in every snapshot kept), ``status``'s screen drawn from it (``view=table``,
@@ -199,15 +208,24 @@ def _document(caller: Caller, history: list[Snapshot], query: Mapping[str, str],
         return _compact({"leaks": [lk.to_json() for lk in find_leaks(mine)]})
     pid, user = query.get("pid"), query.get("user") or None
     leaks = find_leaks(mine if query.get("leaks") == "true" else mine[-1:])
-    doc = snapshot_json(mine[-1], leaks, gpus=_indices(query.get("gpu")), user=user,
-                        pid=int(pid) if pid else None)
+    doc = snapshot_json(
+        mine[-1], leaks, gpus=_indices(query.get("gpu")), user=user, pid=int(pid) if pid else None
+    )
     if query.get("view") == "table":  # the screen itself: the client prints it as it is
         from gpuwarden.render.ink import Ink
         from gpuwarden.render.statusview import render_doc
 
-        return _compact("".join(line + "\n" for line in render_doc(
-            doc, matching=bool(user or pid), width=int(query["width"]),
-            ink=Ink(query.get("colour") == "1"))))
+        return _compact(
+            "".join(
+                line + "\n"
+                for line in render_doc(
+                    doc,
+                    matching=bool(user or pid),
+                    width=int(query["width"]),
+                    ink=Ink(query.get("colour") == "1"),
+                )
+            )
+        )
     return _compact(doc)
 
 
@@ -224,30 +242,49 @@ def _check(query: Mapping[str, str]) -> None:
     if view not in ("status", "leaks", "table"):
         raise UsageError("view must be status, leaks or table")
     width = query.get("width")
-    if view == "table" and not (width and width.isascii() and width.isdigit()
-                                and 20 <= int(width) <= MAX_WIDTH):
+    if view == "table" and not (
+        width and width.isascii() and width.isdigit() and 20 <= int(width) <= MAX_WIDTH
+    ):
         raise UsageError(f"width must be a number of columns, 20 to {MAX_WIDTH}")
     if query.get("colour", "0") not in ("0", "1"):
         raise UsageError("colour must be 0 or 1")
 
 
-def answer(caller: Caller, keeper: SnapshotKeeper, query: Mapping[str, str],
-           drains: Callable[[Caller], dict[str, Any]] | None = None) -> bytes:
+def answer(
+    caller: Caller,
+    keeper: SnapshotKeeper,
+    query: Mapping[str, str],
+    drains: Callable[[Caller], dict[str, Any]] | None = None,
+) -> bytes:
     """The body of ``GET /v1/snapshot``: every GPU index, the drained GPUs and, last,
     the document (``_document``) byte for byte as the command prints it into a pipe, so
     a client can pass it on unparsed; a null snapshot when none is young enough."""
     _check(query)
     history = keeper.history()
     if not history or time.time() - history[-1].taken_at > keeper.max_age():
-        return _compact({"backend": None, "taken_at": None, "gpus": [],
-                         "samples": len(history), "span": 0.0, "drains": [],
-                         "snapshot": None})
+        return _compact(
+            {
+                "backend": None,
+                "taken_at": None,
+                "gpus": [],
+                "samples": len(history),
+                "span": 0.0,
+                "drains": [],
+                "snapshot": None,
+            }
+        )
     doc = keeper.document(caller, history, query)
     last = history[-1]
-    meta = _compact({"backend": last.backend, "taken_at": last.taken_at,
-                     "gpus": [g.index for g in last.gpus], "samples": len(history),
-                     "span": last.taken_at - history[0].taken_at,
-                     "drains": [] if drains is None else drains(caller)["drains"]})
+    meta = _compact(
+        {
+            "backend": last.backend,
+            "taken_at": last.taken_at,
+            "gpus": [g.index for g in last.gpus],
+            "samples": len(history),
+            "span": last.taken_at - history[0].taken_at,
+            "drains": [] if drains is None else drains(caller)["drains"],
+        }
+    )
     return meta[:-1] + b',"snapshot":' + doc + b"}"
 
 
@@ -257,8 +294,13 @@ KEEPER = web.AppKey("snapshot_keeper", SnapshotKeeper)
 async def snapshot_route(request: web.Request) -> web.Response:
     from gpuwarden.daemon.api import SERVICE, call, caller_of
 
-    body = await call(answer, caller_of(request), request.app[KEEPER], dict(request.query),
-                      request.app[SERVICE].drains.list)
+    body = await call(
+        answer,
+        caller_of(request),
+        request.app[KEEPER],
+        dict(request.query),
+        request.app[SERVICE].drains.list,
+    )
     return web.Response(body=body, content_type="application/json")
 
 

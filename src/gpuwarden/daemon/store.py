@@ -77,9 +77,14 @@ class Store:
     changes a job's state appends its event in the same transaction. Thread-safe (one
     connection behind a lock); several processes may open the same file."""
 
-    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL",
-                 busy_timeout: float = 10.0,
-                 migrations: Sequence[Migration] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: str = "FULL",
+        busy_timeout: float = 10.0,
+        migrations: Sequence[Migration] | None = None,
+    ) -> None:
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError("synchronous must be FULL or NORMAL")
         self.path = Path(path)
@@ -107,14 +112,14 @@ class Store:
         except FileExistsError:
             return
         except OSError as e:
-            raise StoreError(f"cannot open state database {self.path}: "
-                             f"{e.strerror or e}") from None
+            raise StoreError(f"cannot open state database {self.path}: {e.strerror or e}") from None
         os.close(fd)
 
     def _open(self) -> sqlite3.Connection:
         try:
-            conn = sqlite3.connect(self.path, timeout=self._busy_timeout,
-                                   isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(
+                self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
+            )
         except sqlite3.Error as e:
             raise StoreError(f"cannot open state database {self.path}: {e}") from None
         conn.row_factory = sqlite3.Row
@@ -122,8 +127,10 @@ class Store:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
-                raise StoreError(f"state database {self.path} cannot use WAL mode "
-                                 f"(got {mode}); is it on a network filesystem?")
+                raise StoreError(
+                    f"state database {self.path} cannot use WAL mode "
+                    f"(got {mode}); is it on a network filesystem?"
+                )
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
             migrate(conn, self._migrations, self.path)
@@ -218,39 +225,53 @@ class Store:
         with self._tx(write=False) as conn:
             return job_queries.load(conn, job_id)
 
-    def list(self, states: Iterable[str] | None = None, user: str | None = None,
-             group: str | None = None, ids: Iterable[int] | None = None,
-             limit: int | None = None, *, with_events: bool = True,
-             with_env: bool = True, newest: bool = False, before: int | None = None,
-             after: int | None = None, array: int | None = None) -> list[Job]:
+    def list(
+        self,
+        states: Iterable[str] | None = None,
+        user: str | None = None,
+        group: str | None = None,
+        ids: Iterable[int] | None = None,
+        limit: int | None = None,
+        *,
+        with_events: bool = True,
+        with_env: bool = True,
+        newest: bool = False,
+        before: int | None = None,
+        after: int | None = None,
+        array: int | None = None,
+    ) -> list[Job]:
         """Jobs matching every given filter, ordered by id (the first ``limit``; the
         last ``limit``, newest first, with ``newest``), only ids below ``before`` and
         above ``after`` where given (a page's cursor). ``with_events=False`` skips the
         history (the scheduler does not need it); ``with_env=False`` the environments
         (a user's is kilobytes: 10,000 queued jobs' were most of a pass's time and of
         the daemon's memory), each job's ``spec.env`` then ``ENV_NOT_READ``."""
-        tail, args = job_queries.listing(states, user, group, ids, limit, newest=newest,
-                                         before=before, after=after, array=array)
+        tail, args = job_queries.listing(
+            states, user, group, ids, limit, newest=newest, before=before, after=after, array=array
+        )
         sql = f"SELECT {'*' if with_env else self._columns_but_env()} FROM jobs{tail}"
         with self._tx(write=False) as conn:
             listed = job_queries.list_rows(conn, sql, args, with_events=with_events)
         return job_queries.jobs_of(listed)
 
-    def peaks(self, uid: int, *, key: str | None = None, name: str | None = None,
-              limit: int = 5) -> builtins.list[int]:
+    def peaks(
+        self, uid: int, *, key: str | None = None, name: str | None = None, limit: int = 5
+    ) -> builtins.list[int]:
         """What the allocations of this user's latest succeeded jobs with this key (else
         name) peaked at, newest first: the cap hook's report, else the driver's peak less
         the CUDA context booked beside the budget. What ``--mem auto`` learns from."""
         return [int(v) for v in self._succeeded(uid, key, name, limit, learned.PEAK)]
 
-    def runtimes(self, uid: int, *, key: str | None = None, name: str | None = None,
-                 limit: int = 5) -> builtins.list[float]:
+    def runtimes(
+        self, uid: int, *, key: str | None = None, name: str | None = None, limit: int = 5
+    ) -> builtins.list[float]:
         """Run times (start of the last attempt to its end) of this user's latest succeeded
         jobs with this key (else name), newest first: what backfill's estimates learn from."""
         return [float(v) for v in self._succeeded(uid, key, name, limit, learned.RUNTIME)]
 
-    def _succeeded(self, uid: int, key: str | None, name: str | None, limit: int,
-                   figure: learned.Figure) -> builtins.list[Any]:
+    def _succeeded(
+        self, uid: int, key: str | None, name: str | None, limit: int, figure: learned.Figure
+    ) -> builtins.list[Any]:
         same = learned.same_job(key, name)
         if same is None:
             return []
@@ -285,8 +306,9 @@ class Store:
         with self._tx(write=False) as conn:
             return job_queries.stats(conn, now)
 
-    def samples(self, since: float, until: float | None = None, *,
-                job_id: int | None = None) -> builtins.list[GpuSample]:
+    def samples(
+        self, since: float, until: float | None = None, *, job_id: int | None = None
+    ) -> builtins.list[GpuSample]:
         """Memory samples from ``since`` (to ``until``), oldest first; only those in
         which ``job_id`` held memory when it is given."""
         sql, args = measurements.samples_query(since, until, job_id)
@@ -296,8 +318,7 @@ class Store:
 
     # -- writing -------------------------------------------------------------------
 
-    def record_samples(self, samples: Iterable[GpuSample], *, keep: float,
-                       now: float) -> None:
+    def record_samples(self, samples: Iterable[GpuSample], *, keep: float, now: float) -> None:
         """Store one pass's samples and drop those older than ``keep`` seconds."""
         with self._tx(write=True) as conn:
             measurements.record_samples(conn, samples, keep=keep, now=now)
@@ -313,8 +334,15 @@ class Store:
         with self._tx(write=False) as conn:
             return measurements.context_samples(conn)
 
-    def submit(self, spec: JobSpec, now: float, *, state: str = QUEUED,
-               reason: str | None = None, array: Array | None = None) -> tuple[Job, bool]:
+    def submit(
+        self,
+        spec: JobSpec,
+        now: float,
+        *,
+        state: str = QUEUED,
+        reason: str | None = None,
+        array: Array | None = None,
+    ) -> tuple[Job, bool]:
         """Store a new job (``queued``, or ``held``/``infeasible`` decided at submit
         time) with its ``submitted`` event; with ``array``, one such job a task, in one
         transaction, the first task's id the array's. Returns (job, created), the job
@@ -343,9 +371,18 @@ class Store:
         with self._tx(write=True) as conn:
             return job_changes.ids_above(conn, floor)
 
-    def transition(self, job_id: int, from_states: str | Iterable[str],
-                   to_state: str | None, *, now: float, kind: str, detail: str | None = None,
-                   hold: NewHold | None = None, **fields: object) -> Job:
+    def transition(
+        self,
+        job_id: int,
+        from_states: str | Iterable[str],
+        to_state: str | None,
+        *,
+        now: float,
+        kind: str,
+        detail: str | None = None,
+        hold: NewHold | None = None,
+        **fields: object,
+    ) -> Job:
         """Compare-and-set: move the job to ``to_state`` (None: keep the state it is in)
         only if it is in one of ``from_states``, set ``fields`` (see
         job_changes.TRANSITION_FIELDS; those not given keep their value) and append the
@@ -355,8 +392,9 @@ class Store:
         not exist. Returns the job as committed."""
         plan = job_changes.plan_transition(job_id, from_states, to_state, kind, fields)
         with self._tx(write=True) as conn:
-            current, job = job_changes.transition(conn, job_id, plan, now=now, kind=kind,
-                                                  detail=detail, hold=hold)
+            current, job = job_changes.transition(
+                conn, job_id, plan, now=now, kind=kind, detail=detail, hold=hold
+            )
         if job.state in TERMINAL and current not in TERMINAL:
             self._ended(job)
         return job
@@ -378,8 +416,7 @@ class Store:
         with self._tx(write=False) as conn:
             return holds.open_holds(conn)
 
-    def close_hold(self, hold_id: int, now: float, how: str, *, kind: str,
-                   detail: str) -> bool:
+    def close_hold(self, hold_id: int, now: float, how: str, *, kind: str, detail: str) -> bool:
         """Release a hold (memory verified back, or cleared) and note it on its job.
         False when it was closed already."""
         lifecycle.check_note(kind)
@@ -449,8 +486,7 @@ class Store:
         with self._tx(write=True) as conn:
             return maintenance.delete(conn, job_id)
 
-    def clean(self, older_than_seconds: float, now: float, *,
-              user: str | None = None) -> int:
+    def clean(self, older_than_seconds: float, now: float, *, user: str | None = None) -> int:
         """Remove finished jobs (of ``user``, if given) that ended more than
         ``older_than_seconds`` before ``now``, except those an unfinished job depends
         on. Returns how many were removed."""
@@ -478,8 +514,15 @@ class Store:
         with self._tx(write=False) as conn:
             return events.transitions(conn, job_id)
 
-    def edit(self, job_id: int, from_states: Iterable[str], changes: dict[str, Any], *,
-             now: float, detail: str) -> Job:
+    def edit(
+        self,
+        job_id: int,
+        from_states: Iterable[str],
+        changes: dict[str, Any],
+        *,
+        now: float,
+        detail: str,
+    ) -> Job:
         """Change a waiting job's request (``gpuwarden edit``): ``changes`` maps JobSpec
         fields (see job_changes.EDIT_COLUMNS) to their new values, written with an
         ``edited`` event in one transaction, only while the job is in one of

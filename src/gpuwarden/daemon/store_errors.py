@@ -36,8 +36,9 @@ class Conflict(GpuwardenError):
 
     exit_code = 1
 
-    def __init__(self, message: str, *, job_id: int | None = None,
-                 state: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, job_id: int | None = None, state: str | None = None
+    ) -> None:
         super().__init__(message)
         self.job_id = job_id
         self.state = state

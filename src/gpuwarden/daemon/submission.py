@@ -20,9 +20,15 @@ from gpuwarden.jobs.services import Service
 from gpuwarden.units import bounded_size, parse_size_or_fraction
 
 
-def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *,
-                      capacities: Mapping[int, int] | None = None, oom_retries: int = 0,
-                      max_grace: float = math.inf) -> tuple[JobSpec, list[str]]:
+def spec_from_request(
+    body: Mapping[str, Any],
+    caller: Caller,
+    gpu_count: int,
+    *,
+    capacities: Mapping[int, int] | None = None,
+    oom_retries: int = 0,
+    max_grace: float = math.inf,
+) -> tuple[JobSpec, list[str]]:
     """Validate a submit request into a JobSpec; returns the env names dropped. Each
     field's type and bounds come from the table of request fields (jobs/request.py);
     the rules here are those between fields, or of this daemon.
@@ -46,14 +52,14 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *
     mem_auto = v["mem"] == "auto"
     mem = None if mem_auto else _mem(v["mem"], v["gpu_ids"], capacities or {})
     if mem_auto and v["key"] is None and v["name"] is None:
-        raise UsageError("mem auto learns from earlier runs with the same key or name: "
-                         "give one")
+        raise UsageError("mem auto learns from earlier runs with the same key or name: give one")
     mem_limit = _size(v["mem_limit"], "mem_limit")
     qos = v["qos"]
     if mem_limit is not None:
         if mem is None and not mem_auto:
-            raise UsageError("mem_limit needs mem: the limit is how far past its request "
-                             "a job may grow")
+            raise UsageError(
+                "mem_limit needs mem: the limit is how far past its request a job may grow"
+            )
         if mem is not None and mem_limit < mem:
             raise UsageError("mem_limit must be at least mem")
         if qos == GUARANTEED and mem_limit != mem:
@@ -71,8 +77,9 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *
     if retries is None:  # a whole GPU cannot grow
         retries = oom_retries if (mem is not None or mem_auto) and attach is None else 0
     if v["cpus"] is not None and v["no_numa"]:
-        raise UsageError("cpus binds the job to cores near its GPUs; no_numa turns "
-                         "binding off: choose one")
+        raise UsageError(
+            "cpus binds the job to cores near its GPUs; no_numa turns binding off: choose one"
+        )
     mig = v["mig"]
     if mig is not None:
         from gpuwarden.gpus.model import MIG_PROFILE
@@ -85,16 +92,29 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *
     if gpu_ids is not None:
         bad = [i for i in gpu_ids if i >= gpu_count]
         if bad:
-            raise UsageError(f"no GPU with index {', '.join(map(str, bad))} "
-                             f"(this machine has {gpu_count})")
+            raise UsageError(
+                f"no GPU with index {', '.join(map(str, bad))} (this machine has {gpu_count})"
+            )
         gpu_ids = tuple(sorted(set(gpu_ids)))
     decided: dict[str, Any] = dict(
-        user=caller.user, uid=caller.uid, gid=caller.gid, groups=caller.groups, env=env,
-        mem=mem, gpu_ids=gpu_ids, qos=qos, mem_limit=mem_limit, grace=grace,
+        user=caller.user,
+        uid=caller.uid,
+        gid=caller.gid,
+        groups=caller.groups,
+        env=env,
+        mem=mem,
+        gpu_ids=gpu_ids,
+        qos=qos,
+        mem_limit=mem_limit,
+        grace=grace,
         # An attached job's launcher is gone once it is stopped: nothing could requeue it.
-        no_requeue=v["no_requeue"] or attach is not None, retries=retries,
-        mem_auto=mem_auto, mig=mig, service=_service(body, attach),
-        notify=None if v["notify"] is None else checked_command(v["notify"], "notify"))
+        no_requeue=v["no_requeue"] or attach is not None,
+        retries=retries,
+        mem_auto=mem_auto,
+        mig=mig,
+        service=_service(body, attach),
+        notify=None if v["notify"] is None else checked_command(v["notify"], "notify"),
+    )
     # Every stored field as its own check left it, unless a rule here decided it.
     spec = JobSpec(**{f.name: v[f.name] for f in FIELDS.values() if f.stored} | decided)
     return spec, dropped
@@ -103,8 +123,9 @@ def spec_from_request(body: Mapping[str, Any], caller: Caller, gpu_count: int, *
 def _service(body: Mapping[str, Any], attach: str | None) -> Service | None:
     svc = service_from_request(body)
     if svc is not None and attach is not None:
-        raise UsageError("restart: an attached job is started by its launcher, which "
-                         "restarts it or not")
+        raise UsageError(
+            "restart: an attached job is started by its launcher, which restarts it or not"
+        )
     return svc
 
 
@@ -112,8 +133,7 @@ def _size(raw: Any, label: str) -> int | None:
     return None if raw is None else bounded_size(raw, label, positive=True, example="14G")
 
 
-def _mem(raw: Any, gpu_ids: tuple[int, ...] | None,
-         capacities: Mapping[int, int]) -> int | None:
+def _mem(raw: Any, gpu_ids: tuple[int, ...] | None, capacities: Mapping[int, int]) -> int | None:
     """``mem`` as bytes: a size, or a fraction of what a GPU can give one job (its total
     less the reserve) -- of the smallest of the GPUs it may use, so that it fits on each."""
     if not isinstance(raw, str):
@@ -127,6 +147,8 @@ def _mem(raw: Any, gpu_ids: tuple[int, ...] | None,
     allowed = gpu_ids or list(capacities)
     caps = [capacities[i] for i in allowed if i in capacities]
     if not caps:
-        raise UsageError(f"mem: a fraction ({raw}) needs the daemon's view of the GPUs, "
-                         "which it does not have yet: give a size such as 20G")
+        raise UsageError(
+            f"mem: a fraction ({raw}) needs the daemon's view of the GPUs, "
+            "which it does not have yet: give a size such as 20G"
+        )
     return max(int(min(caps) * fraction), 1)

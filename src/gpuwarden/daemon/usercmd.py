@@ -23,22 +23,25 @@ if TYPE_CHECKING:
 def checked_command(raw: Any, label: str) -> str:
     """A shell command line to run later as the user: text, not empty, no NUL."""
     if not isinstance(raw, str) or not raw.strip() or "\0" in raw or len(raw) > MAX_COMMAND:
-        raise UsageError(f"{label} must be a non-empty command of at most {MAX_COMMAND} "
-                         "characters")
+        raise UsageError(f"{label} must be a non-empty command of at most {MAX_COMMAND} characters")
     return raw
 
 
 def checked_url(raw: Any, label: str) -> str:
     """An http:// or https:// URL without spaces or control characters."""
-    if not isinstance(raw, str) or len(raw) > MAX_URL \
-            or not raw.startswith(("http://", "https://")) \
-            or any(c.isspace() or ord(c) < 32 for c in raw):
+    if (
+        not isinstance(raw, str)
+        or len(raw) > MAX_URL
+        or not raw.startswith(("http://", "https://"))
+        or any(c.isspace() or ord(c) < 32 for c in raw)
+    ):
         raise UsageError(f"{label} must be an http:// or https:// URL")
     return raw
 
 
-def run_as(job: Job, command: str, *, timeout: float, what: str,
-           stdin: bytes | None = None) -> str | None:
+def run_as(
+    job: Job, command: str, *, timeout: float, what: str, stdin: bytes | None = None
+) -> str | None:
     """Run ``/bin/sh -c command`` as the job's user (uid, gid, groups), in its working
     directory and environment with ``GPUWARDEN_JOB``, ``stdin`` on its standard input.
     None when it exits 0, else why not (``what`` names it). Its whole process group is
@@ -47,13 +50,18 @@ def run_as(job: Job, command: str, *, timeout: float, what: str,
     as_root = os.geteuid() == 0
     env = {**s.env, "GPUWARDEN_JOB": str(job.id)}
     try:
-        p = subprocess.Popen(["/bin/sh", "-c", command], cwd=s.cwd, env=env,
-                             stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             start_new_session=True,
-                             user=s.uid if as_root else None,
-                             group=s.gid if as_root else None,
-                             extra_groups=list(s.groups) if as_root else None)
+        p = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            cwd=s.cwd,
+            env=env,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            user=s.uid if as_root else None,
+            group=s.gid if as_root else None,
+            extra_groups=list(s.groups) if as_root else None,
+        )
     except OSError as e:
         return f"{what} did not start: {e}"
     try:

@@ -25,7 +25,9 @@ class ProcessSource(Protocol):
         ...
 
     def holders(
-        self, device_files: Mapping[str, int | None], exclude: Iterable[int] = (),
+        self,
+        device_files: Mapping[str, int | None],
+        exclude: Iterable[int] = (),
         only: Collection[int] | None = None,
     ) -> list[Holder]:
         """Processes holding one of ``device_files``; ``only``: look at these pids alone

@@ -11,8 +11,9 @@ from typing import Any
 from gpuwarden.gpus.nvml_values import normalize_bus_id
 
 
-def nvlink_peers(nv: Any, handles: dict[int, Any],
-                 bus_ids: dict[int, str | None]) -> dict[int, tuple[int, ...]]:
+def nvlink_peers(
+    nv: Any, handles: dict[int, Any], bus_ids: dict[int, str | None]
+) -> dict[int, tuple[int, ...]]:
     """GPU index -> indices of GPUs reachable over active NVLink, best effort. ``nv`` is
     the initialised pynvml module, ``handles`` and ``bus_ids`` are by GPU index."""
     by_bus = {normalize_bus_id(b): i for i, b in bus_ids.items() if b}

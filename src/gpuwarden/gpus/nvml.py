@@ -378,8 +378,11 @@ class NvmlBackend:
             for mh, _gi, _ci, mig_uuid in self._mig_handles(i, h):
                 for pid, (mem, kinds) in sorted(self._merged(i, mh).items()):
                     on_mig.add(pid)
-                    out.append(GpuProcessFacts(pid=pid, gpu_index=i, memory=mem,
-                                               kinds=tuple(kinds), mig_uuid=mig_uuid))
+                    out.append(
+                        GpuProcessFacts(
+                            pid=pid, gpu_index=i, memory=mem, kinds=tuple(kinds), mig_uuid=mig_uuid
+                        )
+                    )
             merged = {pid: v for pid, v in self._merged(i, h).items() if pid not in on_mig}
             if not merged:
                 continue
@@ -419,9 +422,13 @@ class NvmlBackend:
         of a GPU in MIG mode; [] with MIG off, or where the driver or pynvml has no
         MIG support, so such a GPU is seen exactly as before."""
         nv = self._nv
-        needed = ("nvmlDeviceGetMigMode", "nvmlDeviceGetMaxMigDeviceCount",
-                  "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetGpuInstanceId",
-                  "nvmlDeviceGetComputeInstanceId")
+        needed = (
+            "nvmlDeviceGetMigMode",
+            "nvmlDeviceGetMaxMigDeviceCount",
+            "nvmlDeviceGetMigDeviceHandleByIndex",
+            "nvmlDeviceGetGpuInstanceId",
+            "nvmlDeviceGetComputeInstanceId",
+        )
         if not all(hasattr(nv, n) for n in needed):
             return []
         mode = self._field(i, "mig mode", nv.nvmlDeviceGetMigMode, h)
@@ -435,8 +442,7 @@ class NvmlBackend:
             except nv.NVMLError:
                 continue  # NOT_FOUND: no instance in this slot
             gi = self._field(i, "mig gpu instance id", nv.nvmlDeviceGetGpuInstanceId, mh)
-            ci = self._field(i, "mig compute instance id", nv.nvmlDeviceGetComputeInstanceId,
-                             mh)
+            ci = self._field(i, "mig compute instance id", nv.nvmlDeviceGetComputeInstanceId, mh)
             uuid = self._field(i, "mig uuid", nv.nvmlDeviceGetUUID, mh)
             if gi is None or ci is None or uuid is None:
                 continue
@@ -456,9 +462,18 @@ class NvmlBackend:
             name = self._field(i, "mig name", nv.nvmlDeviceGetName, mh)
             text = (name.decode() if isinstance(name, bytes) else str(name or "")).strip()
             profile = text.rsplit("MIG ", 1)[1] if "MIG " in text else "?"
-            out.append(MigInstanceFacts(
-                gpu_index=i, gi_id=gi, ci_id=ci, profile=profile, uuid=uuid,
-                memory_total=int(m.total), memory_used=int(m.used), memory_free=int(m.free)))
+            out.append(
+                MigInstanceFacts(
+                    gpu_index=i,
+                    gi_id=gi,
+                    ci_id=ci,
+                    profile=profile,
+                    uuid=uuid,
+                    memory_total=int(m.total),
+                    memory_used=int(m.used),
+                    memory_free=int(m.free),
+                )
+            )
         return tuple(sorted(out, key=lambda x: x.gi_id))
 
     # -- the rest of the protocol ---------------------------------------------

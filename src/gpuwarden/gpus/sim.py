@@ -32,8 +32,13 @@ def _uid_of(user: str) -> int | None:
 class SimProcesses:
     """The real /proc with the scenario's declared processes laid over it."""
 
-    def __init__(self, scenario: Scenario, loaded_at: float,
-                 reaped: Iterable[int] = (), kept: dict[int, ProcInfo] | None = None) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        loaded_at: float,
+        reaped: Iterable[int] = (),
+        kept: dict[int, ProcInfo] | None = None,
+    ) -> None:
         # kept: the backend's facts of declared processes whose facts do not move with
         # time, across snapshots (as KeptFacts keeps the lasting /proc facts).
         self._kept: dict[int, ProcInfo] = {} if kept is None else kept
@@ -58,16 +63,18 @@ class SimProcesses:
             return ProcInfo(pid=pid, exists=False, garbage=True)
         if p.state == "other_namespace":
             # Its container is the scenario's to say: status and leaks both name it.
-            return ProcInfo(pid=pid, exists=False, container=p.container,
-                            namespace_hint="another PID namespace")
+            return ProcInfo(
+                pid=pid, exists=False, container=p.container, namespace_hint="another PID namespace"
+            )
         kept = self._kept.get(pid)
         if kept is not None:
             return kept
         orphan = p.state == "orphan"
         start = self._loaded_at - p.started_ago
         # A steady cpu_percent since its start: two looks apart differ by that share.
-        cpu_time = None if p.cpu_percent is None else \
-            p.cpu_percent / 100 * max(time.time() - start, 0.0)
+        cpu_time = (
+            None if p.cpu_percent is None else p.cpu_percent / 100 * max(time.time() - start, 0.0)
+        )
         info = ProcInfo(
             pid=pid,
             exists=True,
@@ -96,7 +103,9 @@ class SimProcesses:
         return None
 
     def holders(
-        self, device_files: Mapping[str, int | None], exclude: Iterable[int] = (),
+        self,
+        device_files: Mapping[str, int | None],
+        exclude: Iterable[int] = (),
         only: Collection[int] | None = None,
     ) -> list[Holder]:
         out = self._live.holders(device_files, exclude, only)
@@ -105,8 +114,11 @@ class SimProcesses:
             if h.pid in excluded or (only is not None and h.pid not in only):
                 continue
             indices = sorted(
-                {int(d[len("/dev/nvidia"):]) for d in h.devices
-                 if d.startswith("/dev/nvidia") and d[len("/dev/nvidia"):].isdigit()}
+                {
+                    int(d[len("/dev/nvidia") :])
+                    for d in h.devices
+                    if d.startswith("/dev/nvidia") and d[len("/dev/nvidia") :].isdigit()
+                }
             )
             out.append(
                 Holder(
@@ -145,8 +157,9 @@ class SimBackend:
     def declared(self, pid: int) -> bool:
         """A pid the scenario file declares: no real process stands behind it, so it is
         never signalled (another process may well own that pid here)."""
-        return (any(p.pid == pid for p in self.scenario.processes)
-                or any(h.pid == pid for h in self.scenario.holders))
+        return any(p.pid == pid for p in self.scenario.processes) or any(
+            h.pid == pid for h in self.scenario.holders
+        )
 
     def reap_declared(self, pid: int) -> None:
         """Model the reaping of a scenario process: for the rest of this run the driver
@@ -165,10 +178,10 @@ class SimBackend:
         settings = self.registry.settings()
         charged: dict[int, int] = {g.index: 0 for g in self.scenario.gpus}
         # On a GPU in MIG mode memory is charged to an instance: its own slice.
-        mig_charged: dict[str, int] = {m.uuid: 0 for g in self.scenario.gpus
-                                       for m in g.mig_instances}
-        mig_of = {(g.index, m.gi_id): m.uuid for g in self.scenario.gpus
-                  for m in g.mig_instances}
+        mig_charged: dict[str, int] = {
+            m.uuid: 0 for g in self.scenario.gpus for m in g.mig_instances
+        }
+        mig_of = {(g.index, m.gi_id): m.uuid for g in self.scenario.gpus for m in g.mig_instances}
         for p in self._live_declared():
             if p.mig is not None:
                 mig_charged[mig_of[(p.gpu, p.mig)]] += p.memory
@@ -189,13 +202,24 @@ class SimBackend:
             s = settings.get(g.uuid, {})
             migs = tuple(
                 MigInstanceFacts(
-                    gpu_index=g.index, gi_id=m.gi_id, ci_id=m.ci_id, profile=m.profile,
-                    uuid=m.uuid, memory_total=m.memory_total,
+                    gpu_index=g.index,
+                    gi_id=m.gi_id,
+                    ci_id=m.ci_id,
+                    profile=m.profile,
+                    uuid=m.uuid,
+                    memory_total=m.memory_total,
                     memory_used=min(m.memory_total, mig_charged[m.uuid]),
-                    memory_free=m.memory_total - min(m.memory_total, mig_charged[m.uuid]))
-                for m in g.mig_instances)
-            used = min(g.memory_total, g.driver_baseline + g.unaccounted_memory + charged[g.index]
-                       + sum(m.memory_used for m in migs))
+                    memory_free=m.memory_total - min(m.memory_total, mig_charged[m.uuid]),
+                )
+                for m in g.mig_instances
+            )
+            used = min(
+                g.memory_total,
+                g.driver_baseline
+                + g.unaccounted_memory
+                + charged[g.index]
+                + sum(m.memory_used for m in migs),
+            )
             out.append(
                 GpuFacts(
                     index=g.index,
@@ -230,32 +254,43 @@ class SimBackend:
         return out
 
     def processes(self) -> list[GpuProcessFacts]:
-        mig_of = {(g.index, m.gi_id): m.uuid for g in self.scenario.gpus
-                  for m in g.mig_instances}
+        mig_of = {(g.index, m.gi_id): m.uuid for g in self.scenario.gpus for m in g.mig_instances}
         out = [
-            GpuProcessFacts(pid=p.pid, gpu_index=p.gpu, memory=p.memory, kinds=p.kinds,
-                            sm_utilization=p.sm_utilization,
-                            mig_uuid=None if p.mig is None else mig_of[(p.gpu, p.mig)])
+            GpuProcessFacts(
+                pid=p.pid,
+                gpu_index=p.gpu,
+                memory=p.memory,
+                kinds=p.kinds,
+                sm_utilization=p.sm_utilization,
+                mig_uuid=None if p.mig is None else mig_of[(p.gpu, p.mig)],
+            )
             for p in self._live_declared()
         ]
         by_uuid = {g.uuid: (g.index, None) for g in self.scenario.gpus} | {
-            m.uuid: (g.index, m.uuid) for g in self.scenario.gpus for m in g.mig_instances}
+            m.uuid: (g.index, m.uuid) for g in self.scenario.gpus for m in g.mig_instances
+        }
         for alloc in self.registry.allocations():
             if alloc.freeing:  # gone from the driver's list, not yet from its memory
                 continue
             for uuid, nbytes in sorted(alloc.gpus.items()):
                 if uuid in by_uuid:
                     index, mig = by_uuid[uuid]
-                    out.append(GpuProcessFacts(
-                        pid=alloc.pid, gpu_index=index, memory=nbytes,
-                        kinds=("compute", "mps") if alloc.mps else ("compute",),
-                        mig_uuid=mig))
+                    out.append(
+                        GpuProcessFacts(
+                            pid=alloc.pid,
+                            gpu_index=index,
+                            memory=nbytes,
+                            kinds=("compute", "mps") if alloc.mps else ("compute",),
+                            mig_uuid=mig,
+                        )
+                    )
         return out
 
     def device_files(self) -> dict[str, int | None]:
         dev = self.registry.dev_dir
-        files: dict[str, int | None] = {str(dev / f"nvidia{g.index}"): g.index
-                                        for g in self.scenario.gpus}
+        files: dict[str, int | None] = {
+            str(dev / f"nvidia{g.index}"): g.index for g in self.scenario.gpus
+        }
         files[str(dev / "nvidiactl")] = None
         files[str(dev / "nvidia-uvm")] = None
         return files
@@ -270,8 +305,10 @@ class SimBackend:
         for g in self.scenario.gpus:
             if g.index == index:
                 return g.uuid
-        raise UsageError(f"no GPU with index {index} (this machine has "
-                         f"{', '.join(str(g.index) for g in self.scenario.gpus)})")
+        raise UsageError(
+            f"no GPU with index {index} (this machine has "
+            f"{', '.join(str(g.index) for g in self.scenario.gpus)})"
+        )
 
     def set_compute_mode(self, index: int, mode: str) -> None:
         if mode not in COMPUTE_MODES:
@@ -280,8 +317,9 @@ class SimBackend:
 
     def set_mps(self, index: int, active: bool) -> None:
         if active and any(g.index == index and g.mig_mode for g in self.scenario.gpus):
-            raise UsageError(f"GPU {index} is in MIG mode: gpuwarden runs no MPS "
-                             "server on a MIG GPU")
+            raise UsageError(
+                f"GPU {index} is in MIG mode: gpuwarden runs no MPS server on a MIG GPU"
+            )
         self.registry.update_settings(self._gpu(index), mps=active)
 
     def close(self) -> None:

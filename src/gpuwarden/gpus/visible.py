@@ -13,8 +13,15 @@ from gpuwarden.gpus.model import GpuFacts, MigInstanceFacts
 def mig_device(g: GpuFacts, m: MigInstanceFacts) -> GpuFacts:
     """A MIG instance as the device CUDA shows: its own UUID and memory, numbered by
     the GPU it is carved from."""
-    return replace(g, uuid=m.uuid, memory_total=m.memory_total, memory_used=m.memory_used,
-                   memory_free=m.memory_free, memory_reserved=None, mig_instances=())
+    return replace(
+        g,
+        uuid=m.uuid,
+        memory_total=m.memory_total,
+        memory_used=m.memory_used,
+        memory_free=m.memory_free,
+        memory_reserved=None,
+        mig_instances=(),
+    )
 
 
 def devices(gpus: Sequence[GpuFacts]) -> list[GpuFacts]:
@@ -22,8 +29,9 @@ def devices(gpus: Sequence[GpuFacts]) -> list[GpuFacts]:
     return [*gpus, *(mig_device(g, m) for g in gpus for m in g.mig_instances)]
 
 
-def visible_gpus(gpus: Sequence[GpuFacts], env: Mapping[str, str], *,
-                 ordinals: bool = False) -> list[GpuFacts]:
+def visible_gpus(
+    gpus: Sequence[GpuFacts], env: Mapping[str, str], *, ordinals: bool = False
+) -> list[GpuFacts]:
     """The GPUs CUDA would show this process, in CUDA_VISIBLE_DEVICES order. With
     ``ordinals``, a number is a position in ``gpus`` (an MPS client's view: its server's
     GPUs numbered from 0), else a GPU index."""
@@ -40,8 +48,15 @@ def visible_gpus(gpus: Sequence[GpuFacts], env: Mapping[str, str], *,
         elif item.startswith("GPU-"):
             match = next((g for g in gpus if g.uuid.startswith(item)), None)
         elif item.startswith("MIG-"):
-            match = next((mig_device(g, m) for g in gpus for m in g.mig_instances
-                          if m.uuid.startswith(item)), None)
+            match = next(
+                (
+                    mig_device(g, m)
+                    for g in gpus
+                    for m in g.mig_instances
+                    if m.uuid.startswith(item)
+                ),
+                None,
+            )
         if match is None or match in out:
             break
         out.append(match)

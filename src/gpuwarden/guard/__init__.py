@@ -7,6 +7,20 @@ from gpuwarden.guard.loading import DoesNotFit, Loaded, MissingDependency, load_
 from gpuwarden.guard.oom import OomRetry, free_memory, is_oom, oom_retry
 from gpuwarden.guard.pool import BrokenPool, GpuPool, WorkerDied
 
-__all__ = ["BrokenPool", "Budget", "BudgetExceeded", "BudgetUsage", "DoesNotFit", "GpuPool",
-           "Loaded", "MemoryBudgets", "MissingDependency", "OomRetry", "WorkerDied",
-           "free_memory", "is_oom", "load_within_budget", "oom_retry"]
+__all__ = [
+    "BrokenPool",
+    "Budget",
+    "BudgetExceeded",
+    "BudgetUsage",
+    "DoesNotFit",
+    "GpuPool",
+    "Loaded",
+    "MemoryBudgets",
+    "MissingDependency",
+    "OomRetry",
+    "WorkerDied",
+    "free_memory",
+    "is_oom",
+    "load_within_budget",
+    "oom_retry",
+]

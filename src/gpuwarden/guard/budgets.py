@@ -83,15 +83,20 @@ class BudgetUsage:
 
     def __str__(self) -> str:
         r = self.reading
-        torch = ("PyTorch: CUDA not initialised" if r.allocated is None else
-                 f"PyTorch allocated {format_bytes(r.allocated)}, "
-                 f"reserved {format_bytes(r.reserved)}")
+        torch = (
+            "PyTorch: CUDA not initialised"
+            if r.allocated is None
+            else f"PyTorch allocated {format_bytes(r.allocated)}, "
+            f"reserved {format_bytes(r.reserved)}"
+        )
         source = "job budget" if self.under_daemon else "left by other processes"
-        return (f"cuda:{r.device} (GPU {r.index}): {len(self.budgets)} budgets, "
-                f"{format_bytes(self.budgeted)} of {format_bytes(self.limit)} ({source}; "
-                f"reserve {format_bytes(self.reserve)}), {format_bytes(self.available)} "
-                f"available; {torch}; GPU free {format_bytes(r.free)} of "
-                f"{format_bytes(r.total)}")
+        return (
+            f"cuda:{r.device} (GPU {r.index}): {len(self.budgets)} budgets, "
+            f"{format_bytes(self.budgeted)} of {format_bytes(self.limit)} ({source}; "
+            f"reserve {format_bytes(self.reserve)}), {format_bytes(self.available)} "
+            f"available; {torch}; GPU free {format_bytes(r.free)} of "
+            f"{format_bytes(r.total)}"
+        )
 
 
 class MemoryBudgets:
@@ -101,14 +106,18 @@ class MemoryBudgets:
     it). ``probe`` and ``env`` are injectable for tests; by default the driver is read
     through gpuwarden's backend and the environment is this process's."""
 
-    def __init__(self, *, reserve: Size | None = None, probe: MemoryProbe | None = None,
-                 env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        reserve: Size | None = None,
+        probe: MemoryProbe | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.env = os.environ if env is None else env
         if reserve is not None:
             self.reserve = parse_size(reserve)
         else:  # under the daemon the context is booked beside the job's budget
-            self.reserve = 0 if job_budget(self.env) is not None else \
-                context_allowance(self.env)
+            self.reserve = 0 if job_budget(self.env) is not None else context_allowance(self.env)
         self.probe = probe if probe is not None else DriverProbe(self.env)
         self._budgets: dict[str, Budget] = {}
         self._lock = threading.Lock()
@@ -118,8 +127,13 @@ class MemoryBudgets:
         daemon = job_budget(self.env)
         limit = daemon if daemon is not None else reading.total - reading.others
         mine = {b.name: b.size for b in self._budgets.values() if b.device == device}
-        return BudgetUsage(reading=reading, limit=limit, reserve=self.reserve, budgets=mine,
-                           under_daemon=daemon is not None)
+        return BudgetUsage(
+            reading=reading,
+            limit=limit,
+            reserve=self.reserve,
+            budgets=mine,
+            under_daemon=daemon is not None,
+        )
 
     def usage(self, device: int = 0) -> BudgetUsage:
         """Budgets, allocator and driver figures for one GPU."""
@@ -133,9 +147,11 @@ class MemoryBudgets:
             raise UsageError("a budget needs a name")
         with self._lock:
             if name in self._budgets:
-                raise UsageError(f"budget {name!r} is registered already "
-                                 f"({format_bytes(self._budgets[name].size)} on "
-                                 f"cuda:{self._budgets[name].device})")
+                raise UsageError(
+                    f"budget {name!r} is registered already "
+                    f"({format_bytes(self._budgets[name].size)} on "
+                    f"cuda:{self._budgets[name].device})"
+                )
             usage = self._usage(device)
             nbytes = parse_size(size, total=usage.limit)
             if nbytes <= 0:
@@ -147,7 +163,8 @@ class MemoryBudgets:
                     f"{format_bytes(usage.limit)} "
                     f"{'job budget' if usage.under_daemon else 'left by other processes'}"
                     f" - {format_bytes(usage.reserve)} reserve - "
-                    f"{format_bytes(usage.budgeted)} in {len(usage.budgets)} budgets")
+                    f"{format_bytes(usage.budgeted)} in {len(usage.budgets)} budgets"
+                )
             budget = Budget(name=name, device=device, size=nbytes, owner=self)
             self._budgets[name] = budget
             return budget

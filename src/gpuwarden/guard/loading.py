@@ -39,9 +39,23 @@ PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
 DEFAULT_ACTIVATION_SHARE = 0.10  # allowance without a measurement, of the weights
 # safetensors dtype names -> bytes per element; which are floating point
-_ST_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
-             "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1, "U16": 2, "U32": 4,
-             "U64": 8}
+_ST_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
+}
 _ST_FLOAT = {"F64", "F32", "F16", "BF16"}
 
 
@@ -120,13 +134,20 @@ class LoadPlan:
         return self.need <= self.available
 
     def describe(self) -> str:
-        return (f"{self.precision}: weights {format_bytes(self.weights)} + activations "
-                f"{format_bytes(self.activation)} = {format_bytes(self.need)} "
-                f"{'fits' if self.fits else 'over'} {format_bytes(self.available)}")
+        return (
+            f"{self.precision}: weights {format_bytes(self.weights)} + activations "
+            f"{format_bytes(self.activation)} = {format_bytes(self.need)} "
+            f"{'fits' if self.fits else 'over'} {format_bytes(self.available)}"
+        )
 
 
-def plan_loads(weights: Weights, available: int, *, precisions: Sequence[str] = PRECISIONS,
-               activation: int | Callable[[int], int] | None = None) -> list[LoadPlan]:
+def plan_loads(
+    weights: Weights,
+    available: int,
+    *,
+    precisions: Sequence[str] = PRECISIONS,
+    activation: int | Callable[[int], int] | None = None,
+) -> list[LoadPlan]:
     """An estimate per precision, highest first, dropping precisions that would not make
     the weights any smaller than a higher one does. ``activation``: bytes, a function of
     the weights' bytes, or None for the default share."""
@@ -148,8 +169,7 @@ def plan_loads(weights: Weights, available: int, *, precisions: Sequence[str] = 
 
 
 def refusal(plans: Iterable[LoadPlan], budget_text: str) -> str:
-    return (f"nothing fits {budget_text}: "
-            + "; ".join(p.describe() for p in plans))
+    return f"nothing fits {budget_text}: " + "; ".join(p.describe() for p in plans)
 
 
 def read_safetensors(path: str | Path) -> tuple[Weights, dict[str, tuple[str, tuple[int, ...]]]]:
@@ -193,19 +213,28 @@ def _torch() -> Any:
 
 def _module_weights(model: Any) -> Weights:
     torch = _torch()
-    quantizable = {id(m.weight) for m in model.modules()
-                   if isinstance(m, torch.nn.Linear)}
+    quantizable = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
     groups = []
     for t in [*model.parameters(), *model.buffers()]:
-        groups.append(TensorGroup(t.numel(), t.element_size(), t.is_floating_point(),
-                                  quantizable=id(t) in quantizable,
-                                  rows=t.shape[0] if id(t) in quantizable else 0))
+        groups.append(
+            TensorGroup(
+                t.numel(),
+                t.element_size(),
+                t.is_floating_point(),
+                quantizable=id(t) in quantizable,
+                rows=t.shape[0] if id(t) in quantizable else 0,
+            )
+        )
     return Weights(tuple(groups))
 
 
 def _state_dict_weights(tensors: Mapping[str, Any]) -> Weights:
-    return Weights(tuple(TensorGroup(t.numel(), t.element_size(), t.is_floating_point())
-                         for t in tensors.values()))
+    return Weights(
+        tuple(
+            TensorGroup(t.numel(), t.element_size(), t.is_floating_point())
+            for t in tensors.values()
+        )
+    )
 
 
 def _read_checkpoint(path: Path) -> dict[str, Any]:
@@ -217,12 +246,16 @@ def _read_checkpoint(path: Path) -> dict[str, Any]:
         try:
             from safetensors.torch import load_file
         except ImportError:
-            raise MissingDependency("reading .safetensors needs the safetensors package: "
-                                    "pip install safetensors") from None
+            raise MissingDependency(
+                "reading .safetensors needs the safetensors package: pip install safetensors"
+            ) from None
         return dict(load_file(str(path), device="cpu"))
     loaded = torch.load(str(path), map_location="cpu", mmap=True, weights_only=True)
-    if isinstance(loaded, dict) and "state_dict" in loaded and isinstance(
-            loaded["state_dict"], dict):
+    if (
+        isinstance(loaded, dict)
+        and "state_dict" in loaded
+        and isinstance(loaded["state_dict"], dict)
+    ):
         loaded = loaded["state_dict"]
     if not isinstance(loaded, dict) or not all(torch.is_tensor(v) for v in loaded.values()):
         raise UsageError(f"{path}: not a state dict of tensors")
@@ -230,8 +263,12 @@ def _read_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def _dtype(torch: Any, precision: str) -> Any:
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
-            "int8": torch.bfloat16}[precision]
+    return {
+        "fp32": torch.float32,
+        "bf16": torch.bfloat16,
+        "fp16": torch.float16,
+        "int8": torch.bfloat16,
+    }[precision]
 
 
 QUANTIZERS = ("torchao", "bitsandbytes")
@@ -250,19 +287,24 @@ def _quantizer(choice: str | None) -> str:
     for name in (choice,) if choice else QUANTIZERS:
         if _installed(name):
             return name
-    raise MissingDependency(f"8-bit weights need {choice or 'torchao or bitsandbytes'}: "
-                            f"pip install {choice or 'torchao'}")
+    raise MissingDependency(
+        f"8-bit weights need {choice or 'torchao or bitsandbytes'}: "
+        f"pip install {choice or 'torchao'}"
+    )
 
 
 def _torchao_int8(model: Any, device: Any) -> Any:
     """torchao's int8 weight-only quantization, done on the CPU so that the 16-bit
     weights never reach the GPU; then the model moves."""
     from torchao.quantization import quantize_
+
     try:
         from torchao.quantization import Int8WeightOnlyConfig
+
         config: Any = Int8WeightOnlyConfig()
     except ImportError:  # torchao before the config classes
         from torchao.quantization import int8_weight_only
+
         config = int8_weight_only()
     quantize_(model, config)
     return model.to(device)
@@ -278,10 +320,15 @@ def _bitsandbytes_int8(model: Any, device: Any) -> Any:
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, torch.nn.Linear):
-                q = bnb.nn.Linear8bitLt(child.in_features, child.out_features,
-                                        bias=child.bias is not None, has_fp16_weights=False)
-                q.weight = bnb.nn.Int8Params(child.weight.data, requires_grad=False,
-                                             has_fp16_weights=False)
+                q = bnb.nn.Linear8bitLt(
+                    child.in_features,
+                    child.out_features,
+                    bias=child.bias is not None,
+                    has_fp16_weights=False,
+                )
+                q.weight = bnb.nn.Int8Params(
+                    child.weight.data, requires_grad=False, has_fp16_weights=False
+                )
                 if child.bias is not None:
                     q.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
                 setattr(module, name, q.to(device))
@@ -302,19 +349,25 @@ class Loaded:
     backend: str | None = None  # the 8-bit library used
 
     def __str__(self) -> str:
-        return (f"loaded at {self.precision}"
-                + (f" ({self.backend})" if self.backend else "")
-                + f": peak {format_bytes(self.peak)} of {format_bytes(self.budget)}")
+        return (
+            f"loaded at {self.precision}"
+            + (f" ({self.backend})" if self.backend else "")
+            + f": peak {format_bytes(self.peak)} of {format_bytes(self.budget)}"
+        )
 
 
-def load_within_budget(factory: Callable[[], Any] | None = None, *,
-                       checkpoint: str | Path | None = None,
-                       budget: int | str | Budget | None = None, device: int = 0,
-                       precisions: Sequence[str] = PRECISIONS,
-                       activation: int | str | None = None,
-                       example: Callable[[Any], Any] | None = None,
-                       quantizer: str | None = None,
-                       probe: MemoryProbe | None = None) -> Loaded:
+def load_within_budget(
+    factory: Callable[[], Any] | None = None,
+    *,
+    checkpoint: str | Path | None = None,
+    budget: int | str | Budget | None = None,
+    device: int = 0,
+    precisions: Sequence[str] = PRECISIONS,
+    activation: int | str | None = None,
+    example: Callable[[Any], Any] | None = None,
+    quantizer: str | None = None,
+    probe: MemoryProbe | None = None,
+) -> Loaded:
     """Load ``factory()`` (a module), optionally with ``checkpoint``'s weights, or the
     checkpoint alone as tensors, onto ``cuda:device`` at the best precision in
     ``precisions`` that fits ``budget``. DoesNotFit with every estimate when none does.
@@ -355,8 +408,10 @@ def load_within_budget(factory: Callable[[], Any] | None = None, *,
     elif budget is None:
         daemon = job_limit()
         if daemon is None:
-            raise UsageError("no budget: give one (bytes or a size such as 6G), or run "
-                             "under the gpuwarden daemon, whose job budget is used")
+            raise UsageError(
+                "no budget: give one (bytes or a size such as 6G), or run "
+                "under the gpuwarden daemon, whose job budget is used"
+            )
         limit, text = daemon, f"the job budget ({format_bytes(daemon)})"
     else:
         limit = parse_size(budget)
@@ -387,11 +442,15 @@ def load_within_budget(factory: Callable[[], Any] | None = None, *,
         plans = [p for p in plans if p.precision != "int8"]  # tensors alone: no Linear to quantize
     candidates = [p for p in plans if p.fits]
     if available <= 0:
-        raise DoesNotFit(f"nothing fits {text}: this process holds {format_bytes(held_now)} "
-                         "on the GPU already (its CUDA context included)")
+        raise DoesNotFit(
+            f"nothing fits {text}: this process holds {format_bytes(held_now)} "
+            "on the GPU already (its CUDA context included)"
+        )
     if not candidates:
-        raise DoesNotFit(refusal(plans, text) + (
-            f" (the process holds {format_bytes(held_now)} already)" if held_now else ""))
+        raise DoesNotFit(
+            refusal(plans, text)
+            + (f" (the process holds {format_bytes(held_now)} already)" if held_now else "")
+        )
     target = f"cuda:{device}"
     failures: list[str] = []
     for plan in candidates:
@@ -400,8 +459,10 @@ def load_within_budget(factory: Callable[[], Any] | None = None, *,
         try:
             if factory is None:
                 assert source is not None
-                model: Any = {k: (v.to(target, dtype) if v.is_floating_point() else v.to(target))
-                              for k, v in source.items()}
+                model: Any = {
+                    k: (v.to(target, dtype) if v.is_floating_point() else v.to(target))
+                    for k, v in source.items()
+                }
             else:
                 model = factory()
                 if source is not None:
@@ -409,8 +470,9 @@ def load_within_budget(factory: Callable[[], Any] | None = None, *,
                 model = model.to(dtype)
                 if plan.precision == "int8":
                     backend = _quantizer(quantizer)
-                    model = (_torchao_int8 if backend == "torchao"
-                             else _bitsandbytes_int8)(model, target)
+                    model = (_torchao_int8 if backend == "torchao" else _bitsandbytes_int8)(
+                        model, target
+                    )
                 else:
                     model = model.to(target)
             torch.cuda.synchronize(device)
@@ -432,6 +494,9 @@ def load_within_budget(factory: Callable[[], Any] | None = None, *,
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    raise DoesNotFit(f"nothing fits {text}: estimates said "
-                     + ", ".join(p.precision for p in candidates)
-                     + " would, but " + "; ".join(failures))
+    raise DoesNotFit(
+        f"nothing fits {text}: estimates said "
+        + ", ".join(p.precision for p in candidates)
+        + " would, but "
+        + "; ".join(failures)
+    )

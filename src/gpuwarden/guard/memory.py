@@ -111,8 +111,9 @@ def torch_figures(device: int) -> tuple[int, int] | None:
 class DriverProbe:
     """Reads through a gpuwarden backend opened on first use (thread-safe)."""
 
-    def __init__(self, env: Mapping[str, str] | None = None,
-                 backend: Callable[[], Backend] | None = None) -> None:
+    def __init__(
+        self, env: Mapping[str, str] | None = None, backend: Callable[[], Backend] | None = None
+    ) -> None:
         self.env = os.environ if env is None else env
         self._open = backend
         self._backend: Backend | None = None
@@ -138,19 +139,33 @@ class DriverProbe:
     def gpu(self, device: int) -> GpuFacts:
         visible = self._visible()
         if not 0 <= device < len(visible):
-            raise UsageError(f"no GPU cuda:{device}: this process sees {len(visible)}"
-                             + (f" (CUDA_VISIBLE_DEVICES={self.env['CUDA_VISIBLE_DEVICES']})"
-                                if "CUDA_VISIBLE_DEVICES" in self.env else ""))
+            raise UsageError(
+                f"no GPU cuda:{device}: this process sees {len(visible)}"
+                + (
+                    f" (CUDA_VISIBLE_DEVICES={self.env['CUDA_VISIBLE_DEVICES']})"
+                    if "CUDA_VISIBLE_DEVICES" in self.env
+                    else ""
+                )
+            )
         return visible[device]
 
     def read(self, device: int) -> MemoryReading:
         g = self.gpu(device)
         pid = os.getpid()
-        mine = [p.memory for p in self.backend().processes()
-                if p.pid == pid and p.gpu_index == g.index and p.memory is not None]
+        mine = [
+            p.memory
+            for p in self.backend().processes()
+            if p.pid == pid and p.gpu_index == g.index and p.memory is not None
+        ]
         figures = torch_figures(device)
         return MemoryReading(
-            device=device, index=g.index, uuid=g.uuid, total=g.memory_total,
-            free=g.memory_free, process=sum(mine) if mine else None,
+            device=device,
+            index=g.index,
+            uuid=g.uuid,
+            total=g.memory_total,
+            free=g.memory_free,
+            process=sum(mine) if mine else None,
             allocated=figures[0] if figures else None,
-            reserved=figures[1] if figures else None, cpus=g.cpus)
+            reserved=figures[1] if figures else None,
+            cpus=g.cpus,
+        )

@@ -27,8 +27,13 @@ from typing import Any, TypeVar
 
 log = logging.getLogger("gpuwarden.guard")
 F = TypeVar("F", bound=Callable[..., Any])
-_MESSAGES = ("CUDA out of memory", "CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED",
-             "CUDNN_STATUS_ALLOC_FAILED", "cudaErrorMemoryAllocation")
+_MESSAGES = (
+    "CUDA out of memory",
+    "CUDA error: out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "cudaErrorMemoryAllocation",
+)
 
 
 def is_oom(exc: BaseException, extra: tuple[type[BaseException], ...] = ()) -> bool:
@@ -63,8 +68,10 @@ def memory_figures() -> str:
         if cuda is None or not cuda.is_initialized():
             return ""
         mib = 1 << 20
-        return (f"allocated {cuda.memory_allocated() // mib} MiB, "
-                f"reserved {cuda.memory_reserved() // mib} MiB")
+        return (
+            f"allocated {cuda.memory_allocated() // mib} MiB, "
+            f"reserved {cuda.memory_reserved() // mib} MiB"
+        )
     except Exception:
         return ""
 
@@ -74,16 +81,22 @@ class OomRetry:
     OOM down to ``min_batch_size``; after ``grow_after`` successes in a row it doubles
     again, up to where it started). ``sleep`` and ``errors`` are injectable for tests."""
 
-    def __init__(self, retries: int = 3, *, backoff: float = 0.5, max_backoff: float = 30.0,
-                 batch_size: int | None = None, min_batch_size: int = 1,
-                 grow_after: int | None = None,
-                 errors: tuple[type[BaseException], ...] = (),
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        retries: int = 3,
+        *,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        batch_size: int | None = None,
+        min_batch_size: int = 1,
+        grow_after: int | None = None,
+        errors: tuple[type[BaseException], ...] = (),
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         if retries < 0 or backoff < 0 or min_batch_size < 1:
             raise ValueError("retries and backoff must be ≥ 0 and min_batch_size ≥ 1")
         if batch_size is not None and batch_size < min_batch_size:
-            raise ValueError(f"batch_size {batch_size} is below min_batch_size "
-                             f"{min_batch_size}")
+            raise ValueError(f"batch_size {batch_size} is below min_batch_size {min_batch_size}")
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
@@ -112,26 +125,37 @@ class OomRetry:
         shrunk = ""
         if self.batch_size is not None:
             if self.batch_size <= self.min_batch_size:
-                log.warning("CUDA OOM at the smallest batch size %d: giving up",
-                            self.batch_size)
+                log.warning("CUDA OOM at the smallest batch size %d: giving up", self.batch_size)
                 raise exc
             old = self.batch_size
             self.batch_size = max(self.min_batch_size, self.batch_size // 2)
             shrunk = f"; batch size {old} -> {self.batch_size}"
-        delay = min(self.backoff * (2 ** attempt), self.max_backoff)
+        delay = min(self.backoff * (2**attempt), self.max_backoff)
         figures = memory_figures()
-        log.warning("CUDA OOM (attempt %d of %d)%s; retrying in %.2fs%s", attempt + 1,
-                    self.retries + 1, shrunk, delay, f" [{figures}]" if figures else "")
+        log.warning(
+            "CUDA OOM (attempt %d of %d)%s; retrying in %.2fs%s",
+            attempt + 1,
+            self.retries + 1,
+            shrunk,
+            delay,
+            f" [{figures}]" if figures else "",
+        )
         self.sleep(delay)
 
     def _on_success(self) -> None:
         self._streak += 1
-        if (self.grow_after and self.batch_size is not None and self.start_batch is not None
-                and self._streak >= self.grow_after and self.batch_size < self.start_batch):
+        if (
+            self.grow_after
+            and self.batch_size is not None
+            and self.start_batch is not None
+            and self._streak >= self.grow_after
+            and self.batch_size < self.start_batch
+        ):
             self.batch_size = min(self.start_batch, self.batch_size * 2)
             self._streak = 0
-            log.info("no OOM for %d steps: batch size back up to %d", self.grow_after,
-                     self.batch_size)
+            log.info(
+                "no OOM for %d steps: batch size back up to %d", self.grow_after, self.batch_size
+            )
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn`` under the policy (``batch_size=`` passed when one is managed)."""
@@ -154,6 +178,7 @@ class OomRetry:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             return self.call(fn, *args, **kwargs)
+
         wrapper.retry = self  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
@@ -185,8 +210,9 @@ class Attempt:
     def __enter__(self) -> Attempt:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> bool:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
         if exc is None or not is_oom(exc, self.policy.errors):
             return False
         del tb  # the traceback holds the failed step's tensors

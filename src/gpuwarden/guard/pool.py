@@ -72,8 +72,12 @@ def _death(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
-def _worker_main(conn: Connection, cpus: frozenset[int] | None,
-                 initializer: Callable[..., Any] | None, initargs: tuple[Any, ...]) -> None:
+def _worker_main(
+    conn: Connection,
+    cpus: frozenset[int] | None,
+    initializer: Callable[..., Any] | None,
+    initargs: tuple[Any, ...],
+) -> None:
     """A worker: pin CPUs, run the initializer, then run tasks until told to stop."""
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus)
@@ -100,10 +104,16 @@ def _worker_main(conn: Connection, cpus: frozenset[int] | None,
         try:
             conn.send(reply)
         except Exception as exc:  # the result or the exception does not pickle
-            conn.send((task_id, False, None,
-                       f"the task's {'result' if reply[1] else 'exception'} could not be "
-                       f"sent back: {type(exc).__name__}: {exc}\n"
-                       + (reply[3] if not reply[1] else "")))
+            conn.send(
+                (
+                    task_id,
+                    False,
+                    None,
+                    f"the task's {'result' if reply[1] else 'exception'} could not be "
+                    f"sent back: {type(exc).__name__}: {exc}\n"
+                    + (reply[3] if not reply[1] else ""),
+                )
+            )
         del reply
 
 
@@ -145,11 +155,18 @@ class GpuPool(Executor):
     0.25; default: the job's budget split among the GPU's workers under the daemon, else
     no cap. ``numa``: pin workers to their GPU's local CPUs."""
 
-    def __init__(self, gpus: Sequence[int] | None = None, *, workers_per_gpu: int = 1,
-                 memory: int | str | None = None, numa: bool = True,
-                 initializer: Callable[..., Any] | None = None, initargs: tuple[Any, ...] = (),
-                 probe: MemoryProbe | None = None,
-                 env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        gpus: Sequence[int] | None = None,
+        *,
+        workers_per_gpu: int = 1,
+        memory: int | str | None = None,
+        numa: bool = True,
+        initializer: Callable[..., Any] | None = None,
+        initargs: tuple[Any, ...] = (),
+        probe: MemoryProbe | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         from gpuwarden.launch import plan_launch, probe_host
 
         if workers_per_gpu < 1:
@@ -174,10 +191,13 @@ class GpuPool(Executor):
             else:
                 limit = None
             if limit is not None and limit > facts.memory_total:
-                raise UsageError(f"memory {format_bytes(limit)} per worker is more than GPU "
-                                 f"{facts.index} has ({format_bytes(facts.memory_total)})")
-            self._plans[device] = plan_launch((sys.executable,), [facts], base_env=base_env,
-                                              host=host, mem_limit=limit, bind=numa)
+                raise UsageError(
+                    f"memory {format_bytes(limit)} per worker is more than GPU "
+                    f"{facts.index} has ({format_bytes(facts.memory_total)})"
+                )
+            self._plans[device] = plan_launch(
+                (sys.executable,), [facts], base_env=base_env, host=host, mem_limit=limit, bind=numa
+            )
             self._infos[device] = (facts.index, limit)
         self._initializer = initializer
         self._initargs = initargs
@@ -192,8 +212,7 @@ class GpuPool(Executor):
         self._wake_r, self._wake_w = multiprocessing.Pipe(duplex=False)
         for slot, device in enumerate(d for d in devices for _ in range(workers_per_gpu)):
             self._workers.append(self._start(slot, device))
-        self._thread = threading.Thread(target=self._manage, name="gpuwarden-pool",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._manage, name="gpuwarden-pool", daemon=True)
         self._thread.start()
 
     # -- the user's side -------------------------------------------------------------
@@ -201,16 +220,23 @@ class GpuPool(Executor):
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         return self._submit(None, fn, args, kwargs)
 
-    def submit_to(self, device: int, fn: Callable[..., Any], /, *args: Any,
-                  **kwargs: Any) -> Future[Any]:
+    def submit_to(
+        self, device: int, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> Future[Any]:
         """Run ``fn`` on a worker of GPU ``device`` (a visible ordinal of this pool)."""
         if device not in self._plans:
-            raise UsageError(f"this pool has no worker on cuda:{device} "
-                             f"(it has {sorted(self._plans)})")
+            raise UsageError(
+                f"this pool has no worker on cuda:{device} (it has {sorted(self._plans)})"
+            )
         return self._submit(device, fn, args, kwargs)
 
-    def _submit(self, device: int | None, fn: Callable[..., Any], args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> Future[Any]:
+    def _submit(
+        self,
+        device: int | None,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Future[Any]:
         future: Future[Any] = Future()
         label = getattr(fn, "__qualname__", None) or repr(fn)
         with self._lock:
@@ -241,9 +267,17 @@ class GpuPool(Executor):
     def workers(self) -> list[WorkerInfo]:
         """The live workers: GPU, pid, cap and CPUs."""
         with self._lock:
-            return [WorkerInfo(slot=w.slot, device=w.device, gpu_index=self._infos[w.device][0],
-                               pid=w.process.pid, memory_limit=self._infos[w.device][1],
-                               cpus=self._plans[w.device].cpus) for w in self._workers]
+            return [
+                WorkerInfo(
+                    slot=w.slot,
+                    device=w.device,
+                    gpu_index=self._infos[w.device][0],
+                    pid=w.process.pid,
+                    memory_limit=self._infos[w.device][1],
+                    cpus=self._plans[w.device].cpus,
+                )
+                for w in self._workers
+            ]
 
     # -- the manager thread ----------------------------------------------------------
 
@@ -255,11 +289,17 @@ class GpuPool(Executor):
         plan = self._plans[device]
         parent, child = self._context.Pipe()
         process = self._context.Process(
-            target=_worker_main, args=(child, plan.cpus, self._initializer, self._initargs),
-            name=f"gpuwarden-worker-{slot}", daemon=True)
+            target=_worker_main,
+            args=(child, plan.cpus, self._initializer, self._initargs),
+            name=f"gpuwarden-worker-{slot}",
+            daemon=True,
+        )
         with _SPAWN_LOCK:
-            saved = {k: os.environ.get(k) for k in set(os.environ) | set(plan.env)
-                     if os.environ.get(k) != plan.env.get(k)}
+            saved = {
+                k: os.environ.get(k)
+                for k in set(os.environ) | set(plan.env)
+                if os.environ.get(k) != plan.env.get(k)
+            }
             try:
                 for key in saved:
                     if key in plan.env:
@@ -338,17 +378,21 @@ class GpuPool(Executor):
         why = _death(w.process.exitcode)
         gpu = self._infos[w.device][0]
         if w.task is not None:
-            w.task.future.set_exception(WorkerDied(
-                f"worker {w.slot} on GPU {gpu} (pid {w.process.pid}) {why} while running "
-                f"{w.task.label}; a new worker took its place"))
+            w.task.future.set_exception(
+                WorkerDied(
+                    f"worker {w.slot} on GPU {gpu} (pid {w.process.pid}) {why} while running "
+                    f"{w.task.label}; a new worker took its place"
+                )
+            )
             w.task = None
         elif not w.ready or w.init_error is not None:
             self._early_deaths += 1
             if self._early_deaths >= _GIVE_UP_AFTER:
                 detail = (w.init_error or "").strip().splitlines()
-                self._broken = (f"{_GIVE_UP_AFTER} workers in a row died as they started "
-                                f"(last: GPU {gpu}, {why}"
-                                + (f": {detail[-1]}" if detail else "") + ")")
+                self._broken = (
+                    f"{_GIVE_UP_AFTER} workers in a row died as they started "
+                    f"(last: GPU {gpu}, {why}" + (f": {detail[-1]}" if detail else "") + ")"
+                )
         w.conn.close()
         with self._lock:
             index = self._workers.index(w)
@@ -368,12 +412,12 @@ class GpuPool(Executor):
         while True:
             with self._lock:
                 workers = list(self._workers)
-                idle = (self._shutdown and not self._pending
-                        and all(w.task is None for w in workers))
+                idle = self._shutdown and not self._pending and all(w.task is None for w in workers)
             if idle or (self._broken and not workers):
                 break
-            ready = wait([self._wake_r, *(w.conn for w in workers),
-                          *(w.process.sentinel for w in workers)])
+            ready = wait(
+                [self._wake_r, *(w.conn for w in workers), *(w.process.sentinel for w in workers)]
+            )
             if self._wake_r in ready:
                 while self._wake_r.poll():
                     self._wake_r.recv_bytes()

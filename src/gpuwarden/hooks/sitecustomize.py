@@ -170,8 +170,10 @@ def _chain() -> None:
     except Exception as err:
         if ours is not None:
             sys.modules["sitecustomize"] = ours
-        sys.stderr.write("Error in sitecustomize; set PYTHONVERBOSE for traceback:\n"
-                         f"{err.__class__.__name__}: {err}\n")
+        sys.stderr.write(
+            "Error in sitecustomize; set PYTHONVERBOSE for traceback:\n"
+            f"{err.__class__.__name__}: {err}\n"
+        )
 
 
 def _main() -> None:

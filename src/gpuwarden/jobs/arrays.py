@@ -25,8 +25,9 @@ class Array:
     limit: int | None = None  # at most this many tasks reserved or running at once
 
     def text(self) -> str:
-        return f"{len(self.indices)} tasks" + ("" if self.limit is None
-                                               else f", at most {self.limit} at once")
+        return f"{len(self.indices)} tasks" + (
+            "" if self.limit is None else f", at most {self.limit} at once"
+        )
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,7 @@ class Member:
 
 def _index(text: str, spec: str) -> int:
     if not (text.isascii() and text.isdigit()) or int(text) > MAX_INDEX:
-        raise UsageError(f"invalid array {spec!r}: {text!r} is not an index "
-                         f"(0 to {MAX_INDEX})")
+        raise UsageError(f"invalid array {spec!r}: {text!r} is not an index (0 to {MAX_INDEX})")
     return int(text)
 
 
@@ -56,8 +56,10 @@ def parse_array(spec: object) -> Array:
     body, sep, limit_text = spec.partition("%")
     limit = None
     if sep:
-        if not (limit_text.isascii() and limit_text.isdigit()) \
-                or not 0 < int(limit_text) <= MAX_TASKS:
+        if (
+            not (limit_text.isascii() and limit_text.isdigit())
+            or not 0 < int(limit_text) <= MAX_TASKS
+        ):
             raise UsageError(f"invalid array {spec!r}: %N needs N from 1 to {MAX_TASKS}")
         limit = int(limit_text)
     seen: set[int] = set()
@@ -69,8 +71,9 @@ def parse_array(spec: object) -> Array:
         hi = _index(hi_text.strip(), spec) if dash else lo
         step = _index(step_text.strip(), spec) if colon else 1
         if hi < lo or step < 1 or (colon and not dash):
-            raise UsageError(f"invalid array {spec!r}: {part!r} is not a range "
-                             "(LOW-HIGH or LOW-HIGH:STEP)")
+            raise UsageError(
+                f"invalid array {spec!r}: {part!r} is not a range (LOW-HIGH or LOW-HIGH:STEP)"
+            )
         if (hi - lo) // step + 1 + len(indices) > MAX_TASKS:
             raise UsageError(f"invalid array {spec!r}: more than {MAX_TASKS} tasks")
         for i in range(lo, hi + 1, step):

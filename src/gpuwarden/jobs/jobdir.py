@@ -76,12 +76,19 @@ class SupervisorSpec:
     numactl_prefix: tuple[str, ...] = ()  # e.g. ("/usr/bin/numactl", "--membind=0", "--")
 
     def to_json(self) -> dict[str, Any]:
-        return {"job": self.job, "argv": list(self.argv), "env": dict(self.env),
-                "cwd": self.cwd, "uid": self.uid, "gid": self.gid,
-                "groups": list(self.groups),
-                "cpus": None if self.cpus is None else sorted(self.cpus),
-                "timeout": self.timeout, "grace": self.grace,
-                "numactl_prefix": list(self.numactl_prefix)}
+        return {
+            "job": self.job,
+            "argv": list(self.argv),
+            "env": dict(self.env),
+            "cwd": self.cwd,
+            "uid": self.uid,
+            "gid": self.gid,
+            "groups": list(self.groups),
+            "cpus": None if self.cpus is None else sorted(self.cpus),
+            "timeout": self.timeout,
+            "grace": self.grace,
+            "numactl_prefix": list(self.numactl_prefix),
+        }
 
     @classmethod
     def from_json(cls, data: Any) -> SupervisorSpec:
@@ -101,7 +108,8 @@ class SupervisorSpec:
 
         def ints(value: Any, key: str) -> tuple[int, ...]:
             if not isinstance(value, list) or not all(
-                    isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+            ):
                 raise SupervisorError(f"spec.json: {key!r} must be a list of ids")
             return tuple(value)
 
@@ -132,10 +140,19 @@ class SupervisorSpec:
         grace = need("grace", (int, float), DEFAULT_GRACE)
         if grace < 0:
             raise SupervisorError("spec.json: 'grace' must not be negative")
-        return cls(job=need("job", int), argv=argv, env=dict(env), cwd=cwd, uid=uid, gid=gid,
-                   groups=ints(need("groups", list, []), "groups"), cpus=cpus,
-                   timeout=None if timeout is None else float(timeout), grace=float(grace),
-                   numactl_prefix=strs(need("numactl_prefix", list, []), "numactl_prefix"))
+        return cls(
+            job=need("job", int),
+            argv=argv,
+            env=dict(env),
+            cwd=cwd,
+            uid=uid,
+            gid=gid,
+            groups=ints(need("groups", list, []), "groups"),
+            cpus=cpus,
+            timeout=None if timeout is None else float(timeout),
+            grace=float(grace),
+            numactl_prefix=strs(need("numactl_prefix", list, []), "numactl_prefix"),
+        )
 
 
 def write_spec(jobdir: str | os.PathLike[str], spec: SupervisorSpec) -> Path:
@@ -147,8 +164,9 @@ def write_spec(jobdir: str | os.PathLike[str], spec: SupervisorSpec) -> Path:
     try:
         d.mkdir(mode=0o700)
     except FileExistsError:
-        raise SupervisorError(f"job directory {d} already exists (left by an earlier "
-                              "job?); refusing to reuse it") from None
+        raise SupervisorError(
+            f"job directory {d} already exists (left by an earlier job?); refusing to reuse it"
+        ) from None
     path = d / SPEC
     write_json(path, spec.to_json(), exclusive=False)
     return path
@@ -239,33 +257,41 @@ def read_status(jobdir: str | os.PathLike[str]) -> SupervisorStatus:
     try:
         if data is not None:
             bid = data.get("boot_id")
-            sup = SupervisorHandle(pid=int(data["pid"]), start_time=float(data["start_time"]),
-                                   boot_id=bid if isinstance(bid, str) else None,
-                                   start_ticks=_opt_int(data.get("start_ticks")))
+            sup = SupervisorHandle(
+                pid=int(data["pid"]),
+                start_time=float(data["start_time"]),
+                boot_id=bid if isinstance(bid, str) else None,
+                start_ticks=_opt_int(data.get("start_ticks")),
+            )
     except (KeyError, TypeError, ValueError):
         sup = None
     data = read_json(d / CHILD)
     try:
         if data is not None:
             wall = data.get("started_at")
-            child = ChildInfo(pid=int(data["pid"]), start_time=float(data["start_time"]),
-                              start_ticks=_opt_int(data.get("start_ticks")),
-                              warnings=_strings(data.get("warnings")),
-                              started_at=float(wall) if isinstance(wall, (int, float)) else None)
+            child = ChildInfo(
+                pid=int(data["pid"]),
+                start_time=float(data["start_time"]),
+                start_ticks=_opt_int(data.get("start_ticks")),
+                warnings=_strings(data.get("warnings")),
+                started_at=float(wall) if isinstance(wall, (int, float)) else None,
+            )
     except (KeyError, TypeError, ValueError):
         child = None
     data = read_json(d / EXIT)
     try:
         if data is not None:
             survivors = data.get("survivors")
-            ended = ExitInfo(exit_code=_opt_int(data.get("exit_code")),
-                             signal=_opt_int(data.get("signal")),
-                             reason=str(data["reason"]), ended_at=float(data["ended_at"]),
-                             tree_clean=bool(data.get("tree_clean", True)),
-                             survivors=tuple(int(p) for p in survivors)
-                             if isinstance(survivors, list) else (),
-                             started=bool(data.get("started", True)),
-                             warnings=_strings(data.get("warnings")))
+            ended = ExitInfo(
+                exit_code=_opt_int(data.get("exit_code")),
+                signal=_opt_int(data.get("signal")),
+                reason=str(data["reason"]),
+                ended_at=float(data["ended_at"]),
+                tree_clean=bool(data.get("tree_clean", True)),
+                survivors=tuple(int(p) for p in survivors) if isinstance(survivors, list) else (),
+                started=bool(data.get("started", True)),
+                warnings=_strings(data.get("warnings")),
+            )
     except (KeyError, TypeError, ValueError):
         ended = None
     return SupervisorStatus(supervisor=sup, child=child, exit=ended)
@@ -274,25 +300,48 @@ def read_status(jobdir: str | os.PathLike[str]) -> SupervisorStatus:
 def write_claim(jobdir: Path, job: int, me: SupervisorHandle, nonce: str | None) -> None:
     """``supervisor.json``: ``me`` runs this directory's job (a supervisor, or the
     launcher of an attached job). Exclusive: FileExistsError when another claimed it."""
-    write_json(jobdir / SUPERVISOR, {"job": job, "pid": me.pid, "start_time": me.start_time,
-                                     "start_ticks": me.start_ticks, "boot_id": me.boot_id,
-                                     "nonce": nonce}, exclusive=True)
+    write_json(
+        jobdir / SUPERVISOR,
+        {
+            "job": job,
+            "pid": me.pid,
+            "start_time": me.start_time,
+            "start_ticks": me.start_ticks,
+            "boot_id": me.boot_id,
+            "nonce": nonce,
+        },
+        exclusive=True,
+    )
 
 
 def write_child(jobdir: Path, child: ChildInfo) -> None:
     """``child.json``, once: the command started (FileExistsError when it was recorded)."""
-    write_json(jobdir / CHILD, {"pid": child.pid, "start_time": child.start_time,
-                                "started_at": child.started_at,
-                                "start_ticks": child.start_ticks,
-                                "warnings": list(child.warnings)}, exclusive=True)
+    write_json(
+        jobdir / CHILD,
+        {
+            "pid": child.pid,
+            "start_time": child.start_time,
+            "started_at": child.started_at,
+            "start_ticks": child.start_ticks,
+            "warnings": list(child.warnings),
+        },
+        exclusive=True,
+    )
 
 
 def exit_record(job: int, ended: ExitInfo) -> dict[str, Any]:
     """``exit.json``'s document."""
-    return {"job": job, "exit_code": ended.exit_code, "signal": ended.signal,
-            "reason": ended.reason, "ended_at": ended.ended_at, "tree_clean": ended.tree_clean,
-            "survivors": list(ended.survivors), "started": ended.started,
-            "warnings": list(ended.warnings)}
+    return {
+        "job": job,
+        "exit_code": ended.exit_code,
+        "signal": ended.signal,
+        "reason": ended.reason,
+        "ended_at": ended.ended_at,
+        "tree_clean": ended.tree_clean,
+        "survivors": list(ended.survivors),
+        "started": ended.started,
+        "warnings": list(ended.warnings),
+    }
 
 
 def write_exit(jobdir: Path, job: int, ended: ExitInfo) -> None:
@@ -308,8 +357,7 @@ def void_start(jobdir: Path, by: str, *, job: int | None = None) -> bool:
     jobdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = jobdir / SUPERVISOR
     try:
-        write_json(path, {"job": job, "void": True, "by": by, "at": time.time()},
-                   exclusive=True)
+        write_json(path, {"job": job, "void": True, "by": by, "at": time.time()}, exclusive=True)
     except FileExistsError:
         # A claim is written whole (temp file, then link), so one that names no process
         # is a tombstone: this one's, or an earlier recovery's cut short.
@@ -324,8 +372,7 @@ def write_json(path: Path, data: Mapping[str, Any], *, exclusive: bool) -> None:
     """Write ``path`` atomically (temp file, fsync, rename). ``exclusive``: fail with
     FileExistsError instead of replacing (a hard link creates the name atomically)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
-                 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, separators=(",", ":"))

@@ -27,16 +27,40 @@ DEPENDENCY_FAILED = "dependency_failed"
 PREEMPTED, HEALTH_FAILED, KILLED_OVER_LIMIT = "preempted", "health_failed", "killed_over_limit"
 
 # Events that change no state: notes on what happened to a job.
-OOM, NOT_RETRIED, OVER_BUDGET, BUDGET_LEARNED = "oom", "not_retried", "over_budget", \
-    "budget_learned"
-CANCEL_REQUESTED, RESTART_LIMIT, EDITED, WAITING = "cancel_requested", "restart_limit", \
-    "edited", "waiting"
+OOM, NOT_RETRIED, OVER_BUDGET, BUDGET_LEARNED = (
+    "oom",
+    "not_retried",
+    "over_budget",
+    "budget_learned",
+)
+CANCEL_REQUESTED, RESTART_LIMIT, EDITED, WAITING = (
+    "cancel_requested",
+    "restart_limit",
+    "edited",
+    "waiting",
+)
 LEAK, REAPED, REAP_ADVICE = "leak", "reaped", "reap_advice"
 MEMORY_RETURNED, MEMORY_CLEARED = "memory_returned", "memory_cleared"
 NOTIFY_FAILED, WEBHOOK_FAILED = "notify_failed", "webhook_failed"
-NOTES = frozenset({OOM, NOT_RETRIED, OVER_BUDGET, BUDGET_LEARNED, CANCEL_REQUESTED,
-                   RESTART_LIMIT, EDITED, WAITING, LEAK, REAPED, REAP_ADVICE,
-                   MEMORY_RETURNED, MEMORY_CLEARED, NOTIFY_FAILED, WEBHOOK_FAILED})
+NOTES = frozenset(
+    {
+        OOM,
+        NOT_RETRIED,
+        OVER_BUDGET,
+        BUDGET_LEARNED,
+        CANCEL_REQUESTED,
+        RESTART_LIMIT,
+        EDITED,
+        WAITING,
+        LEAK,
+        REAPED,
+        REAP_ADVICE,
+        MEMORY_RETURNED,
+        MEMORY_CLEARED,
+        NOTIFY_FAILED,
+        WEBHOOK_FAILED,
+    }
+)
 
 
 class Change(NamedTuple):
@@ -51,30 +75,32 @@ def _c(sources: Iterable[str], target: str | None) -> Change:
     return Change(frozenset(sources), target)
 
 
-TRANSITIONS: Mapping[str, Change] = MappingProxyType({
-    PLACED: _c({QUEUED}, RESERVED),
-    LAUNCHED: _c({RESERVED}, RESERVED),  # its supervisor runs; the command not yet
-    ADOPTED: _c({RESERVED}, RESERVED),  # a restarted daemon found its supervisor
-    STARTED: _c({RESERVED}, RUNNING),
-    HELD_BY_USER: _c({QUEUED}, HELD),
-    GROUP_HELD: _c({QUEUED}, HELD),  # a job of its group failed
-    RELEASED: _c({HELD}, QUEUED),
-    ENDED_SUCCEEDED: _c(ACTIVE, SUCCEEDED),
-    ENDED_FAILED: _c(ACTIVE, FAILED),
-    # Cancelled by its owner while it waits (or before its supervisor ran), or its
-    # attempt ended so: a cancel, a preemption without requeue, a launcher gone away.
-    ENDED_CANCELLED: _c({QUEUED, HELD, RESERVED, RUNNING}, CANCELLED),
-    RETRIED: _c({*ACTIVE, FAILED, CANCELLED, INFEASIBLE}, QUEUED),  # OOM, or `retry`
-    REQUEUED: _c(ACTIVE, QUEUED),  # preempted, a launch undone, a reboot
-    RESTARTED: _c(ACTIVE, QUEUED),  # a service's restart
-    LOST: _c(ACTIVE, FAILED),  # its supervisor died without an exit record
-    LAUNCH_FAILED: _c({RESERVED}, FAILED),
-    MADE_INFEASIBLE: _c({QUEUED}, INFEASIBLE),
-    DEPENDENCY_FAILED: _c({QUEUED}, CANCELLED),
-    PREEMPTED: _c(ACTIVE, None),  # asked to stop; it ends (and requeues) later
-    HEALTH_FAILED: _c({RUNNING}, None),  # a service's check failed: it is being killed
-    KILLED_OVER_LIMIT: _c({RUNNING}, None),  # the watchdog kills it
-})
+TRANSITIONS: Mapping[str, Change] = MappingProxyType(
+    {
+        PLACED: _c({QUEUED}, RESERVED),
+        LAUNCHED: _c({RESERVED}, RESERVED),  # its supervisor runs; the command not yet
+        ADOPTED: _c({RESERVED}, RESERVED),  # a restarted daemon found its supervisor
+        STARTED: _c({RESERVED}, RUNNING),
+        HELD_BY_USER: _c({QUEUED}, HELD),
+        GROUP_HELD: _c({QUEUED}, HELD),  # a job of its group failed
+        RELEASED: _c({HELD}, QUEUED),
+        ENDED_SUCCEEDED: _c(ACTIVE, SUCCEEDED),
+        ENDED_FAILED: _c(ACTIVE, FAILED),
+        # Cancelled by its owner while it waits (or before its supervisor ran), or its
+        # attempt ended so: a cancel, a preemption without requeue, a launcher gone away.
+        ENDED_CANCELLED: _c({QUEUED, HELD, RESERVED, RUNNING}, CANCELLED),
+        RETRIED: _c({*ACTIVE, FAILED, CANCELLED, INFEASIBLE}, QUEUED),  # OOM, or `retry`
+        REQUEUED: _c(ACTIVE, QUEUED),  # preempted, a launch undone, a reboot
+        RESTARTED: _c(ACTIVE, QUEUED),  # a service's restart
+        LOST: _c(ACTIVE, FAILED),  # its supervisor died without an exit record
+        LAUNCH_FAILED: _c({RESERVED}, FAILED),
+        MADE_INFEASIBLE: _c({QUEUED}, INFEASIBLE),
+        DEPENDENCY_FAILED: _c({QUEUED}, CANCELLED),
+        PREEMPTED: _c(ACTIVE, None),  # asked to stop; it ends (and requeues) later
+        HEALTH_FAILED: _c({RUNNING}, None),  # a service's check failed: it is being killed
+        KILLED_OVER_LIMIT: _c({RUNNING}, None),  # the watchdog kills it
+    }
+)
 # How a job enters the store: the event that records its submission, and its states.
 SUBMITTED_AS = frozenset({QUEUED, HELD, INFEASIBLE})
 EVENTS = frozenset({SUBMITTED, *TRANSITIONS, *NOTES})
@@ -90,19 +116,21 @@ def check(event: str, sources: Iterable[str], target: str | None) -> None:
     to ``target`` (None: keep its state)."""
     change = TRANSITIONS.get(event)
     if change is None:
-        raise IllegalTransition(f"{event!r} is no state change" if event in EVENTS
-                                else f"unknown event {event!r}")
+        raise IllegalTransition(
+            f"{event!r} is no state change" if event in EVENTS else f"unknown event {event!r}"
+        )
     wrong = set(sources) - change.sources
     if wrong:
-        raise IllegalTransition(f"{event!r} cannot move a job from "
-                                f"{'/'.join(sorted(wrong))}")
+        raise IllegalTransition(f"{event!r} cannot move a job from {'/'.join(sorted(wrong))}")
     if target != change.target:
-        raise IllegalTransition(f"{event!r} leaves a job {change.target or 'as it is'}, "
-                                f"not {target or 'as it is'}")
+        raise IllegalTransition(
+            f"{event!r} leaves a job {change.target or 'as it is'}, not {target or 'as it is'}"
+        )
 
 
 def check_note(event: str) -> None:
     """Raise IllegalTransition unless ``event`` is a note (an event that moves no job)."""
     if event not in NOTES:
-        raise IllegalTransition(f"{event!r} is not a note" if event in EVENTS
-                                else f"unknown event {event!r}")
+        raise IllegalTransition(
+            f"{event!r} is not a note" if event in EVENTS else f"unknown event {event!r}"
+        )

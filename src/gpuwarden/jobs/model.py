@@ -19,20 +19,40 @@ if TYPE_CHECKING:
 
 # The states as the daemon's modules name them (model.QUEUED), from the one table of
 # states and events (jobs/lifecycle.py).
-QUEUED, HELD, RESERVED, RUNNING = (lifecycle.QUEUED, lifecycle.HELD, lifecycle.RESERVED,
-                                   lifecycle.RUNNING)
-SUCCEEDED, FAILED, CANCELLED, INFEASIBLE = (lifecycle.SUCCEEDED, lifecycle.FAILED,
-                                            lifecycle.CANCELLED, lifecycle.INFEASIBLE)
+QUEUED, HELD, RESERVED, RUNNING = (
+    lifecycle.QUEUED,
+    lifecycle.HELD,
+    lifecycle.RESERVED,
+    lifecycle.RUNNING,
+)
+SUCCEEDED, FAILED, CANCELLED, INFEASIBLE = (
+    lifecycle.SUCCEEDED,
+    lifecycle.FAILED,
+    lifecycle.CANCELLED,
+    lifecycle.INFEASIBLE,
+)
 STATES, TERMINAL, ACTIVE = lifecycle.STATES, lifecycle.TERMINAL, lifecycle.ACTIVE
 RESTARTED = lifecycle.RESTARTED
 
 # Fields that describe one attempt: cleared whenever a job is queued again (an OOM or
 # user retry, a requeue, a restart), so nothing of the last attempt (its GPUs, its
 # supervisor, a watchdog's kill reason) is taken for the next one's.
-FRESH_ATTEMPT: Mapping[str, Any] = MappingProxyType(dict(
-    gpus=(), gpu_uuids=(), budget=None, supervisor_pid=None, supervisor_start=None,
-    boot_id=None, started_at=None, exit_code=None, preempting_at=None, kill_reason=None,
-    cpu_set=(), context=None))
+FRESH_ATTEMPT: Mapping[str, Any] = MappingProxyType(
+    dict(
+        gpus=(),
+        gpu_uuids=(),
+        budget=None,
+        supervisor_pid=None,
+        supervisor_start=None,
+        boot_id=None,
+        started_at=None,
+        exit_code=None,
+        preempting_at=None,
+        kill_reason=None,
+        cpu_set=(),
+        context=None,
+    )
+)
 
 
 class _EnvNotRead(Mapping[str, str]):
@@ -185,20 +205,29 @@ class Hold:
         """The release in words (``show``, the web UI): the memory came back, or an admin
         released the hold while it was still held, or it is still reserved."""
         if self.released_at is None:
-            return ("still reserved: not verified back since the end"
-                    + (f"; leak: {self.leak}" if self.leak else ""))
+            return "still reserved: not verified back since the end" + (
+                f"; leak: {self.leak}" if self.leak else ""
+            )
         took = f"{self.seconds:.2f} s after the end"
         if self.how is not None and self.how.startswith(CLEARED_BY):
-            return (f"hold released by {self.how.removeprefix(CLEARED_BY)} {took}; the "
-                    "memory was not verified back" + (f": {self.leak}" if self.leak else ""))
+            return (
+                f"hold released by {self.how.removeprefix(CLEARED_BY)} {took}; the "
+                "memory was not verified back" + (f": {self.leak}" if self.leak else "")
+            )
         return f"memory back {took} ({self.how})"
 
     def to_json(self) -> dict[str, Any]:
-        return {"attempt": self.attempt, "gpu_uuids": list(self.gpu_uuids),
-                "budget": self.budget, "exited_at": iso(self.exited_at),
-                "released_at": iso(self.released_at),
-                "seconds": self.seconds,
-                "how": self.how, "leak": self.leak, "said": self.said()}
+        return {
+            "attempt": self.attempt,
+            "gpu_uuids": list(self.gpu_uuids),
+            "budget": self.budget,
+            "exited_at": iso(self.exited_at),
+            "released_at": iso(self.released_at),
+            "seconds": self.seconds,
+            "how": self.how,
+            "leak": self.leak,
+            "said": self.said(),
+        }
 
 
 @dataclass(frozen=True)
@@ -282,14 +311,21 @@ class Job:
         if not self.ended_of_oom:
             return None
         limit = self.cap()
-        said = ("ran out of GPU memory " + ("on its whole GPU" if limit is None else
-                                            f"at its limit {format_bytes(limit)}"))
+        said = "ran out of GPU memory " + (
+            "on its whole GPU" if limit is None else f"at its limit {format_bytes(limit)}"
+        )
         if self.oom_tried is None:
             return said + " (its message gave no size)"
-        return (said + f": it tried to allocate {format_bytes(self.oom_tried)}"
-                + ("" if self.oom_need is None or self.oom_need <= self.oom_tried else
-                   f" holding {format_bytes(self.oom_need - self.oom_tried)}")
-                + ("" if self.oom_need is None else f" (needs {format_bytes(self.oom_need)})"))
+        return (
+            said
+            + f": it tried to allocate {format_bytes(self.oom_tried)}"
+            + (
+                ""
+                if self.oom_need is None or self.oom_need <= self.oom_tried
+                else f" holding {format_bytes(self.oom_need - self.oom_tried)}"
+            )
+            + ("" if self.oom_need is None else f" (needs {format_bytes(self.oom_need)})")
+        )
 
     def cap(self, budget: int | None = None) -> int | None:
         """The memory limit per GPU the job runs with, given its budget (default: the

@@ -76,94 +76,305 @@ def _label(name: str, help: str, column: str) -> Field:
     return Field(name, STRING, help, min_length=1, max_length=200, column=column)
 
 
-FIELDS: dict[str, Field] = {f.name: f for f in (
-    Field("command", ARGV, "The command and its arguments, run without a shell.",
-          required=True, nullable=False, column="command"),
-    Field("cwd", STRING, "Working directory.", default="/", pattern="^/",
-          shape="an absolute path", nullable=False, column="cwd"),
-    Field("env", ENV, "The job's environment (credential-looking variables are dropped "
-                      "unless env_keep names them).", default={}, nullable=False),
-    Field("env_keep", STRINGS, "Keep this credential-looking variable (repeatable).",
-          default=(), nullable=False),
-    _label("name", "A name to recognise the job by.", "name"),
-    _label("group", "A group, for `cancel --group` and `ps`.", "job_group"),
-    _label("key", "Idempotency key: resubmitting it returns the existing job.", "job_key"),
-    Field("mem", SIZE, "GPU memory per GPU: a size (14G, 512MiB), a fraction of a GPU "
-                       "(0.5), or auto: learned from earlier runs with the same "
-                       "--key/--name. Without: a whole idle GPU.", example="14G", column="mem"),
-    Field("gpus", INTEGER, "How many GPUs.", default=1, lo=1, hi=64, nullable=False,
-          column="gpu_count"),
-    Field("gpu_ids", IDS, "Only these GPUs (their indices).", lo=0, min_items=1,
-          shape="a non-empty list of GPU indices", column="gpu_ids"),
-    Field("after", IDS, "Start only after these jobs succeeded.", default=(), lo=1,
-          hi=MAX_ID, shape="a list of job ids", column="after_ids"),
-    Field("after_any", IDS, "Start only after these jobs ended, however they ended.",
-          default=(), lo=1, hi=MAX_ID, shape="a list of job ids", column="after_any_ids"),
-    Field("after_fail", IDS, "Start only after these jobs ended without succeeding.",
-          default=(), lo=1, hi=MAX_ID, shape="a list of job ids", column="after_fail_ids"),
-    Field("timeout", DURATION, "Kill the job after this long (2h, 30m).", positive=True,
-          example="2h", column="timeout"),
-    Field("exclusive", BOOLEAN, "Take the GPU(s) alone.", default=False, nullable=False,
-          column="exclusive"),
-    Field("priority", INTEGER, "Higher starts first.", default=0, lo=-1000, hi=1000,
-          nullable=False, column="priority"),
-    Field("requeue_on_reboot", BOOLEAN, "Queue the job again if the machine reboots while "
-                                        "it runs.", default=False, nullable=False,
-          column="requeue_on_reboot"),
-    Field("qos", CHOICE, "guaranteed: never preempted; burstable (default): may grow to "
-                         "--mem-limit; besteffort: preempted first.", default=BURSTABLE,
-          choices=QOS_CLASSES, nullable=False, column="qos"),
-    Field("mem_limit", SIZE, "Burstable: how far past --mem the job may grow.",
-          example="14G", column="mem_limit"),
-    Field("grace", DURATION, "SIGTERM to SIGKILL on cancel or preemption (default: the "
-                             "daemon's).", example="2h", column="grace"),
-    Field("no_requeue", BOOLEAN, "If preempted, end as cancelled instead of queueing "
-                                 "again.", default=False, nullable=False, column="no_requeue"),
-    Field("retries", INTEGER, "Retry a CUDA OOM this many times, with the budget it showed "
-                              "it needs (default: the daemon's oom_retries, 1, for jobs "
-                              "with --mem; 0: off).", lo=0, hi=100, column="retries"),
-    Field("checkpoint", BOOLEAN, "Set GPUWARDEN_PREEMPT_FILE: it appears before a "
-                                 "preemption.", default=False, nullable=False, column="checkpoint"),
-    Field("mps", BOOLEAN, "Run as an MPS client: the driver enforces --mem as a hard "
-                          "limit.", default=False, nullable=False, column="mps"),
-    Field("sm_percent", INTEGER, "With --mps: the share of the GPU's SMs the job may use.",
-          lo=1, hi=100, column="sm_percent"),
-    Field("cpus", INTEGER, "Hold this many CPU cores near the GPUs alone (among gpuwarden "
-                           "jobs).", lo=1, hi=4096, column="cpus"),
-    Field("no_numa", BOOLEAN, "No CPU affinity and no NUMA memory binding.", default=False,
-          nullable=False, column="no_numa"),
-    # The daemon checks a profile with gpus/model.MIG_PROFILE (a GPU fact, a layer
-    # above); the unit tests hold this pattern to it.
-    Field("mig", STRING, "A MIG instance of this profile (e.g. 3g.40gb): on a GPU in MIG "
-                         "mode each instance is a place of its own.",
-          pattern=r"^[1-8]g\.[1-9][0-9]*gb$", column="mig"),
-    Field("attach", STRING, "The caller starts the command itself once the job is "
-                            "reserved, and reports its start and end; names the launcher "
-                            "(e.g. \"ray job ID\").", min_length=1, max_length=200,
-          column="attach"),
-    Field("notify", STRING, "Run CMD (with /bin/sh, as you) once the job ends, however it "
-                            "ends, the job's JSON on its standard input.",
-          min_length=1, max_length=MAX_COMMAND, shape=_COMMAND, column="notify"),
-    Field("array", STRING, "An array: one job a task (0-99, 1,3,5-9, 0-20:5), each with "
-                           "GPUWARDEN_ARRAY_INDEX; %N: at most N at once. Prints the "
-                           "array's id; a task is ID_INDEX (12_7).",
-          min_length=1, max_length=1000, pattern="^[0-9][0-9,:-]*(%[0-9]+)?$"),
-    Field("restart", CHOICE, "A service: start it again after it ends: on-failure "
-                             "(non-zero exit, a signal, a failed health check) or always "
-                             "(any end but cancel).", choices=(*POLICIES, "no")),
-    Field("restart_limit", STRING, "Give it up after N restarts within a window (default "
-                                   "5/10m).", pattern="^[0-9]+/",
-          shape="N/DURATION, e.g. 5/10m"),
-    Field("health_cmd", STRING, "Health check: a shell command run as you; non-zero exit "
-                                "is a failure.", min_length=1, max_length=MAX_COMMAND,
-          shape=_COMMAND),
-    Field("health_url", STRING, "Health check: an http(s) URL; not 2xx is a failure.",
-          max_length=MAX_URL, pattern="^https?://", shape="an http:// or https:// URL"),
-    Field("health_interval", DURATION, "Between health checks (default 30s).",
-          positive=True, example="30s"),
-    Field("health_grace", DURATION, "After each start, before the first health check "
-                                    "(default 60s).", example="60s"),
-)}
+FIELDS: dict[str, Field] = {
+    f.name: f
+    for f in (
+        Field(
+            "command",
+            ARGV,
+            "The command and its arguments, run without a shell.",
+            required=True,
+            nullable=False,
+            column="command",
+        ),
+        Field(
+            "cwd",
+            STRING,
+            "Working directory.",
+            default="/",
+            pattern="^/",
+            shape="an absolute path",
+            nullable=False,
+            column="cwd",
+        ),
+        Field(
+            "env",
+            ENV,
+            "The job's environment (credential-looking variables are dropped "
+            "unless env_keep names them).",
+            default={},
+            nullable=False,
+        ),
+        Field(
+            "env_keep",
+            STRINGS,
+            "Keep this credential-looking variable (repeatable).",
+            default=(),
+            nullable=False,
+        ),
+        _label("name", "A name to recognise the job by.", "name"),
+        _label("group", "A group, for `cancel --group` and `ps`.", "job_group"),
+        _label("key", "Idempotency key: resubmitting it returns the existing job.", "job_key"),
+        Field(
+            "mem",
+            SIZE,
+            "GPU memory per GPU: a size (14G, 512MiB), a fraction of a GPU "
+            "(0.5), or auto: learned from earlier runs with the same "
+            "--key/--name. Without: a whole idle GPU.",
+            example="14G",
+            column="mem",
+        ),
+        Field(
+            "gpus",
+            INTEGER,
+            "How many GPUs.",
+            default=1,
+            lo=1,
+            hi=64,
+            nullable=False,
+            column="gpu_count",
+        ),
+        Field(
+            "gpu_ids",
+            IDS,
+            "Only these GPUs (their indices).",
+            lo=0,
+            min_items=1,
+            shape="a non-empty list of GPU indices",
+            column="gpu_ids",
+        ),
+        Field(
+            "after",
+            IDS,
+            "Start only after these jobs succeeded.",
+            default=(),
+            lo=1,
+            hi=MAX_ID,
+            shape="a list of job ids",
+            column="after_ids",
+        ),
+        Field(
+            "after_any",
+            IDS,
+            "Start only after these jobs ended, however they ended.",
+            default=(),
+            lo=1,
+            hi=MAX_ID,
+            shape="a list of job ids",
+            column="after_any_ids",
+        ),
+        Field(
+            "after_fail",
+            IDS,
+            "Start only after these jobs ended without succeeding.",
+            default=(),
+            lo=1,
+            hi=MAX_ID,
+            shape="a list of job ids",
+            column="after_fail_ids",
+        ),
+        Field(
+            "timeout",
+            DURATION,
+            "Kill the job after this long (2h, 30m).",
+            positive=True,
+            example="2h",
+            column="timeout",
+        ),
+        Field(
+            "exclusive",
+            BOOLEAN,
+            "Take the GPU(s) alone.",
+            default=False,
+            nullable=False,
+            column="exclusive",
+        ),
+        Field(
+            "priority",
+            INTEGER,
+            "Higher starts first.",
+            default=0,
+            lo=-1000,
+            hi=1000,
+            nullable=False,
+            column="priority",
+        ),
+        Field(
+            "requeue_on_reboot",
+            BOOLEAN,
+            "Queue the job again if the machine reboots while it runs.",
+            default=False,
+            nullable=False,
+            column="requeue_on_reboot",
+        ),
+        Field(
+            "qos",
+            CHOICE,
+            "guaranteed: never preempted; burstable (default): may grow to "
+            "--mem-limit; besteffort: preempted first.",
+            default=BURSTABLE,
+            choices=QOS_CLASSES,
+            nullable=False,
+            column="qos",
+        ),
+        Field(
+            "mem_limit",
+            SIZE,
+            "Burstable: how far past --mem the job may grow.",
+            example="14G",
+            column="mem_limit",
+        ),
+        Field(
+            "grace",
+            DURATION,
+            "SIGTERM to SIGKILL on cancel or preemption (default: the daemon's).",
+            example="2h",
+            column="grace",
+        ),
+        Field(
+            "no_requeue",
+            BOOLEAN,
+            "If preempted, end as cancelled instead of queueing again.",
+            default=False,
+            nullable=False,
+            column="no_requeue",
+        ),
+        Field(
+            "retries",
+            INTEGER,
+            "Retry a CUDA OOM this many times, with the budget it showed "
+            "it needs (default: the daemon's oom_retries, 1, for jobs "
+            "with --mem; 0: off).",
+            lo=0,
+            hi=100,
+            column="retries",
+        ),
+        Field(
+            "checkpoint",
+            BOOLEAN,
+            "Set GPUWARDEN_PREEMPT_FILE: it appears before a preemption.",
+            default=False,
+            nullable=False,
+            column="checkpoint",
+        ),
+        Field(
+            "mps",
+            BOOLEAN,
+            "Run as an MPS client: the driver enforces --mem as a hard limit.",
+            default=False,
+            nullable=False,
+            column="mps",
+        ),
+        Field(
+            "sm_percent",
+            INTEGER,
+            "With --mps: the share of the GPU's SMs the job may use.",
+            lo=1,
+            hi=100,
+            column="sm_percent",
+        ),
+        Field(
+            "cpus",
+            INTEGER,
+            "Hold this many CPU cores near the GPUs alone (among gpuwarden jobs).",
+            lo=1,
+            hi=4096,
+            column="cpus",
+        ),
+        Field(
+            "no_numa",
+            BOOLEAN,
+            "No CPU affinity and no NUMA memory binding.",
+            default=False,
+            nullable=False,
+            column="no_numa",
+        ),
+        # The daemon checks a profile with gpus/model.MIG_PROFILE (a GPU fact, a layer
+        # above); the unit tests hold this pattern to it.
+        Field(
+            "mig",
+            STRING,
+            "A MIG instance of this profile (e.g. 3g.40gb): on a GPU in MIG "
+            "mode each instance is a place of its own.",
+            pattern=r"^[1-8]g\.[1-9][0-9]*gb$",
+            column="mig",
+        ),
+        Field(
+            "attach",
+            STRING,
+            "The caller starts the command itself once the job is "
+            "reserved, and reports its start and end; names the launcher "
+            '(e.g. "ray job ID").',
+            min_length=1,
+            max_length=200,
+            column="attach",
+        ),
+        Field(
+            "notify",
+            STRING,
+            "Run CMD (with /bin/sh, as you) once the job ends, however it "
+            "ends, the job's JSON on its standard input.",
+            min_length=1,
+            max_length=MAX_COMMAND,
+            shape=_COMMAND,
+            column="notify",
+        ),
+        Field(
+            "array",
+            STRING,
+            "An array: one job a task (0-99, 1,3,5-9, 0-20:5), each with "
+            "GPUWARDEN_ARRAY_INDEX; %N: at most N at once. Prints the "
+            "array's id; a task is ID_INDEX (12_7).",
+            min_length=1,
+            max_length=1000,
+            pattern="^[0-9][0-9,:-]*(%[0-9]+)?$",
+        ),
+        Field(
+            "restart",
+            CHOICE,
+            "A service: start it again after it ends: on-failure "
+            "(non-zero exit, a signal, a failed health check) or always "
+            "(any end but cancel).",
+            choices=(*POLICIES, "no"),
+        ),
+        Field(
+            "restart_limit",
+            STRING,
+            "Give it up after N restarts within a window (default 5/10m).",
+            pattern="^[0-9]+/",
+            shape="N/DURATION, e.g. 5/10m",
+        ),
+        Field(
+            "health_cmd",
+            STRING,
+            "Health check: a shell command run as you; non-zero exit is a failure.",
+            min_length=1,
+            max_length=MAX_COMMAND,
+            shape=_COMMAND,
+        ),
+        Field(
+            "health_url",
+            STRING,
+            "Health check: an http(s) URL; not 2xx is a failure.",
+            max_length=MAX_URL,
+            pattern="^https?://",
+            shape="an http:// or https:// URL",
+        ),
+        Field(
+            "health_interval",
+            DURATION,
+            "Between health checks (default 30s).",
+            positive=True,
+            example="30s",
+        ),
+        Field(
+            "health_grace",
+            DURATION,
+            "After each start, before the first health check (default 60s).",
+            example="60s",
+        ),
+    )
+}
 """Every field of the submit request, in the order the daemon checks them."""
 
 EDITABLE = ("mem", "mem_limit", "priority", "qos", "gpus", "timeout", "name")
@@ -188,11 +399,15 @@ def _or(choices: tuple[str, ...]) -> str:
 
 def _string(f: Field, value: Any) -> str:
     lo, hi = f.min_length or 0, f.max_length
-    if not isinstance(value, str) or len(value) < lo or (hi is not None and len(value) > hi) \
-            or (f.shape is not None and f.pattern is not None
-                and not re.match(f.pattern, value)):
+    if (
+        not isinstance(value, str)
+        or len(value) < lo
+        or (hi is not None and len(value) > hi)
+        or (f.shape is not None and f.pattern is not None and not re.match(f.pattern, value))
+    ):
         what = f.shape or ("a non-empty string" if lo else "a string") + (
-            "" if hi is None else f" of at most {hi} characters")
+            "" if hi is None else f" of at most {hi} characters"
+        )
         raise UsageError(f"{f.name} must be {what}")
     return value
 
@@ -223,7 +438,8 @@ def check(f: Field, value: Any) -> Any:
         return tuple(value)
     if f.kind == ENV:
         if not isinstance(value, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
             raise UsageError(f"{f.name} must be an object of strings")
         return value
     if f.kind == IDS:
@@ -231,8 +447,11 @@ def check(f: Field, value: Any) -> Any:
             raise UsageError(f"{f.name} must be {f.shape}")
         return tuple(_int(i, f.name, f.lo, f.hi) for i in value)
     if f.kind == SIZE:  # text is the daemon's to parse: a fraction needs its GPUs
-        return value if isinstance(value, str) else bounded_size(
-            value, f.name, positive=True, example=f.example)
+        return (
+            value
+            if isinstance(value, str)
+            else bounded_size(value, f.name, positive=True, example=f.example)
+        )
     if f.kind == DURATION:
         return bounded_duration(value, f.name, positive=f.positive, example=f.example)
     raise AssertionError(f"field {f.name}: unknown kind {f.kind}")
@@ -266,36 +485,49 @@ def schema(f: Field) -> dict[str, Any]:
     it stands for absent; the help as its description."""
     s: dict[str, Any]
     if f.kind == INTEGER:
-        s = {"type": "integer",
-             **({} if f.lo is None else {"minimum": f.lo}),
-             **({} if f.hi is None else {"maximum": f.hi})}
+        s = {
+            "type": "integer",
+            **({} if f.lo is None else {"minimum": f.lo}),
+            **({} if f.hi is None else {"maximum": f.hi}),
+        }
     elif f.kind == BOOLEAN:
         s = {"type": "boolean"}
     elif f.kind == CHOICE:
         s = {"enum": list(f.choices)}
     elif f.kind == STRING:
-        s = {"type": "string",
-             **({} if f.min_length is None else {"minLength": f.min_length}),
-             **({} if f.max_length is None else {"maxLength": f.max_length}),
-             **({} if f.pattern is None else {"pattern": f.pattern})}
+        s = {
+            "type": "string",
+            **({} if f.min_length is None else {"minLength": f.min_length}),
+            **({} if f.max_length is None else {"maxLength": f.max_length}),
+            **({} if f.pattern is None else {"pattern": f.pattern}),
+        }
     elif f.kind == STRINGS:
         s = {"type": "array", "items": {"type": "string"}}
     elif f.kind == ARGV:
-        s = {"type": "array", "items": {"type": "string"}, "minItems": 1,
-             "prefixItems": [{"type": "string", "minLength": 1}]}
+        s = {
+            "type": "array",
+            "items": {"type": "string"},
+            "minItems": 1,
+            "prefixItems": [{"type": "string", "minLength": 1}],
+        }
     elif f.kind == ENV:
         s = {"type": "object", "additionalProperties": {"type": "string"}}
     elif f.kind == IDS:
-        item = {"type": "integer", **({} if f.lo is None else {"minimum": f.lo}),
-                **({} if f.hi is None else {"maximum": f.hi})}
-        s = {"type": "array", "items": item,
-             **({"minItems": f.min_items} if f.min_items else {})}
+        item = {
+            "type": "integer",
+            **({} if f.lo is None else {"minimum": f.lo}),
+            **({} if f.hi is None else {"maximum": f.hi}),
+        }
+        s = {"type": "array", "items": item, **({"minItems": f.min_items} if f.min_items else {})}
     elif f.kind == SIZE:
         s = {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string"}]}
     elif f.kind == DURATION:
-        s = {"oneOf": [{"type": "number",
-                        **({"exclusiveMinimum": 0} if f.positive else {"minimum": 0})},
-                       {"type": "string"}]}
+        s = {
+            "oneOf": [
+                {"type": "number", **({"exclusiveMinimum": 0} if f.positive else {"minimum": 0})},
+                {"type": "string"},
+            ]
+        }
     else:
         raise AssertionError(f"field {f.name}: unknown kind {f.kind}")
     if f.nullable:

@@ -35,10 +35,15 @@ class Service:
         return self.restart == ALWAYS or not succeeded
 
     def to_json(self) -> dict[str, Any]:
-        return {"restart": self.restart, "restart_limit": self.limit,
-                "restart_window": self.window, "health_cmd": self.health_cmd,
-                "health_url": self.health_url, "health_interval": self.health_interval,
-                "health_grace": self.health_grace}
+        return {
+            "restart": self.restart,
+            "restart_limit": self.limit,
+            "restart_window": self.window,
+            "health_cmd": self.health_cmd,
+            "health_url": self.health_url,
+            "health_interval": self.health_interval,
+            "health_grace": self.health_grace,
+        }
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True)
@@ -48,6 +53,12 @@ class Service:
         if text is None:
             return None
         d = json.loads(text)
-        return cls(restart=d["restart"], limit=d["restart_limit"], window=d["restart_window"],
-                   health_cmd=d["health_cmd"], health_url=d["health_url"],
-                   health_interval=d["health_interval"], health_grace=d["health_grace"])
+        return cls(
+            restart=d["restart"],
+            limit=d["restart_limit"],
+            window=d["restart_window"],
+            health_cmd=d["health_cmd"],
+            health_url=d["health_url"],
+            health_interval=d["health_interval"],
+            health_grace=d["health_grace"],
+        )

@@ -38,8 +38,16 @@ class _Family:
     def add_metric(self, labels: Sequence[str], value: float | dict[str, str]) -> None:
         # An info row's value is its extra labels; ours has none, and it renders as 1.
         # -0.0 is 0.0 (it is ==, and its text would differ): equal rows, equal text.
-        self.rows.append((tuple(labels), 1.0 if isinstance(value, dict)
-                          else 0.0 if value == 0 and type(value) is float else value))
+        self.rows.append(
+            (
+                tuple(labels),
+                1.0
+                if isinstance(value, dict)
+                else 0.0
+                if value == 0 and type(value) is float
+                else value,
+            )
+        )
 
     def metric(self, rows: Sequence[tuple[tuple[str, ...], float]] | None = None) -> Metric:
         m: GaugeMetricFamily | InfoMetricFamily
@@ -76,9 +84,15 @@ def _g(name: str, doc: str, labels: list[str]) -> _Family:
 class SnapshotCollector(Collector):
     """Collects GPU, process, user and leak metrics from snapshots taken by ``take``."""
 
-    def __init__(self, take: Callable[[], Snapshot], *, cache_seconds: float = 1.0,
-                 pid_labels: bool = True, holders: bool = True,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        take: Callable[[], Snapshot],
+        *,
+        cache_seconds: float = 1.0,
+        pid_labels: bool = True,
+        holders: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.take = take
         self.cache_seconds = cache_seconds
         self.pid_labels = pid_labels
@@ -117,8 +131,9 @@ class SnapshotCollector(Collector):
         for family in self._families(*self.snapshot()):
             yield family.metric()
 
-    def render_text(self, encode: Callable[[Collector], bytes] = generate_latest,
-                    fmt: str = "text") -> bytes:
+    def render_text(
+        self, encode: Callable[[Collector], bytes] = generate_latest, fmt: str = "text"
+    ) -> bytes:
         """``render_segments`` joined: the scrape's body."""
         snap, segments = self._render(encode, fmt)
         with self._text_lock:
@@ -129,15 +144,15 @@ class SnapshotCollector(Collector):
             self._rendered[fmt] = (snap, rendered)
         return rendered
 
-    def render_segments(self, encode: Callable[[Collector], bytes] = generate_latest,
-                        fmt: str = "text") -> list[str]:
+    def render_segments(
+        self, encode: Callable[[Collector], bytes] = generate_latest, fmt: str = "text"
+    ) -> list[str]:
         """The scrape's text in the pieces it was made of (each family's header and
         series, then the trailer): a family that did not change is the same piece as in
         the last render, which ``GzipSegments`` compresses once."""
         return self._render(encode, fmt)[1]
 
-    def _render(self, encode: Callable[[Collector], bytes],
-                fmt: str) -> tuple[Snapshot, list[str]]:
+    def _render(self, encode: Callable[[Collector], bytes], fmt: str) -> tuple[Snapshot, list[str]]:
         """What ``encode`` (``generate_latest``, or the OpenMetrics one: ``fmt`` names
         which, with its options) writes for a registry holding only this collector, byte
         for byte, at a fraction of its cost: a series seen in the previous render reuses
@@ -162,20 +177,26 @@ class SnapshotCollector(Collector):
                     out += (was[0], was[3])
                     kept[family.name] = was
                     continue
-                header, old = (was[0], was[1]) if was is not None else (
-                    encode(_One(family.metric([]))).decode().removesuffix(trailer), {})
+                header, old = (
+                    (was[0], was[1])
+                    if was is not None
+                    else (encode(_One(family.metric([]))).decode().removesuffix(trailer), {})
+                )
                 parts: dict[tuple[str, ...], _Line] = {}
                 body: list[str] = []
                 for labels, value in family.rows:
                     seen = parts.get(labels) or old.get(labels)
                     if seen is None:
                         text = encode(_One(family.metric([(labels, 0.0)]))).decode()
-                        line = text[len(header):len(text) - len(trailer)]
+                        line = text[len(header) : len(text) - len(trailer)]
                         seen = (line.rpartition(" ")[0] + " ", None, "")
                     # An int's text is its value's alone (a float's: -0.0 == 0.0).
                     if type(value) is not int or seen[1] != value:
-                        seen = (seen[0], value if type(value) is int else None,
-                                f"{seen[0]}{floatToGoString(value)}\n")  # type: ignore[no-untyped-call]
+                        seen = (
+                            seen[0],
+                            value if type(value) is int else None,
+                            f"{seen[0]}{floatToGoString(value)}\n",  # type: ignore[no-untyped-call]
+                        )
                     parts[labels] = seen
                     body.append(seen[2])
                 text = "".join(body)
@@ -189,8 +210,9 @@ class SnapshotCollector(Collector):
     def _families(self, snap: Snapshot, took: float) -> list[_Family]:
         from gpuwarden.observe.leaks import find_leaks
 
-        info = _Family("gpu", "Identity of each GPU",
-                       labels=["gpu", "uuid", "name", "pci_bus_id"], info=True)
+        info = _Family(
+            "gpu", "Identity of each GPU", labels=["gpu", "uuid", "name", "pci_bus_id"], info=True
+        )
         total = _g("gpu_memory_total_bytes", "Memory of each GPU", ["gpu"])
         used = _g("gpu_memory_used_bytes", "Memory in use on each GPU (as NVML says)", ["gpu"])
         free = _g("gpu_memory_free_bytes", "Memory free on each GPU", ["gpu"])
@@ -198,34 +220,40 @@ class SnapshotCollector(Collector):
         temp = _g("gpu_temperature_celsius", "GPU temperature", ["gpu"])
         power = _g("gpu_power_watts", "Power draw", ["gpu"])
         ecc = _g("gpu_ecc_uncorrected_errors", "Volatile uncorrected ECC errors", ["gpu"])
-        mode = _g("gpu_compute_mode", "1 for the GPU's compute mode, 0 for the others",
-                  ["gpu", "mode"])
+        mode = _g(
+            "gpu_compute_mode", "1 for the GPU's compute mode, 0 for the others", ["gpu", "mode"]
+        )
         mps = _g("gpu_mps_active", "1 when an MPS server serves the GPU", ["gpu"])
-        unacc = _g("gpu_unaccounted_bytes",
-                   "Memory in use that no listed process accounts for (leaked contexts)",
-                   ["gpu"])
-        leaked = _g("gpu_leaked_bytes", "Memory held by leaks, by kind (one sample)",
-                    ["gpu", "kind"])
-        hidden = _g("gpu_hidden_holders", "Processes holding the GPU that NVML does not list",
-                    ["gpu"])
+        unacc = _g(
+            "gpu_unaccounted_bytes",
+            "Memory in use that no listed process accounts for (leaked contexts)",
+            ["gpu"],
+        )
+        leaked = _g(
+            "gpu_leaked_bytes", "Memory held by leaks, by kind (one sample)", ["gpu", "kind"]
+        )
+        hidden = _g(
+            "gpu_hidden_holders", "Processes holding the GPU that NVML does not list", ["gpu"]
+        )
         users_on = _g("gpu_users", "Distinct users with processes on the GPU", ["gpu"])
         # "job_id", not "job": Prometheus sets "job" on every series (the scrape job).
         labels = ["gpu", "user", "container", "job_id"] + (["pid"] if self.pid_labels else [])
         pmem = _g("process_memory_bytes", "GPU memory of each process", labels)
-        psm = _g("process_sm_utilization_ratio", "SM utilization of each process, 0-1",
-                 labels)
-        umem = _g("user_memory_bytes", "GPU memory of each user's processes, over all GPUs",
-                  ["user"])
+        psm = _g("process_sm_utilization_ratio", "SM utilization of each process, 0-1", labels)
+        umem = _g(
+            "user_memory_bytes", "GPU memory of each user's processes, over all GPUs", ["user"]
+        )
         age = _g("snapshot_seconds", "How long taking the scrape's snapshot took", [])
-        mig_info = _Family("mig_instance", "Identity of each MIG instance of a GPU in MIG mode",
-                           labels=["gpu", "gi", "ci", "profile", "uuid"], info=True)
+        mig_info = _Family(
+            "mig_instance",
+            "Identity of each MIG instance of a GPU in MIG mode",
+            labels=["gpu", "gi", "ci", "profile", "uuid"],
+            info=True,
+        )
         mig_total = _g("mig_memory_total_bytes", "Memory of each MIG instance", ["gpu", "gi"])
-        mig_used = _g("mig_memory_used_bytes", "Memory in use on each MIG instance",
-                      ["gpu", "gi"])
-        mig_free = _g("mig_memory_free_bytes", "Memory free on each MIG instance",
-                      ["gpu", "gi"])
-        mig_procs = _g("mig_processes", "Processes NVML lists on each MIG instance",
-                       ["gpu", "gi"])
+        mig_used = _g("mig_memory_used_bytes", "Memory in use on each MIG instance", ["gpu", "gi"])
+        mig_free = _g("mig_memory_free_bytes", "Memory free on each MIG instance", ["gpu", "gi"])
+        mig_procs = _g("mig_processes", "Processes NVML lists on each MIG instance", ["gpu", "gi"])
 
         per_user: dict[str, int] = {}
         for view in snap.gpus:
@@ -261,8 +289,11 @@ class SnapshotCollector(Collector):
                     owners.add(user)
                 env = pinfo.env
                 job = env.get("GPUWARDEN_JOB", "") if env else ""
-                key: tuple[str, ...] = ((g, user, pinfo.container or "", job, str(facts.pid))
-                                        if pid_labels else (g, user, pinfo.container or "", job))
+                key: tuple[str, ...] = (
+                    (g, user, pinfo.container or "", job, str(facts.pid))
+                    if pid_labels
+                    else (g, user, pinfo.container or "", job)
+                )
                 memory, sm = facts.memory, facts.sm_utilization
                 if memory is not None:
                     mem_sums[key] = mem_sums.get(key, 0) + memory
@@ -278,8 +309,9 @@ class SnapshotCollector(Collector):
                 mig_total.add_metric([g, gi], mi.memory_total)
                 mig_used.add_metric([g, gi], mi.memory_used)
                 mig_free.add_metric([g, gi], mi.memory_free)
-                mig_procs.add_metric([g, gi], sum(1 for p in view.processes
-                                                  if p.gpu.mig_uuid == mi.uuid))
+                mig_procs.add_metric(
+                    [g, gi], sum(1 for p in view.processes if p.gpu.mig_uuid == mi.uuid)
+                )
         by_kind: dict[tuple[str, str], int] = {}
         holders: dict[str, int] = {str(v.facts.index): 0 for v in snap.gpus}
         for lk in find_leaks([snap]):
@@ -296,17 +328,39 @@ class SnapshotCollector(Collector):
         for user, b in sorted(per_user.items()):
             umem.add_metric([user], b)
         age.add_metric([], took)
-        return [info, total, used, free, util, temp, power, ecc, mode, mps, unacc, leaked,
-                *([hidden] if self.holders else []), users_on, pmem, psm, umem, age,
-                *([mig_info, mig_total, mig_used, mig_free, mig_procs]
-                  if any(v.facts.mig_instances for v in snap.gpus) else [])]
+        return [
+            info,
+            total,
+            used,
+            free,
+            util,
+            temp,
+            power,
+            ecc,
+            mode,
+            mps,
+            unacc,
+            leaked,
+            *([hidden] if self.holders else []),
+            users_on,
+            pmem,
+            psm,
+            umem,
+            age,
+            *(
+                [mig_info, mig_total, mig_used, mig_free, mig_procs]
+                if any(v.facts.mig_instances for v in snap.gpus)
+                else []
+            ),
+        ]
 
 
 def render_text(parts: Sequence[Collector]) -> bytes:
     """The text format of ``parts`` in order: what ``generate_latest`` writes for one
     registry holding them all, with each snapshot collector rendering its own text."""
-    return b"".join(p.render_text() if isinstance(p, SnapshotCollector) else generate_latest(p)
-                    for p in parts)
+    return b"".join(
+        p.render_text() if isinstance(p, SnapshotCollector) else generate_latest(p) for p in parts
+    )
 
 
 def render_segments(parts: Sequence[Collector]) -> list[str]:

@@ -16,15 +16,21 @@ if TYPE_CHECKING:
     from gpuwarden.gpus.backend import Backend
 
 
-def registry_for(backend: Backend, *, cache_seconds: float, pid_labels: bool,
-                 holders: bool = True) -> CollectorRegistry:
+def registry_for(
+    backend: Backend, *, cache_seconds: float, pid_labels: bool, holders: bool = True
+) -> CollectorRegistry:
     """A registry with the snapshot collector over ``backend``."""
     from gpuwarden.metrics.collector import SnapshotCollector, SnapshotRegistry
     from gpuwarden.observe.snapshot import take_snapshot
 
-    return SnapshotRegistry(SnapshotCollector(lambda: take_snapshot(backend, holders=holders),
-                                              cache_seconds=cache_seconds,
-                                              pid_labels=pid_labels, holders=holders))
+    return SnapshotRegistry(
+        SnapshotCollector(
+            lambda: take_snapshot(backend, holders=holders),
+            cache_seconds=cache_seconds,
+            pid_labels=pid_labels,
+            holders=holders,
+        )
+    )
 
 
 def wsgi_app(registry: CollectorRegistry) -> Callable[..., Any]:
@@ -45,14 +51,22 @@ def wsgi_app(registry: CollectorRegistry) -> Callable[..., Any]:
     gzipped: dict[str, GzipSegments] = {}  # per format: the last scrape's pieces differ
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-        if (isinstance(registry, SnapshotRegistry) and environ["REQUEST_METHOD"] == "GET"
-                and environ.get("PATH_INFO") != "/favicon.ico"
-                and "name[]" not in environ.get("QUERY_STRING", "")):
+        if (
+            isinstance(registry, SnapshotRegistry)
+            and environ["REQUEST_METHOD"] == "GET"
+            and environ.get("PATH_INFO") != "/favicon.ico"
+            and "name[]" not in environ.get("QUERY_STRING", "")
+        ):
             encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
             base = getattr(encoder, "func", encoder)  # a functools.partial with options
             if base is generate_latest or base is openmetrics_latest:
-                fmt = repr((base.__module__, getattr(encoder, "args", ()),
-                            sorted(getattr(encoder, "keywords", {}).items())))
+                fmt = repr(
+                    (
+                        base.__module__,
+                        getattr(encoder, "args", ()),
+                        sorted(getattr(encoder, "keywords", {}).items()),
+                    )
+                )
                 headers = [("Content-Type", content_type)]
                 if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
                     pieces = registry.collector.render_segments(encoder, fmt)
@@ -85,10 +99,12 @@ def start(listen: str, registry: CollectorRegistry) -> tuple[Any, threading.Thre
     try:
         # The address family from the address, as prometheus_client's server does.
         family, _, _, _, sockaddr = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
         Server.address_family = family
-        server = make_server(str(sockaddr[0]), port, wsgi_app(registry), Server,
-                             handler_class=Quiet)
+        server = make_server(
+            str(sockaddr[0]), port, wsgi_app(registry), Server, handler_class=Quiet
+        )
     except OSError as e:
         raise UsageError(f"cannot listen on {listen}: {e.strerror or e}") from None
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -96,8 +112,9 @@ def start(listen: str, registry: CollectorRegistry) -> tuple[Any, threading.Thre
     return server, thread
 
 
-def serve(listen: str, registry: CollectorRegistry,
-          ready: Callable[[str, int], None] | None = None) -> None:
+def serve(
+    listen: str, registry: CollectorRegistry, ready: Callable[[str, int], None] | None = None
+) -> None:
     """Serve /metrics until SIGTERM or SIGINT."""
     import gc
 

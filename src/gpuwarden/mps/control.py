@@ -4,7 +4,6 @@ stopping it, as argv lists, never through a shell. Nothing assumes the default p
 directory: several control daemons can run at once, each named by its own
 ``CUDA_MPS_PIPE_DIRECTORY``."""
 
-
 import contextlib
 import os
 import shlex
@@ -65,8 +64,9 @@ class MpsConfig:
             format_mps_size(nbytes)
             if self.visible_devices is not None and gpu not in self.visible_devices:
                 shown = ",".join(map(str, self.visible_devices))
-                raise UsageError(f"--mem-limit names GPU {gpu}, which is not among "
-                                 f"the daemon's GPUs ({shown})")
+                raise UsageError(
+                    f"--mem-limit names GPU {gpu}, which is not among the daemon's GPUs ({shown})"
+                )
 
     def ordinal(self, gpu: int) -> int:
         """The device number the daemon and its clients use for machine GPU ``gpu``."""
@@ -96,28 +96,35 @@ class MpsConfig:
 
     def limit_commands(self) -> list[str]:
         """Control-pipe commands that set the default limits for new servers."""
-        cmds = [f"set_default_device_pinned_mem_limit {dev} {format_mps_size(n)}"
-                for dev, n in sorted(self.device_limits().items())]
+        cmds = [
+            f"set_default_device_pinned_mem_limit {dev} {format_mps_size(n)}"
+            for dev, n in sorted(self.device_limits().items())
+        ]
         if self.thread_percentage is not None:
             cmds.append(f"set_default_active_thread_percentage {self.thread_percentage}")
         return cmds
 
-    def shell_lines(self, binary: str = CONTROL_BINARY,
-                    current_env: Mapping[str, str] | None = None) -> list[str]:
+    def shell_lines(
+        self, binary: str = CONTROL_BINARY, current_env: Mapping[str, str] | None = None
+    ) -> list[str]:
         """The start as shell lines a person could run (display only; gpuwarden runs argv)."""
         cur = os.environ if current_env is None else current_env
         unset = [f"-u {k}" for k in _DROPPED_ENV if k in cur and k not in self.env_overrides()]
         assigns = [f"{k}={shlex.quote(v)}" for k, v in self.env_overrides().items()]
-        lines = [shlex.join(["mkdir", "-p", self.pipe_dir, self.log_dir]),
-                 " ".join(["env", *unset, *assigns, shlex.quote(binary), "-d"])]
+        lines = [
+            shlex.join(["mkdir", "-p", self.pipe_dir, self.log_dir]),
+            " ".join(["env", *unset, *assigns, shlex.quote(binary), "-d"]),
+        ]
         lines += [control_shell_line(c, self.pipe_dir, binary) for c in self.limit_commands()]
         return lines
 
 
 def control_shell_line(command: str, pipe_dir: str, binary: str = CONTROL_BINARY) -> str:
     """``echo CMD | CUDA_MPS_PIPE_DIRECTORY=D nvidia-cuda-mps-control``, for display."""
-    return (f"echo {shlex.quote(command)} | {ENV_PIPE_DIR}={shlex.quote(pipe_dir)} "
-            f"{shlex.quote(binary)}")
+    return (
+        f"echo {shlex.quote(command)} | {ENV_PIPE_DIR}={shlex.quote(pipe_dir)} "
+        f"{shlex.quote(binary)}"
+    )
 
 
 # -- control --------------------------------------------------------------------
@@ -130,11 +137,18 @@ class MpsControl:
     be root), so that a per-user daemon can serve only that user's jobs; the
     directories are then created owned by that user."""
 
-    def __init__(self, pipe_dir: str = DEFAULT_PIPE_DIR, log_dir: str | None = None, *,
-                 binary: str = CONTROL_BINARY, timeout: float = 10.0,
-                 uid: int | None = None, gid: int | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        pipe_dir: str = DEFAULT_PIPE_DIR,
+        log_dir: str | None = None,
+        *,
+        binary: str = CONTROL_BINARY,
+        timeout: float = 10.0,
+        uid: int | None = None,
+        gid: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.pipe_dir = os.path.abspath(pipe_dir)
         self.log_dir = os.path.abspath(log_dir) if log_dir is not None else DEFAULT_LOG_DIR
         self.binary = binary
@@ -162,9 +176,12 @@ class MpsControl:
             )
         return found
 
-    def config(self, visible_devices: Sequence[int] | None = None,
-               mem_limits: Mapping[int, int] | None = None,
-               thread_percentage: int | None = None) -> MpsConfig:
+    def config(
+        self,
+        visible_devices: Sequence[int] | None = None,
+        mem_limits: Mapping[int, int] | None = None,
+        thread_percentage: int | None = None,
+    ) -> MpsConfig:
         """The plan ``start`` would carry out with these settings (for dry runs)."""
         return MpsConfig(
             pipe_dir=self.pipe_dir,
@@ -193,9 +210,12 @@ class MpsControl:
         if self.uid is not None:
             os.chown(path, self.uid, -1 if self.gid is None else self.gid)
 
-    def start(self, visible_devices: Sequence[int] | None = None,
-              mem_limits: Mapping[int, int] | None = None,
-              thread_percentage: int | None = None) -> MpsDaemon:
+    def start(
+        self,
+        visible_devices: Sequence[int] | None = None,
+        mem_limits: Mapping[int, int] | None = None,
+        thread_percentage: int | None = None,
+    ) -> MpsDaemon:
         """Run ``nvidia-cuda-mps-control -d`` with the plan's environment, wait until its
         control endpoint appears, then apply the default limits through it. All or
         nothing: when a limit is refused, the fresh daemon is stopped again."""
@@ -203,21 +223,32 @@ class MpsControl:
         exe = self.executable()
         running = self.daemons()
         if running:
-            raise UsageError(f"an MPS control daemon (pid {running[0].pid}) already uses pipe "
-                             f"dir {self.pipe_dir}; stop it first or choose another --pipe-dir")
+            raise UsageError(
+                f"an MPS control daemon (pid {running[0].pid}) already uses pipe "
+                f"dir {self.pipe_dir}; stop it first or choose another --pipe-dir"
+            )
         self._make_dir(self.pipe_dir)
         self._make_dir(self.log_dir)
         # Output to a file, not a pipe: the daemonised child may keep inherited pipes
         # open, and reading one would wait for the daemon to exit.
         with tempfile.TemporaryFile() as out:
             try:
-                rc = subprocess.run([exe, "-d"], env=config.env(), stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=subprocess.STDOUT, timeout=self.timeout,
-                                    check=False, user=self.uid, group=self.gid,
-                                    extra_groups=self._extra_groups()).returncode
+                rc = subprocess.run(
+                    [exe, "-d"],
+                    env=config.env(),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=self.timeout,
+                    check=False,
+                    user=self.uid,
+                    group=self.gid,
+                    extra_groups=self._extra_groups(),
+                ).returncode
             except subprocess.TimeoutExpired:
-                raise MpsError(f"{self.binary} -d did not return within "
-                               f"{self.timeout:g}s") from None
+                raise MpsError(
+                    f"{self.binary} -d did not return within {self.timeout:g}s"
+                ) from None
             except OSError as e:
                 raise MpsError(f"cannot run {exe}: {e.strerror or e}") from None
             out.seek(0)
@@ -257,19 +288,31 @@ class MpsControl:
             raise MpsError(f"no MPS control daemon listens at {self.pipe_dir}")
         exe = self.executable()
         try:
-            r = subprocess.run([exe], input=command + "\n", env=self._client_env(),
-                               capture_output=True, text=True, timeout=self.timeout,
-                               check=False, user=self.uid, group=self.gid,
-                               extra_groups=self._extra_groups())
+            r = subprocess.run(
+                [exe],
+                input=command + "\n",
+                env=self._client_env(),
+                capture_output=True,
+                text=True,
+                timeout=self.timeout,
+                check=False,
+                user=self.uid,
+                group=self.gid,
+                extra_groups=self._extra_groups(),
+            )
         except subprocess.TimeoutExpired:
-            raise MpsError(f"the MPS control daemon at {self.pipe_dir} did not answer "
-                           f"{command!r} within {self.timeout:g}s") from None
+            raise MpsError(
+                f"the MPS control daemon at {self.pipe_dir} did not answer "
+                f"{command!r} within {self.timeout:g}s"
+            ) from None
         except OSError as e:
             raise MpsError(f"cannot run {exe}: {e.strerror or e}") from None
         if r.returncode != 0:
             said = _one_line(r.stderr or r.stdout)
-            raise MpsError(f"MPS control at {self.pipe_dir}: {command!r} failed "
-                           f"(exit {r.returncode})" + (f": {said}" if said else ""))
+            raise MpsError(
+                f"MPS control at {self.pipe_dir}: {command!r} failed "
+                f"(exit {r.returncode})" + (f": {said}" if said else "")
+            )
         return r.stdout.strip()
 
     def stop(self) -> tuple[MpsDaemon, ...]:

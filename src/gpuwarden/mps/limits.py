@@ -1,7 +1,6 @@
 """MPS's own spellings: memory limits (``0=2G``), GPU lists, thread percentages and
 the control daemon's server list, parsed and formatted, with one-line errors."""
 
-
 from collections.abc import Iterable, Mapping
 
 from gpuwarden.errors import UsageError

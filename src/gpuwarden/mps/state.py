@@ -94,8 +94,11 @@ class MpsState:
 
     def for_pipe_dir(self, pipe_dir: str) -> MpsState:
         """Only the daemons known to use ``pipe_dir`` (unreadable ones are left out)."""
-        return MpsState(tuple(d for d in self.daemons
-                              if d.pipe_dir is not None and same_dir(d.pipe_dir, pipe_dir)))
+        return MpsState(
+            tuple(
+                d for d in self.daemons if d.pipe_dir is not None and same_dir(d.pipe_dir, pipe_dir)
+            )
+        )
 
     @property
     def pipe_dirs(self) -> tuple[str, ...]:
@@ -108,7 +111,7 @@ class MpsState:
 
 
 def daemon_kind(name: str | None, cmdline: Sequence[str] | None) -> str | None:
-    """"control", "server" or None, from argv[0] first (the kernel truncates the process
+    """ "control", "server" or None, from argv[0] first (the kernel truncates the process
     name to 15 characters, which makes both read ``nvidia-cuda-mps``), then the name."""
     candidates = []
     if cmdline:
@@ -123,9 +126,15 @@ def daemon_kind(name: str | None, cmdline: Sequence[str] | None) -> str | None:
     return None
 
 
-def daemon_from_env(pid: int, kind: str, env: Mapping[str, str] | None, *,
-                    user: str | None = None, uid: int | None = None,
-                    start_time: float | None = None) -> MpsDaemon:
+def daemon_from_env(
+    pid: int,
+    kind: str,
+    env: Mapping[str, str] | None,
+    *,
+    user: str | None = None,
+    uid: int | None = None,
+    start_time: float | None = None,
+) -> MpsDaemon:
     """An MpsDaemon from its environment; unset directories mean MPS's defaults,
     an unreadable environment (``None``) means unknown."""
     if env is None:
@@ -175,7 +184,8 @@ def read_mps_state(processes: Iterable[psutil.Process] | None = None) -> MpsStat
                 env = None
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        found.append(daemon_from_env(p.pid, kind, env, user=_user_name(uid), uid=uid,
-                                     start_time=start))
+        found.append(
+            daemon_from_env(p.pid, kind, env, user=_user_name(uid), uid=uid, start_time=start)
+        )
     found.sort(key=lambda d: (d.kind != "control", d.pid))
     return MpsState(tuple(found))

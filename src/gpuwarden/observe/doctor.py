@@ -47,23 +47,47 @@ RULES: list[Rule] = [
 
 # Every id a finding's ``rule`` can take: the stable vocabulary of --json.
 RULE_IDS = (
-    "shared_default_mode", "residual_memory", "hidden_holder", "dead_pid", "garbage_pid",
-    "other_namespace", "zombie", "orphan", "numa_mismatch", "persistence_off",
-    "mps_shared_users", "mps_no_memory_limit", "alloc_conf_unset", "ecc_uncorrected",
-    "retired_pages_pending", "retired_pages", "mig_no_instances", "mig_instance_full",
-    "mig_shared_users", "mig_instances", "container_namespace",
+    "shared_default_mode",
+    "residual_memory",
+    "hidden_holder",
+    "dead_pid",
+    "garbage_pid",
+    "other_namespace",
+    "zombie",
+    "orphan",
+    "numa_mismatch",
+    "persistence_off",
+    "mps_shared_users",
+    "mps_no_memory_limit",
+    "alloc_conf_unset",
+    "ecc_uncorrected",
+    "retired_pages_pending",
+    "retired_pages",
+    "mig_no_instances",
+    "mig_instance_full",
+    "mig_shared_users",
+    "mig_instances",
+    "container_namespace",
 )
 
 
-def diagnose(snapshot: Snapshot, leaks: Sequence[Leak],
-             mps: MpsState | None = None) -> list[Finding]:
+def diagnose(
+    snapshot: Snapshot, leaks: Sequence[Leak], mps: MpsState | None = None
+) -> list[Finding]:
     """Run every rule; findings most severe first, then by GPU (machine-wide first)."""
     inp = Inputs(snapshot, tuple(leaks), mps)
     found = [f for rule in RULES for f in rule(inp)]
     sev = {s: i for i, s in enumerate(SEVERITIES)}
     order = {r: i for i, r in enumerate(RULE_IDS)}
-    return sorted(found, key=lambda f: (sev[f.severity], -1 if f.gpu is None else f.gpu,
-                                        order.get(f.rule, len(order)), f.pid or 0))
+    return sorted(
+        found,
+        key=lambda f: (
+            sev[f.severity],
+            -1 if f.gpu is None else f.gpu,
+            order.get(f.rule, len(order)),
+            f.pid or 0,
+        ),
+    )
 
 
 def summarize(findings: Sequence[Finding]) -> dict[str, int]:

@@ -36,8 +36,10 @@ def _nearly_full(g: GpuView) -> bool:
 
 def _free_text(g: GpuView) -> str:
     f = g.facts
-    return (f"{format_bytes(f.memory_free)} of {format_bytes(f.memory_total)} free "
-            f"({percent(f.memory_free, f.memory_total)})")
+    return (
+        f"{format_bytes(f.memory_free)} of {format_bytes(f.memory_total)} free "
+        f"({percent(f.memory_free, f.memory_total)})"
+    )
 
 
 def _idle_gpus(snap: Snapshot, but: int) -> list[int]:
@@ -48,24 +50,36 @@ def shared_default_mode(inp: Inputs) -> Iterator[Finding]:
     """Default mode lets every user's job believe it owns the GPU: two jobs, one OOM."""
     for g in inp.snapshot.gpus:
         users = _users(g)
-        if g.facts.compute_mode != "Default" or g.facts.mps or len(users) < 2 \
-                or g.facts.mig_instances:  # MIG isolates its instances: see mig_instances
+        if (
+            g.facts.compute_mode != "Default"
+            or g.facts.mps
+            or len(users) < 2
+            or g.facts.mig_instances
+        ):  # MIG isolates its instances: see mig_instances
             continue
         full = _nearly_full(g)
         who = ", ".join(f"{u} {format_bytes(m)}" for u, m in sorted(users.items()))
-        risk = ("nearly full: the next allocation of any of them fails with CUDA OOM"
-                if full else "each job assumes the whole GPU, so together they run out of "
-                             "memory")
+        risk = (
+            "nearly full: the next allocation of any of them fails with CUDA OOM"
+            if full
+            else "each job assumes the whole GPU, so together they run out of memory"
+        )
         idle = _idle_gpus(inp.snapshot, g.index)
         hint = f" (idle now: GPU {', '.join(map(str, idle))})" if idle else ""
         yield Finding(
-            rule="shared_default_mode", severity=CRITICAL if full else WARNING,
-            gpu=g.index, pid=None,
-            evidence=(f"GPU {g.index} is in Default compute mode and runs processes of "
-                      f"{len(users)} users ({who}); {_free_text(g)}; {risk}"),
-            remedy=(f"nvidia-smi -i {g.index} -c EXCLUSIVE_PROCESS\n"
-                    f"or give each user its own GPU{hint}:\n"
-                    "gpuwarden exec --mem SIZE -- CMD  or  CUDA_VISIBLE_DEVICES=N CMD"),
+            rule="shared_default_mode",
+            severity=CRITICAL if full else WARNING,
+            gpu=g.index,
+            pid=None,
+            evidence=(
+                f"GPU {g.index} is in Default compute mode and runs processes of "
+                f"{len(users)} users ({who}); {_free_text(g)}; {risk}"
+            ),
+            remedy=(
+                f"nvidia-smi -i {g.index} -c EXCLUSIVE_PROCESS\n"
+                f"or give each user its own GPU{hint}:\n"
+                "gpuwarden exec --mem SIZE -- CMD  or  CUDA_VISIBLE_DEVICES=N CMD"
+            ),
         )
 
 
@@ -74,12 +88,19 @@ def persistence_off(inp: Inputs) -> Iterator[Finding]:
     for g in inp.snapshot.gpus:
         if g.facts.persistence_mode is False:
             yield Finding(
-                rule="persistence_off", severity=WARNING, gpu=g.index, pid=None,
-                evidence=(f"GPU {g.index} has persistence mode off: the driver tears the GPU "
-                          "down whenever its last client exits, so each job pays seconds of "
-                          "init and settings such as the compute mode can be lost"),
-                remedy=(f"nvidia-smi -i {g.index} -pm 1\n"
-                        "or for every GPU at boot: systemctl enable --now nvidia-persistenced"),
+                rule="persistence_off",
+                severity=WARNING,
+                gpu=g.index,
+                pid=None,
+                evidence=(
+                    f"GPU {g.index} has persistence mode off: the driver tears the GPU "
+                    "down whenever its last client exits, so each job pays seconds of "
+                    "init and settings such as the compute mode can be lost"
+                ),
+                remedy=(
+                    f"nvidia-smi -i {g.index} -pm 1\n"
+                    "or for every GPU at boot: systemctl enable --now nvidia-persistenced"
+                ),
             )
 
 
@@ -89,8 +110,10 @@ def _server_user(mps: MpsState | None) -> str:
     users = sorted({d.user for d in mps.servers if d.user})
     if not users:
         return ""
-    return (f"; the MPS server runs as {', '.join(users)}, so other users' new clients "
-            "wait until it exits")
+    return (
+        f"; the MPS server runs as {', '.join(users)}, so other users' new clients "
+        "wait until it exits"
+    )
 
 
 def mps_shared_users(inp: Inputs) -> Iterator[Finding]:
@@ -102,15 +125,21 @@ def mps_shared_users(inp: Inputs) -> Iterator[Finding]:
         full = _nearly_full(g)
         who = ", ".join(f"{u} {format_bytes(m)}" for u, m in sorted(users.items()))
         yield Finding(
-            rule="mps_shared_users", severity=CRITICAL if full else WARNING,
-            gpu=g.index, pid=None,
-            evidence=(f"GPU {g.index} is served by MPS and used by {len(users)} users ({who}); "
-                      f"{_free_text(g)}; MPS gives no memory isolation, and a client that "
-                      f"faults takes every other client down{_server_user(inp.mps)}"),
-            remedy=("give each user its own GPU:\n"
-                    "gpuwarden exec --mem SIZE -- CMD  or  CUDA_VISIBLE_DEVICES=N CMD\n"
-                    "or stop MPS: echo quit | nvidia-cuda-mps-control\n"
-                    f"(memory isolation on one GPU needs MIG: nvidia-smi -i {g.index} -mig 1)"),
+            rule="mps_shared_users",
+            severity=CRITICAL if full else WARNING,
+            gpu=g.index,
+            pid=None,
+            evidence=(
+                f"GPU {g.index} is served by MPS and used by {len(users)} users ({who}); "
+                f"{_free_text(g)}; MPS gives no memory isolation, and a client that "
+                f"faults takes every other client down{_server_user(inp.mps)}"
+            ),
+            remedy=(
+                "give each user its own GPU:\n"
+                "gpuwarden exec --mem SIZE -- CMD  or  CUDA_VISIBLE_DEVICES=N CMD\n"
+                "or stop MPS: echo quit | nvidia-cuda-mps-control\n"
+                f"(memory isolation on one GPU needs MIG: nvidia-smi -i {g.index} -mig 1)"
+            ),
         )
 
 
@@ -146,24 +175,32 @@ def mps_no_memory_limit(inp: Inputs) -> Iterator[Finding]:
         gpus = _daemon_gpus(d, inp.snapshot)
         size = _limit_hint(gpus, inp.snapshot)
         ordinals = list(range(len(gpus))) or [0]
-        where = (f" for GPU {', '.join(map(str, gpus))}" if gpus else "")
+        where = f" for GPU {', '.join(map(str, gpus))}" if gpus else ""
         by = f", user {d.user}" if d.user else ""
         ctl = f"{pipe}nvidia-cuda-mps-control"
         if len(ordinals) == 1:
             live = f"echo set_default_device_pinned_mem_limit 0 {size} | {ctl}"
         else:
-            live = (f"for d in {' '.join(map(str, ordinals))}; do echo "
-                    f"set_default_device_pinned_mem_limit $d {size} | {ctl}; done")
+            live = (
+                f"for d in {' '.join(map(str, ordinals))}; do echo "
+                f"set_default_device_pinned_mem_limit $d {size} | {ctl}; done"
+            )
         env_limit = ",".join(f"{o}={size}" for o in ordinals)
         yield Finding(
-            rule="mps_no_memory_limit", severity=WARNING,
-            gpu=gpus[0] if len(gpus) == 1 else None, pid=d.pid,
-            evidence=(f"the MPS control daemon (pid {d.pid}{by}){where} runs without "
-                      "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: any client may take all of the GPU's "
-                      "memory and the others fail with CUDA OOM"),
-            remedy=(f"{live}\n(servers started from now on get the limit; adjust the size)\n"
-                    f"or restart it limited: echo quit | {ctl}\n"
-                    f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT='{env_limit}' {ctl} -d"),
+            rule="mps_no_memory_limit",
+            severity=WARNING,
+            gpu=gpus[0] if len(gpus) == 1 else None,
+            pid=d.pid,
+            evidence=(
+                f"the MPS control daemon (pid {d.pid}{by}){where} runs without "
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: any client may take all of the GPU's "
+                "memory and the others fail with CUDA OOM"
+            ),
+            remedy=(
+                f"{live}\n(servers started from now on get the limit; adjust the size)\n"
+                f"or restart it limited: echo quit | {ctl}\n"
+                f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT='{env_limit}' {ctl} -d"
+            ),
         )
 
 
@@ -174,44 +211,70 @@ def ecc_errors(inp: Inputs) -> Iterator[Finding]:
         inspect = f"nvidia-smi -i {n} -q -d ECC,PAGE_RETIREMENT"
         if f.ecc_uncorrected:
             yield Finding(
-                rule="ecc_uncorrected", severity=CRITICAL, gpu=n, pid=None,
-                evidence=(f"GPU {n} has {f.ecc_uncorrected} volatile uncorrected ECC "
-                          "error(s): data on it was corrupted and its CUDA jobs may crash"),
-                remedy=(f"drain it (no new jobs; running ones finish): gpuwarden gpu drain {n} "
-                        "--reason 'ECC errors'\n"
-                        f"then reset it (or reboot): nvidia-smi -i {n} -r\n"
-                        f"inspect: {inspect}\nif errors recur, replace the GPU; then "
-                        f"gpuwarden gpu undrain {n}"),
+                rule="ecc_uncorrected",
+                severity=CRITICAL,
+                gpu=n,
+                pid=None,
+                evidence=(
+                    f"GPU {n} has {f.ecc_uncorrected} volatile uncorrected ECC "
+                    "error(s): data on it was corrupted and its CUDA jobs may crash"
+                ),
+                remedy=(
+                    f"drain it (no new jobs; running ones finish): gpuwarden gpu drain {n} "
+                    "--reason 'ECC errors'\n"
+                    f"then reset it (or reboot): nvidia-smi -i {n} -r\n"
+                    f"inspect: {inspect}\nif errors recur, replace the GPU; then "
+                    f"gpuwarden gpu undrain {n}"
+                ),
             )
         if f.retired_pages_pending:
             yield Finding(
-                rule="retired_pages_pending", severity=CRITICAL, gpu=n, pid=None,
-                evidence=(f"GPU {n} has memory pages waiting to be retired: the bad pages stay "
-                          "in use until the GPU is reset"),
-                remedy=(f"drain GPU {n}, then reset it (or reboot): nvidia-smi -i {n} -r\n"
-                        f"check: {inspect}"),
+                rule="retired_pages_pending",
+                severity=CRITICAL,
+                gpu=n,
+                pid=None,
+                evidence=(
+                    f"GPU {n} has memory pages waiting to be retired: the bad pages stay "
+                    "in use until the GPU is reset"
+                ),
+                remedy=(
+                    f"drain GPU {n}, then reset it (or reboot): nvidia-smi -i {n} -r\n"
+                    f"check: {inspect}"
+                ),
             )
         if f.retired_pages:
             many = f.retired_pages >= RETIRED_PAGES_MANY
             yield Finding(
-                rule="retired_pages", severity=WARNING if many else INFO, gpu=n, pid=None,
-                evidence=(f"GPU {n} has retired {f.retired_pages} memory page(s)"
-                          + (": that many suggests the memory is failing" if many
-                             else ": ECC caught errors before; harmless while it stays low")),
-                remedy=(f"watch it: {inspect}"
-                        + ("\nask the vendor about replacing the GPU (RMA)" if many else "")),
+                rule="retired_pages",
+                severity=WARNING if many else INFO,
+                gpu=n,
+                pid=None,
+                evidence=(
+                    f"GPU {n} has retired {f.retired_pages} memory page(s)"
+                    + (
+                        ": that many suggests the memory is failing"
+                        if many
+                        else ": ECC caught errors before; harmless while it stays low"
+                    )
+                ),
+                remedy=(
+                    f"watch it: {inspect}"
+                    + ("\nask the vendor about replacing the GPU (RMA)" if many else "")
+                ),
             )
 
 
 def _mig_commands(n: int) -> str:
     """The ``nvidia-smi mig`` commands that change a GPU's instances: gpuwarden runs
     none of them (an admin does, on an idle GPU)."""
-    return (f"list: nvidia-smi mig -i {n} -lgi  (profiles it offers: nvidia-smi mig -i {n} "
-            "-lgip)\n"
-            f"create (as root, in free slices): nvidia-smi mig -i {n} -cgi PROFILE -C\n"
-            f"destroy (as root, instance idle): nvidia-smi mig -i {n} -dci -gi GI && "
-            f"nvidia-smi mig -i {n} -dgi -gi GI\n"
-            "(gpuwarden creates and destroys no instances)")
+    return (
+        f"list: nvidia-smi mig -i {n} -lgi  (profiles it offers: nvidia-smi mig -i {n} "
+        "-lgip)\n"
+        f"create (as root, in free slices): nvidia-smi mig -i {n} -cgi PROFILE -C\n"
+        f"destroy (as root, instance idle): nvidia-smi mig -i {n} -dci -gi GI && "
+        f"nvidia-smi mig -i {n} -dgi -gi GI\n"
+        "(gpuwarden creates and destroys no instances)"
+    )
 
 
 def mig_instances(inp: Inputs) -> Iterator[Finding]:
@@ -223,21 +286,36 @@ def mig_instances(inp: Inputs) -> Iterator[Finding]:
             continue
         if not f.mig_instances:
             yield Finding(
-                rule="mig_no_instances", severity=WARNING, gpu=n, pid=None,
-                evidence=(f"GPU {n} is in MIG mode but has no MIG instances: no CUDA work "
-                          "can run on it"),
-                remedy=(_mig_commands(n) + "\nor leave MIG mode (as root, GPU idle): "
-                        f"nvidia-smi -i {n} -mig 0"),
+                rule="mig_no_instances",
+                severity=WARNING,
+                gpu=n,
+                pid=None,
+                evidence=(
+                    f"GPU {n} is in MIG mode but has no MIG instances: no CUDA work can run on it"
+                ),
+                remedy=(
+                    _mig_commands(n) + "\nor leave MIG mode (as root, GPU idle): "
+                    f"nvidia-smi -i {n} -mig 0"
+                ),
             )
             continue
-        listed = ", ".join(f"{n}/{m.gi_id} {m.profile} {m.uuid} "
-                           f"({format_bytes(m.memory_free)} free)" for m in f.mig_instances)
+        listed = ", ".join(
+            f"{n}/{m.gi_id} {m.profile} {m.uuid} ({format_bytes(m.memory_free)} free)"
+            for m in f.mig_instances
+        )
         yield Finding(
-            rule="mig_instances", severity=INFO, gpu=n, pid=None,
-            evidence=(f"GPU {n} is in MIG mode with {len(f.mig_instances)} instance(s): "
-                      f"{listed}; each is a device of its own (CUDA_VISIBLE_DEVICES=MIG-...)"),
-            remedy=("place a job on one: gpuwarden exec --mem SIZE --mig PROFILE -- CMD\n"
-                    + _mig_commands(n)),
+            rule="mig_instances",
+            severity=INFO,
+            gpu=n,
+            pid=None,
+            evidence=(
+                f"GPU {n} is in MIG mode with {len(f.mig_instances)} instance(s): "
+                f"{listed}; each is a device of its own (CUDA_VISIBLE_DEVICES=MIG-...)"
+            ),
+            remedy=(
+                "place a job on one: gpuwarden exec --mem SIZE --mig PROFILE -- CMD\n"
+                + _mig_commands(n)
+            ),
         )
         for m in f.mig_instances:
             procs = [p for p in g.processes if p.gpu.mig_uuid == m.uuid]
@@ -245,26 +323,40 @@ def mig_instances(inp: Inputs) -> Iterator[Finding]:
             if len(users) >= 2:
                 who = ", ".join(f"{u} {format_bytes(b)}" for u, b in sorted(users.items()))
                 yield Finding(
-                    rule="mig_shared_users", severity=WARNING, gpu=n, pid=None,
-                    evidence=(f"MIG instance {n}/{m.gi_id} ({m.profile}) runs processes of "
-                              f"{len(users)} users ({who}): they share its memory, without "
-                              "the isolation MIG gives between instances"),
-                    remedy=("give each user an instance of their own:\n"
-                            "gpuwarden exec --mem SIZE --mig PROFILE -- CMD"),
+                    rule="mig_shared_users",
+                    severity=WARNING,
+                    gpu=n,
+                    pid=None,
+                    evidence=(
+                        f"MIG instance {n}/{m.gi_id} ({m.profile}) runs processes of "
+                        f"{len(users)} users ({who}): they share its memory, without "
+                        "the isolation MIG gives between instances"
+                    ),
+                    remedy=(
+                        "give each user an instance of their own:\n"
+                        "gpuwarden exec --mem SIZE --mig PROFILE -- CMD"
+                    ),
                 )
             if m.memory_total <= 0 or m.memory_free >= NEARLY_FULL * m.memory_total:
                 continue
             pids = [p.pid for p in procs]
             yield Finding(
-                rule="mig_instance_full", severity=WARNING, gpu=n, pid=None,
-                evidence=(f"MIG instance {n}/{m.gi_id} ({m.profile}, {m.uuid}) has "
-                          f"{format_bytes(m.memory_free)} of {format_bytes(m.memory_total)} "
-                          f"free ({percent(m.memory_free, m.memory_total)}); processes: "
-                          f"{', '.join(map(str, pids)) or 'none listed'}: the next "
-                          "allocation there fails with CUDA OOM"),
-                remedy=("move work to an instance with room: gpuwarden select --mem SIZE\n"
-                        "or, as root with the instance idle, replace it by a bigger one:\n"
-                        f"nvidia-smi mig -i {n} -dci -gi {m.gi_id} && "
-                        f"nvidia-smi mig -i {n} -dgi -gi {m.gi_id} && "
-                        f"nvidia-smi mig -i {n} -cgi PROFILE -C"),
+                rule="mig_instance_full",
+                severity=WARNING,
+                gpu=n,
+                pid=None,
+                evidence=(
+                    f"MIG instance {n}/{m.gi_id} ({m.profile}, {m.uuid}) has "
+                    f"{format_bytes(m.memory_free)} of {format_bytes(m.memory_total)} "
+                    f"free ({percent(m.memory_free, m.memory_total)}); processes: "
+                    f"{', '.join(map(str, pids)) or 'none listed'}: the next "
+                    "allocation there fails with CUDA OOM"
+                ),
+                remedy=(
+                    "move work to an instance with room: gpuwarden select --mem SIZE\n"
+                    "or, as root with the instance idle, replace it by a bigger one:\n"
+                    f"nvidia-smi mig -i {n} -dci -gi {m.gi_id} && "
+                    f"nvidia-smi mig -i {n} -dgi -gi {m.gi_id} && "
+                    f"nvidia-smi mig -i {n} -cgi PROFILE -C"
+                ),
             )

@@ -36,12 +36,17 @@ def residual_memory(inp: Inputs) -> Iterator[Finding]:
             continue
         n = lk.gpu
         yield Finding(
-            rule="residual_memory", severity=WARNING, gpu=n, pid=None,
+            rule="residual_memory",
+            severity=WARNING,
+            gpu=n,
+            pid=None,
             evidence=lk.evidence,
-            remedy=(f"gpuwarden reap --gpu {n} --yes\n"
-                    f"nvidia-smi -i {n} -pm 0 && nvidia-smi -i {n} -pm 1\n"
-                    "(reap what still holds the GPU, then cycle persistence mode so the "
-                    "driver drops the dead contexts)"),
+            remedy=(
+                f"gpuwarden reap --gpu {n} --yes\n"
+                f"nvidia-smi -i {n} -pm 0 && nvidia-smi -i {n} -pm 1\n"
+                "(reap what still holds the GPU, then cycle persistence mode so the "
+                "driver drops the dead contexts)"
+            ),
         )
 
 
@@ -51,31 +56,66 @@ def _pid_leak(lk: Leak, snap: Snapshot) -> Finding | None:
     if pid is None:
         return None
     if lk.kind == "hidden_holder":
-        return Finding("hidden_holder", WARNING, n, pid, lk.evidence,
-                       f"gpuwarden reap --pid {pid} --yes\nor: kill {pid}")
+        return Finding(
+            "hidden_holder",
+            WARNING,
+            n,
+            pid,
+            lk.evidence,
+            f"gpuwarden reap --pid {pid} --yes\nor: kill {pid}",
+        )
     if lk.kind == "dead_pid":
-        cycle = ("nvidia-smi -pm 0 && nvidia-smi -pm 1" if n is None
-                 else f"nvidia-smi -i {n} -pm 0 && nvidia-smi -i {n} -pm 1")
-        return Finding("dead_pid", WARNING, n, pid, lk.evidence,
-                       f"wait ~30 s for the driver to free the context; if it stays:\n{cycle}")
+        cycle = (
+            "nvidia-smi -pm 0 && nvidia-smi -pm 1"
+            if n is None
+            else f"nvidia-smi -i {n} -pm 0 && nvidia-smi -i {n} -pm 1"
+        )
+        return Finding(
+            "dead_pid",
+            WARNING,
+            n,
+            pid,
+            lk.evidence,
+            f"wait ~30 s for the driver to free the context; if it stays:\n{cycle}",
+        )
     if lk.kind == "garbage_pid":
         drv = f" {snap.driver_version}" if snap.driver_version else ""
-        return Finding("garbage_pid", WARNING, n, pid,
-                       lk.evidence + "; its owner cannot be named",
-                       f"pip install -U nvidia-ml-py\n(bindings that match the driver{drv}; "
-                       "remove an old `pynvml` package that shadows them)")
+        return Finding(
+            "garbage_pid",
+            WARNING,
+            n,
+            pid,
+            lk.evidence + "; its owner cannot be named",
+            f"pip install -U nvidia-ml-py\n(bindings that match the driver{drv}; "
+            "remove an old `pynvml` package that shadows them)",
+        )
     if lk.kind == "other_namespace":
-        return Finding("other_namespace", INFO, n, pid, lk.evidence,
-                       "run gpuwarden on the host, or its container with --pid=host:\n"
-                       "docker run --pid=host ...")
+        return Finding(
+            "other_namespace",
+            INFO,
+            n,
+            pid,
+            lk.evidence,
+            "run gpuwarden on the host, or its container with --pid=host:\n"
+            "docker run --pid=host ...",
+        )
     if lk.kind == "zombie":
         parent = lk.parent
-        fix = (f"kill -CHLD {parent}  (asks the parent to reap it)\nif it stays: kill {parent}"
-               if parent and parent > 1 else "kill its parent process; init then reaps it")
+        fix = (
+            f"kill -CHLD {parent}  (asks the parent to reap it)\nif it stays: kill {parent}"
+            if parent and parent > 1
+            else "kill its parent process; init then reaps it"
+        )
         return Finding("zombie", WARNING, n, pid, lk.evidence, fix)
     if lk.kind == "orphan":
-        return Finding("orphan", WARNING, n, pid, lk.evidence,
-                       f"gpuwarden reap --pid {pid} --yes\nor: kill {pid}")
+        return Finding(
+            "orphan",
+            WARNING,
+            n,
+            pid,
+            lk.evidence,
+            f"gpuwarden reap --pid {pid} --yes\nor: kill {pid}",
+        )
     return None  # "monitor" holds no GPU: harmless
 
 
@@ -109,15 +149,25 @@ def numa_mismatch(inp: Inputs) -> Iterator[Finding]:
         nodes = sorted({gg.facts.numa_node for gg, _ in places if gg.facts.numa_node is not None})
         node_txt = f"NUMA node {', '.join(map(str, nodes))}, " if nodes else ""
         yield Finding(
-            rule="numa_mismatch", severity=WARNING, gpu=g.index, pid=pid,
-            evidence=(f"pid {pid} ({p.describe()}) uses GPU {gpus} ({node_txt}local CPUs "
-                      f"{format_cpulist(local)}) but may run only on CPUs "
-                      f"{format_cpulist(allowed)}, {len(outside)} of {len(allowed)} of them off "
-                      "the GPU's node: host-device copies cross the socket"),
-            remedy=(f"taskset -a -cp {format_cpulist(local)} {pid}\n"
-                    "next start: gpuwarden exec --mem SIZE -- CMD (binds to the GPU's node)"
-                    + (f"\nor: numactl --cpunodebind={nodes[0]} --membind={nodes[0]} CMD"
-                       if len(nodes) == 1 else "")),
+            rule="numa_mismatch",
+            severity=WARNING,
+            gpu=g.index,
+            pid=pid,
+            evidence=(
+                f"pid {pid} ({p.describe()}) uses GPU {gpus} ({node_txt}local CPUs "
+                f"{format_cpulist(local)}) but may run only on CPUs "
+                f"{format_cpulist(allowed)}, {len(outside)} of {len(allowed)} of them off "
+                "the GPU's node: host-device copies cross the socket"
+            ),
+            remedy=(
+                f"taskset -a -cp {format_cpulist(local)} {pid}\n"
+                "next start: gpuwarden exec --mem SIZE -- CMD (binds to the GPU's node)"
+                + (
+                    f"\nor: numactl --cpunodebind={nodes[0]} --membind={nodes[0]} CMD"
+                    if len(nodes) == 1
+                    else ""
+                )
+            ),
         )
 
 
@@ -127,19 +177,33 @@ def alloc_conf_unset(inp: Inputs) -> Iterator[Finding]:
         total = g.facts.memory_total
         for p in g.processes:
             env = p.info.env
-            if (p.state != RUNNING or p.info.uses_torch is not True or env is None
-                    or "PYTORCH_CUDA_ALLOC_CONF" in env or "PYTORCH_ALLOC_CONF" in env
-                    or p.memory is None or total <= 0 or p.memory < ALLOC_SHARE * total):
+            if (
+                p.state != RUNNING
+                or p.info.uses_torch is not True
+                or env is None
+                or "PYTORCH_CUDA_ALLOC_CONF" in env
+                or "PYTORCH_ALLOC_CONF" in env
+                or p.memory is None
+                or total <= 0
+                or p.memory < ALLOC_SHARE * total
+            ):
                 continue
             yield Finding(
-                rule="alloc_conf_unset", severity=INFO, gpu=g.index, pid=p.pid,
-                evidence=(f"pid {p.pid} ({p.describe()}) is a PyTorch process holding "
-                          f"{format_bytes(p.memory)} ({percent(p.memory, total)} of GPU "
-                          f"{g.index}) with neither PYTORCH_CUDA_ALLOC_CONF nor "
-                          "PYTORCH_ALLOC_CONF set: its caching allocator fragments, and "
-                          "reserved-but-unused memory can end in OOM"),
-                remedy=("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n"
-                        "(in the job's environment, then restart it)"),
+                rule="alloc_conf_unset",
+                severity=INFO,
+                gpu=g.index,
+                pid=p.pid,
+                evidence=(
+                    f"pid {p.pid} ({p.describe()}) is a PyTorch process holding "
+                    f"{format_bytes(p.memory)} ({percent(p.memory, total)} of GPU "
+                    f"{g.index}) with neither PYTORCH_CUDA_ALLOC_CONF nor "
+                    "PYTORCH_ALLOC_CONF set: its caching allocator fragments, and "
+                    "reserved-but-unused memory can end in OOM"
+                ),
+                remedy=(
+                    "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n"
+                    "(in the job's environment, then restart it)"
+                ),
             )
 
 
@@ -147,9 +211,16 @@ def container_namespace(inp: Inputs) -> Iterator[Finding]:
     """From inside a container the driver's pids (host pids) do not match our /proc."""
     if inp.snapshot.in_child_namespace:
         yield Finding(
-            rule="container_namespace", severity=INFO, gpu=None, pid=None,
-            evidence=("gpuwarden runs in a child PID namespace (a container): the driver "
-                      "reports host pids, so processes may look dead or foreign"),
-            remedy=("run gpuwarden on the host, or start its container with --pid=host:\n"
-                    "docker run --pid=host ..."),
+            rule="container_namespace",
+            severity=INFO,
+            gpu=None,
+            pid=None,
+            evidence=(
+                "gpuwarden runs in a child PID namespace (a container): the driver "
+                "reports host pids, so processes may look dead or foreign"
+            ),
+            remedy=(
+                "run gpuwarden on the host, or start its container with --pid=host:\n"
+                "docker run --pid=host ..."
+            ),
         )

@@ -54,29 +54,51 @@ def gpu_json(g: GpuView, processes: Sequence[ProcessView] | None = None) -> dict
         "retired_pages": f.retired_pages,
         "nvlink_peers": list(f.nvlink_peers),
         "mig_instances": [
-            {"gi_id": m.gi_id, "ci_id": m.ci_id, "profile": m.profile, "uuid": m.uuid,
-             "memory_total": m.memory_total, "memory_used": m.memory_used,
-             "memory_free": m.memory_free,
-             "processes": [p.pid for p in g.processes if p.gpu.mig_uuid == m.uuid]}
-            for m in f.mig_instances],
+            {
+                "gi_id": m.gi_id,
+                "ci_id": m.ci_id,
+                "profile": m.profile,
+                "uuid": m.uuid,
+                "memory_total": m.memory_total,
+                "memory_used": m.memory_used,
+                "memory_free": m.memory_free,
+                "processes": [p.pid for p in g.processes if p.gpu.mig_uuid == m.uuid],
+            }
+            for m in f.mig_instances
+        ],
         "processes": [process_json(p) for p in (g.processes if processes is None else processes)],
     }
 
 
 def holder_json(h: Holder) -> dict[str, Any]:
-    return {"pid": h.pid, "user": h.user, "command": h.command, "devices": list(h.devices),
-            "gpus": list(h.gpu_indices), "monitor": h.is_monitor}
+    return {
+        "pid": h.pid,
+        "user": h.user,
+        "command": h.command,
+        "devices": list(h.devices),
+        "gpus": list(h.gpu_indices),
+        "monitor": h.is_monitor,
+    }
 
 
-def snapshot_json(snap: Snapshot, leaks: Sequence[Leak], *, gpus: Sequence[int] = (),
-                  user: str | None = None, pid: int | None = None) -> dict[str, Any]:
+def snapshot_json(
+    snap: Snapshot,
+    leaks: Sequence[Leak],
+    *,
+    gpus: Sequence[int] = (),
+    user: str | None = None,
+    pid: int | None = None,
+) -> dict[str, Any]:
     """Filters narrow GPUs (by index) and processes (by user or pid); totals stay whole."""
     out_gpus = []
     for g in snap.gpus:
         if gpus and g.index not in gpus:
             continue
-        procs = [p for p in g.processes
-                 if (user is None or p.user == user) and (pid is None or p.pid == pid)]
+        procs = [
+            p
+            for p in g.processes
+            if (user is None or p.user == user) and (pid is None or p.pid == pid)
+        ]
         out_gpus.append(gpu_json(g, procs))
     return {
         "schema": SCHEMA_VERSION,

@@ -39,17 +39,25 @@ class ReapAction:
     target: int | None = None  # the pid actually signalled (the parent, for a zombie)
 
     def to_json(self) -> dict[str, object]:
-        return {"action": self.action, "kind": self.kind, "pid": self.pid,
-                "gpus": list(self.gpus), "user": self.user, "expect_bytes": self.expect_bytes,
-                "reason": self.reason, "next_step": self.next_step, "target": self.target}
+        return {
+            "action": self.action,
+            "kind": self.kind,
+            "pid": self.pid,
+            "gpus": list(self.gpus),
+            "user": self.user,
+            "expect_bytes": self.expect_bytes,
+            "reason": self.reason,
+            "next_step": self.next_step,
+            "target": self.target,
+        }
 
 
 _NO_PROCESS_STEPS = {
     "dead_pid": "wait ~30 s for the driver to tear the context down; if it stays: {cycle}",
     "garbage_pid": "upgrade nvidia-ml-py to match the driver (pip install -U nvidia-ml-py), "
-                   "then look again with `gpuwarden status`",
+    "then look again with `gpuwarden status`",
     "other_namespace": "run gpuwarden on the host (or in a container with --pid=host) to see "
-                       "and reap that process",
+    "and reap that process",
     "unaccounted": "if `gpuwarden leaks` shows no holder for it: {cycle}",
 }
 
@@ -63,8 +71,9 @@ def _sum(values: Iterable[int | None]) -> int | None:
     return total
 
 
-def job_processes(pids: Iterable[int], info: Callable[[int], ProcInfo],
-                  daemon: Mapping[str, Any] | None) -> dict[int, int]:
+def job_processes(
+    pids: Iterable[int], info: Callable[[int], ProcInfo], daemon: Mapping[str, Any] | None
+) -> dict[int, int]:
     """Which of ``pids`` belong to a running gpuwarden job, as {pid: job id}: in the tree
     the daemon reports for one (``daemon``: its /v1/job-pids answer, None when no daemon
     answers), or with GPUWARDEN_JOB in its own or an ancestor's environment. With a
@@ -90,9 +99,15 @@ def job_processes(pids: Iterable[int], info: Callable[[int], ProcInfo],
     return out
 
 
-def plan_reap(leaks: Sequence[Leak], snap: Snapshot, *, caller_uid: int,
-              named: Iterable[int] = (), protected: Iterable[int] = (1,),
-              managed: Mapping[int, int] | None = None) -> list[ReapAction]:
+def plan_reap(
+    leaks: Sequence[Leak],
+    snap: Snapshot,
+    *,
+    caller_uid: int,
+    named: Iterable[int] = (),
+    protected: Iterable[int] = (1,),
+    managed: Mapping[int, int] | None = None,
+) -> list[ReapAction]:
     """One action per process (a hidden holder of several GPUs is killed once).
     ``managed``: processes of running jobs ({pid: job id}, ``job_processes``), left
     alone unless named."""
@@ -105,8 +120,19 @@ def plan_reap(leaks: Sequence[Leak], snap: Snapshot, *, caller_uid: int,
             continue
         if lk.pid is None:
             step = _NO_PROCESS_STEPS["unaccounted"].format(cycle=persistence_cycle(lk.gpu))
-            plans.append(ReapAction(NONE, lk.kind, None, None, (lk.gpu,) if lk.gpu is not None
-                                    else (), None, lk.memory, "no process holds it", step))
+            plans.append(
+                ReapAction(
+                    NONE,
+                    lk.kind,
+                    None,
+                    None,
+                    (lk.gpu,) if lk.gpu is not None else (),
+                    None,
+                    lk.memory,
+                    "no process holds it",
+                    step,
+                )
+            )
             continue
         by_pid.setdefault(lk.pid, []).append(lk)
 
@@ -117,60 +143,106 @@ def plan_reap(leaks: Sequence[Leak], snap: Snapshot, *, caller_uid: int,
             raise UsageError(f"pid {pid} holds no GPU memory and no NVIDIA device file")
         if views:
             v = views[0]
-            by_pid[pid] = [Leak(gpu=x.gpu.gpu_index, kind="named", memory=x.memory, pid=pid,
-                                user=v.user, evidence="named by --pid", command=v.command,
-                                start_time=v.info.start_time, parent=v.info.ppid)
-                           for x in views]
+            by_pid[pid] = [
+                Leak(
+                    gpu=x.gpu.gpu_index,
+                    kind="named",
+                    memory=x.memory,
+                    pid=pid,
+                    user=v.user,
+                    evidence="named by --pid",
+                    command=v.command,
+                    start_time=v.info.start_time,
+                    parent=v.info.ppid,
+                )
+                for x in views
+            ]
         elif holder is not None:
-            by_pid[pid] = [Leak(gpu=None, kind="named", memory=None, pid=pid, user=holder.user,
-                                evidence="named by --pid", command=holder.command,
-                                start_time=holder.start_time)]
+            by_pid[pid] = [
+                Leak(
+                    gpu=None,
+                    kind="named",
+                    memory=None,
+                    pid=pid,
+                    user=holder.user,
+                    evidence="named by --pid",
+                    command=holder.command,
+                    start_time=holder.start_time,
+                )
+            ]
 
     for pid, group in sorted(by_pid.items()):
         plans.append(_decide(pid, group, snap, caller_uid, named_set, never, managed or {}))
     return sorted(plans, key=lambda a: (a.gpus or (-1,), a.pid or 0))
 
 
-def _decide(pid: int, group: list[Leak], snap: Snapshot, caller_uid: int,
-            named: set[int], never: set[int], managed: Mapping[int, int]) -> ReapAction:
+def _decide(
+    pid: int,
+    group: list[Leak],
+    snap: Snapshot,
+    caller_uid: int,
+    named: set[int],
+    never: set[int],
+    managed: Mapping[int, int],
+) -> ReapAction:
     first = group[0]
     kinds = {lk.kind for lk in group}
     gpus = tuple(sorted({lk.gpu for lk in group if lk.gpu is not None}))
     cycle = persistence_cycle(gpus[0] if len(gpus) == 1 else None)
 
-    def act(action: str, reason: str, next_step: str | None = None,
-            target: int | None = None) -> ReapAction:
-        return ReapAction(action=action,
-                          kind=first.kind if len(kinds) == 1 else "+".join(sorted(kinds)),
-                          pid=pid, start_time=first.start_time, gpus=gpus, user=first.user,
-                          expect_bytes=_sum(lk.memory for lk in group), reason=reason,
-                          next_step=next_step, target=target)
+    def act(
+        action: str, reason: str, next_step: str | None = None, target: int | None = None
+    ) -> ReapAction:
+        return ReapAction(
+            action=action,
+            kind=first.kind if len(kinds) == 1 else "+".join(sorted(kinds)),
+            pid=pid,
+            start_time=first.start_time,
+            gpus=gpus,
+            user=first.user,
+            expect_bytes=_sum(lk.memory for lk in group),
+            reason=reason,
+            next_step=next_step,
+            target=target,
+        )
 
     if first.kind in _NO_PROCESS_STEPS:
-        return act(NONE, "no process here to signal",
-                   _NO_PROCESS_STEPS[first.kind].format(cycle=cycle))
+        return act(
+            NONE, "no process here to signal", _NO_PROCESS_STEPS[first.kind].format(cycle=cycle)
+        )
     if first.kind == "monitor":
         return act(NONE, "a monitoring tool holding only control files: harmless")
     if pid in never:
         return act(NONE, "protected process (init or gpuwarden itself)")
     if pid in managed and pid not in named:
-        return act(NONE, f"a process of running gpuwarden job {managed[pid]} (a worker it "
-                         f"started?); name it with --pid {pid} to reap it anyway")
+        return act(
+            NONE,
+            f"a process of running gpuwarden job {managed[pid]} (a worker it "
+            f"started?); name it with --pid {pid} to reap it anyway",
+        )
     views = snap.process(pid)
     owner_uid = views[0].info.uid if views else None
     if caller_uid != 0 and owner_uid is not None and owner_uid != caller_uid:
-        return act(NONE, f"belongs to user {first.user}; run as root to reap another "
-                         "user's process")
+        return act(
+            NONE, f"belongs to user {first.user}; run as root to reap another user's process"
+        )
     if any((v.gpu.sm_utilization or 0) > 0 for v in views) and pid not in named:
-        return act(NONE, f"the driver shows it computing; name it with --pid {pid} to reap "
-                         "it anyway")
+        return act(
+            NONE, f"the driver shows it computing; name it with --pid {pid} to reap it anyway"
+        )
     if first.kind == "zombie":
         parent = first.parent
         if parent is None or parent in never:
             return act(NONE, "a zombie whose parent is init or unknown", cycle)
-        return act(SIGNAL_PARENT, f"defunct; asking its parent {parent} to reap it (SIGCHLD)",
-                   f"kill {parent}  # the parent that does not reap it", target=parent)
-    why = {"hidden_holder": "holds GPU device files the driver does not list",
-           "orphan": "orphaned worker still holding GPU memory",
-           "named": "named by --pid"}.get(first.kind, first.kind)
+        return act(
+            SIGNAL_PARENT,
+            f"defunct; asking its parent {parent} to reap it (SIGCHLD)",
+            f"kill {parent}  # the parent that does not reap it",
+            target=parent,
+        )
+    why = {
+        "hidden_holder": "holds GPU device files the driver does not list",
+        "orphan": "orphaned worker still holding GPU memory",
+        "named": "named by --pid",
+    }.get(first.kind, first.kind)
     return act(TERMINATE, why, cycle, target=pid)

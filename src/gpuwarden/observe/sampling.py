@@ -13,8 +13,13 @@ if TYPE_CHECKING:
     from gpuwarden.gpus.backend import Backend
 
 
-def sample_suspects(backend: Backend, samples: int, interval: float, threshold: int,
-                    sleep: Callable[[float], None] = time.sleep) -> list[Snapshot]:
+def sample_suspects(
+    backend: Backend,
+    samples: int,
+    interval: float,
+    threshold: int,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[Snapshot]:
     """``samples`` snapshots ``interval`` seconds apart, oldest first, as ``find_leaks``
     needs them to tell a leak from a blip, at the cost of one snapshot and a re-check
     of what it found suspicious. A leak must be found in every sample, so what the first
@@ -30,8 +35,9 @@ def sample_suspects(backend: Backend, samples: int, interval: float, threshold: 
         return [first]
     pids = {lk.pid for lk in suspects if lk.pid is not None}
     known = {p.pid: p.info for g in first.gpus for p in g.processes if p.pid not in pids}
-    holders = {lk.pid for lk in suspects
-               if lk.kind in ("hidden_holder", "monitor") and lk.pid is not None}
+    holders = {
+        lk.pid for lk in suspects if lk.kind in ("hidden_holder", "monitor") and lk.pid is not None
+    }
     out = [first]
     for _ in range(samples - 1):
         sleep(interval)

@@ -18,7 +18,12 @@ if TYPE_CHECKING:
 
 # What a GPU process can be, as seen from this machine's /proc.
 RUNNING, DEAD, OTHER_NAMESPACE, GARBAGE, ZOMBIE, ORPHAN = (
-    "running", "dead", "other_namespace", "garbage", "zombie", "orphan"
+    "running",
+    "dead",
+    "other_namespace",
+    "garbage",
+    "zombie",
+    "orphan",
 )
 
 
@@ -158,14 +163,24 @@ def with_daemon_jobs(snap: Snapshot, jobs: Mapping[int, int] | None) -> Snapshot
     answered, and each process's environment says)."""
     if jobs is None:
         return snap
-    return replace(snap, gpus=tuple(
-        replace(g, processes=tuple(replace(p, daemon_jobs=jobs) for p in g.processes))
-        for g in snap.gpus))
+    return replace(
+        snap,
+        gpus=tuple(
+            replace(g, processes=tuple(replace(p, daemon_jobs=jobs) for p in g.processes))
+            for g in snap.gpus
+        ),
+    )
 
 
-def take_snapshot(backend: Backend, *, holders: bool = True, detail: bool = True,
-                  now: float | None = None, known: Mapping[int, ProcInfo] | None = None,
-                  holder_pids: Collection[int] | None = None) -> Snapshot:
+def take_snapshot(
+    backend: Backend,
+    *,
+    holders: bool = True,
+    detail: bool = True,
+    now: float | None = None,
+    known: Mapping[int, ProcInfo] | None = None,
+    holder_pids: Collection[int] | None = None,
+) -> Snapshot:
     """Query the backend once and join its facts with /proc. A re-check of an earlier
     snapshot's suspects (``observe/sampling.py``) passes ``known``, the /proc facts of
     the pids it need not read again, and ``holder_pids``, the only pids whose open
@@ -184,8 +199,11 @@ def take_snapshot(backend: Backend, *, holders: bool = True, detail: bool = True
         if info is None:
             info = info_of(p.pid, detail=detail)
         start = info.start_time
-        on.append(ProcessView(p, info, process_state(info),
-                              None if start is None else max(taken_at - start, 0.0)))
+        on.append(
+            ProcessView(
+                p, info, process_state(info), None if start is None else max(taken_at - start, 0.0)
+            )
+        )
     views = tuple(
         GpuView(
             g,
@@ -198,9 +216,10 @@ def take_snapshot(backend: Backend, *, holders: bool = True, detail: bool = True
     if holders:
         listed = {p.pid for p in procs}
         # Only for holders the driver does not list: is it a CUDA program or a monitor?
-        held = tuple(h if h.pid in listed else replace(h, device_mapped=source.device_mapped(h.pid))
-                     for h in source.holders(backend.device_files(), exclude=(me,),
-                                             only=holder_pids))
+        held = tuple(
+            h if h.pid in listed else replace(h, device_mapped=source.device_mapped(h.pid))
+            for h in source.holders(backend.device_files(), exclude=(me,), only=holder_pids)
+        )
     return Snapshot(
         taken_at=taken_at,
         backend=backend.name,

@@ -35,8 +35,11 @@ def scan_holders(
     readlink = os.readlink
     out: list[RawHolder] = []
     try:
-        entries = (listing if listing is not None else os.listdir(proc)) if only is None \
+        entries = (
+            (listing if listing is not None else os.listdir(proc))
+            if only is None
             else [str(p) for p in sorted(set(only))]
+        )
     except OSError:
         return []
     for name in entries:

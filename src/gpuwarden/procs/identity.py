@@ -64,7 +64,7 @@ def start_ticks(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-        return int(data[data.rindex(b")") + 2:].split()[19])
+        return int(data[data.rindex(b")") + 2 :].split()[19])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -74,8 +74,7 @@ def same_start(a: float | None, b: float | None) -> bool:
     return a is not None and b is not None and abs(a - b) <= START_TOLERANCE
 
 
-def identify(pid: int, start_time: float | None,
-             ticks: int | None = None) -> psutil.Process | None:
+def identify(pid: int, start_time: float | None, ticks: int | None = None) -> psutil.Process | None:
     """The process ``pid`` if it is still the one that started at ``start_time`` (and,
     when given, at ``ticks`` clock ticks after boot); None when it is gone or the pid
     now names another process. ``start_time`` None: any process with that pid."""
@@ -169,8 +168,7 @@ def pin(pid: int, start_time: float | None, ticks: int | None = None) -> Pinned 
     return Pinned(p, fd)
 
 
-def signal_if_same(pid: int, start_time: float | None, sig: int,
-                   ticks: int | None = None) -> bool:
+def signal_if_same(pid: int, start_time: float | None, sig: int, ticks: int | None = None) -> bool:
     """Send ``sig`` to the process (pid, start time) if it is still that one and has not
     exited, through a pidfd opened before the check; True when sent. A process that is
     gone, a zombie, reused or not ours to signal is False."""

@@ -116,11 +116,18 @@ class KeptFacts:
     def __len__(self) -> int:
         return len(self._kept)
 
-    def get(self, pid: int, start: float, uid: int, name: str, command: str,
-            detail: bool) -> _Kept | None:
+    def get(
+        self, pid: int, start: float, uid: int, name: str, command: str, detail: bool
+    ) -> _Kept | None:
         k = self._kept.get(pid)
-        if (k is None or k.start != start or k.uid != uid or k.name != name
-                or k.command != command or (detail and not k.detail)):
+        if (
+            k is None
+            or k.start != start
+            or k.uid != uid
+            or k.name != name
+            or k.command != command
+            or (detail and not k.detail)
+        ):
             return None
         return k
 
@@ -207,10 +214,17 @@ class LiveProcesses:
         parent_pgid = _pgid(ppid) if ppid > 0 else None
         k = self.kept.get(pid, start, uid, name, cmd, detail)
         if k is None:
-            k = _Kept(start, uid, name, cmd, read_nspid(pid), detail,
-                      read_container(pid) if detail else None,
-                      _read_env(pid) if detail else None,
-                      _uses_torch(pid) if detail else None)
+            k = _Kept(
+                start,
+                uid,
+                name,
+                cmd,
+                read_nspid(pid),
+                detail,
+                read_container(pid) if detail else None,
+                _read_env(pid) if detail else None,
+                _uses_torch(pid) if detail else None,
+            )
             self.kept.put(pid, k)
         elif detail and not k.uses_torch:  # maps change (a library loaded since): again
             k = k._replace(uses_torch=_uses_torch(pid))
@@ -246,7 +260,9 @@ class LiveProcesses:
         return device_mapped(pid)
 
     def holders(
-        self, device_files: Mapping[str, int | None], exclude: Iterable[int] = (),
+        self,
+        device_files: Mapping[str, int | None],
+        exclude: Iterable[int] = (),
         only: Collection[int] | None = None,
     ) -> list[Holder]:
         """Processes (of ``only``, when given) holding NVIDIA device files, with user
@@ -259,9 +275,7 @@ class LiveProcesses:
                 self.kept.prune(int(n) for n in listing if n.isdigit())
         for raw in scan_holders(device_files, exclude=exclude, only=only, listing=listing):
             info = self.info(raw.pid, detail=False)
-            indices = sorted(
-                {i for d in raw.devices if (i := device_files.get(d)) is not None}
-            )
+            indices = sorted({i for d in raw.devices if (i := device_files.get(d)) is not None})
             out.append(
                 Holder(
                     pid=raw.pid,

@@ -55,8 +55,7 @@ class ProcInfo:
             and self.pgid is not None
             and self.pgid != self.pid
             and self.group_leader_alive is False
-            and (self.ppid == 1 or (self.parent_pgid is not None
-                                    and self.parent_pgid != self.pgid))
+            and (self.ppid == 1 or (self.parent_pgid is not None and self.parent_pgid != self.pgid))
         )
 
 

@@ -56,8 +56,9 @@ def terminate(pid: int, start_time: float | None, grace: float = 5.0) -> str:
         t.close()
 
 
-def signal_parent(parent: int, child: int, wait: float = 2.0,
-                  child_start: float | None = None) -> str:
+def signal_parent(
+    parent: int, child: int, wait: float = 2.0, child_start: float | None = None
+) -> str:
     """Nudge a parent to reap its zombie child; returns reaped, still_zombie, denied, or
     parent_changed. The parent is signalled only while the zombie (pid and, when given,
     start time) still names it as its parent, through a pidfd opened before that check:

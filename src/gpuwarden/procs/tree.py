@@ -24,8 +24,10 @@ def prctl(option: int, arg: int | bytes) -> bool:
         if _LIBC is None:
             _LIBC = ctypes.CDLL(None, use_errno=True)
         value = ctypes.c_char_p(arg) if isinstance(arg, bytes) else ctypes.c_ulong(arg)
-        return int(_LIBC.prctl(option, value, ctypes.c_ulong(0), ctypes.c_ulong(0),
-                               ctypes.c_ulong(0))) == 0
+        return (
+            int(_LIBC.prctl(option, value, ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)))
+            == 0
+        )
     except (OSError, AttributeError):
         return False
 

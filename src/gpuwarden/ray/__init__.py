@@ -35,8 +35,9 @@ def _cap_here(mem: int) -> float | None:
     """In a Ray worker: the job environment for the budget, and PyTorch's allocator
     capped at it (the CUDA context is outside the budget). Returns the fraction set, if
     any."""
-    os.environ.update(GPUWARDEN_BUDGET=str(mem), GPUWARDEN_MEM_LIMIT=str(mem),
-                      CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    os.environ.update(
+        GPUWARDEN_BUDGET=str(mem), GPUWARDEN_MEM_LIMIT=str(mem), CUDA_DEVICE_ORDER="PCI_BUS_ID"
+    )
     if "torch" not in sys.modules and importlib.util.find_spec("torch") is None:
         return None
     import torch
@@ -60,12 +61,16 @@ def _run_guarded(fn: Callable[..., Any], mem: int, *args: Any, **kwargs: Any) ->
 def _smallest_gpu() -> int:
     import ray
 
-    return smallest_gpu(n["Resources"] for n in ray.nodes()  # type: ignore[no-untyped-call]
-                        if n.get("Alive"))
+    return smallest_gpu(
+        n["Resources"]
+        for n in ray.nodes()  # type: ignore[no-untyped-call]
+        if n.get("Alive")
+    )
 
 
-def _ray_options(mem: int, gpus: int, options: dict[str, Any],
-                 largest: int) -> tuple[dict[str, Any], RayAsk]:
+def _ray_options(
+    mem: int, gpus: int, options: dict[str, Any], largest: int
+) -> tuple[dict[str, Any], RayAsk]:
     """Ray's options for ``mem`` per GPU, the user's own (other resources too) kept."""
     req = ask(mem, gpus, largest)
     opts = dict(options)
@@ -81,8 +86,15 @@ def _task(mem: int, gpus: int, options: dict[str, Any], largest: int) -> tuple[A
     return ray.remote(**opts)(_run_guarded), req
 
 
-def _with_retries(fn: Callable[..., Any], mem: int, gpus: int, options: dict[str, Any],
-                  retries: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _with_retries(
+    fn: Callable[..., Any],
+    mem: int,
+    gpus: int,
+    options: dict[str, Any],
+    retries: int,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
     """Run in a placeholder task (no CPU, no GPU): each attempt is a task of its own
     with its budget, so the bigger budget of a retry is placed by Ray again."""
     import ray.exceptions
@@ -99,13 +111,22 @@ def _with_retries(fn: Callable[..., Any], mem: int, gpus: int, options: dict[str
             signature = oom_signature(str(e))
             if signature is None:
                 raise
-            decision = after_oom(old_budget=mem, peak=None, largest=largest, used=attempt,
-                                 allowed=retries, backoff=0.0)
+            decision = after_oom(
+                old_budget=mem,
+                peak=None,
+                largest=largest,
+                used=attempt,
+                allowed=retries,
+                backoff=0.0,
+            )
             if isinstance(decision, GiveUp):
                 raise
-            print(f"gpuwarden: CUDA OOM at {format_bytes(mem)} ({signature}); retry "
-                  f"{attempt + 1} of {retries} with {format_bytes(decision.budget)}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"gpuwarden: CUDA OOM at {format_bytes(mem)} ({signature}); retry "
+                f"{attempt + 1} of {retries} with {format_bytes(decision.budget)}",
+                file=sys.stderr,
+                flush=True,
+            )
             mem, attempt = decision.budget, attempt + 1
 
 
@@ -114,8 +135,14 @@ class GuardedRemote:
     remote function, with Ray's options computed from the budget on first use (the
     cluster's smallest GPU decides the fraction)."""
 
-    def __init__(self, fn: Callable[..., Any], mem: int, gpus: int,
-                 options: dict[str, Any], oom_retries: int = 0) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        mem: int,
+        gpus: int,
+        options: dict[str, Any],
+        oom_retries: int = 0,
+    ) -> None:
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", "task")
         self.fn = fn
@@ -129,8 +156,7 @@ class GuardedRemote:
 
     def _build(self) -> Any:
         if self._remote is None:
-            self._remote, self.ask = _task(self.mem, self.gpus, self.options,
-                                           _smallest_gpu())
+            self._remote, self.ask = _task(self.mem, self.gpus, self.options, _smallest_gpu())
         return self._remote
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
@@ -141,8 +167,9 @@ class GuardedRemote:
         self._build()  # refuses a budget that fits no GPU here, in the caller
         if self._retrying is None:
             self._retrying = ray.remote(num_cpus=0, max_retries=0)(_with_retries)
-        return self._retrying.remote(self.fn, self.mem, self.gpus, self.options,
-                                     self.oom_retries, args, kwargs)
+        return self._retrying.remote(
+            self.fn, self.mem, self.gpus, self.options, self.oom_retries, args, kwargs
+        )
 
 
 class GuardedActor:
@@ -164,8 +191,7 @@ class GuardedActor:
         if self._remote is None:
             import ray
 
-            opts, self.ask = _ray_options(self.mem, self.gpus, self.options,
-                                          _smallest_gpu())
+            opts, self.ask = _ray_options(self.mem, self.gpus, self.options, _smallest_gpu())
             self._remote = ray.remote(**opts)(_guarded_class(self.cls, self.mem))
         return self._remote
 
@@ -175,31 +201,40 @@ class GuardedActor:
 
 def _guarded_class(cls: type, mem: int) -> type:
     """``cls`` with the budget's cap set up before its own ``__init__``."""
+
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         _cap_here(mem)
         cls.__init__(self, *args, **kwargs)  # type: ignore[misc]
 
-    return type(cls.__name__, (cls,), {"__init__": __init__,
-                                       "__qualname__": cls.__qualname__,
-                                       "__module__": cls.__module__})
+    return type(
+        cls.__name__,
+        (cls,),
+        {"__init__": __init__, "__qualname__": cls.__qualname__, "__module__": cls.__module__},
+    )
 
 
-def remote(mem: int | str, gpus: int = 1, *, oom_retries: int = 0,
-           **options: Any) -> Callable[[Any], Any]:
+def remote(
+    mem: int | str, gpus: int = 1, *, oom_retries: int = 0, **options: Any
+) -> Callable[[Any], Any]:
     """A Ray remote function or actor class with a GPU memory budget per GPU (bytes or
     "8G"). ``oom_retries``: times a task that runs out of GPU memory is run again with a
     bigger budget (functions only). Other Ray options (``max_retries``, ``num_cpus``,
     ...) pass through."""
     budget = parse_size(mem)
-    if isinstance(oom_retries, bool) or not isinstance(oom_retries, int) or \
-            not 0 <= oom_retries <= 100:
+    if (
+        isinstance(oom_retries, bool)
+        or not isinstance(oom_retries, int)
+        or not 0 <= oom_retries <= 100
+    ):
         raise UsageError("oom_retries must be an integer from 0 to 100")
 
     def wrap(target: Any) -> GuardedRemote | GuardedActor:
         if inspect.isclass(target):
             if oom_retries:
-                raise UsageError("oom_retries is for tasks: an actor keeps its state, so it "
-                                 "is not restarted with a bigger budget")
+                raise UsageError(
+                    "oom_retries is for tasks: an actor keeps its state, so it "
+                    "is not restarted with a bigger budget"
+                )
             return GuardedActor(target, budget, gpus, options)
         return GuardedRemote(target, budget, gpus, options, oom_retries)
 

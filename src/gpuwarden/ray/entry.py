@@ -114,8 +114,9 @@ class Request:
     submission_id: str | None = None
 
 
-def _register(req: Request, gpus: list[GpuFacts],
-              stop: _Stop) -> tuple[AttachedJob | None, int, frozenset[int] | None]:
+def _register(
+    req: Request, gpus: list[GpuFacts], stop: _Stop
+) -> tuple[AttachedJob | None, int, frozenset[int] | None]:
     """Register the job with this node's gpuwarden daemon, if one runs, and wait until it
     places it: (the attached job, the budget to run with, the cores it holds)."""
     from gpuwarden.client.launcher import AttachedJob, node_daemon
@@ -124,9 +125,16 @@ def _register(req: Request, gpus: list[GpuFacts],
     if client is None:
         return None, req.mem, None
     label = f"ray job {req.submission_id}" if req.submission_id else "ray job"
-    job = AttachedJob.register(client, command=req.command, label=label, mem=req.mem,
-                               gpu_ids=[g.index for g in gpus], name=req.name,
-                               qos=req.qos or "burstable", priority=req.priority)
+    job = AttachedJob.register(
+        client,
+        command=req.command,
+        label=label,
+        mem=req.mem,
+        gpu_ids=[g.index for g in gpus],
+        name=req.name,
+        qos=req.qos or "burstable",
+        priority=req.priority,
+    )
     _say(f"registered as job {job.id} with this node's gpuwarden daemon")
     stop.waiting = True
     try:
@@ -158,10 +166,12 @@ def run(req: Request) -> int:
     finally:
         backend.close()
     if len(gpus) < req.gpus:
-        raise GpuwardenError(f"Ray gave this job {len(gpus)} GPU(s) "
-                             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
-                             f"it asked for {req.gpus}")
-    gpus = gpus[:req.gpus]
+        raise GpuwardenError(
+            f"Ray gave this job {len(gpus)} GPU(s) "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
+            f"it asked for {req.gpus}"
+        )
+    gpus = gpus[: req.gpus]
     stop = _Stop()
     stop.install()
     try:
@@ -172,8 +182,9 @@ def run(req: Request) -> int:
     env = dict(os.environ)
     if attached is not None:
         env.update(GPUWARDEN_JOB=str(attached.id), GPUWARDEN_BUDGET=str(limit))
-    plan = plan_launch(req.command, gpus, base_env=env, host=probe_host(env), mem_limit=limit,
-                       cores=cores)
+    plan = plan_launch(
+        req.command, gpus, base_env=env, host=probe_host(env), mem_limit=limit, cores=cores
+    )
     _say(f"attempt {req.attempt + 1}: {plan.describe()}" + "".join(f"; {n}" for n in plan.notes))
     become_subreaper()  # orphans of the job stay ours, so none escapes the clean-up
     cpus = plan.cpus
@@ -189,9 +200,14 @@ def run(req: Request) -> int:
             attached.ended(exit_code=None, reason="cancelled")
         return 128 + signal.SIGTERM
     try:
-        child = subprocess.Popen(list(plan.argv), env=plan.env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, start_new_session=True,
-                                 preexec_fn=prepare)
+        child = subprocess.Popen(
+            list(plan.argv),
+            env=plan.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=prepare,
+        )
     except OSError as e:
         why = f"cannot start {plan.argv[0]}: {e.strerror or e}"
         _say(why)
@@ -202,8 +218,10 @@ def run(req: Request) -> int:
     stop.child = child.pid
     stop.forward()  # a signal that came while it was starting
     assert child.stdout is not None and child.stderr is not None
-    pumps = [threading.Thread(target=_pump, args=(child.stdout, sys.stdout.buffer, tail)),
-             threading.Thread(target=_pump, args=(child.stderr, sys.stderr.buffer, tail))]
+    pumps = [
+        threading.Thread(target=_pump, args=(child.stdout, sys.stdout.buffer, tail)),
+        threading.Thread(target=_pump, args=(child.stderr, sys.stderr.buffer, tail)),
+    ]
     for t in pumps:
         t.start()
     if attached is not None:
@@ -216,19 +234,31 @@ def run(req: Request) -> int:
     output = b"".join(tail).decode(errors="replace")
     status = code if code >= 0 else 128 - code
     if attached is not None:
-        attached.ended(exit_code=status, signal=-code if code < 0 else None,
-                       reason="cancelled" if stop.signals else "exited", tree_clean=not stuck,
-                       survivors=stuck, output=output)
+        attached.ended(
+            exit_code=status,
+            signal=-code if code < 0 else None,
+            reason="cancelled" if stop.signals else "exited",
+            tree_clean=not stuck,
+            survivors=stuck,
+            output=output,
+        )
     back = _memory_back(seen)
-    _say(f"exit {code}; " + (f"its GPU memory is back ({back:.2f} s after the end)"
-                             if back is not None else
-                             "its processes are still listed on a GPU 10 s after the end"))
-    if attached is not None and stop.signals and any(
-            e.get("kind") == "preempted" for e in attached.job.get("events", [])):
+    _say(
+        f"exit {code}; "
+        + (
+            f"its GPU memory is back ({back:.2f} s after the end)"
+            if back is not None
+            else "its processes are still listed on a GPU 10 s after the end"
+        )
+    )
+    if (
+        attached is not None
+        and stop.signals
+        and any(e.get("kind") == "preempted" for e in attached.job.get("events", []))
+    ):
         _submit_again(req, "preempted by this node's gpuwarden daemon")
     elif code != 0 and not stop.signals:
-        _maybe_retry(output, replace(req, mem=limit),
-                     largest=min(g.memory_total for g in gpus))
+        _maybe_retry(output, replace(req, mem=limit), largest=min(g.memory_total for g in gpus))
     return status
 
 
@@ -239,9 +269,18 @@ def _submit_again(req: Request, why: str) -> None:
         return
     from gpuwarden.ray.submit import submit
 
-    sid = submit(dashboard, mem=req.mem, gpus=req.gpus, command=req.command,
-                 retries=req.retries, attempt=req.attempt, name=req.name, qos=req.qos,
-                 priority=req.priority, resources=req.resources)
+    sid = submit(
+        dashboard,
+        mem=req.mem,
+        gpus=req.gpus,
+        command=req.command,
+        retries=req.retries,
+        attempt=req.attempt,
+        name=req.name,
+        qos=req.qos,
+        priority=req.priority,
+        resources=req.resources,
+    )
     _say(f"{why}; submitted again as Ray job {sid} with {format_bytes(req.mem)} per GPU")
 
 
@@ -251,13 +290,21 @@ def _maybe_retry(output: str, req: Request, *, largest: int) -> None:
     signature = oom_signature(output)
     if signature is None:
         return
-    decision = after_oom(old_budget=req.mem, peak=None, largest=largest, used=req.attempt,
-                         allowed=req.retries, backoff=0.0)
+    decision = after_oom(
+        old_budget=req.mem,
+        peak=None,
+        largest=largest,
+        used=req.attempt,
+        allowed=req.retries,
+        backoff=0.0,
+    )
     if isinstance(decision, GiveUp):
         _say(f"CUDA OOM ({signature}); not retried: {decision.reason}")
         return
-    _submit_again(replace(req, mem=decision.budget, attempt=req.attempt + 1),
-                  f"CUDA OOM ({signature}); retry {req.attempt + 1} of {req.retries}")
+    _submit_again(
+        replace(req, mem=decision.budget, attempt=req.attempt + 1),
+        f"CUDA OOM ({signature}); retry {req.attempt + 1} of {req.retries}",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,11 +315,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attempt", type=int, default=0)
     ap.add_argument("--name")
     ap.add_argument("--submission-id", help="the Ray job's id (names it on the node)")
-    ap.add_argument("--qos", choices=QOS_CLASSES,
-                    help="its class in a node daemon's queue")
+    ap.add_argument("--qos", choices=QOS_CLASSES, help="its class in a node daemon's queue")
     ap.add_argument("--priority", type=int, default=0)
-    ap.add_argument("--resources", default="{}", help="other Ray resources it asked for "
-                    "(JSON), asked for again when it is submitted again")
+    ap.add_argument(
+        "--resources",
+        default="{}",
+        help="other Ray resources it asked for (JSON), asked for again when it is submitted again",
+    )
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -283,14 +332,25 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         resources = None
     if not isinstance(resources, dict) or not all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
-            for k, v in resources.items()):
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+        for k, v in resources.items()
+    ):
         ap.error("--resources must be a JSON object of resource names and amounts")
     try:
-        return run(Request(mem=args.mem, gpus=args.gpus, command=command,
-                           retries=args.retries, attempt=args.attempt, name=args.name,
-                           qos=args.qos, priority=args.priority, resources=resources,
-                           submission_id=args.submission_id))
+        return run(
+            Request(
+                mem=args.mem,
+                gpus=args.gpus,
+                command=command,
+                retries=args.retries,
+                attempt=args.attempt,
+                name=args.name,
+                qos=args.qos,
+                priority=args.priority,
+                resources=resources,
+                submission_id=args.submission_id,
+            )
+        )
     except GpuwardenError as e:
         _say(str(e))
         return e.exit_code

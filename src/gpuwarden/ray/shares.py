@@ -29,9 +29,11 @@ class RayAsk:
     gpu_memory: int  # bytes: the GPU size the fraction was taken of
 
     def describe(self) -> str:
-        return (f"{self.num_gpus:g} GPU ({format_bytes(self.budget)} of a "
-                f"{format_bytes(self.gpu_memory)} GPU) + {self.resources[MEM_RESOURCE]:g} "
-                f"{MEM_RESOURCE}")
+        return (
+            f"{self.num_gpus:g} GPU ({format_bytes(self.budget)} of a "
+            f"{format_bytes(self.gpu_memory)} GPU) + {self.resources[MEM_RESOURCE]:g} "
+            f"{MEM_RESOURCE}"
+        )
 
 
 def ask(mem: int, gpus: int, gpu_memory: int) -> RayAsk:
@@ -44,12 +46,18 @@ def ask(mem: int, gpus: int, gpu_memory: int) -> RayAsk:
     if mem <= 0:
         raise UsageError("the memory budget must be more than 0")
     if mem > gpu_memory:
-        raise UsageError(f"{format_bytes(mem)} per GPU is more than the smallest GPU of the "
-                         f"cluster has ({format_bytes(gpu_memory)})")
+        raise UsageError(
+            f"{format_bytes(mem)} per GPU is more than the smallest GPU of the "
+            f"cluster has ({format_bytes(gpu_memory)})"
+        )
     share = max(1, mem * 10_000 // gpu_memory) / 10_000
     num_gpus = float(gpus) if gpus > 1 else share  # Ray: fractions only below one GPU
-    return RayAsk(num_gpus=num_gpus, resources={MEM_RESOURCE: float(-(-mem // MiB) * gpus)},
-                  budget=mem, gpu_memory=gpu_memory)
+    return RayAsk(
+        num_gpus=num_gpus,
+        resources={MEM_RESOURCE: float(-(-mem // MiB) * gpus)},
+        budget=mem,
+        gpu_memory=gpu_memory,
+    )
 
 
 def node_resources(gpu_totals: Sequence[int]) -> dict[str, float]:
@@ -57,18 +65,23 @@ def node_resources(gpu_totals: Sequence[int]) -> dict[str, float]:
     the size of its smallest GPU."""
     if not gpu_totals:
         return {}
-    return {MEM_RESOURCE: float(sum(t // MiB for t in gpu_totals)),
-            GPU_MIB_RESOURCE: float(min(gpu_totals) // MiB)}
+    return {
+        MEM_RESOURCE: float(sum(t // MiB for t in gpu_totals)),
+        GPU_MIB_RESOURCE: float(min(gpu_totals) // MiB),
+    }
 
 
 def smallest_gpu(nodes: Iterable[Mapping[str, float]]) -> int:
     """The smallest GPU (bytes) over nodes' resource totals; nodes that advertise no
     gpuwarden resources are skipped. UsageError when none does."""
-    sizes = [int(r[GPU_MIB_RESOURCE]) * MiB for r in nodes
-             if r.get(GPU_MIB_RESOURCE) and r.get("GPU")]
+    sizes = [
+        int(r[GPU_MIB_RESOURCE]) * MiB for r in nodes if r.get(GPU_MIB_RESOURCE) and r.get("GPU")
+    ]
     if not sizes:
-        raise UsageError("no Ray node advertises its GPU memory: start each node with "
-                         "`ray start ... --resources \"$(gpuwarden cluster resources)\"`")
+        raise UsageError(
+            "no Ray node advertises its GPU memory: start each node with "
+            '`ray start ... --resources "$(gpuwarden cluster resources)"`'
+        )
     return min(sizes)
 
 

@@ -28,11 +28,13 @@ def dashboard_address(cluster: str | None) -> str:
         env = os.environ.get("RAY_ADDRESS", "")
         return env if env.startswith("http") else DEFAULT_DASHBOARD
     if spec.startswith("ray://"):
-        return "http://" + spec[len("ray://"):]
+        return "http://" + spec[len("ray://") :]
     if spec.startswith(("http://", "https://")):
         return spec
-    raise UsageError(f"invalid --cluster {cluster!r}: use ray, ray://HOST:PORT (the Ray "
-                     "dashboard) or http://HOST:PORT")
+    raise UsageError(
+        f"invalid --cluster {cluster!r}: use ray, ray://HOST:PORT (the Ray "
+        "dashboard) or http://HOST:PORT"
+    )
 
 
 def _ray() -> Any:
@@ -48,9 +50,9 @@ def _client(address: str) -> Any:
     try:
         return client_cls(address)
     except Exception as e:  # Ray raises ConnectionError and friends
-        raise BackendUnavailable(f"no Ray cluster at {address}: "
-                                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
-                                 ) from None
+        raise BackendUnavailable(
+            f"no Ray cluster at {address}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        ) from None
 
 
 def node_totals(address: str) -> list[dict[str, Any]]:
@@ -61,17 +63,35 @@ def node_totals(address: str) -> list[dict[str, Any]]:
     try:
         nodes = list_nodes(address=address, detail=True)
     except Exception as e:
-        raise BackendUnavailable(f"cannot list the nodes of {address}: "
-                                 f"{str(e).splitlines()[0]}") from None
-    return [{"node_id": n.node_id, "ip": n.node_ip, "name": n.node_name,
-             "resources": dict(n.resources_total or {})}
-            for n in nodes if n.state == "ALIVE"]
+        raise BackendUnavailable(
+            f"cannot list the nodes of {address}: {str(e).splitlines()[0]}"
+        ) from None
+    return [
+        {
+            "node_id": n.node_id,
+            "ip": n.node_ip,
+            "name": n.node_name,
+            "resources": dict(n.resources_total or {}),
+        }
+        for n in nodes
+        if n.state == "ALIVE"
+    ]
 
 
-def submit(address: str, *, mem: int, gpus: int, command: list[str], retries: int = 0,
-           attempt: int = 0, name: str | None = None, env: dict[str, str] | None = None,
-           qos: str | None = None, priority: int = 0,
-           resources: dict[str, float] | None = None) -> str:
+def submit(
+    address: str,
+    *,
+    mem: int,
+    gpus: int,
+    command: list[str],
+    retries: int = 0,
+    attempt: int = 0,
+    name: str | None = None,
+    env: dict[str, str] | None = None,
+    qos: str | None = None,
+    priority: int = 0,
+    resources: dict[str, float] | None = None,
+) -> str:
     """Submit ``command`` as a gpuwarden job: Ray places it by the memory share, the
     entrypoint enforces the budget on the node. ``qos`` and ``priority`` are its place in
     the queue of a node that runs a gpuwarden daemon; ``resources``, other Ray resources
@@ -82,9 +102,23 @@ def submit(address: str, *, mem: int, gpus: int, command: list[str], retries: in
     largest = smallest_gpu(n["resources"] for n in node_totals(address))
     req = ask(mem, gpus, largest)
     sid = f"gpuwarden_{secrets.token_hex(8)}"
-    entry = ["python", "-m", "gpuwarden.ray.entry", "--mem", str(mem), "--gpus", str(gpus),
-             "--retries", str(retries), "--attempt", str(attempt), "--submission-id", sid,
-             "--priority", str(priority)]
+    entry = [
+        "python",
+        "-m",
+        "gpuwarden.ray.entry",
+        "--mem",
+        str(mem),
+        "--gpus",
+        str(gpus),
+        "--retries",
+        str(retries),
+        "--attempt",
+        str(attempt),
+        "--submission-id",
+        sid,
+        "--priority",
+        str(priority),
+    ]
     if name:
         entry += ["--name", name]
     if qos:
@@ -97,12 +131,20 @@ def submit(address: str, *, mem: int, gpus: int, command: list[str], retries: in
     while True:
         try:
             client.submit_job(
-                submission_id=sid, entrypoint=shlex.join(entry),
+                submission_id=sid,
+                entrypoint=shlex.join(entry),
                 entrypoint_num_gpus=req.num_gpus,
                 entrypoint_resources={**(resources or {}), **req.resources},
                 runtime_env={"env_vars": env_vars},
-                metadata={METADATA: "1", "mem": str(mem), "gpus": str(gpus),
-                          "attempt": str(attempt), "name": name or "", "qos": qos or ""})
+                metadata={
+                    METADATA: "1",
+                    "mem": str(mem),
+                    "gpus": str(gpus),
+                    "attempt": str(attempt),
+                    "name": name or "",
+                    "qos": qos or "",
+                },
+            )
             return sid
         except Exception as e:
             # A cluster just started has no job agent up for some seconds; Ray says so
@@ -110,8 +152,7 @@ def submit(address: str, *, mem: int, gpus: int, command: list[str], retries: in
             if "try again later" in str(e) and time.monotonic() < deadline:
                 time.sleep(1.0)
                 continue
-            raise BackendUnavailable(f"Ray refused the job: {str(e).splitlines()[0]}") \
-                from None
+            raise BackendUnavailable(f"Ray refused the job: {str(e).splitlines()[0]}") from None
 
 
 @dataclass(frozen=True)
@@ -149,11 +190,17 @@ def cluster_status(address: str) -> list[NodeBudgets]:
     for n in nodes:
         r = n["resources"]
         placed = use.get(n["node_id"], [])
-        out.append(NodeBudgets(node_id=n["node_id"], ip=n["ip"], gpus=float(r.get("GPU", 0)),
-                               gpu_memory=int(r.get(GPU_MIB_RESOURCE, 0)) * MiB,
-                               memory=int(r.get(MEM_RESOURCE, 0)) * MiB,
-                               in_use=sum(b for _, b in placed),
-                               jobs=[sid for sid, _ in placed]))
+        out.append(
+            NodeBudgets(
+                node_id=n["node_id"],
+                ip=n["ip"],
+                gpus=float(r.get("GPU", 0)),
+                gpu_memory=int(r.get(GPU_MIB_RESOURCE, 0)) * MiB,
+                memory=int(r.get(MEM_RESOURCE, 0)) * MiB,
+                in_use=sum(b for _, b in placed),
+                jobs=[sid for sid, _ in placed],
+            )
+        )
     return out
 
 
@@ -166,8 +213,11 @@ def node_snapshots(address: str, ips: list[str], timeout: float = 60.0) -> dict[
     for ip in dict.fromkeys(ips):
         try:
             sids[ip] = client.submit_job(
-                entrypoint="python -m gpuwarden status --json", entrypoint_num_cpus=0,
-                entrypoint_resources={f"node:{ip}": 0.001}, metadata={METADATA: "snapshot"})
+                entrypoint="python -m gpuwarden status --json",
+                entrypoint_num_cpus=0,
+                entrypoint_resources={f"node:{ip}": 0.001},
+                metadata={METADATA: "snapshot"},
+            )
         except Exception as e:
             out[ip] = {"error": f"not submitted: {str(e).splitlines()[0][:200]}"}
     deadline = time.monotonic() + timeout
@@ -180,7 +230,7 @@ def node_snapshots(address: str, ips: list[str], timeout: float = 60.0) -> dict[
             time.sleep(0.2)
         logs = str(client.get_job_logs(sid))
         try:
-            out[ip] = json.loads(logs[logs.index("{"):])
+            out[ip] = json.loads(logs[logs.index("{") :])
         except ValueError:
             tail = logs.strip().splitlines()[-1:] or ["no output"]
             out[ip] = {"error": f"{status}: {tail[0][:200]}"}

@@ -27,8 +27,9 @@ def throttle(ready: Sequence[Job], active: Iterable[Job]) -> tuple[list[Job], di
             continue
         n = holding.get(member.array_id, 0)
         if n >= member.limit:
-            waiting[job.id] = (f"array {member.array_id}: {n} of at most {member.limit} "
-                               "tasks running")
+            waiting[job.id] = (
+                f"array {member.array_id}: {n} of at most {member.limit} tasks running"
+            )
             continue
         holding[member.array_id] = n + 1
         allowed.append(job)

@@ -55,8 +55,9 @@ def starving(job: QueuedJob, now: float, starve_after: float) -> bool:
     return job.returning or now - job.submitted_at >= starve_after
 
 
-def reserve(job: QueuedJob, gpus: Sequence[GpuState], now: float, spike_buffer: float,
-            fit: Fit) -> Reservation | None:
+def reserve(
+    job: QueuedJob, gpus: Sequence[GpuState], now: float, spike_buffer: float, fit: Fit
+) -> Reservation | None:
     """The head job's reservation, or None when it would not fit even with every managed
     job gone (then what blocks it is outside the queue: nothing to protect)."""
     ends = sorted((expected_end(uses[0], now), jid) for jid, uses in claims(gpus).items())
@@ -74,9 +75,15 @@ def reserve(job: QueuedJob, gpus: Sequence[GpuState], now: float, spike_buffer: 
     return None
 
 
-def admits(res: Reservation, job: QueuedJob, place: Place, now: float,
-           spike_buffer: float, fit: Fit, starve_after: float,
-           ) -> tuple[bool, Reservation]:
+def admits(
+    res: Reservation,
+    job: QueuedJob,
+    place: Place,
+    now: float,
+    spike_buffer: float,
+    fit: Fit,
+    starve_after: float,
+) -> tuple[bool, Reservation]:
     """May ``job`` start now at ``place`` without delaying the reserved job? Returns the
     answer and the reservation with the job booked in, when it is still running then. An
     unknown shadow time holds nothing until the head job has waited ``starve_after``."""

@@ -15,26 +15,45 @@ from gpuwarden.sched.model import GpuState, ManagedUse, Place, QueuedJob
 from gpuwarden.units import format_bytes
 
 
-def reservation(job: QueuedJob, budget: int, *, started_at: float | None = None,
-                used: int | None = None, preempting: bool = False,
-                context: int = 0) -> ManagedUse:
+def reservation(
+    job: QueuedJob,
+    budget: int,
+    *,
+    started_at: float | None = None,
+    used: int | None = None,
+    preempting: bool = False,
+    context: int = 0,
+) -> ManagedUse:
     """The claim a placed job holds on each of its GPUs (whole-GPU jobs hold theirs alone).
     The daemon builds the ``managed`` input of ``gpu_states`` with this too: a job must
     end by its start plus its ``--timeout`` and is expected to by its start plus its
     expected run time."""
-    ends = started_at + job.runtime if started_at is not None and job.runtime is not None \
-        else None
+    ends = started_at + job.runtime if started_at is not None and job.runtime is not None else None
     expected = job.expected_runtime
-    return ManagedUse(job_id=job.id, budget=budget, exclusive=job.alone, user=job.user,
-                      qos=job.qos, priority=job.priority, started_at=started_at, ends_at=ends,
-                      expected_end=None if started_at is None or expected is None
-                      else started_at + expected, used=used, preempting=preempting,
-                      context=context)
+    return ManagedUse(
+        job_id=job.id,
+        budget=budget,
+        exclusive=job.alone,
+        user=job.user,
+        qos=job.qos,
+        priority=job.priority,
+        started_at=started_at,
+        ends_at=ends,
+        expected_end=None if started_at is None or expected is None else started_at + expected,
+        used=used,
+        preempting=preempting,
+        context=context,
+    )
 
 
-def apply(gpus: Sequence[GpuState], job: QueuedJob, place: Place,
-          spike_buffer: float = DEFAULT_SPIKE_BUFFER, *,
-          started_at: float | None = None) -> list[GpuState]:
+def apply(
+    gpus: Sequence[GpuState],
+    job: QueuedJob,
+    place: Place,
+    spike_buffer: float = DEFAULT_SPIKE_BUFFER,
+    *,
+    started_at: float | None = None,
+) -> list[GpuState]:
     """The GPU states after booking ``place``. Raises ValueError if the Place asks more
     than a GPU's headroom: the guard of invariant 1, whatever fit policy made it."""
     by_uuid = bool(place.uuids)  # a GPU's MIG instances share its index
@@ -44,18 +63,28 @@ def apply(gpus: Sequence[GpuState], job: QueuedJob, place: Place,
         if (gpu.uuid if by_uuid else gpu.index) in targets:
             room = headroom(gpu, spike_buffer)
             if place.budget + gpu.context > room or place.budget < 0:
-                raise ValueError(f"job {job.id}: {format_bytes(place.budget)} (+ "
-                                 f"{format_bytes(gpu.context)} context) on GPU {gpu.index} "
-                                 f"exceeds its headroom {format_bytes(room)}")
-            gpu = replace(gpu, managed=(*gpu.managed, reservation(
-                job, place.budget, started_at=started_at, context=gpu.context)))
+                raise ValueError(
+                    f"job {job.id}: {format_bytes(place.budget)} (+ "
+                    f"{format_bytes(gpu.context)} context) on GPU {gpu.index} "
+                    f"exceeds its headroom {format_bytes(room)}"
+                )
+            gpu = replace(
+                gpu,
+                managed=(
+                    *gpu.managed,
+                    reservation(job, place.budget, started_at=started_at, context=gpu.context),
+                ),
+            )
             targets.discard(gpu.uuid if by_uuid else gpu.index)
         if place.cpus and gpu.free_cpus is not None and gpu.free_cpus & set(place.cpus):
             gpu = replace(gpu, free_cpus=gpu.free_cpus - set(place.cpus))
         out.append(gpu)
     if targets:
-        where = (",".join(sorted(map(str, targets))) if by_uuid
-                 else ",".join(map(str, sorted(t for t in targets if isinstance(t, int)))))
+        where = (
+            ",".join(sorted(map(str, targets)))
+            if by_uuid
+            else ",".join(map(str, sorted(t for t in targets if isinstance(t, int))))
+        )
         raise ValueError(f"job {job.id}: placed on unknown GPU {where}")
     return out
 
@@ -64,8 +93,12 @@ def release(gpus: Sequence[GpuState], job_ids: Set[int]) -> list[GpuState]:
     """The GPU states once the jobs ``job_ids`` have ended (their claims dropped)."""
     if not job_ids:
         return list(gpus)
-    return [replace(g, managed=tuple(u for u in g.managed if u.job_id not in job_ids))
-            if any(u.job_id in job_ids for u in g.managed) else g for g in gpus]
+    return [
+        replace(g, managed=tuple(u for u in g.managed if u.job_id not in job_ids))
+        if any(u.job_id in job_ids for u in g.managed)
+        else g
+        for g in gpus
+    ]
 
 
 def claims(gpus: Sequence[GpuState]) -> dict[int, list[ManagedUse]]:

@@ -27,6 +27,7 @@ DEFAULT_SPIKE_BUFFER = 0.1
 
 # --- the arithmetic ----------------------------------------------------------------------
 
+
 @functools.lru_cache(maxsize=64)
 def _spike_ratio(spike_buffer: float) -> tuple[int, int]:
     """1 + spike as an exact fraction of the decimal the user wrote (0.1 is 1/10, not the
@@ -55,8 +56,7 @@ def headroom(gpu: GpuState, spike_buffer: float = DEFAULT_SPIKE_BUFFER) -> int:
     negative). A job using more than it booked (a burstable job bursting) counts at what
     it uses."""
     booked = sum(u.booked for u in gpu.managed)
-    return max(gpu.total - gpu.reserve - booked - foreign_charge(gpu.foreign_peak, spike_buffer),
-               0)
+    return max(gpu.total - gpu.reserve - booked - foreign_charge(gpu.foreign_peak, spike_buffer), 0)
 
 
 def room_for_budget(gpu: GpuState, room: int) -> int:
@@ -66,6 +66,7 @@ def room_for_budget(gpu: GpuState, room: int) -> int:
 
 
 # --- from a Snapshot ---------------------------------------------------------------------
+
 
 def foreign_memory(view: GpuView, managed_pids: Set[int]) -> int:
     """Bytes on this GPU that no managed job accounts for: foreign processes plus memory
@@ -94,10 +95,15 @@ def foreign_usage(snapshot: Snapshot, managed_pids: Set[int]) -> dict[str, int]:
     return {v.facts.uuid: foreign_memory(v, managed_pids) for v in snapshot.gpus}
 
 
-def gpu_states(snapshot: Snapshot, managed: Mapping[str, Sequence[ManagedUse]],
-               managed_pids: Set[int], foreign_peaks: Mapping[str, int] | None = None,
-               reserve: int = DEFAULT_RESERVE, *,
-               contexts: Mapping[str, int] | None = None) -> list[GpuState]:
+def gpu_states(
+    snapshot: Snapshot,
+    managed: Mapping[str, Sequence[ManagedUse]],
+    managed_pids: Set[int],
+    foreign_peaks: Mapping[str, int] | None = None,
+    reserve: int = DEFAULT_RESERVE,
+    *,
+    contexts: Mapping[str, int] | None = None,
+) -> list[GpuState]:
     """GPU states for placement. ``managed`` maps a GPU uuid to the reservations of
     reserved/running jobs; ``managed_pids`` are the pids of their process trees, so the
     rest is foreign; ``foreign_peaks`` are the per-uuid foreign figures the daemon
@@ -108,19 +114,29 @@ def gpu_states(snapshot: Snapshot, managed: Mapping[str, Sequence[ManagedUse]],
     states = []
     for gpu, view, mig in _places(snapshot):
         f = view.facts
-        states.append(GpuState(
-            index=f.index, uuid=f.uuid, total=f.memory_total, reserve=reserve,
-            numa_node=f.numa_node, nvlink_peers=f.nvlink_peers,
-            compute_mode=f.compute_mode or "Default",
-            managed=tuple(managed.get(f.uuid, ())),
-            context=ctx.get(f.uuid, ctx.get(gpu.uuid, 0)), mig=mig,
-            foreign_peak=peaks[f.uuid] if f.uuid in peaks else
-            foreign_memory(view, managed_pids),
-            foreign_processes=sum(1 for p in view.processes if p.pid not in managed_pids),
-            foreign_users=frozenset(p.user for p in view.processes
-                                    if p.pid not in managed_pids and p.user
-                                    and p.state == RUNNING),
-        ))
+        states.append(
+            GpuState(
+                index=f.index,
+                uuid=f.uuid,
+                total=f.memory_total,
+                reserve=reserve,
+                numa_node=f.numa_node,
+                nvlink_peers=f.nvlink_peers,
+                compute_mode=f.compute_mode or "Default",
+                managed=tuple(managed.get(f.uuid, ())),
+                context=ctx.get(f.uuid, ctx.get(gpu.uuid, 0)),
+                mig=mig,
+                foreign_peak=peaks[f.uuid]
+                if f.uuid in peaks
+                else foreign_memory(view, managed_pids),
+                foreign_processes=sum(1 for p in view.processes if p.pid not in managed_pids),
+                foreign_users=frozenset(
+                    p.user
+                    for p in view.processes
+                    if p.pid not in managed_pids and p.user and p.state == RUNNING
+                ),
+            )
+        )
     return states
 
 
@@ -133,6 +149,14 @@ def _places(snapshot: Snapshot) -> list[tuple[GpuFacts, GpuView, str | None]]:
         if not f.mig_instances:
             out.append((f, view, None))
         for m in f.mig_instances:
-            out.append((f, GpuView(replace(mig_device(f, m), driver_baseline=0), tuple(
-                p for p in view.processes if p.gpu.mig_uuid == m.uuid)), m.profile))
+            out.append(
+                (
+                    f,
+                    GpuView(
+                        replace(mig_device(f, m), driver_baseline=0),
+                        tuple(p for p in view.processes if p.gpu.mig_uuid == m.uuid),
+                    ),
+                    m.profile,
+                )
+            )
     return out

@@ -23,8 +23,10 @@ def learned_budget(peaks: Sequence[int]) -> tuple[int | None, str]:
         return None, "no earlier successful run with a recorded peak: a whole GPU"
     top = max(seen)
     budget = -(-int(top * MARGIN) // ROUND) * ROUND
-    return budget, (f"{format_bytes(budget)} = {MARGIN:g} × the highest peak "
-                    f"{format_bytes(top)} of {len(seen)} earlier run(s)")
+    return budget, (
+        f"{format_bytes(budget)} = {MARGIN:g} × the highest peak "
+        f"{format_bytes(top)} of {len(seen)} earlier run(s)"
+    )
 
 
 def learned_runtime(durations: Sequence[float]) -> tuple[float | None, str | None]:
@@ -36,12 +38,12 @@ def learned_runtime(durations: Sequence[float]) -> tuple[float | None, str | Non
     if not seen:
         return None, None
     top = max(seen)
-    return top, (f"{format_duration(top)}, the longest of {len(seen)} earlier successful "
-                 f"run(s)")
+    return top, (f"{format_duration(top)}, the longest of {len(seen)} earlier successful run(s)")
 
 
-def failure_signature(state: str, exit_code: int | None, reason: str | None,
-                      oom: bool) -> str | None:
+def failure_signature(
+    state: str, exit_code: int | None, reason: str | None, oom: bool
+) -> str | None:
     """How a job ended, coarse enough that two runs failing alike compare equal; None
     for an end that is not a failure."""
     if state != "failed":
@@ -70,7 +72,11 @@ def declared_vs_actual(declared: int | None, peak: int | None) -> str | None:
     if pct < 1:
         return f"peak {format_bytes(peak)}: as declared"
     if diff >= 0:
-        return (f"peak {format_bytes(peak)} of {format_bytes(declared)} declared: "
-                f"over-declared by {format_bytes(diff)} ({pct:.0f}%)")
-    return (f"peak {format_bytes(peak)} of {format_bytes(declared)} declared: "
-            f"under-declared by {format_bytes(-diff)} ({pct:.0f}%)")
+        return (
+            f"peak {format_bytes(peak)} of {format_bytes(declared)} declared: "
+            f"over-declared by {format_bytes(diff)} ({pct:.0f}%)"
+        )
+    return (
+        f"peak {format_bytes(peak)} of {format_bytes(declared)} declared: "
+        f"under-declared by {format_bytes(-diff)} ({pct:.0f}%)"
+    )

@@ -57,8 +57,9 @@ def usage(gpus: Sequence[GpuState]) -> dict[str, Usage]:
     return out
 
 
-def over_limit(job: QueuedJob, budget: int | None, held: Mapping[str, Usage],
-               limits: Limits) -> str | None:
+def over_limit(
+    job: QueuedJob, budget: int | None, held: Mapping[str, Usage], limits: Limits
+) -> str | None:
     """Why starting ``job`` (``budget`` bytes on each of its GPUs; None: not known yet,
     memory is then not checked) would take its user past a limit; None when it would
     not."""
@@ -68,12 +69,16 @@ def over_limit(job: QueuedJob, budget: int | None, held: Mapping[str, Usage],
     if lim.max_running is not None and now.jobs + 1 > lim.max_running:
         return f"{who} may run {lim.max_running} job(s) at once and has {now.jobs}"
     if lim.max_gpus is not None and now.gpus + job.count > lim.max_gpus:
-        return (f"{who} may hold {lim.max_gpus} GPU(s); holds {now.gpus}, "
-                f"this job needs {job.count}")
-    if lim.max_memory is not None and budget is not None \
-            and now.memory + budget * job.count > lim.max_memory:
-        return (f"{who} may reserve {format_bytes(lim.max_memory)}; holds "
-                f"{format_bytes(now.memory)}, this job needs {format_bytes(budget * job.count)}")
+        return f"{who} may hold {lim.max_gpus} GPU(s); holds {now.gpus}, this job needs {job.count}"
+    if (
+        lim.max_memory is not None
+        and budget is not None
+        and now.memory + budget * job.count > lim.max_memory
+    ):
+        return (
+            f"{who} may reserve {format_bytes(lim.max_memory)}; holds "
+            f"{format_bytes(now.memory)}, this job needs {format_bytes(budget * job.count)}"
+        )
     return None
 
 
@@ -86,10 +91,11 @@ def never_within(job: QueuedJob, limits: Limits) -> str | None:
         return f"{who} may run no jobs (max_running = 0)"
     if lim.max_gpus is not None and job.count > lim.max_gpus:
         return f"{who} may hold {lim.max_gpus} GPU(s); this job needs {job.count}"
-    if lim.max_memory is not None and job.mem is not None \
-            and job.mem * job.count > lim.max_memory:
-        return (f"{who} may reserve {format_bytes(lim.max_memory)}; this job needs "
-                f"{format_bytes(job.mem * job.count)}")
+    if lim.max_memory is not None and job.mem is not None and job.mem * job.count > lim.max_memory:
+        return (
+            f"{who} may reserve {format_bytes(lim.max_memory)}; this job needs "
+            f"{format_bytes(job.mem * job.count)}"
+        )
     return None
 
 
@@ -98,16 +104,19 @@ def not_allowed(user: str, priority: int, qos: str, limits: Limits) -> str | Non
     qos; checked at submit for users who are not admins); None when they may."""
     lim = limits.of(user)
     if priority > lim.max_priority:
-        return (f"user {user} may ask for priority at most {lim.max_priority} "
-                f"([limits] max_priority); asked {priority}")
+        return (
+            f"user {user} may ask for priority at most {lim.max_priority} "
+            f"([limits] max_priority); asked {priority}"
+        )
     if qos not in lim.qos:
-        return (f"user {user} may ask for qos {', '.join(lim.qos) or '(none)'} "
-                f"([limits] qos); asked {qos}")
+        return (
+            f"user {user} may ask for qos {', '.join(lim.qos) or '(none)'} "
+            f"([limits] qos); asked {qos}"
+        )
     return None
 
 
 def book(held: Mapping[str, Usage], job: QueuedJob, place: Place) -> dict[str, Usage]:
     out = dict(held)
-    out[job.user] = out.get(job.user, Usage()).plus(len(place.gpus),
-                                                     place.budget * len(place.gpus))
+    out[job.user] = out.get(job.user, Usage()).plus(len(place.gpus), place.budget * len(place.gpus))
     return out

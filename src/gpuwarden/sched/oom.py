@@ -16,8 +16,10 @@ SIGNATURES = (
     ("torch.OutOfMemoryError", re.compile(r"\b(?:torch\.(?:cuda\.)?)?OutOfMemoryError\b")),
     ("cudaErrorMemoryAllocation", re.compile(r"cudaErrorMemoryAllocation")),
     ("CUBLAS_STATUS_ALLOC_FAILED", re.compile(r"CUBLAS_STATUS_ALLOC_FAILED")),
-    ("CUDNN_STATUS_ALLOC_FAILED",
-     re.compile(r"CUDNN_STATUS_(?:ALLOC_FAILED|NOT_ENOUGH_WORKSPACE)")),
+    (
+        "CUDNN_STATUS_ALLOC_FAILED",
+        re.compile(r"CUDNN_STATUS_(?:ALLOC_FAILED|NOT_ENOUGH_WORKSPACE)"),
+    ),
     ("CUDA_ERROR_OUT_OF_MEMORY", re.compile(r"CUDA_ERROR_OUT_OF_MEMORY|out of memory \(2\)")),
     ("MPS memory limit", re.compile(r"MPS.*(?:memory limit|pinned device memory)", re.I)),
 )
@@ -44,8 +46,13 @@ _TRIED = re.compile(r"Tried to allocate " + _SIZE)
 _IN_USE = re.compile(r"this process has " + _SIZE + r" memory in use", re.I)
 # "Of the allocated memory A is allocated by PyTorch, [with P allocated in private pools
 # (e.g., CUDA Graphs), ]and R is reserved by PyTorch but unallocated."
-_SPLIT = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch, .*?and "
-                    + _SIZE + r" is reserved by PyTorch but unallocated")
+_SPLIT = re.compile(
+    r"Of the allocated memory "
+    + _SIZE
+    + r" is allocated by PyTorch, .*?and "
+    + _SIZE
+    + r" is reserved by PyTorch but unallocated"
+)
 # Before torch 2.1: "(GPU 0; 7.93 GiB total capacity; 130.35 MiB already allocated; 47.06
 # MiB free; 188.00 MiB reserved in total by PyTorch)".
 _OLD = re.compile(_SIZE + r" already allocated;.*?" + _SIZE + r" reserved in total by PyTorch")
@@ -91,8 +98,11 @@ class OomAsk:
         """Whether the job ran into its cap in small steps: what it held filled most of
         its budget and the failing allocation was small beside it."""
         held = self.held(context)
-        return (held is not None and held >= (1 - 2 * CREEP_STEP) * old_budget
-                and self.tried <= CREEP_STEP * held)
+        return (
+            held is not None
+            and held >= (1 - 2 * CREEP_STEP) * old_budget
+            and self.tried <= CREEP_STEP * held
+        )
 
     def need(self, context: int) -> int:
         """What the allocator would have held had the allocation succeeded (at least the
@@ -108,18 +118,20 @@ def parse_oom(output_tail: str) -> OomAsk | None:
         tried = _TRIED.search(line)
         if tried is None:
             continue
-        in_use, split, old, allowed = (p.search(line) for p in (_IN_USE, _SPLIT, _OLD,
-                                                                  _ALLOWED))
+        in_use, split, old, allowed = (p.search(line) for p in (_IN_USE, _SPLIT, _OLD, _ALLOWED))
         allocated = cached = None
         if split is not None:
             allocated, cached = _bytes(*split.group(1, 2)), _bytes(*split.group(3, 4))
         elif old is not None:
             allocated = _bytes(*old.group(1, 2))
             cached = max(_bytes(*old.group(3, 4)) - allocated, 0)
-        ask = OomAsk(tried=_bytes(*tried.group(1, 2)),
-                     in_use=None if in_use is None else _bytes(*in_use.group(1, 2)),
-                     allocated=allocated, cached=cached,
-                     allowed=None if allowed is None else _bytes(*allowed.group(1, 2)))
+        ask = OomAsk(
+            tried=_bytes(*tried.group(1, 2)),
+            in_use=None if in_use is None else _bytes(*in_use.group(1, 2)),
+            allocated=allocated,
+            cached=cached,
+            allowed=None if allowed is None else _bytes(*allowed.group(1, 2)),
+        )
         if best is None or ask.need(0) > best.need(0):
             best = ask
     return best
@@ -128,17 +140,25 @@ def parse_oom(output_tail: str) -> OomAsk | None:
 def describe_ask(ask: OomAsk, context: int) -> str:
     """What the message asked for, for people: the allocation, what was held, the sum."""
     held = ask.held(context)
-    return (f"it tried to allocate {format_bytes(ask.tried)}"
-            + ("" if held is None else f" holding {format_bytes(held)}")
-            + f": needs {format_bytes(ask.need(context))}")
+    return (
+        f"it tried to allocate {format_bytes(ask.tried)}"
+        + ("" if held is None else f" holding {format_bytes(held)}")
+        + f": needs {format_bytes(ask.need(context))}"
+    )
 
 
 def shown_need(ask: OomAsk | None, peak: int | None, context: int) -> int | None:
     """What the job was shown to need per GPU, as its allocator counts (the budget's
     semantics): the message's need, or the sampled peak less the CUDA context (NVML's
     figure includes it) when that is more; None when neither says anything."""
-    known = [n for n in (None if ask is None else ask.need(context),
-                         None if peak is None else max(peak - context, 0)) if n is not None]
+    known = [
+        n
+        for n in (
+            None if ask is None else ask.need(context),
+            None if peak is None else max(peak - context, 0),
+        )
+        if n is not None
+    ]
     return max(known) if known else None
 
 
@@ -146,8 +166,7 @@ def _whole_mib(n: float) -> int:
     return -(-int(n) // (1 << 20)) * (1 << 20)
 
 
-def retry_budget(*, old_budget: int, need: int | None, largest: int,
-                 crept: bool = False) -> int:
+def retry_budget(*, old_budget: int, need: int | None, largest: int, crept: bool = False) -> int:
     """The budget a retry gets: what the job was shown to need plus MARGIN (CREEP_MIN ×
     when it crept into its cap), at least GROWTH × the old budget, in whole MiB, capped
     by the largest GPU's capacity."""
@@ -181,9 +200,17 @@ class GiveUp:
     reason: str
 
 
-def after_oom(*, old_budget: int | None, peak: int | None, largest: int, used: int,
-              allowed: int, backoff: float, ask: OomAsk | None = None,
-              context: int = 0) -> Retry | GiveUp:
+def after_oom(
+    *,
+    old_budget: int | None,
+    peak: int | None,
+    largest: int,
+    used: int,
+    allowed: int,
+    backoff: float,
+    ask: OomAsk | None = None,
+    context: int = 0,
+) -> Retry | GiveUp:
     """An OOM failure with ``used`` of ``allowed`` retries spent, ``ask`` parsed from its
     message, ``peak`` sampled (NVML's figure) and ``context`` the CUDA context allowance.
     A bigger budget (retry_budget) is tried at once: waiting would not make it fit
@@ -192,8 +219,11 @@ def after_oom(*, old_budget: int | None, peak: int | None, largest: int, used: i
     within it (the GPU ran out, not its budget) is retried at the same budget, after a
     doubling backoff. A job that had a whole GPU cannot get more."""
     if used >= allowed:
-        return GiveUp(f"out of retries ({used} of {allowed} used)" if allowed
-                      else "no retries asked for (--retries)")
+        return GiveUp(
+            f"out of retries ({used} of {allowed} used)"
+            if allowed
+            else "no retries asked for (--retries)"
+        )
     if old_budget is None:
         return GiveUp("it had a whole GPU: there is no bigger budget to retry with")
     need = shown_need(ask, peak, context)
@@ -201,9 +231,15 @@ def after_oom(*, old_budget: int | None, peak: int | None, largest: int, used: i
     budget = retry_budget(old_budget=old_budget, need=need, largest=largest, crept=crept)
     if budget > old_budget:
         ceiling = retry_ceiling(budget=budget, need=need, largest=largest) if crept else None
-        return Retry(budget=budget, delay=0.0, need=need,
-                     ceiling=ceiling if ceiling and ceiling > budget else None)
+        return Retry(
+            budget=budget,
+            delay=0.0,
+            need=need,
+            ceiling=ceiling if ceiling and ceiling > budget else None,
+        )
     if need is not None and need <= old_budget:
-        return Retry(budget=old_budget, delay=backoff * (2 ** used), need=need)
-    return GiveUp("its budget is already the largest a GPU here can give"
-                  + ("" if need is None else f" (it needs {format_bytes(need)})"))
+        return Retry(budget=old_budget, delay=backoff * (2**used), need=need)
+    return GiveUp(
+        "its budget is already the largest a GPU here can give"
+        + ("" if need is None else f" (it needs {format_bytes(need)})")
+    )

@@ -30,6 +30,7 @@ _MAX_SETS = 256
 
 # --- topology ----------------------------------------------------------------------------
 
+
 class Linked(Protocol):
     """Anything placed on the topology: a GpuState here, a Candidate in select.py."""
 
@@ -48,12 +49,18 @@ def numa_nodes(gpus: Iterable[Linked]) -> int:
 
 def missing_links(gpus: Sequence[Linked]) -> int:
     """Pairs in the set that NVLink does not join (either side listing the other counts)."""
-    return sum(1 for a, b in itertools.combinations(gpus, 2)
-               if b.index not in a.nvlink_peers and a.index not in b.nvlink_peers)
+    return sum(
+        1
+        for a, b in itertools.combinations(gpus, 2)
+        if b.index not in a.nvlink_peers and a.index not in b.nvlink_peers
+    )
 
 
-def preference(gpus: Sequence[Linked], users: Iterable[str], me: str | None,
-               ) -> tuple[int, int, int]:
+def preference(
+    gpus: Sequence[Linked],
+    users: Iterable[str],
+    me: str | None,
+) -> tuple[int, int, int]:
     """What placement and ``select`` both prefer before memory, smallest first: one NUMA
     node, NVLink peers, then GPUs without other users' processes (then the fewest other
     users): a job beside another user's server slows both, and the doctor warns of it.
@@ -67,6 +74,7 @@ def gpu_users(gpu: GpuState) -> frozenset[str]:
 
 
 # --- the fit check -----------------------------------------------------------------------
+
 
 def _plural(n: int, word: str, suffix: str = "s") -> str:
     return f"{n} {word}{'' if n == 1 else suffix}"
@@ -120,10 +128,16 @@ def _blocked(job: QueuedJob, gpu: GpuState, room: int) -> tuple[bool, str] | Non
         return None
     if room < job.mem + gpu.context:  # the job's context is booked beside its budget
         return True, f"{format_bytes(budget_room)} free"
-    if (job.wait_for_ceiling and job.mem_ceiling is not None
-            and budget_room < job.mem_ceiling and gpu.managed):
-        return True, (f"{format_bytes(budget_room)} free; waiting a while for up to "
-                      f"{format_bytes(job.mem_ceiling)} as jobs here end")
+    if (
+        job.wait_for_ceiling
+        and job.mem_ceiling is not None
+        and budget_room < job.mem_ceiling
+        and gpu.managed
+    ):
+        return True, (
+            f"{format_bytes(budget_room)} free; waiting a while for up to "
+            f"{format_bytes(job.mem_ceiling)} as jobs here end"
+        )
     return None
 
 
@@ -150,8 +164,10 @@ def pick_cores(job: QueuedJob, chosen: Sequence[GpuState]) -> tuple[int, ...] | 
     return tuple(sorted(picked)) if len(picked) == job.cpus else None
 
 
-def _set_key(job: QueuedJob, chosen: Sequence[tuple[GpuState, int]],
-             ) -> tuple[int, int, int, int, tuple[int, ...]]:
+def _set_key(
+    job: QueuedJob,
+    chosen: Sequence[tuple[GpuState, int]],
+) -> tuple[int, int, int, int, tuple[int, ...]]:
     """``preference`` first (one NUMA node, NVLink peers, no other users), then best fit
     (least headroom left over, which packs jobs and keeps roomy GPUs for big ones);
     whole-GPU jobs take the set that gives the biggest budget, jobs with a ceiling the
@@ -206,8 +222,10 @@ def _best_set(job: QueuedJob, ok: list[tuple[GpuState, int]]) -> list[tuple[GpuS
     return list(best)
 
 
-def _preferred(job: QueuedJob, ok: list[tuple[GpuState, int]],
-               ) -> list[tuple[GpuState, int]] | None:
+def _preferred(
+    job: QueuedJob,
+    ok: list[tuple[GpuState, int]],
+) -> list[tuple[GpuState, int]] | None:
     """The GPUs a restarted service ran on, when it fits on all of them again: it restarts
     in place (its neighbours and its users find it where it was); else None."""
     if job.prefer is None or len(job.prefer) != job.count:
@@ -218,8 +236,9 @@ def _preferred(job: QueuedJob, ok: list[tuple[GpuState, int]],
     return [by_index[i] for i in job.prefer]
 
 
-def fits(job: QueuedJob, gpus: Sequence[GpuState],
-         spike_buffer: float = DEFAULT_SPIKE_BUFFER) -> Place | None:
+def fits(
+    job: QueuedJob, gpus: Sequence[GpuState], spike_buffer: float = DEFAULT_SPIKE_BUFFER
+) -> Place | None:
     """Where the job fits now, or None. Best fit on headroom (a job with a ceiling takes
     the GPUs that give it most, up to its ceiling); whole-GPU (``mem`` None) and
     exclusive jobs only on GPUs with no managed job and no foreign process; sets of
@@ -244,11 +263,17 @@ def fits(job: QueuedJob, gpus: Sequence[GpuState],
     chosen = sorted(chosen, key=lambda p: (p[0].index, p[0].uuid))
     # A GPU's MIG instances share its index: a Place on one names it by uuid too.
     mig = any(g.mig is not None for g, _ in chosen)
-    return Place(job.id, tuple(g.index for g, _ in chosen), budget, cores,
-                 uuids=tuple(g.uuid for g, _ in chosen) if mig else ())
+    return Place(
+        job.id,
+        tuple(g.index for g, _ in chosen),
+        budget,
+        cores,
+        uuids=tuple(g.uuid for g, _ in chosen) if mig else (),
+    )
 
 
 # --- reasons -----------------------------------------------------------------------------
+
 
 def infeasible_reason(job: QueuedJob, gpus: Sequence[GpuState]) -> str | None:
     """Why the job could never run here, even on empty GPUs; None when it could."""
@@ -270,9 +295,11 @@ def infeasible_reason(job: QueuedJob, gpus: Sequence[GpuState]) -> str | None:
         have = sorted({g.mig for g in cands if g.mig is not None})
         cands = [g for g in cands if g.mig == job.mig]
         if not cands:
-            return (f"no {job.mig} MIG instance here ("
-                    + (f"instances: {', '.join(have)}" if have else "no GPU in MIG mode has "
-                       "instances") + "; gpuwarden creates none: see `gpuwarden doctor`)")
+            return (
+                f"no {job.mig} MIG instance here ("
+                + (f"instances: {', '.join(have)}" if have else "no GPU in MIG mode has instances")
+                + "; gpuwarden creates none: see `gpuwarden doctor`)"
+            )
     if job.mps and cands and all(g.mig is not None for g in cands):
         return "an MPS job, but every GPU here is in MIG mode (gpuwarden runs no MPS there)"
     where = "this machine" if job.gpu_ids is None else f"GPUs {_ids(g.index for g in cands)}"
@@ -287,29 +314,36 @@ def infeasible_reason(job: QueuedJob, gpus: Sequence[GpuState]) -> str | None:
         known = [g for g in usable if g.local_cpus is not None]
         if known and max(len(g.local_cpus or ()) for g in known) * job.count < job.cpus:
             most = max(len(g.local_cpus or ()) for g in known)
-            return (f"asks for {job.cpus} CPU cores, but at most {most} are near each GPU "
-                    f"({most * job.count} for {_plural(job.count, 'GPU')})")
+            return (
+                f"asks for {job.cpus} CPU cores, but at most {most} are near each GPU "
+                f"({most * job.count} for {_plural(job.count, 'GPU')})"
+            )
     need = 1 if job.mem is None else job.mem
     big = [g for g in usable if capacity(g) >= need]
     if len(big) >= job.count:
         return None
     largest = max(usable, key=capacity)
     if not big and job.mem is None:
-        return (f"no GPU on {where} has memory left after its reserve "
-                f"({format_bytes(largest.reserve)})")
+        return (
+            f"no GPU on {where} has memory left after its reserve ({format_bytes(largest.reserve)})"
+        )
     if not big:
-        return (f"{format_bytes(need)} per GPU is more than {where} can give (largest: "
-                f"{format_bytes(capacity(largest))} = {format_bytes(largest.total)} total − "
-                f"{format_bytes(largest.reserve)} reserve"
-                + (f" − {format_bytes(largest.context)} CUDA context)" if largest.context
-                   else ")"))
+        return (
+            f"{format_bytes(need)} per GPU is more than {where} can give (largest: "
+            f"{format_bytes(capacity(largest))} = {format_bytes(largest.total)} total − "
+            f"{format_bytes(largest.reserve)} reserve"
+            + (f" − {format_bytes(largest.context)} CUDA context)" if largest.context else ")")
+        )
     what = "any memory" if job.mem is None else format_bytes(job.mem)
-    return (f"only {_plural(len(big), 'GPU')} on {where} can give {what} "
-            f"(GPU {_ids(g.index for g in big)}); {job.count} can never fit")
+    return (
+        f"only {_plural(len(big), 'GPU')} on {where} can give {what} "
+        f"(GPU {_ids(g.index for g in big)}); {job.count} can never fit"
+    )
 
 
-def wait_reason(job: QueuedJob, gpus: Sequence[GpuState],
-                spike_buffer: float = DEFAULT_SPIKE_BUFFER) -> str:
+def wait_reason(
+    job: QueuedJob, gpus: Sequence[GpuState], spike_buffer: float = DEFAULT_SPIKE_BUFFER
+) -> str:
     """Why a feasible job does not fit now, with numbers, for ``show`` and ``ps``."""
     n = job.count
     each = "one GPU" if n == 1 else f"each of {n} GPUs"

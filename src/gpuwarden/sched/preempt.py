@@ -35,8 +35,7 @@ def cost(uses: Sequence[ManagedUse], now: float) -> tuple[int, int, int, float, 
     """Sort key of a candidate victim, cheapest first."""
     u = uses[0]
     lost = now - u.started_at if u.started_at is not None else 0.0
-    return (QOS_RANK.get(u.qos, 1), 0 if over_request(uses) else 1, u.priority, lost,
-            -u.job_id)
+    return (QOS_RANK.get(u.qos, 1), 0 if over_request(uses) else 1, u.priority, lost, -u.job_id)
 
 
 def in_flight(gpus: Sequence[GpuState]) -> set[int]:
@@ -44,16 +43,28 @@ def in_flight(gpus: Sequence[GpuState]) -> set[int]:
     return {jid for jid, uses in claims(gpus).items() if uses[0].preempting}
 
 
-def victims(job: QueuedJob, gpus: Sequence[GpuState], now: float, spike_buffer: float,
-            fit: Fit, *, spare: Set[int] = frozenset()) -> tuple[int, ...] | None:
+def victims(
+    job: QueuedJob,
+    gpus: Sequence[GpuState],
+    now: float,
+    spike_buffer: float,
+    fit: Fit,
+    *,
+    spare: Set[int] = frozenset(),
+) -> tuple[int, ...] | None:
     """The cheapest set of running jobs whose end lets ``job`` fit, or None when no set
     of jobs it may preempt would do. Jobs already being preempted count as gone; jobs in
     ``spare`` (placed in this very pass) are never chosen."""
     gone = in_flight(gpus)
     held = claims(gpus)
-    cands = sorted((jid for jid, uses in held.items() if jid not in gone
-                    and jid not in spare and all(may_preempt(job, u) for u in uses)),
-                   key=lambda jid: cost(held[jid], now))
+    cands = sorted(
+        (
+            jid
+            for jid, uses in held.items()
+            if jid not in gone and jid not in spare and all(may_preempt(job, u) for u in uses)
+        ),
+        key=lambda jid: cost(held[jid], now),
+    )
     chosen: list[int] = []
     for jid in cands:
         chosen.append(jid)

@@ -41,8 +41,18 @@ from gpuwarden.sched.placement import fits, infeasible_reason, wait_reason
 from gpuwarden.sched.queue_types import Fit, Ordering
 from gpuwarden.units import format_duration
 
-__all__ = ["BEST_FIT_WINDOW", "DEFAULT_STARVE_AFTER", "Fit", "Ordering", "Policy",
-           "aged_order", "effective_priority", "order", "order_key", "plan"]
+__all__ = [
+    "BEST_FIT_WINDOW",
+    "DEFAULT_STARVE_AFTER",
+    "Fit",
+    "Ordering",
+    "Policy",
+    "aged_order",
+    "effective_priority",
+    "order",
+    "order_key",
+    "plan",
+]
 
 DEFAULT_STARVE_AFTER = 900.0
 """Seconds the first waiting job waits, when its start is unknown, before room is held."""
@@ -75,20 +85,30 @@ def effective_priority(job: QueuedJob, now: float, aging: float) -> int:
     return job.priority + int(max(now - job.submitted_at, 0.0) // aging)
 
 
-def order_key(job: QueuedJob, now: float = 0.0, aging: float = 0.0,
-              ) -> tuple[bool, int, int, float, float, int]:
+def order_key(
+    job: QueuedJob,
+    now: float = 0.0,
+    aging: float = 0.0,
+) -> tuple[bool, int, int, float, float, int]:
     """A service coming back (restarted, or retried after an OOM) first: it was admitted
     already and must not lose its room to work queued meanwhile, whatever its priority
     (docs/services.md). Then higher (aged) priority, higher QoS class, less fair-share
     usage of its user (sched/fairshare.py; 0 for all when it is off), earlier
     submission, lower id (a total order, so a pass is deterministic)."""
-    return (not job.returning, -effective_priority(job, now, aging),
-            -QOS_RANK.get(job.qos, 1), job.fair_usage, job.submitted_at, job.id)
+    return (
+        not job.returning,
+        -effective_priority(job, now, aging),
+        -QOS_RANK.get(job.qos, 1),
+        job.fair_usage,
+        job.submitted_at,
+        job.id,
+    )
 
 
 def aged_order(now: float, aging: float) -> Ordering:
     def ordering(queue: Iterable[QueuedJob]) -> list[QueuedJob]:
         return sorted(queue, key=lambda j: order_key(j, now, aging))
+
     return ordering
 
 
@@ -105,16 +125,23 @@ def _ids(ids: Iterable[int]) -> str:
     return ", ".join(str(i) for i in sorted(ids))
 
 
-def plan(gpus: Sequence[GpuState], queue: Iterable[QueuedJob],
-         spike_buffer: float = DEFAULT_SPIKE_BUFFER, *, now: float = 0.0,
-         policy: Policy | None = None, ordering: Ordering | None = None,
-         fit: Fit = fits) -> list[Decision]:
+def plan(
+    gpus: Sequence[GpuState],
+    queue: Iterable[QueuedJob],
+    spike_buffer: float = DEFAULT_SPIKE_BUFFER,
+    *,
+    now: float = 0.0,
+    policy: Policy | None = None,
+    ordering: Ordering | None = None,
+    fit: Fit = fits,
+) -> list[Decision]:
     """One scheduling pass: a decision per queued job, in the order decided. Jobs are
     considered in queue order; once one waits for room (and backfill is on), the jobs
     after it that may start are weighed in a window (``BEST_FIT_WINDOW``) and the best
     fitting goes first."""
-    p = _Pass(list(gpus), spike_buffer, now, policy or Policy(backfill=False,
-                                                              preemption=False), fit)
+    p = _Pass(
+        list(gpus), spike_buffer, now, policy or Policy(backfill=False, preemption=False), fit
+    )
     window: list[QueuedJob] = []
     seen: set[int] = set()
     for job in (ordering or aged_order(now, p.pol.aging))(queue):
@@ -138,8 +165,9 @@ class _Pass:
     """The state of one pass: the GPUs as booked so far, the users' holdings, the head
     job's reservation, the jobs being preempted, and the decisions made."""
 
-    def __init__(self, state: list[GpuState], spike_buffer: float, now: float,
-                 pol: Policy, fit: Fit) -> None:
+    def __init__(
+        self, state: list[GpuState], spike_buffer: float, now: float, pol: Policy, fit: Fit
+    ) -> None:
         self.state = state
         self.spike = spike_buffer
         self.now = now
@@ -151,8 +179,10 @@ class _Pass:
         self.placed: set[int] = set()  # placed in this pass: not yet running, never victims
         self.decisions: list[Decision] = []
 
-    def consider(self, job: QueuedJob,
-                 ) -> tuple[Place, backfill.Reservation | None] | None:
+    def consider(
+        self,
+        job: QueuedJob,
+    ) -> tuple[Place, backfill.Reservation | None] | None:
         """Where the job may start now (and the head's reservation once it does), or None
         when it may not: then its decision is made."""
         reason = infeasible_reason(job, self.state)
@@ -161,8 +191,9 @@ class _Pass:
             return None
         if job.not_before > self.now:
             self._hold_backoff(job)
-            self.decisions.append(Wait(job.id, f"retry backs off until "
-                                                f"{_when(job.not_before)}", "backoff"))
+            self.decisions.append(
+                Wait(job.id, f"retry backs off until {_when(job.not_before)}", "backoff")
+            )
             return None
         over = limits.over_limit(job, job.mem, self.held, self.pol.limits)
         place = None if over is not None else self.fit(job, self.state, self.spike)
@@ -176,8 +207,9 @@ class _Pass:
             return None
         head = self.head
         if head is not None and self.pol.backfill:
-            ok, head = backfill.admits(head, job, place, self.now, self.spike, self.fit,
-                                       self.pol.starve_after)
+            ok, head = backfill.admits(
+                head, job, place, self.now, self.spike, self.fit, self.pol.starve_after
+            )
             if not ok:
                 self.decisions.append(Wait(job.id, self._delays(head), "backfill"))
                 return None
@@ -218,21 +250,30 @@ class _Pass:
 
     def _slack(self, place: Place) -> int:
         """Headroom the placement leaves unused on its GPUs."""
-        return sum(headroom(g, self.spike) - place.budget for g in self.state
-                   if (g.uuid in place.uuids if place.uuids else g.index in place.gpus))
+        return sum(
+            headroom(g, self.spike) - place.budget
+            for g in self.state
+            if (g.uuid in place.uuids if place.uuids else g.index in place.gpus)
+        )
 
     def _delays(self, head: backfill.Reservation) -> str:
         why = f"waiting: starting now would delay job {head.job.id}, first in the queue"
         if head.shadow is None:
-            why += (f" (its room is held: it has waited over "
-                    f"{format_duration(self.pol.starve_after)})")
+            why += (
+                f" (its room is held: it has waited over {format_duration(self.pol.starve_after)})"
+            )
         return why
 
     def _no_fit(self, job: QueuedJob) -> None:
         state, spike, fit = self.state, self.spike, self.fit
         if self.stopping and fit(job, release(state, self.stopping), spike) is not None:
-            self.decisions.append(Wait(job.id, f"waiting for preempted job(s) "
-                                                f"{_ids(self.stopping)} to stop", "preemption"))
+            self.decisions.append(
+                Wait(
+                    job.id,
+                    f"waiting for preempted job(s) {_ids(self.stopping)} to stop",
+                    "preemption",
+                )
+            )
             if self.head is None:
                 self.head = backfill.reserve(job, state, self.now, spike, fit)
             return
@@ -242,8 +283,12 @@ class _Pass:
                 why = f"job {job.id} ({job.qos}, priority {job.priority}) needs the room"
                 self.decisions.append(Preempt(job.id, victims, why))
                 self.stopping = self.stopping | set(victims)
-                self.state = [g if not any(u.job_id in victims for u in g.managed) else
-                              _mark_stopping(g, set(victims)) for g in state]
+                self.state = [
+                    g
+                    if not any(u.job_id in victims for u in g.managed)
+                    else _mark_stopping(g, set(victims))
+                    for g in state
+                ]
                 if self.head is None:
                     self.head = backfill.reserve(job, self.state, self.now, spike, fit)
                 return
@@ -256,24 +301,35 @@ class _Pass:
 
     def _first_in_line(self, head: backfill.Reservation) -> str:
         if head.shadow is not None:
-            return (f"; first in line, expected to start by {_when(head.shadow)}"
-                    if head.shadow > self.now else "")
+            return (
+                f"; first in line, expected to start by {_when(head.shadow)}"
+                if head.shadow > self.now
+                else ""
+            )
         if backfill.starving(head.job, self.now, self.pol.starve_after):
             return "; first in line, its room is held"
         left = head.job.submitted_at + self.pol.starve_after - self.now
         if not math.isfinite(left):
             return "; first in line: jobs that fit start before it while its start is unknown"
-        return (f"; first in line: jobs that fit start before it for {format_duration(left)}"
-                f" more, then its room is held")
+        return (
+            f"; first in line: jobs that fit start before it for {format_duration(left)}"
+            f" more, then its room is held"
+        )
 
 
 def _mark_stopping(gpu: GpuState, victims: set[int]) -> GpuState:
-    return replace(gpu, managed=tuple(replace(u, preempting=True) if u.job_id in victims
-                                      else u for u in gpu.managed))
+    return replace(
+        gpu,
+        managed=tuple(
+            replace(u, preempting=True) if u.job_id in victims else u for u in gpu.managed
+        ),
+    )
 
 
-_SUCCESS, _ENDED = frozenset({"succeeded"}), frozenset({"succeeded", "failed", "cancelled",
-                                                         "infeasible"})
+_SUCCESS, _ENDED = (
+    frozenset({"succeeded"}),
+    frozenset({"succeeded", "failed", "cancelled", "infeasible"}),
+)
 _FLAG = {"after": "--after", "after_any": "--after-any", "after_fail": "--after-fail"}
 
 

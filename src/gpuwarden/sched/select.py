@@ -119,14 +119,20 @@ def places(gpus: Sequence[GpuView]) -> list[tuple[GpuView, str | None, int | Non
         if not g.facts.mig_instances:
             out.append((g, None, None))
         for m in g.facts.mig_instances:
-            view = GpuView(mig_device(g.facts, m),
-                           tuple(p for p in g.processes if p.gpu.mig_uuid == m.uuid))
+            view = GpuView(
+                mig_device(g.facts, m), tuple(p for p in g.processes if p.gpu.mig_uuid == m.uuid)
+            )
             out.append((view, m.profile, m.gi_id))
     return out
 
 
-def assess(gpu: GpuView, request: Request, leased: int = 0, mig: str | None = None,
-           gi_id: int | None = None) -> Candidate:
+def assess(
+    gpu: GpuView,
+    request: Request,
+    leased: int = 0,
+    mig: str | None = None,
+    gi_id: int | None = None,
+) -> Candidate:
     """Judge one GPU (or, with ``mig``, one MIG instance of that profile) against the
     request, with ``leased`` bytes promised but not yet visible to the driver."""
     f = gpu.facts
@@ -149,16 +155,29 @@ def assess(gpu: GpuView, request: Request, leased: int = 0, mig: str | None = No
         reason = "compute mode Prohibited"
     elif f.compute_mode == "Exclusive_Process" and (gpu.processes or leased > 0):
         reason = "Exclusive_Process and in use"
-    elif (request.max_util is not None and f.utilization is not None
-          and f.utilization > request.max_util):
+    elif (
+        request.max_util is not None
+        and f.utilization is not None
+        and f.utilization > request.max_util
+    ):
         reason = f"util {f.utilization}% > {request.max_util}%"
     elif free < need:
         held = f" ({format_bytes(leased)} leased)" if leased else ""
         reason = f"{format_bytes(free)} free{held} < {format_bytes(need)}"
     return Candidate(
-        index=f.index, uuid=f.uuid, numa_node=f.numa_node, total=f.memory_total, need=need,
-        free=free, leased=leased, utilization=f.utilization, users=gpu.users,
-        nvlink_peers=f.nvlink_peers, reason=reason, impossible=impossible, mig=mig,
+        index=f.index,
+        uuid=f.uuid,
+        numa_node=f.numa_node,
+        total=f.memory_total,
+        need=need,
+        free=free,
+        leased=leased,
+        utilization=f.utilization,
+        users=gpu.users,
+        nvlink_peers=f.nvlink_peers,
+        reason=reason,
+        impossible=impossible,
+        mig=mig,
         gi_id=gi_id,
     )
 
@@ -169,15 +188,21 @@ def rank_key(c: Candidate, me: str | None = None) -> tuple[int, int, int, int, i
     return (*preference([c], c.users, me), -c.free, len(c.users), c.index)
 
 
-def set_key(gpus: Sequence[Candidate], me: str | None = None,
-            ) -> tuple[int, int, int, int, int, tuple[int, ...]]:
+def set_key(
+    gpus: Sequence[Candidate],
+    me: str | None = None,
+) -> tuple[int, int, int, int, int, tuple[int, ...]]:
     """Placement's ``preference`` (fewer NUMA nodes, fewer pairs without NVLink, no other
     users' processes, then the fewest), then the ranking applied to the set: its
     smallest free memory (a set is as roomy as its tightest GPU), its distinct users,
     its indices."""
     users: frozenset[str] = frozenset().union(*(c.users for c in gpus))
-    return (*preference(gpus, users, me), -min(c.free for c in gpus), len(users),
-            tuple(sorted(c.index for c in gpus)))
+    return (
+        *preference(gpus, users, me),
+        -min(c.free for c in gpus),
+        len(users),
+        tuple(sorted(c.index for c in gpus)),
+    )
 
 
 def _by_node(cands: Iterable[Candidate]) -> dict[int | None, list[Candidate]]:
@@ -187,8 +212,9 @@ def _by_node(cands: Iterable[Candidate]) -> dict[int | None, list[Candidate]]:
     return groups
 
 
-def _best_set(qualified: list[Candidate], count: int, same_numa: bool,
-              me: str | None = None) -> list[Candidate] | None:
+def _best_set(
+    qualified: list[Candidate], count: int, same_numa: bool, me: str | None = None
+) -> list[Candidate] | None:
     pools = list(_by_node(qualified).values()) if same_numa else [qualified]
     pools = [p for p in pools if len(p) >= count]
     if not pools:
@@ -211,39 +237,55 @@ def _brief(cands: Sequence[Candidate]) -> str:
     return "; ".join(f"{c.label}: {c.reason}" for c in cands if c.reason)
 
 
-def choose_gpus(gpus: Sequence[GpuView], request: Request,
-                leased: Mapping[str, int] | None = None) -> Choice | Rejection:
+def choose_gpus(
+    gpus: Sequence[GpuView], request: Request, leased: Mapping[str, int] | None = None
+) -> Choice | Rejection:
     """Pick ``request.count`` GPUs, or say why none fit. ``leased`` maps a GPU uuid to
     the bytes promised to jobs that the driver does not show yet (see leases.py)."""
     leased = leased or {}
-    considered = tuple(assess(g, request, leased.get(g.facts.uuid, 0), mig, gi)
-                       for g, mig, gi in places(gpus))
+    considered = tuple(
+        assess(g, request, leased.get(g.facts.uuid, 0), mig, gi) for g, mig, gi in places(gpus)
+    )
     n = request.count
     if request.mig is not None and not any(c.mig == request.mig for c in considered):
         have = sorted({c.mig for c in considered if c.mig})
-        return Rejection(f"no {request.mig} MIG instance here ("
-                         + (f"instances: {', '.join(have)}" if have else "no GPU in MIG mode has "
-                            "instances") + "; gpuwarden creates none: see `gpuwarden doctor`)",
-                         considered, impossible=True)
+        return Rejection(
+            f"no {request.mig} MIG instance here ("
+            + (f"instances: {', '.join(have)}" if have else "no GPU in MIG mode has instances")
+            + "; gpuwarden creates none: see `gpuwarden doctor`)",
+            considered,
+            impossible=True,
+        )
     none = f"no {n} GPUs" if n > 1 else "no GPU"
     if n > len(considered):
-        return Rejection(f"--count {n} but this machine has {len(considered)} GPU"
-                         f"{'s' if len(considered) != 1 else ''}", considered, impossible=True)
+        return Rejection(
+            f"--count {n} but this machine has {len(considered)} GPU"
+            f"{'s' if len(considered) != 1 else ''}",
+            considered,
+            impossible=True,
+        )
     possible = [c for c in considered if not c.impossible]
     if len(possible) < n:
         largest = max((c.total for c in considered), default=0)
         if n == 1 or not possible:
             what = "GPU or MIG instance" if any(c.mig for c in considered) else "GPU"
-            why = (f"{request.describe()} is more than any {what} here has "
-                   f"(largest: {format_bytes(largest)})")
+            why = (
+                f"{request.describe()} is more than any {what} here has "
+                f"(largest: {format_bytes(largest)})"
+            )
         else:
-            why = (f"only {len(possible)} GPU{'s' if len(possible) != 1 else ''} here "
-                   f"{'are' if len(possible) != 1 else 'is'} big enough for "
-                   f"{request.describe()}; --count {n} can never fit")
+            why = (
+                f"only {len(possible)} GPU{'s' if len(possible) != 1 else ''} here "
+                f"{'are' if len(possible) != 1 else 'is'} big enough for "
+                f"{request.describe()}; --count {n} can never fit"
+            )
         return Rejection(why, considered, impossible=True)
     if request.same_numa and max(len(g) for g in _by_node(possible).values()) < n:
-        return Rejection(f"no NUMA node has {n} GPUs big enough for {request.describe()}",
-                         considered, impossible=True)
+        return Rejection(
+            f"no NUMA node has {n} GPUs big enough for {request.describe()}",
+            considered,
+            impossible=True,
+        )
     qualified = [c for c in considered if c.qualifies]
     chosen = _best_set(qualified, n, request.same_numa, request.user)
     if chosen is None:
@@ -252,7 +294,8 @@ def choose_gpus(gpus: Sequence[GpuView], request: Request,
         if len(qualified) >= n:  # enough GPUs, but not on one NUMA node
             nodes = ", ".join(
                 f"node {'?' if k is None else k}: GPU {','.join(str(c.index) for c in v)}"
-                for k, v in sorted(_by_node(qualified).items(), key=lambda kv: str(kv[0])))
+                for k, v in sorted(_by_node(qualified).items(), key=lambda kv: str(kv[0]))
+            )
             return Rejection(f"{head} on one NUMA node (free: {nodes})", considered)
         rejected = _brief(considered)
         if qualified and n > 1:

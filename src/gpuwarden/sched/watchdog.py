@@ -33,13 +33,21 @@ class OverLimit:
 
 def policy(qos: str) -> str:
     """The watchdog's policy for a class, in words (``show`` prints it)."""
-    return {GUARANTEED: "warn over the limit", BESTEFFORT: "kill over the limit",
-            BURSTABLE: "kill over the limit when another job needs the room, else warn"
-            }.get(qos, "warn over the limit")
+    return {
+        GUARANTEED: "warn over the limit",
+        BESTEFFORT: "kill over the limit",
+        BURSTABLE: "kill over the limit when another job needs the room, else warn",
+    }.get(qos, "warn over the limit")
 
 
-def check(job_id: int, qos: str, request: int | None, limit: int | None,
-          used: Mapping[str, int], room_wanted: bool) -> OverLimit | None:
+def check(
+    job_id: int,
+    qos: str,
+    request: int | None,
+    limit: int | None,
+    used: Mapping[str, int],
+    room_wanted: bool,
+) -> OverLimit | None:
     """``request``: bytes reserved per GPU; ``limit``: bytes it may use per GPU (None:
     a whole GPU, nothing to check); ``used``: bytes it uses now, per GPU name;
     ``room_wanted``: a queued job is waiting for memory."""
@@ -48,12 +56,24 @@ def check(job_id: int, qos: str, request: int | None, limit: int | None,
     gpu, most = max(used.items(), key=lambda kv: (kv[1], kv[0]))
     if most > limit:
         action = KILL if qos == BESTEFFORT or (qos == BURSTABLE and room_wanted) else WARN
-        return OverLimit(job_id, action, gpu, most, limit,
-                         f"uses {format_bytes(most)} on GPU {gpu}, over its limit "
-                         f"{format_bytes(limit)} ({qos}: {policy(qos)})")
+        return OverLimit(
+            job_id,
+            action,
+            gpu,
+            most,
+            limit,
+            f"uses {format_bytes(most)} on GPU {gpu}, over its limit "
+            f"{format_bytes(limit)} ({qos}: {policy(qos)})",
+        )
     if qos == BURSTABLE and most > request:
-        return OverLimit(job_id, NOTE, gpu, most, limit,
-                         f"bursting: uses {format_bytes(most)} on GPU {gpu}, over its "
-                         f"request {format_bytes(request)}, within its limit "
-                         f"{format_bytes(limit)}")
+        return OverLimit(
+            job_id,
+            NOTE,
+            gpu,
+            most,
+            limit,
+            f"bursting: uses {format_bytes(most)} on GPU {gpu}, over its "
+            f"request {format_bytes(request)}, within its limit "
+            f"{format_bytes(limit)}",
+        )
     return None

@@ -44,21 +44,33 @@ def _fmt(n: int) -> str:
     return f"{n / GiB:.2f} GiB"
 
 
-def torch_oom(*, tried: int, ordinal: int, total: int, free: int, in_use: int,
-              allocated: int, cached: int = 0, allowed: int | None = None) -> str:
+def torch_oom(
+    *,
+    tried: int,
+    ordinal: int,
+    total: int,
+    free: int,
+    in_use: int,
+    allocated: int,
+    cached: int = 0,
+    allowed: int | None = None,
+) -> str:
     """PyTorch's CUDA-OOM message, word for word (torch 2.x's caching allocator), so the
     daemon parses here what it parses from real jobs. ``allowed``: the memory fraction's
     cap, which PyTorch names only when one is set."""
-    return (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {_fmt(tried)}. "
-            f"GPU {ordinal} has a total capacity of {_fmt(total)} of which {_fmt(free)} is "
-            f"free. Including non-PyTorch memory, this process has {_fmt(in_use)} memory in "
-            "use. " + ("" if allowed is None else f"{_fmt(allowed)} allowed; ")
-            + f"Of the allocated memory {_fmt(allocated)} is allocated by PyTorch, and "
-            f"{_fmt(cached)} is reserved by PyTorch but unallocated. If reserved but "
-            "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF="
-            "expandable_segments:True to avoid fragmentation.  See documentation for Memory "
-            "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-"
-            "variables)")
+    return (
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {_fmt(tried)}. "
+        f"GPU {ordinal} has a total capacity of {_fmt(total)} of which {_fmt(free)} is "
+        f"free. Including non-PyTorch memory, this process has {_fmt(in_use)} memory in "
+        "use. "
+        + ("" if allowed is None else f"{_fmt(allowed)} allowed; ")
+        + f"Of the allocated memory {_fmt(allocated)} is allocated by PyTorch, and "
+        f"{_fmt(cached)} is reserved by PyTorch but unallocated. If reserved but "
+        "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF="
+        "expandable_segments:True to avoid fragmentation.  See documentation for Memory "
+        "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-"
+        "variables)"
+    )
 
 
 def mps_limits(env: Mapping[str, str], visible: int) -> dict[int, int]:
@@ -95,21 +107,27 @@ def mps_connect(env: Mapping[str, str], pid: int) -> MpsSession | None:
     pipe = env.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
     try:
         reply = json.loads(mps.ask(pipe, f"{mps.HELLO} {pid}"))
-        return MpsSession(devices=reply["devices"],
-                          limits={int(k): int(v) for k, v in reply["limits"].items()},
-                          server=int(reply["server"]))
+        return MpsSession(
+            devices=reply["devices"],
+            limits={int(k): int(v) for k, v in reply["limits"].items()},
+            server=int(reply["server"]),
+        )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def client_gpus(gpus: list[GpuFacts], env: Mapping[str, str],
-                session: MpsSession | None) -> list[GpuFacts]:
+def client_gpus(
+    gpus: list[GpuFacts], env: Mapping[str, str], session: MpsSession | None
+) -> list[GpuFacts]:
     """The GPUs this process sees: an MPS client sees its server's GPUs numbered from 0
     and picks among them by CUDA_VISIBLE_DEVICES; without MPS, CUDA's own rule."""
     if session is None:
         return visible_gpus(gpus, env)
-    served = gpus if session.devices is None else visible_gpus(
-        gpus, {"CUDA_VISIBLE_DEVICES": session.devices})
+    served = (
+        gpus
+        if session.devices is None
+        else visible_gpus(gpus, {"CUDA_VISIBLE_DEVICES": session.devices})
+    )
     return visible_gpus(served, env, ordinals=True)
 
 
@@ -127,8 +145,13 @@ def charge_server(backend: SimBackend, session: MpsSession) -> None:
         except psutil.Error:
             return
         served = client_gpus(backend.gpus(), {}, session)
-        registry.write(session.server, start, {g.uuid: SERVER_MEMORY for g in served},
-                       leak=False, command="nvidia-cuda-mps-server")
+        registry.write(
+            session.server,
+            start,
+            {g.uuid: SERVER_MEMORY for g in served},
+            leak=False,
+            command="nvidia-cuda-mps-server",
+        )
 
 
 class SimOOM(Exception):
@@ -136,16 +159,23 @@ class SimOOM(Exception):
 
 
 class Job:
-    def __init__(self, backend: SimBackend, visible: list[GpuFacts], *, leak: bool,
-                 mps: MpsSession | None = None) -> None:
+    def __init__(
+        self,
+        backend: SimBackend,
+        visible: list[GpuFacts],
+        *,
+        leak: bool,
+        mps: MpsSession | None = None,
+    ) -> None:
         self.backend = backend
         self.visible = visible
         self.leak = leak
         self.pid = os.getpid()
         self.start_time = psutil.Process().create_time()
         self.held: dict[str, int] = {}
-        self.command = " ".join([os.path.basename(sys.executable), "-m", "gpuwarden.sim.job",
-                                 *sys.argv[1:]])
+        self.command = " ".join(
+            [os.path.basename(sys.executable), "-m", "gpuwarden.sim.job", *sys.argv[1:]]
+        )
         self.caps: dict[int, int] = {}  # the PyTorch cap: what allocations may hold
         torch_cap = os.environ.get("GPUWARDEN_MEM_LIMIT")
         if torch_cap:
@@ -161,7 +191,8 @@ class Job:
         # The CUDA context each GPU charges a process beside its allocations, once it
         # first allocates there (the real driver's context, per the scenario).
         contexts = {g.uuid: g.context_memory for g in backend.scenario.gpus} | {
-            m.uuid: g.context_memory for g in backend.scenario.gpus for m in g.mig_instances}
+            m.uuid: g.context_memory for g in backend.scenario.gpus for m in g.mig_instances
+        }
         self.context = {g.uuid: contexts.get(g.uuid, 0) for g in visible}
         self._files: list[IO[bytes]] = []
 
@@ -187,15 +218,27 @@ class Job:
                 free = facts[g.uuid].memory_free
                 new_context = 0 if g.uuid in self.held else self.context[g.uuid]
                 if (cap is not None and per_gpu > cap) or want + new_context > free:
-                    raise SimOOM(torch_oom(
-                        tried=want, ordinal=ordinal, total=g.memory_total, free=free,
-                        in_use=self.in_use(g.uuid), allocated=have,
-                        allowed=cap if cap is not None and per_gpu > cap else None))
+                    raise SimOOM(
+                        torch_oom(
+                            tried=want,
+                            ordinal=ordinal,
+                            total=g.memory_total,
+                            free=free,
+                            in_use=self.in_use(g.uuid),
+                            allocated=have,
+                            allowed=cap if cap is not None and per_gpu > cap else None,
+                        )
+                    )
             for g in self.visible:
                 self.held[g.uuid] = max(per_gpu, self.held.get(g.uuid, 0))
-            registry.write(self.pid, self.start_time,
-                           {u: self.in_use(u) for u in self.held}, leak=self.leak,
-                           command=self.command, mps=self.mps is not None)
+            registry.write(
+                self.pid,
+                self.start_time,
+                {u: self.in_use(u) for u in self.held},
+                leak=self.leak,
+                command=self.command,
+                mps=self.mps is not None,
+            )
 
     def in_use(self, uuid: str) -> int:
         """What the driver lists for this process on that GPU (PyTorch's "this process
@@ -229,26 +272,44 @@ class Job:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gpuwarden.sim.job", description=__doc__)
     ap.add_argument("--mem", default="1G", help="memory to hold on each visible GPU")
-    ap.add_argument("--grow-to", help="then grow to this much per GPU over --grow-seconds, "
-                    "like a training job whose memory rises")
-    ap.add_argument("--grow-seconds", type=float,
-                    help="how long the growth takes (default: 1 s, at most half of --seconds)")
-    ap.add_argument("--steps", type=int, default=1,
-                    help="allocations the growth comes in (default 1: a first training "
-                    "step allocates its activations and optimizer state at once; an OOM "
-                    "message shows only the allocation that failed)")
+    ap.add_argument(
+        "--grow-to",
+        help="then grow to this much per GPU over --grow-seconds, "
+        "like a training job whose memory rises",
+    )
+    ap.add_argument(
+        "--grow-seconds",
+        type=float,
+        help="how long the growth takes (default: 1 s, at most half of --seconds)",
+    )
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=1,
+        help="allocations the growth comes in (default 1: a first training "
+        "step allocates its activations and optimizer state at once; an OOM "
+        "message shows only the allocation that failed)",
+    )
     ap.add_argument("--seconds", type=float, default=1.0, help="how long to run")
     ap.add_argument("--exit-code", type=int, default=0)
-    ap.add_argument("--leak", action="store_true",
-                    help="the driver keeps this job's memory charged after it dies")
-    ap.add_argument("--hold-only", action="store_true",
-                    help="open the device files but allocate nothing the driver lists")
+    ap.add_argument(
+        "--leak",
+        action="store_true",
+        help="the driver keeps this job's memory charged after it dies",
+    )
+    ap.add_argument(
+        "--hold-only",
+        action="store_true",
+        help="open the device files but allocate nothing the driver lists",
+    )
     args = ap.parse_args(argv)
 
     scenario = os.environ.get("GPUWARDEN_SIM")
     if not scenario:
-        print("gpuwarden.sim.job: GPUWARDEN_SIM is not set (it names the scenario file)",
-              file=sys.stderr)
+        print(
+            "gpuwarden.sim.job: GPUWARDEN_SIM is not set (it names the scenario file)",
+            file=sys.stderr,
+        )
         return 2
     try:
         backend = SimBackend.from_file(scenario)
@@ -279,8 +340,9 @@ def main(argv: list[str] | None = None) -> int:
             job.grow_to(mem)
         print(f"ready pid={job.pid} gpus={','.join(str(g.index) for g in visible)}", flush=True)
         if grow is not None and not args.hold_only:
-            span = (args.grow_seconds if args.grow_seconds is not None
-                    else min(1.0, args.seconds / 2))
+            span = (
+                args.grow_seconds if args.grow_seconds is not None else min(1.0, args.seconds / 2)
+            )
             step_wait = max(span, 0.0) / max(args.steps, 1)
             for i in range(1, args.steps + 1):
                 time.sleep(step_wait)

@@ -61,7 +61,7 @@ def mps_size(text: str) -> int:
     """``2G``, ``512M`` (MPS's units) as bytes."""
     text = text.strip().upper()
     unit = text[-1:] if text[-1:] in _UNITS else ""
-    return int(float(text[:len(text) - len(unit)]) * _UNITS[unit])
+    return int(float(text[: len(text) - len(unit)]) * _UNITS[unit])
 
 
 def _pipe_dir() -> str:
@@ -137,16 +137,27 @@ class _Daemon:
         if cmd == HELLO and len(args) == 1:
             if self.server is None or self.server.poll() is not None:
                 # The server inherits the daemon's environment, as the real one does.
-                self.server = subprocess.Popen([SERVER, os.path.abspath(__file__), "--server"],
-                                               executable=_python(), stdin=subprocess.DEVNULL,
-                                               stdout=subprocess.DEVNULL,
-                                               stderr=subprocess.DEVNULL)
+                self.server = subprocess.Popen(
+                    [SERVER, os.path.abspath(__file__), "--server"],
+                    executable=_python(),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
                 self.say(f"Server {self.server.pid} has started")
             self.clients.add(int(args[0]))
             self.say(f"New client {args[0]} connected")
-            return json.dumps({"devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                               "limits": self.limits, "threads": self.threads,
-                               "server": self.server.pid}) + "\n"
+            return (
+                json.dumps(
+                    {
+                        "devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                        "limits": self.limits,
+                        "threads": self.threads,
+                        "server": self.server.pid,
+                    }
+                )
+                + "\n"
+            )
         return f"Unrecognized command {line!r}\n"
 
     def serve(self) -> int:

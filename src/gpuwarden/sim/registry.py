@@ -127,13 +127,29 @@ class Registry:
         tmp.write_text(json.dumps(payload))
         os.replace(tmp, path)
 
-    def write(self, pid: int, start_time: float, gpus: dict[str, int], *, leak: bool,
-              command: str, mps: bool = False) -> None:
+    def write(
+        self,
+        pid: int,
+        start_time: float,
+        gpus: dict[str, int],
+        *,
+        leak: bool,
+        command: str,
+        mps: bool = False,
+    ) -> None:
         """Record (atomically) what ``pid`` holds now."""
         self.alloc_dir.mkdir(parents=True, exist_ok=True)
-        self._store(self.alloc_dir / f"{pid}.json",
-                    {"pid": pid, "start_time": start_time, "gpus": gpus, "leak": leak,
-                     "command": command, "mps": mps})
+        self._store(
+            self.alloc_dir / f"{pid}.json",
+            {
+                "pid": pid,
+                "start_time": start_time,
+                "gpus": gpus,
+                "leak": leak,
+                "command": command,
+                "mps": mps,
+            },
+        )
 
     def forget(self, pid: int) -> None:
         with contextlib.suppress(OSError):

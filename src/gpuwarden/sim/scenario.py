@@ -140,8 +140,7 @@ def _int(value: Any, where: str, lo: int | None = None, hi: int | None = None) -
 
 
 def _number(value: Any, where: str, *, lo: float = 0.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ScenarioError(f"{where}: expected a number, got {value!r}")
     if value < lo:
         raise ScenarioError(f"{where}: must be at least {lo:g}, got {value}")
@@ -193,22 +192,29 @@ def _parse_gpu(raw: Any, pos: int) -> SimGpu:
     total = _size(_req(raw, "memory_total", where), f"{where}.memory_total")
     if total <= 0:
         raise ScenarioError(f"{where}.memory_total: must be positive")
-    uuid = _str(raw.get("uuid") or f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_OID, f'sim-{index}')}",
-                f"{where}.uuid")
-    peers = [_int(x, f"{where}.nvlink_peers", 0)
-             for x in _list(raw.get("nvlink_peers", []), f"{where}.nvlink_peers")]
+    uuid = _str(
+        raw.get("uuid") or f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_OID, f'sim-{index}')}",
+        f"{where}.uuid",
+    )
+    peers = [
+        _int(x, f"{where}.nvlink_peers", 0)
+        for x in _list(raw.get("nvlink_peers", []), f"{where}.nvlink_peers")
+    ]
     mig_mode = _bool(raw.get("mig_mode", False), f"{where}.mig_mode")
-    migs = tuple(_parse_mig(m, i, index, f"{where}.mig_instances")
-                 for i, m in enumerate(_list(raw.get("mig_instances", []),
-                                             f"{where}.mig_instances")))
+    migs = tuple(
+        _parse_mig(m, i, index, f"{where}.mig_instances")
+        for i, m in enumerate(_list(raw.get("mig_instances", []), f"{where}.mig_instances"))
+    )
     if migs and not mig_mode:
-        raise ScenarioError(f"{where}.mig_instances: the GPU is not in MIG mode "
-                            "(set mig_mode to true)")
+        raise ScenarioError(
+            f"{where}.mig_instances: the GPU is not in MIG mode (set mig_mode to true)"
+        )
     if len({m.gi_id for m in migs}) != len(migs):
         raise ScenarioError(f"{where}.mig_instances: GPU instance ids must be unique")
     if sum(m.memory_total for m in migs) > total:
-        raise ScenarioError(f"{where}.mig_instances: the instances' memory exceeds "
-                            "the GPU's memory_total")
+        raise ScenarioError(
+            f"{where}.mig_instances: the instances' memory exceeds the GPU's memory_total"
+        )
     return SimGpu(
         index=index,
         uuid=uuid,
@@ -223,16 +229,19 @@ def _parse_gpu(raw: Any, pos: int) -> SimGpu:
         utilization=util,
         temperature=_opt(raw.get("temperature", 35), _int, f"{where}.temperature"),
         power_watts=_opt(raw.get("power_watts", 60.0), _number, f"{where}.power_watts"),
-        power_limit_watts=_opt(raw.get("power_limit_watts", 400.0), _number,
-                               f"{where}.power_limit_watts"),
+        power_limit_watts=_opt(
+            raw.get("power_limit_watts", 400.0), _number, f"{where}.power_limit_watts"
+        ),
         mig_mode=mig_mode,
         driver_baseline=_size(raw.get("driver_baseline", 0), f"{where}.driver_baseline"),
-        pci_bus_id=_str(raw.get("pci_bus_id", f"00000000:{0x10 + index:02X}:00.0"),
-                        f"{where}.pci_bus_id"),
+        pci_bus_id=_str(
+            raw.get("pci_bus_id", f"00000000:{0x10 + index:02X}:00.0"), f"{where}.pci_bus_id"
+        ),
         ecc_uncorrected=_opt(raw.get("ecc_uncorrected", 0), _count, f"{where}.ecc_uncorrected"),
         retired_pages=_opt(raw.get("retired_pages", 0), _count, f"{where}.retired_pages"),
-        retired_pages_pending=_opt(raw.get("retired_pages_pending", False), _bool,
-                                   f"{where}.retired_pages_pending"),
+        retired_pages_pending=_opt(
+            raw.get("retired_pages_pending", False), _bool, f"{where}.retired_pages_pending"
+        ),
         nvlink_peers=tuple(peers),
         context_memory=_size(raw.get("context_memory", 512 << 20), f"{where}.context_memory"),
         mig_instances=migs,
@@ -246,19 +255,26 @@ def _parse_mig(raw: Any, pos: int, gpu: int, where: str) -> SimMig:
     profile = _str(_req(raw, "profile", where), f"{where}.profile")
     m = MIG_PROFILE.match(profile)
     if m is None:
-        raise ScenarioError(f"{where}.profile: {profile!r} is not a MIG profile such as "
-                            "1g.10gb or 3g.40gb")
+        raise ScenarioError(
+            f"{where}.profile: {profile!r} is not a MIG profile such as 1g.10gb or 3g.40gb"
+        )
     gi = _int(raw.get("gi_id", pos + 1), f"{where}.gi_id", 0)
     total = _size(raw.get("memory_total", int(m.group(2)) * 10**9), f"{where}.memory_total")
     if total <= 0:
         raise ScenarioError(f"{where}.memory_total: must be positive")
-    uuid = _str(raw.get("uuid") or
-                f"MIG-{uuidlib.uuid5(uuidlib.NAMESPACE_OID, f'sim-{gpu}-mig-{gi}')}",
-                f"{where}.uuid")
+    uuid = _str(
+        raw.get("uuid") or f"MIG-{uuidlib.uuid5(uuidlib.NAMESPACE_OID, f'sim-{gpu}-mig-{gi}')}",
+        f"{where}.uuid",
+    )
     if not uuid.startswith("MIG-"):
         raise ScenarioError(f"{where}.uuid: a MIG instance's UUID starts with MIG-")
-    return SimMig(gi_id=gi, ci_id=_int(raw.get("ci_id", 0), f"{where}.ci_id", 0),
-                  profile=profile, uuid=uuid, memory_total=total)
+    return SimMig(
+        gi_id=gi,
+        ci_id=_int(raw.get("ci_id", 0), f"{where}.ci_id", 0),
+        profile=profile,
+        uuid=uuid,
+        memory_total=total,
+    )
 
 
 def _parse_process(raw: Any, pos: int, gpus: dict[int, SimGpu]) -> SimProcess:
@@ -270,19 +286,21 @@ def _parse_process(raw: Any, pos: int, gpus: dict[int, SimGpu]) -> SimProcess:
         raise ScenarioError(f"{where}.state: {state!r} is not one of {', '.join(PROCESS_STATES)}")
     # A garbage pid is what a driver/library mismatch reports (0, 2**32 - 1); a real
     # process has a positive one.
-    pid = _int(_req(raw, "pid", where), f"{where}.pid", 0 if state == "garbage" else 1,
-               MAX_PID)
+    pid = _int(_req(raw, "pid", where), f"{where}.pid", 0 if state == "garbage" else 1, MAX_PID)
     gpu = _int(_req(raw, "gpu", where), f"{where}.gpu")
     if gpu not in gpus:
         raise ScenarioError(f"{where}.gpu: no GPU with index {gpu}")
     mig = _opt(raw.get("mig"), _count, f"{where}.mig")
     instances = [m.gi_id for m in gpus[gpu].mig_instances]
     if mig is None and instances:
-        raise ScenarioError(f"{where}.mig: GPU {gpu} is in MIG mode: name the GPU "
-                            f"instance id it runs in ({', '.join(map(str, instances))})")
+        raise ScenarioError(
+            f"{where}.mig: GPU {gpu} is in MIG mode: name the GPU "
+            f"instance id it runs in ({', '.join(map(str, instances))})"
+        )
     if mig is not None and mig not in instances:
-        raise ScenarioError(f"{where}.mig: GPU {gpu} has no MIG instance with GPU "
-                            f"instance id {mig}")
+        raise ScenarioError(
+            f"{where}.mig: GPU {gpu} has no MIG instance with GPU instance id {mig}"
+        )
     env = raw.get("env")
     if env is not None and not isinstance(env, dict):
         raise ScenarioError(f"{where}.env: expected an object")
@@ -292,12 +310,14 @@ def _parse_process(raw: Any, pos: int, gpus: dict[int, SimGpu]) -> SimProcess:
             parse_cpulist(cpus_allowed)
         except Exception as e:
             raise ScenarioError(f"{where}.cpus_allowed: {e}") from None
-    kinds = [_str(k, f"{where}.kinds") for k in _list(raw.get("kinds", ["compute"]),
-                                                       f"{where}.kinds")]
+    kinds = [
+        _str(k, f"{where}.kinds") for k in _list(raw.get("kinds", ["compute"]), f"{where}.kinds")
+    ]
     bad_kinds = sorted(set(kinds) - set(PROCESS_KINDS))
     if bad_kinds:
-        raise ScenarioError(f"{where}.kinds: {bad_kinds[0]!r} is not one of "
-                            f"{', '.join(PROCESS_KINDS)}")
+        raise ScenarioError(
+            f"{where}.kinds: {bad_kinds[0]!r} is not one of {', '.join(PROCESS_KINDS)}"
+        )
     sm = _opt(raw.get("sm_utilization"), _int, f"{where}.sm_utilization")
     if sm is not None and not 0 <= sm <= 100:
         raise ScenarioError(f"{where}.sm_utilization: must be 0-100, got {sm}")
@@ -328,8 +348,7 @@ def _parse_holder(raw: Any, pos: int) -> SimHolder:
     if not isinstance(raw, dict):
         raise ScenarioError(f"{where}: expected an object")
     devices = _req(raw, "devices", where)
-    if not isinstance(devices, list) or not devices \
-            or not all(isinstance(d, str) for d in devices):
+    if not isinstance(devices, list) or not devices or not all(isinstance(d, str) for d in devices):
         raise ScenarioError(f"{where}.devices: expected a non-empty list of device paths")
     return SimHolder(
         pid=_int(_req(raw, "pid", where), f"{where}.pid", 1, MAX_PID),
@@ -355,10 +374,14 @@ def parse_scenario(data: Any, path: Path) -> Scenario:
     migs = [m.uuid for g in gpus for m in g.mig_instances]
     if len(set(migs)) != len(migs):
         raise ScenarioError(f"{path}: MIG instance uuids must be unique")
-    procs = tuple(_parse_process(p, i, {g.index: g for g in gpus})
-                  for i, p in enumerate(_list(data.get("processes", []), f"{path}: 'processes'")))
-    holders = tuple(_parse_holder(h, i)
-                    for i, h in enumerate(_list(data.get("holders", []), f"{path}: 'holders'")))
+    procs = tuple(
+        _parse_process(p, i, {g.index: g for g in gpus})
+        for i, p in enumerate(_list(data.get("processes", []), f"{path}: 'processes'"))
+    )
+    holders = tuple(
+        _parse_holder(h, i)
+        for i, h in enumerate(_list(data.get("holders", []), f"{path}: 'holders'"))
+    )
     return Scenario(
         path=path,
         gpus=tuple(sorted(gpus, key=lambda g: g.index)),
@@ -366,8 +389,9 @@ def parse_scenario(data: Any, path: Path) -> Scenario:
         holders=holders,
         driver_version=_str(data.get("driver_version", "sim-550.00"), f"{path}: driver_version"),
         free_lag=_lag(data.get("free_lag", 0.2)),
-        extra={k: v for k, v in data.items()
-               if k not in ("gpus", "processes", "holders", "free_lag")},
+        extra={
+            k: v for k, v in data.items() if k not in ("gpus", "processes", "holders", "free_lag")
+        },
     )
 
 

@@ -17,11 +17,11 @@ from gpuwarden.supervisor.shim import Supervisor
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m gpuwarden.supervisor",
-        description="Run the job described by JOBDIR/spec.json under a supervisor.")
+        description="Run the job described by JOBDIR/spec.json under a supervisor.",
+    )
     parser.add_argument("jobdir")
     parser.add_argument("--nonce", help="echoed in supervisor.json (spawn_supervisor's check)")
-    parser.add_argument("--foreground", action="store_true",
-                        help="do not detach (for debugging)")
+    parser.add_argument("--foreground", action="store_true", help="do not detach (for debugging)")
     args = parser.parse_args(argv)
     jobdir = Path(args.jobdir).resolve()
     try:

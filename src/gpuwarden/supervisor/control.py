@@ -24,8 +24,9 @@ KILL_SIGNAL = signal.SIGUSR1  # from the daemon: cancel --kill, SIGKILL the tree
 
 def alive(handle: SupervisorHandle) -> bool:
     """Is this supervisor still running (same boot, same process, not a zombie)?"""
-    return same_boot(handle.boot_id) and identity_alive(handle.pid, handle.start_time,
-                                                         handle.start_ticks)
+    return same_boot(handle.boot_id) and identity_alive(
+        handle.pid, handle.start_time, handle.start_ticks
+    )
 
 
 def live_supervisors(jobs_dir: str | os.PathLike[str]) -> list[psutil.Process]:
@@ -46,8 +47,9 @@ def live_supervisors(jobs_dir: str | os.PathLike[str]) -> list[psutil.Process]:
 def _signal_identified(handle: SupervisorHandle, sig: int) -> bool:
     """Send ``sig`` to the supervisor if it is still the same running process of this
     boot (procs/identity.py: a reused pid is never hit)."""
-    return same_boot(handle.boot_id) and signal_if_same(handle.pid, handle.start_time, sig,
-                                                        handle.start_ticks)
+    return same_boot(handle.boot_id) and signal_if_same(
+        handle.pid, handle.start_time, sig, handle.start_ticks
+    )
 
 
 def cancel(jobdir: str | os.PathLike[str], kill: bool = False) -> bool:
@@ -62,5 +64,4 @@ def cancel(jobdir: str | os.PathLike[str], kill: bool = False) -> bool:
     if not kill:
         return _signal_identified(status.supervisor, signal.SIGTERM)
     attached = (read_json(Path(jobdir) / SUPERVISOR) or {}).get("nonce") == "attached"
-    return _signal_identified(status.supervisor,
-                              signal.SIGKILL if attached else KILL_SIGNAL)
+    return _signal_identified(status.supervisor, signal.SIGKILL if attached else KILL_SIGNAL)

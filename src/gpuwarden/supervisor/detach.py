@@ -32,8 +32,10 @@ def refuse_if_started(jobdir: Path) -> None:
     """One supervisor per job directory, ever: refuse one that has (had) a supervisor."""
     for name in (SUPERVISOR, CHILD, EXIT):
         if (jobdir / name).exists():
-            raise SupervisorError(f"{jobdir / name} exists: this job has (had) a supervisor; "
-                                  "refusing to start it again")
+            raise SupervisorError(
+                f"{jobdir / name} exists: this job has (had) a supervisor; "
+                "refusing to start it again"
+            )
 
 
 def daemonize(jobdir: Path, spec: SupervisorSpec, nonce: str | None) -> int:
@@ -72,8 +74,9 @@ def detach(jobdir: Path, spec: SupervisorSpec, nonce: str | None) -> tuple[int, 
     return 2, f"gpuwarden supervisor: {why or 'the supervisor died while starting'}"
 
 
-def _run_detached(jobdir: Path, spec: SupervisorSpec, nonce: str | None, r: int,
-                  w: int) -> NoReturn:
+def _run_detached(
+    jobdir: Path, spec: SupervisorSpec, nonce: str | None, r: int, w: int
+) -> NoReturn:
     """In the first child: new session, fork the supervisor, exit."""
     code = 1
     try:
@@ -84,8 +87,7 @@ def _run_detached(jobdir: Path, spec: SupervisorSpec, nonce: str | None, r: int,
         os.chdir("/")
         set_name(f"gw-sup-{spec.job}")
         null = os.open(os.devnull, os.O_RDONLY)
-        log = os.open(jobdir / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
-                      0o600)
+        log = os.open(jobdir / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)

@@ -42,8 +42,13 @@ class ForkServer:
     safe. The helper is started on first use and again if it died; when even that fails,
     launching falls back to a fresh interpreter, so a broken helper never stops jobs."""
 
-    def __init__(self, python: str = sys.executable, *, timeout: float = 10.0,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        python: str = sys.executable,
+        *,
+        timeout: float = 10.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.python = python
         self.timeout = timeout
         self.env = env
@@ -57,8 +62,12 @@ class ForkServer:
         try:
             self._proc = subprocess.Popen(
                 [self.python, "-m", "gpuwarden.supervisor.forkserver", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, close_fds=True, env=self.env)
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                close_fds=True,
+                env=self.env,
+            )
         except BaseException:
             ours.close()
             raise
@@ -108,8 +117,9 @@ class ForkServer:
                     if self._file is None:
                         self._start()
                     assert self._file is not None
-                    self._file.write(json.dumps({"jobdir": str(d), "nonce": nonce}).encode()
-                                     + b"\n")
+                    self._file.write(
+                        json.dumps({"jobdir": str(d), "nonce": nonce}).encode() + b"\n"
+                    )
                     self._file.flush()
                 except OSError:
                     self._stop()  # nothing was asked: safe to ask a fresh helper
@@ -126,8 +136,10 @@ class ForkServer:
                     with contextlib.suppress(SupervisorError):
                         return started(d, nonce, 0, "")
                     if void_start(d, "gpuwarden fork server"):
-                        raise NotStarted(f"the launcher died before the supervisor for {d} "
-                                         "started; nothing of the job ran")
+                        raise NotStarted(
+                            f"the launcher died before the supervisor for {d} "
+                            "started; nothing of the job ran"
+                        )
                     try:  # a supervisor claimed it meanwhile: ours if it has our nonce
                         return started(d, nonce, 0, "")
                     except SupervisorError:
@@ -146,8 +158,11 @@ def _start_one(request: Any) -> dict[str, Any]:
     """Start one supervisor as ``python -m gpuwarden.supervisor`` would (it forks
     twice and waits until the supervisor owns the directory) and return its status and
     message."""
-    if not isinstance(request, dict) or not isinstance(request.get("jobdir"), str) \
-            or not isinstance(request.get("nonce"), str):
+    if (
+        not isinstance(request, dict)
+        or not isinstance(request.get("jobdir"), str)
+        or not isinstance(request.get("nonce"), str)
+    ):
         return {"rc": 2, "err": "gpuwarden supervisor: malformed launch request"}
     rc, err = detach.start(request["jobdir"], request["nonce"])
     return {"rc": rc, "err": err}

@@ -54,8 +54,7 @@ from gpuwarden.supervisor.control import KILL_SIGNAL
 KILL_WAIT = 5.0  # how long SIGKILLed processes may take to go before they count as stuck
 POLL = 0.05
 CANCEL_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, KILL_SIGNAL})
-WATCHED = frozenset({signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
-                     KILL_SIGNAL})
+WATCHED = frozenset({signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, KILL_SIGNAL})
 
 
 class _StartFailed(Exception):
@@ -170,25 +169,36 @@ class Supervisor:
             code, sig = fixed_code, None
         else:
             code, sig = self.exit_code()
-        self.write_exit(ExitInfo(
-            exit_code=code, signal=sig, reason=reason, ended_at=time.time(),
-            tree_clean=clean, survivors=tuple(survivors),
-            started=self.child_pid is not None and fixed_code is None,
-            warnings=tuple(self.warnings)))
+        self.write_exit(
+            ExitInfo(
+                exit_code=code,
+                signal=sig,
+                reason=reason,
+                ended_at=time.time(),
+                tree_clean=clean,
+                survivors=tuple(survivors),
+                started=self.child_pid is not None and fixed_code is None,
+                warnings=tuple(self.warnings),
+            )
+        )
         return 0
 
     def claim(self) -> None:
         for name in (CHILD, EXIT):
             if (self.jobdir / name).exists():
-                raise SupervisorError(f"{name} exists: this job was started before; "
-                                      "refusing to start it again")
-        me = SupervisorHandle(pid=self.pid, start_time=psutil.Process(self.pid).create_time(),
-                              boot_id=boot_id(), start_ticks=start_ticks(self.pid))
+                raise SupervisorError(
+                    f"{name} exists: this job was started before; refusing to start it again"
+                )
+        me = SupervisorHandle(
+            pid=self.pid,
+            start_time=psutil.Process(self.pid).create_time(),
+            boot_id=boot_id(),
+            start_ticks=start_ticks(self.pid),
+        )
         try:
             write_claim(self.jobdir, self.spec.job, me, self.nonce)
         except FileExistsError:
-            raise SupervisorError("another supervisor already owns this job directory") \
-                from None
+            raise SupervisorError("another supervisor already owns this job directory") from None
         except OSError as e:
             raise SupervisorError(f"cannot write {SUPERVISOR}: {e.strerror or e}") from None
         self.log(f"supervising {self.jobdir}")
@@ -230,8 +240,10 @@ class Supervisor:
         euid = os.geteuid()
         if euid != 0:
             if spec.uid != euid:
-                raise _StartFailed(126, f"cannot run as uid {spec.uid}: the supervisor runs "
-                                        f"as uid {euid}, not root")
+                raise _StartFailed(
+                    126,
+                    f"cannot run as uid {spec.uid}: the supervisor runs as uid {euid}, not root",
+                )
             if spec.gid != os.getegid() or set(spec.groups) - set(os.getgroups()):
                 self.warn("not root: the job keeps the supervisor's groups")
         elif spec.uid != 0:  # cwd and command are checked as the job's user, in the child
@@ -256,9 +268,11 @@ class Supervisor:
             raise _StartFailed(e.exit_code, str(e)) from None
 
     def open_log(self, name: str) -> int:
-        fd = os.open(self.jobdir / name,
-                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
+        fd = os.open(
+            self.jobdir / name,
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+        )
         try:
             os.fchmod(fd, 0o600)
             if os.geteuid() == 0:
@@ -268,8 +282,9 @@ class Supervisor:
             raise
         return fd
 
-    def start(self, path: str | None, argv: tuple[str, ...], out_fd: int,
-              err_fd: int) -> _StartFailed | None:
+    def start(
+        self, path: str | None, argv: tuple[str, ...], out_fd: int, err_fd: int
+    ) -> _StartFailed | None:
         """Fork and exec the command; a start pipe (closed by exec) carries failures."""
         r, w = os.pipe()
         sys.stdout.flush()
@@ -306,17 +321,24 @@ class Supervisor:
         with contextlib.suppress(psutil.Error):
             start = psutil.Process(pid).create_time()
         try:
-            write_child(self.jobdir, ChildInfo(pid=pid, start_time=start,
-                                               start_ticks=start_ticks(pid),
-                                               warnings=tuple(self.warnings),
-                                               started_at=started_at))
+            write_child(
+                self.jobdir,
+                ChildInfo(
+                    pid=pid,
+                    start_time=start,
+                    start_ticks=start_ticks(pid),
+                    warnings=tuple(self.warnings),
+                    started_at=started_at,
+                ),
+            )
         except OSError as e:  # the job runs on; the daemon still knows us by supervisor.json
             self.warn(f"cannot write {CHILD}: {e.strerror or e}")
         self.log(f"started pid {pid}: {json.dumps(list(argv))}")
         return None
 
-    def child(self, w: int, path: str | None, argv: tuple[str, ...], out_fd: int,
-              err_fd: int) -> NoReturn:
+    def child(
+        self, w: int, path: str | None, argv: tuple[str, ...], out_fd: int, err_fd: int
+    ) -> NoReturn:
         """In the forked child: new session, log files, the job's identity, cwd, CPUs,
         exec. Never returns; failures go to the start pipe."""
         spec = self.spec
@@ -341,10 +363,14 @@ class Supervisor:
                     os.setresgid(spec.gid, spec.gid, spec.gid)
                     os.setresuid(spec.uid, spec.uid, spec.uid)
                 except OSError as e:
-                    raise _StartFailed(126, f"cannot switch to uid {spec.uid} gid {spec.gid}: "
-                                            f"{e.strerror or e}") from None
-                ok = (os.getresuid() == (spec.uid,) * 3 and os.getresgid() == (spec.gid,) * 3
-                      and set(os.getgroups()) == set(spec.groups))
+                    raise _StartFailed(
+                        126, f"cannot switch to uid {spec.uid} gid {spec.gid}: {e.strerror or e}"
+                    ) from None
+                ok = (
+                    os.getresuid() == (spec.uid,) * 3
+                    and os.getresgid() == (spec.gid,) * 3
+                    and set(os.getgroups()) == set(spec.groups)
+                )
                 if ok and spec.uid != 0:
                     try:
                         os.setuid(0)
@@ -352,8 +378,10 @@ class Supervisor:
                     except PermissionError:
                         pass
                 if not ok:
-                    raise _StartFailed(126, "privilege drop failed: the identity is not "
-                                            f"uid {spec.uid} gid {spec.gid}")
+                    raise _StartFailed(
+                        126,
+                        f"privilege drop failed: the identity is not uid {spec.uid} gid {spec.gid}",
+                    )
             # Our death (even by SIGKILL) takes the command with it rather than leaving it
             # unsupervised; set after the identity change, which clears it.
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -366,8 +394,9 @@ class Supervisor:
             except FileNotFoundError:
                 raise _StartFailed(127, f"working directory not found: {spec.cwd}") from None
             except OSError as e:
-                raise _StartFailed(126, f"working directory not usable: {spec.cwd}: "
-                                        f"{e.strerror or e}") from None
+                raise _StartFailed(
+                    126, f"working directory not usable: {spec.cwd}: {e.strerror or e}"
+                ) from None
             warning = apply_affinity(spec.cpus)
             if warning:
                 _send(w, {"warning": warning})
@@ -376,11 +405,11 @@ class Supervisor:
             except FileNotFoundError:
                 raise _StartFailed(127, f"command not found: {argv[0]}") from None
             except PermissionError as e:
-                raise _StartFailed(126, f"command not executable: {argv[0]}: "
-                                        f"{e.strerror or e}") from None
+                raise _StartFailed(
+                    126, f"command not executable: {argv[0]}: {e.strerror or e}"
+                ) from None
             except OSError as e:
-                raise _StartFailed(126, f"cannot execute {argv[0]}: {e.strerror or e}") \
-                    from None
+                raise _StartFailed(126, f"cannot execute {argv[0]}: {e.strerror or e}") from None
         except _StartFailed as e:
             code = e.exit_code
             _send(w, {"error": e.reason, "exit_code": e.exit_code})

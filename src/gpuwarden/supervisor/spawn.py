@@ -36,23 +36,46 @@ class NotStarted(SupervisorError):
     supervisor claimed it. Nothing of the job ran, so it may be queued again."""
 
 
-def spec_from_plan(job: int, plan: LaunchPlan, command: Sequence[str], *, cwd: str, uid: int,
-                   gid: int, groups: Sequence[int] = (), timeout: float | None = None,
-                   grace: float = DEFAULT_GRACE) -> SupervisorSpec:
+def spec_from_plan(
+    job: int,
+    plan: LaunchPlan,
+    command: Sequence[str],
+    *,
+    cwd: str,
+    uid: int,
+    gid: int,
+    groups: Sequence[int] = (),
+    timeout: float | None = None,
+    grace: float = DEFAULT_GRACE,
+) -> SupervisorSpec:
     """The spec for running ``command`` as ``plan_launch`` planned it: its environment
     (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, the cap hook), CPU set and numactl prefix."""
     cmd = tuple(command)
     n = len(plan.argv) - len(cmd)
     if not cmd or n < 0 or plan.argv[n:] != cmd:
         raise ValueError("the plan's argv does not end with the command")
-    return SupervisorSpec(job=job, argv=cmd, env=dict(plan.env), cwd=cwd, uid=uid, gid=gid,
-                          groups=tuple(groups), cpus=plan.cpus, timeout=timeout, grace=grace,
-                          numactl_prefix=plan.argv[:n])
+    return SupervisorSpec(
+        job=job,
+        argv=cmd,
+        env=dict(plan.env),
+        cwd=cwd,
+        uid=uid,
+        gid=gid,
+        groups=tuple(groups),
+        cpus=plan.cpus,
+        timeout=timeout,
+        grace=grace,
+        numactl_prefix=plan.argv[:n],
+    )
 
 
-def spawn_supervisor(jobdir: str | os.PathLike[str], python: str = sys.executable, *,
-                     timeout: float = 10.0,
-                     env: Mapping[str, str] | None = None) -> SupervisorHandle:
+def spawn_supervisor(
+    jobdir: str | os.PathLike[str],
+    python: str = sys.executable,
+    *,
+    timeout: float = 10.0,
+    env: Mapping[str, str] | None = None,
+) -> SupervisorHandle:
     """Start the supervisor for ``jobdir`` (spec.json written already) and return its
     identity. The process started here exits as soon as the detached supervisor has
     claimed the directory, and is reaped here: nothing is left as the caller's zombie.
@@ -61,8 +84,12 @@ def spawn_supervisor(jobdir: str | os.PathLike[str], python: str = sys.executabl
     nonce = secrets.token_hex(8)
     proc = subprocess.Popen(
         [python, "-m", MODULE, "--nonce", nonce, str(d)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        close_fds=True, env=None if env is None else dict(env))
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        close_fds=True,
+        env=None if env is None else dict(env),
+    )
     assert proc.stderr is not None
     try:
         rc = proc.wait(timeout)
@@ -71,8 +98,7 @@ def spawn_supervisor(jobdir: str | os.PathLike[str], python: str = sys.executabl
         proc.wait()
         proc.stderr.close()
         abandon_start(d, nonce)
-        raise SupervisorError(f"the supervisor for {d} did not start within {timeout:g}s") \
-            from None
+        raise SupervisorError(f"the supervisor for {d} did not start within {timeout:g}s") from None
     err = proc.stderr.read().decode(errors="replace")
     proc.stderr.close()
     return started(d, nonce, rc, err)
@@ -88,8 +114,7 @@ def started(jobdir: Path, nonce: str, rc: int, err: str) -> SupervisorHandle:
     data = read_json(jobdir / SUPERVISOR)
     status = read_status(jobdir).supervisor
     if data is None or status is None or data.get("nonce") != nonce:
-        raise SupervisorError(f"{jobdir / SUPERVISOR} was not written by the supervisor "
-                              "started")
+        raise SupervisorError(f"{jobdir / SUPERVISOR} was not written by the supervisor started")
     return status
 
 

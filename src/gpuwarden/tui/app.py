@@ -63,8 +63,9 @@ class TopApp(App[None]):
         Binding("q", "quit", "Quit"),
     ]
 
-    def __init__(self, backend: Backend, *, interval: float = 2.0,
-                 client: Client | None = None) -> None:
+    def __init__(
+        self, backend: Backend, *, interval: float = 2.0, client: Client | None = None
+    ) -> None:
         super().__init__()
         self.backend = backend
         self.interval = interval
@@ -130,7 +131,7 @@ class TopApp(App[None]):
             snap = take_snapshot(self.backend, holders=False)
         except (GpuwardenError, OSError) as e:
             return Observation(snapshot=None, error=str(e))
-        self._top_history = [*self._top_history[-(_HISTORY - 1):], snap]
+        self._top_history = [*self._top_history[-(_HISTORY - 1) :], snap]
         leaks = tuple(find_leaks(self._top_history))
         jobs, daemon = self._jobs()
         previous = self._top_history[-2] if len(self._top_history) > 1 else None
@@ -167,8 +168,11 @@ class TopApp(App[None]):
 
     def _render_header(self) -> None:
         """One line: what is shown, the filters and the bar legend (``draw.header_line``)."""
-        self.query_one("#header", Static).update(draw.header_line(
-            self.observation, self.sort, self.user_filter, self.gpu_filter, self.size.width))
+        self.query_one("#header", Static).update(
+            draw.header_line(
+                self.observation, self.sort, self.user_filter, self.gpu_filter, self.size.width
+            )
+        )
 
     def gpu_text(self) -> Text:
         """The GPU panel as one Text (a line per GPU)."""
@@ -181,8 +185,9 @@ class TopApp(App[None]):
         obs = self.observation
         table: DataTable[Text] = self.query_one(DataTable)
         all_rows = [] if obs is None else list(obs.rows)
-        rows = model.sort_rows(model.filter_rows(all_rows, user=self.user_filter,
-                                                 gpu=self.gpu_filter), self.sort)
+        rows = model.sort_rows(
+            model.filter_rows(all_rows, user=self.user_filter, gpu=self.gpu_filter), self.sort
+        )
         layout = model.table_layout(rows, max(self.size.width - 1, 20))
         if layout != self._top_layout:
             table.clear(columns=True)
@@ -230,8 +235,9 @@ class TopApp(App[None]):
 
     def action_cycle_gpu(self) -> None:
         obs = self.observation
-        indices = [] if obs is None or obs.snapshot is None else \
-            [g.index for g in obs.snapshot.gpus]
+        indices = (
+            [] if obs is None or obs.snapshot is None else [g.index for g in obs.snapshot.gpus]
+        )
         cycle: list[int | None] = [None, *indices]
         try:
             at = cycle.index(self.gpu_filter)
@@ -247,8 +253,9 @@ class TopApp(App[None]):
             self.user_filter = value or None
             self._render_all()
 
-        self.push_screen(PromptScreen("Only the processes and jobs of user:",
-                                      self.user_filter or ""), done)
+        self.push_screen(
+            PromptScreen("Only the processes and jobs of user:", self.user_filter or ""), done
+        )
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         event.stop()
@@ -294,8 +301,7 @@ class TopApp(App[None]):
                 self._send_cancel(job)
 
         what = row.command if len(row.command) <= 40 else row.command[:39] + "…"
-        self.push_screen(ConfirmScreen(f"Cancel job {job} of {row.user or '?'}?\n{what}"),
-                         done)
+        self.push_screen(ConfirmScreen(f"Cancel job {job} of {row.user or '?'}?\n{what}"), done)
 
     @work(thread=True, group="cancel")
     def _send_cancel(self, job: int) -> None:
@@ -312,8 +318,10 @@ class TopApp(App[None]):
         self.push_screen(TextScreen("gpuwarden top: keys", draw.keys_help(self.BINDINGS)))
 
     def action_doctor(self) -> None:
-        screen = TextScreen("doctor findings (as `gpuwarden doctor`)",
-                            Text(f"sampling {DOCTOR_SAMPLES} snapshots…", style="dim"))
+        screen = TextScreen(
+            "doctor findings (as `gpuwarden doctor`)",
+            Text(f"sampling {DOCTOR_SAMPLES} snapshots…", style="dim"),
+        )
         self.push_screen(screen)
         self._diagnose(screen)
 

@@ -15,10 +15,16 @@ from textual.binding import Binding, BindingType
 from gpuwarden.tui import model
 from gpuwarden.tui.model import FOREIGN, FREE, LEAKED, Observation, Row
 
-_STYLES = {FOREIGN: "grey62", LEAKED: "bold red", FREE: "grey35", "dim": "dim",
-           "bold": "bold", "mark": "bold yellow", "": ""}
-_JOB_STATE_STYLE = {"running": "green", "queued": "yellow", "held": "yellow",
-                    "reserved": "cyan"}
+_STYLES = {
+    FOREIGN: "grey62",
+    LEAKED: "bold red",
+    FREE: "grey35",
+    "dim": "dim",
+    "bold": "bold",
+    "mark": "bold yellow",
+    "": "",
+}
+_JOB_STATE_STYLE = {"running": "green", "queued": "yellow", "held": "yellow", "reserved": "cyan"}
 
 
 def style_of(key: str) -> str:
@@ -40,21 +46,27 @@ def legend() -> Text:
     return t
 
 
-COLUMNS = (("GPU", "the GPU index (a job: its GPUs)"),
-           ("PID", "the process id (- for a job with no process on a GPU yet)"),
-           ("USER", "its user"), ("JOB", "its gpuwarden job"),
-           ("QOS", "the job's class: guar(anteed), burst(able), best(effort)"),
-           ("MEM/BUDGET", "GPU memory it holds / what its job may hold per GPU"),
-           ("STATE", "the process's state, or its job's"),
-           ("%CPU", "host CPU since the last refresh (100: one core)"),
-           ("RSS", "host memory resident"), ("COMMAND", "its command line"))
+COLUMNS = (
+    ("GPU", "the GPU index (a job: its GPUs)"),
+    ("PID", "the process id (- for a job with no process on a GPU yet)"),
+    ("USER", "its user"),
+    ("JOB", "its gpuwarden job"),
+    ("QOS", "the job's class: guar(anteed), burst(able), best(effort)"),
+    ("MEM/BUDGET", "GPU memory it holds / what its job may hold per GPU"),
+    ("STATE", "the process's state, or its job's"),
+    ("%CPU", "host CPU since the last refresh (100: one core)"),
+    ("RSS", "host memory resident"),
+    ("COMMAND", "its command line"),
+)
 
 
 def keys_help(bindings: Sequence[BindingType]) -> RenderableType:
     """What ``?`` shows: every key, the memory bar legend and the columns, since the
     footer has room for only some of them."""
-    keys = [("enter / i", "the selected row's details (a job's, as `gpuwarden show`)"),
-            ("↑ ↓ PgUp PgDn", "move in the table")]
+    keys = [
+        ("enter / i", "the selected row's details (a job's, as `gpuwarden show`)"),
+        ("↑ ↓ PgUp PgDn", "move in the table"),
+    ]
     for b in bindings:
         if isinstance(b, Binding) and b.action != "details":
             shown = "?" if b.key == "question_mark" else b.key
@@ -64,12 +76,16 @@ def keys_help(bindings: Sequence[BindingType]) -> RenderableType:
     return Group(pairs(keys), Text(""), bar, Text(""), pairs(list(COLUMNS)))
 
 
-_KEY_HELP = {"cycle_sort": "sort by memory, pid, user or GPU (next)",
-             "filter_user": "only one user's processes and jobs (empty: everyone)",
-             "cycle_gpu": "only one GPU (next; then all)",
-             "cancel_job": "cancel the selected job (asks first; the daemon decides)",
-             "doctor": "doctor findings with their fixes", "refresh": "refresh now",
-             "keys": "this page", "quit": "quit"}
+_KEY_HELP = {
+    "cycle_sort": "sort by memory, pid, user or GPU (next)",
+    "filter_user": "only one user's processes and jobs (empty: everyone)",
+    "cycle_gpu": "only one GPU (next; then all)",
+    "cancel_job": "cancel the selected job (asks first; the daemon decides)",
+    "doctor": "doctor findings with their fixes",
+    "refresh": "refresh now",
+    "keys": "this page",
+    "quit": "quit",
+}
 
 
 def pairs(items: Sequence[tuple[str, str]]) -> Table:
@@ -82,8 +98,9 @@ def pairs(items: Sequence[tuple[str, str]]) -> Table:
     return grid
 
 
-def header_line(obs: Observation | None, sort: str, user_filter: str | None,
-                gpu_filter: int | None, width: int) -> Text:
+def header_line(
+    obs: Observation | None, sort: str, user_filter: str | None, gpu_filter: int | None, width: int
+) -> Text:
     """One line: what is shown, the filters and the bar legend. Where the width is
     short, the backend, the GPU count, the sort and the job count give way (in that
     order), so the filters and the legend stay."""

@@ -24,8 +24,16 @@ BAR_CHARS = {JOB: "█", FOREIGN: "▓", LEAKED: "▒", FREE: "·"}
 # is left out: a container's process is alive, just invisible here, so it counts as foreign.
 LEAK_KINDS = frozenset({"unaccounted", "dead_pid", "garbage_pid", "zombie", "orphan"})
 # Job colours cycle by job id, so a job keeps its colour across refreshes and GPUs.
-JOB_COLORS = ("green", "cyan", "magenta", "yellow", "bright_blue", "bright_green",
-              "bright_cyan", "bright_magenta")
+JOB_COLORS = (
+    "green",
+    "cyan",
+    "magenta",
+    "yellow",
+    "bright_blue",
+    "bright_green",
+    "bright_cyan",
+    "bright_magenta",
+)
 
 SORTS = ("memory", "pid", "user", "gpu")
 PROCESS, QUEUED_JOB = "process", "job"
@@ -66,11 +74,13 @@ def memory_segments(g: GpuView, leaks: Sequence[Leak] = ()) -> list[Segment]:
     free. Leaked is what ``find_leaks`` charges to nobody on this GPU; foreign is the rest
     of the used memory (other processes, the driver's baseline). Never negative: when the
     driver's figures disagree (processes summing over ``used``) the parts are clamped."""
-    leaked_pids = {lk.pid for lk in leaks
-                   if lk.gpu == g.index and lk.kind in LEAK_KINDS and lk.pid is not None}
+    leaked_pids = {
+        lk.pid for lk in leaks if lk.gpu == g.index and lk.kind in LEAK_KINDS and lk.pid is not None
+    }
     per_job: dict[int, int] = {}
-    leaked = sum(max(lk.memory or 0, 0) for lk in leaks
-                 if lk.gpu == g.index and lk.kind == "unaccounted")
+    leaked = sum(
+        max(lk.memory or 0, 0) for lk in leaks if lk.gpu == g.index and lk.kind == "unaccounted"
+    )
     for p in g.processes:
         mem = max(p.memory or 0, 0)
         if p.pid in leaked_pids:
@@ -132,19 +142,27 @@ def gpu_lines(snap: Snapshot, leaks: Sequence[Leak] = ()) -> list[GpuLine]:
     out = []
     for g in snap.gpus:
         segs = tuple(memory_segments(g, leaks))
-        out.append(GpuLine(
-            index=g.index, name=g.facts.name.removeprefix("NVIDIA ").strip(),
-            used=g.facts.memory_used, total=g.facts.memory_total,
-            utilization=g.facts.utilization, numa_node=g.facts.numa_node,
-            leaked=sum(s.bytes for s in segs if s.kind == LEAKED), segments=segs))
+        out.append(
+            GpuLine(
+                index=g.index,
+                name=g.facts.name.removeprefix("NVIDIA ").strip(),
+                used=g.facts.memory_used,
+                total=g.facts.memory_total,
+                utilization=g.facts.utilization,
+                numa_node=g.facts.numa_node,
+                leaked=sum(s.bytes for s in segs if s.kind == LEAKED),
+                segments=segs,
+            )
+        )
     return out
 
 
 Piece = tuple[str, str]  # (text, style key: "" plain, "dim", a segment style, "mark")
 
 
-def render_gpu_lines(lines: Sequence[GpuLine], width: int,
-                     selected: int | None = None) -> list[list[Piece]]:
+def render_gpu_lines(
+    lines: Sequence[GpuLine], width: int, selected: int | None = None
+) -> list[list[Piece]]:
     """Each GPU as one line of at most ``width`` cells, columns aligned over GPUs:
     ``idx name [bar] used/total util% N<numa> leak <bytes>``. The bar takes what the
     other fields leave; the name goes first when the terminal is narrow, and below about
@@ -240,8 +258,11 @@ def cpu_percent(p: ProcessView, previous: Snapshot | None, now: float) -> float 
         return None
     for g in previous.gpus:
         for q in g.processes:
-            if q.pid == p.pid and q.info.start_time == p.info.start_time \
-                    and q.info.cpu_time is not None:
+            if (
+                q.pid == p.pid
+                and q.info.start_time == p.info.start_time
+                and q.info.cpu_time is not None
+            ):
                 spent = max(p.info.cpu_time - q.info.cpu_time, 0.0)
                 return 100.0 * spent / (now - previous.taken_at)
     return None
@@ -250,15 +271,21 @@ def cpu_percent(p: ProcessView, previous: Snapshot | None, now: float) -> float 
 def _limit(job: JobDoc) -> int | None:
     """What the job may use per GPU: its enforced limit, else its budget or request."""
     enf = job.get("enforcement")
-    for v in (enf.get("limit") if isinstance(enf, Mapping) else None, job.get("mem_limit"),
-              job.get("budget"), job.get("request"), job.get("mem")):
+    for v in (
+        enf.get("limit") if isinstance(enf, Mapping) else None,
+        job.get("mem_limit"),
+        job.get("budget"),
+        job.get("request"),
+        job.get("mem"),
+    ):
         if isinstance(v, int) and v > 0:
             return v
     return None
 
 
-def build_rows(snap: Snapshot, jobs: Sequence[JobDoc] | None,
-               previous: Snapshot | None = None) -> list[Row]:
+def build_rows(
+    snap: Snapshot, jobs: Sequence[JobDoc] | None, previous: Snapshot | None = None
+) -> list[Row]:
     """Every GPU process (joined to its daemon job through GPUWARDEN_JOB), then every
     listed job that has no process on a GPU. ``jobs`` is the daemon's ``/v1/jobs`` list,
     or None when no daemon answers; ``previous``, the snapshot before, gives %CPU."""
@@ -285,42 +312,67 @@ def build_rows(snap: Snapshot, jobs: Sequence[JobDoc] | None,
             state = p.state
             if state == RUNNING and job is not None:
                 state = str(job.get("state") or RUNNING)
-            rows.append(Row(
-                key=f"p:{g.index}:{p.pid}" + (f":{nth}" if nth else ""), kind=PROCESS,
-                gpus=(g.index,), pid=p.pid,
-                user=p.user, job=jid, qos=None if job is None else job.get("qos"),
-                memory=p.memory, budget=limit,
-                over_budget=(limit is not None and jid is not None and per_job[jid] > limit),
-                state=state, command=visible(p.command or "?"),
-                cpu=cpu_percent(p, previous, snap.taken_at), rss=p.info.rss))
+            rows.append(
+                Row(
+                    key=f"p:{g.index}:{p.pid}" + (f":{nth}" if nth else ""),
+                    kind=PROCESS,
+                    gpus=(g.index,),
+                    pid=p.pid,
+                    user=p.user,
+                    job=jid,
+                    qos=None if job is None else job.get("qos"),
+                    memory=p.memory,
+                    budget=limit,
+                    over_budget=(limit is not None and jid is not None and per_job[jid] > limit),
+                    state=state,
+                    command=visible(p.command or "?"),
+                    cpu=cpu_percent(p, previous, snap.taken_at),
+                    rss=p.info.rss,
+                )
+            )
     for jid, j in by_id.items():
         if jid in seen_jobs:
             continue
         gpus = tuple(x for x in (j.get("gpus") or ()) if isinstance(x, int))
         command = " ".join(str(c) for c in j.get("command") or ())
         reason = j.get("reason")
-        rows.append(Row(
-            key=f"j:{jid}", kind=QUEUED_JOB, gpus=gpus, pid=None, user=j.get("user"),
-            job=jid, qos=j.get("qos"), memory=None, budget=_limit(j), over_budget=False,
-            state=str(j.get("state") or "?"),
-            command=visible(f"{reason} · {command}" if reason else command)))  # as `ps` does
+        rows.append(
+            Row(
+                key=f"j:{jid}",
+                kind=QUEUED_JOB,
+                gpus=gpus,
+                pid=None,
+                user=j.get("user"),
+                job=jid,
+                qos=j.get("qos"),
+                memory=None,
+                budget=_limit(j),
+                over_budget=False,
+                state=str(j.get("state") or "?"),
+                command=visible(f"{reason} · {command}" if reason else command),
+            )
+        )  # as `ps` does
     return rows
 
 
-def filter_rows(rows: Sequence[Row], *, user: str | None = None,
-                gpu: int | None = None) -> list[Row]:
+def filter_rows(
+    rows: Sequence[Row], *, user: str | None = None, gpu: int | None = None
+) -> list[Row]:
     """Rows of ``user`` (exact name) on ``gpu``. A job not placed yet is on no GPU, so a
     GPU filter hides it."""
-    return [r for r in rows
-            if (not user or r.user == user) and (gpu is None or gpu in r.gpus)]
+    return [r for r in rows if (not user or r.user == user) and (gpu is None or gpu in r.gpus)]
 
 
 def sort_rows(rows: Sequence[Row], by: str) -> list[Row]:
     """``memory``: largest first, jobs without a process last; ``pid``, ``user``,
     ``gpu``: ascending. Ties keep a stable, readable order (GPU, then pid/job)."""
+
     def base(r: Row) -> tuple[int, int, int]:
-        return (r.gpus[0] if r.gpus else 1 << 30, r.pid if r.pid is not None else 1 << 62,
-                r.job or 0)
+        return (
+            r.gpus[0] if r.gpus else 1 << 30,
+            r.pid if r.pid is not None else 1 << 62,
+            r.job or 0,
+        )
 
     if by == "memory":
         return sorted(rows, key=lambda r: (r.memory is None, -(r.memory or 0), base(r)))
@@ -340,24 +392,41 @@ class Column:
     right: bool
 
 
-_COLS = (("GPU", 7, True), ("PID", 10, True), ("USER", 10, False), ("JOB", 6, True),
-         ("QOS", 5, False), ("MEM/BUDGET", 13, True), ("STATE", 9, False),
-         ("%CPU", 5, True), ("RSS", 6, True))
+_COLS = (
+    ("GPU", 7, True),
+    ("PID", 10, True),
+    ("USER", 10, False),
+    ("JOB", 6, True),
+    ("QOS", 5, False),
+    ("MEM/BUDGET", 13, True),
+    ("STATE", 9, False),
+    ("%CPU", 5, True),
+    ("RSS", 6, True),
+)
 _MIN_COMMAND = 8
 
 
 def _cells(r: Row) -> tuple[str, ...]:
     gpus = ",".join(map(str, r.gpus)) or "-"
     mem = "-" if r.memory is None else format_bytes_short(r.memory)
-    budget = "" if r.job is None else (
-        "/whole" if r.budget is None else f"/{format_bytes_short(r.budget)}")
+    budget = (
+        ""
+        if r.job is None
+        else ("/whole" if r.budget is None else f"/{format_bytes_short(r.budget)}")
+    )
     qos = "" if r.qos is None else _QOS_SHORT.get(r.qos, r.qos)
     cpu = "-" if r.cpu is None else f"{r.cpu:.0f}" if r.cpu >= 10 else f"{r.cpu:.1f}"
-    return (gpus, "-" if r.pid is None else str(r.pid), r.user or "?",
-            "" if r.job is None else str(r.job), qos,
-            mem + budget if r.job is not None or r.memory is not None else "-",
-            _STATE_SHORT.get(r.state, r.state), cpu,
-            "-" if r.rss is None else format_bytes_short(r.rss))
+    return (
+        gpus,
+        "-" if r.pid is None else str(r.pid),
+        r.user or "?",
+        "" if r.job is None else str(r.job),
+        qos,
+        mem + budget if r.job is not None or r.memory is not None else "-",
+        _STATE_SHORT.get(r.state, r.state),
+        cpu,
+        "-" if r.rss is None else format_bytes_short(r.rss),
+    )
 
 
 def table_layout(rows: Sequence[Row], width: int) -> list[Column]:
@@ -392,8 +461,11 @@ def row_cells(r: Row, layout: Sequence[Column]) -> tuple[str, ...]:
 
 
 def header_cells(layout: Sequence[Column]) -> tuple[str, ...]:
-    return tuple(_fit(c.title, c.width if i == len(layout) - 1 else c.width - 1, c.right)
-                 + ("" if i == len(layout) - 1 else " ") for i, c in enumerate(layout))
+    return tuple(
+        _fit(c.title, c.width if i == len(layout) - 1 else c.width - 1, c.right)
+        + ("" if i == len(layout) - 1 else " ")
+        for i, c in enumerate(layout)
+    )
 
 
 def process_details(snap: Snapshot, gpu: int, pid: int) -> list[tuple[str, str]]:
@@ -403,12 +475,17 @@ def process_details(snap: Snapshot, gpu: int, pid: int) -> list[tuple[str, str]]
     if g is None or p is None:
         return [("gone", f"pid {pid} is no longer listed on GPU {gpu}")]
     i = p.info
-    out = [("pid", str(p.pid)), ("gpu", f"{gpu} ({g.facts.name})"),
-           ("state", p.state), ("user", f"{i.user or '?'}" + ("" if i.uid is None
-                                                            else f" (uid {i.uid})")),
-           ("command", p.command or "?"), ("memory", format_bytes(p.memory)),
-           ("sm", "n/a" if p.gpu.sm_utilization is None else f"{p.gpu.sm_utilization}%"),
-           ("kinds", ", ".join(p.gpu.kinds)), ("running for", format_duration(p.elapsed))]
+    out = [
+        ("pid", str(p.pid)),
+        ("gpu", f"{gpu} ({g.facts.name})"),
+        ("state", p.state),
+        ("user", f"{i.user or '?'}" + ("" if i.uid is None else f" (uid {i.uid})")),
+        ("command", p.command or "?"),
+        ("memory", format_bytes(p.memory)),
+        ("sm", "n/a" if p.gpu.sm_utilization is None else f"{p.gpu.sm_utilization}%"),
+        ("kinds", ", ".join(p.gpu.kinds)),
+        ("running for", format_duration(p.elapsed)),
+    ]
     if p.container:
         out.append(("container", p.container))
     if p.job:

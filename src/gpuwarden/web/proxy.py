@@ -21,11 +21,18 @@ from urllib.parse import urlencode
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, UnixConnector, web
 
-PASSED_HEADERS = ("Content-Type", "Cache-Control", "Content-Security-Policy",
-                  "X-Content-Type-Options", "Referrer-Policy")
+PASSED_HEADERS = (
+    "Content-Type",
+    "Cache-Control",
+    "Content-Security-Policy",
+    "X-Content-Type-Options",
+    "Referrer-Policy",
+)
 # The page's routes (web/routes.py), nothing else: the decoded path must match whole.
-ROUTES = re.compile(r"/ui/?|/ui/static/(?:index\.html|app\.js|style\.css)"
-                    r"|/ui/data/overview|/ui/data/jobs/[0-9]{1,18}")
+ROUTES = re.compile(
+    r"/ui/?|/ui/static/(?:index\.html|app\.js|style\.css)"
+    r"|/ui/data/overview|/ui/data/jobs/[0-9]{1,18}"
+)
 QUERY_KEYS = ("hours", "by")  # what the feeds read
 
 
@@ -51,21 +58,26 @@ def make_proxy_app(socket_path: str, token: str, port: int) -> web.Application:
             resp.set_cookie(cookie, token, httponly=True, samesite="Strict", path="/")
             raise resp
         if not _is(request.cookies.get(cookie)):
-            raise web.HTTPForbidden(text="gpuwarden web: open the URL it printed (with its "
-                                         "token)\n")
+            raise web.HTTPForbidden(
+                text="gpuwarden web: open the URL it printed (with its token)\n"
+            )
         if request.path == "/":
             raise web.HTTPFound("/ui/")
         if not ROUTES.fullmatch(request.path):
             raise web.HTTPNotFound()
-        return await forward(request.path, {k: request.query[k] for k in QUERY_KEYS
-                                            if k in request.query})
+        return await forward(
+            request.path, {k: request.query[k] for k in QUERY_KEYS if k in request.query}
+        )
 
     async def forward(path: str, query: dict[str, str]) -> web.Response:
         url = f"http://gpuwarden{path}" + (f"?{urlencode(query)}" if query else "")
         try:
-            async with ClientSession(connector=UnixConnector(path=socket_path),
-                                     timeout=ClientTimeout(total=30)) as session, \
-                    session.get(url, allow_redirects=False) as r:
+            async with (
+                ClientSession(
+                    connector=UnixConnector(path=socket_path), timeout=ClientTimeout(total=30)
+                ) as session,
+                session.get(url, allow_redirects=False) as r,
+            ):
                 body = await r.read()
                 headers = {k: r.headers[k] for k in PASSED_HEADERS if k in r.headers}
                 if r.headers.get("Location") == "/ui/":  # the only redirect the page has
@@ -74,14 +86,16 @@ def make_proxy_app(socket_path: str, token: str, port: int) -> web.Application:
         except (ClientError, OSError) as e:
             return web.json_response(
                 {"error": f"the gpuwarden daemon at {socket_path} is not reachable: {e}"},
-                status=502)
+                status=502,
+            )
 
     app.router.add_get("/{tail:.*}", handle)
     return app
 
 
-async def serve(socket_path: str, host: str, port: int, token: str,
-                on_ready: object = None) -> None:
+async def serve(
+    socket_path: str, host: str, port: int, token: str, on_ready: object = None
+) -> None:
     runner = web.AppRunner(make_proxy_app(socket_path, token, port), access_log=None)
     await runner.setup()
     try:

@@ -18,11 +18,13 @@ from gpuwarden.daemon.store import Store
 from gpuwarden.web.views import ChartCache, job_page, overview, parse_hours
 
 STATIC = Path(__file__).resolve().parent / "static"
-FILES = {"index.html": "text/html", "app.js": "application/javascript",
-         "style.css": "text/css"}
-HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:",
-           "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store",
-           "Referrer-Policy": "no-referrer"}
+FILES = {"index.html": "text/html", "app.js": "application/javascript", "style.css": "text/css"}
+HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 T = TypeVar("T")
@@ -35,16 +37,22 @@ async def off_loop(pool: Executor | None, fn: Callable[..., T], *args: Any, **kw
     if pool is None:
         return await asyncio.to_thread(fn, *args, **kw)
     return await asyncio.get_running_loop().run_in_executor(
-        pool, functools.partial(fn, *args, **kw))
+        pool, functools.partial(fn, *args, **kw)
+    )
 
 
 def _file(name: str) -> web.Response:
-    return web.Response(body=(STATIC / name).read_bytes(), content_type=FILES[name],
-                        charset="utf-8", headers=HEADERS)
+    return web.Response(
+        body=(STATIC / name).read_bytes(),
+        content_type=FILES[name],
+        charset="utf-8",
+        headers=HEADERS,
+    )
 
 
-def add_web_routes(app: web.Application, store: Store, *, anonymous: bool,
-                   pool: Executor | None = None) -> None:
+def add_web_routes(
+    app: web.Application, store: Store, *, anonymous: bool, pool: Executor | None = None
+) -> None:
     """``store``: a connection of the web's own (its reads never hold the scheduler's);
     ``pool``: the threads that read and draw (``off_loop``)."""
     cache = ChartCache()
@@ -64,8 +72,9 @@ def add_web_routes(app: web.Application, store: Store, *, anonymous: bool,
     async def data_overview(request: web.Request) -> web.Response:
         hours = parse_hours(request.query.get("hours"))
         by = request.query.get("by", "job")
-        data = await off_loop(pool, overview, store, hours=hours, by=by,
-                              anonymous=anonymous, cache=cache)
+        data = await off_loop(
+            pool, overview, store, hours=hours, by=by, anonymous=anonymous, cache=cache
+        )
         return web.json_response(data, headers={"Cache-Control": "no-store"})
 
     async def data_job(request: web.Request) -> web.Response:

@@ -39,12 +39,14 @@ def job_json(job: Job, *, anonymous: bool) -> dict[str, Any]:
             out[name] = None
         out["events"] = [{**e, "detail": None} for e in out.get("events", [])]
         if isinstance(out.get("service"), dict):
-            out["service"] = {k: None if k in PRIVATE_SERVICE else v
-                              for k, v in out["service"].items()}
+            out["service"] = {
+                k: None if k in PRIVATE_SERVICE else v for k, v in out["service"].items()
+            }
         release = out.get("memory_release")
         if isinstance(release, dict):  # how it ended and what held it: pids, names
-            out["memory_release"] = {k: None if k in RELEASE_TEXT else v
-                                     for k, v in release.items()}
+            out["memory_release"] = {
+                k: None if k in RELEASE_TEXT else v for k, v in release.items()
+            }
     return out
 
 
@@ -83,8 +85,9 @@ class ChartCache:
             hit = self._charts.get(key)
         return hit[1] if hit is not None and self.clock() - hit[0] < ttl else None
 
-    def get(self, key: tuple[float, str, int], ttl: float,
-            draw: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    def get(
+        self, key: tuple[float, str, int], ttl: float, draw: Callable[[], list[dict[str, Any]]]
+    ) -> list[dict[str, Any]]:
         hit = self._fresh(key, ttl)
         if hit is not None:
             return hit
@@ -106,22 +109,40 @@ class ChartCache:
             return chart
 
 
-def charts(store: Store, *, hours: float, by: str, now: float,
-           points: int) -> list[dict[str, Any]]:
+def charts(store: Store, *, hours: float, by: str, now: float, points: int) -> list[dict[str, Any]]:
     """Per GPU: its memory over the window, stacked ``by`` job or user, and leak periods."""
     samples = store.samples(now - hours * 3600)
     ids = sorted({jid for s in samples for jid in s.jobs})
-    owners = {j.id: j.user for j in store.list(ids=ids, with_events=False, with_env=False)
-              } if ids else {}
-    return [{"index": s.index, "uuid": s.uuid, "total": s.total, "t": s.t,
-             "used": s.used, "leaked": s.leaked, "layers": s.layers,
-             "leak_periods": leak_periods(s.t, s.leaked)}
-            for s in series(samples, owners, by=by, points=points)]
+    owners = (
+        {j.id: j.user for j in store.list(ids=ids, with_events=False, with_env=False)}
+        if ids
+        else {}
+    )
+    return [
+        {
+            "index": s.index,
+            "uuid": s.uuid,
+            "total": s.total,
+            "t": s.t,
+            "used": s.used,
+            "leaked": s.leaked,
+            "layers": s.layers,
+            "leak_periods": leak_periods(s.t, s.leaked),
+        }
+        for s in series(samples, owners, by=by, points=points)
+    ]
 
 
-def overview(store: Store, *, hours: float, by: str = "job", anonymous: bool,
-             now: float | None = None, points: int = 360,
-             cache: ChartCache | None = None) -> dict[str, Any]:
+def overview(
+    store: Store,
+    *,
+    hours: float,
+    by: str = "job",
+    anonymous: bool,
+    now: float | None = None,
+    points: int = 360,
+    cache: ChartCache | None = None,
+) -> dict[str, Any]:
     """Memory per GPU over the last ``hours`` stacked ``by`` job or user, leak periods,
     the queue (everything not ended) and the latest ended jobs. With a ``cache`` the
     charts may be as old as one of their points; the queue is always read now."""
@@ -133,17 +154,22 @@ def overview(store: Store, *, hours: float, by: str = "job", anonymous: bool,
     def draw() -> list[dict[str, Any]]:
         return charts(store, hours=hours, by=by, now=at, points=points)
 
-    gpus = draw() if cache is None else cache.get((hours, by, points),
-                                                   hours * 3600 / points, draw)
+    gpus = draw() if cache is None else cache.get((hours, by, points), hours * 3600 / points, draw)
     live = [s for s in model.STATES if s not in model.TERMINAL]
     queue = store.list(states=live, with_env=False)  # the page never shows one
-    ended = store.list(states=sorted(model.TERMINAL), limit=RECENT, newest=True,
-                       with_env=False)
-    drains = [{"gpu": i, "reason": None if anonymous else d["reason"]}
-              for i, d in store.drains().items()]  # gpu drain: no new placement there
-    return {"now": now, "hours": hours, "by": by, "gpus": gpus, "drains": drains,
-            "queue": [job_json(j, anonymous=anonymous) for j in queue],
-            "recent": [job_json(j, anonymous=anonymous) for j in ended]}
+    ended = store.list(states=sorted(model.TERMINAL), limit=RECENT, newest=True, with_env=False)
+    drains = [
+        {"gpu": i, "reason": None if anonymous else d["reason"]} for i, d in store.drains().items()
+    ]  # gpu drain: no new placement there
+    return {
+        "now": now,
+        "hours": hours,
+        "by": by,
+        "gpus": gpus,
+        "drains": drains,
+        "queue": [job_json(j, anonymous=anonymous) for j in queue],
+        "recent": [job_json(j, anonymous=anonymous) for j in ended],
+    }
 
 
 def job_page(store: Store, job_id: int, *, anonymous: bool) -> dict[str, Any]:
@@ -152,6 +178,9 @@ def job_page(store: Store, job_id: int, *, anonymous: bool) -> dict[str, Any]:
     since = job.started_at if job.started_at is not None else job.submitted_at
     until = job.ended_at + 60 if job.ended_at is not None else None
     timeline = job_timeline(store.samples(since - 60, until, job_id=job_id), job_id)
-    return {"job": job_json(job, anonymous=anonymous), "timeline": timeline,
-            "budget": job.budget if job.budget is not None else job.request,
-            "limit": job.cap()}
+    return {
+        "job": job_json(job, anonymous=anonymous),
+        "timeline": timeline,
+        "budget": job.budget if job.budget is not None else job.request,
+        "limit": job.cap(),
+    }

@@ -8,13 +8,14 @@ import sqlite3
 from typing import Any
 
 
-def drain(conn: sqlite3.Connection, gpu: int, reason: str | None, by: str,
-          now: float) -> bool:
+def drain(conn: sqlite3.Connection, gpu: int, reason: str | None, by: str, now: float) -> bool:
     """Mark GPU ``gpu`` drained; False when it was already (its reason and who drained
     it are then updated)."""
     had = conn.execute("SELECT 1 FROM drains WHERE gpu = ?", (gpu,)).fetchone()
-    conn.execute("INSERT OR REPLACE INTO drains (gpu, reason, by_user, at) "
-                 "VALUES (?, ?, ?, ?)", (gpu, reason, by, now))
+    conn.execute(
+        "INSERT OR REPLACE INTO drains (gpu, reason, by_user, at) VALUES (?, ?, ?, ?)",
+        (gpu, reason, by, now),
+    )
     return had is None
 
 
@@ -25,6 +26,7 @@ def undrain(conn: sqlite3.Connection, gpu: int) -> bool:
 
 def drains(conn: sqlite3.Connection) -> dict[int, dict[str, Any]]:
     """GPU index -> {reason, by, at} of every drained GPU."""
-    return {int(r[0]): {"reason": r[1], "by": r[2], "at": float(r[3])}
-            for r in conn.execute("SELECT gpu, reason, by_user, at FROM drains "
-                                  "ORDER BY gpu")}
+    return {
+        int(r[0]): {"reason": r[1], "by": r[2], "at": float(r[3])}
+        for r in conn.execute("SELECT gpu, reason, by_user, at FROM drains ORDER BY gpu")
+    }

@@ -22,8 +22,9 @@ def load(conn: sqlite3.Connection, job_id: int) -> Job:
     row = conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
     if row is None:
         raise JobNotFound(job_id)
-    return row_to_job(row, events_of(conn, [job_id])[job_id],
-                      latest_holds(conn, [job_id]).get(job_id))
+    return row_to_job(
+        row, events_of(conn, [job_id])[job_id], latest_holds(conn, [job_id]).get(job_id)
+    )
 
 
 def columns_but_env(conn: sqlite3.Connection) -> str:
@@ -33,10 +34,18 @@ def columns_but_env(conn: sqlite3.Connection) -> str:
     return ", ".join("NULL AS env" if n == "env" else f'"{n}"' for n in names)
 
 
-def listing(states: Iterable[str] | None, user: str | None, group: str | None,
-            ids: Iterable[int] | None, limit: int | None, *, newest: bool,
-            before: int | None, after: int | None,
-            array: int | None) -> tuple[str, list[Any]]:
+def listing(
+    states: Iterable[str] | None,
+    user: str | None,
+    group: str | None,
+    ids: Iterable[int] | None,
+    limit: int | None,
+    *,
+    newest: bool,
+    before: int | None,
+    after: int | None,
+    array: int | None,
+) -> tuple[str, list[Any]]:
     """What follows ``SELECT ... FROM jobs`` in ``Store.list``'s query (its filters,
     order and limit), and its arguments."""
     where: list[str] = []
@@ -72,8 +81,9 @@ def listing(states: Iterable[str] | None, user: str | None, group: str | None,
 Listed = tuple[list[sqlite3.Row], dict[int, list[Event]], dict[int, Hold]]
 
 
-def list_rows(conn: sqlite3.Connection, sql: str, args: Sequence[Any], *,
-              with_events: bool) -> Listed:
+def list_rows(
+    conn: sqlite3.Connection, sql: str, args: Sequence[Any], *, with_events: bool
+) -> Listed:
     """The rows a query of ``listing`` finds, with their events and holds if asked:
     read in the transaction, decoded by ``jobs_of`` after it (a page of 1,000 jobs
     took 30 ms to decode, all of it holding the store's lock, where a submit waits)."""
@@ -96,14 +106,16 @@ def resolve(conn: sqlite3.Connection, refs: Sequence[Ref]) -> tuple[list[int], l
     found: set[int] = set()
     named: set[Ref] = set()
     for row in conn.execute(
-            "SELECT id, array_id FROM jobs WHERE id IN (SELECT value FROM json_each(?))"
-            " OR array_id IN (SELECT value FROM json_each(?))",
-            (json_ids(plain), json_ids(plain))):
+        "SELECT id, array_id FROM jobs WHERE id IN (SELECT value FROM json_each(?))"
+        " OR array_id IN (SELECT value FROM json_each(?))",
+        (json_ids(plain), json_ids(plain)),
+    ):
         found.add(row["id"])
         named.update(i for i in (row["id"], row["array_id"]) if i is not None)
     for ref in {r for r in refs if isinstance(r, tuple) and ints_ok(*r)}:
-        row = conn.execute("SELECT id FROM jobs WHERE array_id = ? AND array_index = ?",
-                           ref).fetchone()
+        row = conn.execute(
+            "SELECT id FROM jobs WHERE array_id = ? AND array_index = ?", ref
+        ).fetchone()
         if row is not None:
             found.add(row["id"])
             named.add(ref)
@@ -115,28 +127,49 @@ def counts(conn: sqlite3.Connection) -> dict[str, int]:
     rows = conn.execute("SELECT state, count(*) FROM jobs GROUP BY state")
     found = {r[0]: r[1] for r in rows}
     return {s: found.get(s, 0) for s in STATES} | {
-        s: n for s, n in found.items() if s not in STATES}
+        s: n for s, n in found.items() if s not in STATES
+    }
 
 
 def stats(conn: sqlite3.Connection, now: float) -> dict[str, Any]:
     """The queue's figures for /metrics (see ``Store.stats``)."""
-    by = {(r[0], r[1]): r[2] for r in conn.execute(
-        "SELECT state, qos, count(*) FROM jobs GROUP BY state, qos")}
+    by = {
+        (r[0], r[1]): r[2]
+        for r in conn.execute("SELECT state, qos, count(*) FROM jobs GROUP BY state, qos")
+    }
     totals = conn.execute(
-        "SELECT coalesce(sum(oom_retries), 0), coalesce(sum(preemptions), 0) "
-        "FROM jobs").fetchone()
-    leaks = conn.execute("SELECT count(*) FROM events WHERE kind = 'leak'"
-                         ).fetchone()[0]
-    oldest = conn.execute("SELECT min(submitted_at) FROM jobs WHERE state = ?",
-                          (QUEUED,)).fetchone()[0]
-    waits = [r[0] for r in conn.execute(
-        "SELECT started_at - submitted_at FROM jobs WHERE started_at IS NOT NULL")]
-    releases = [r[0] for r in conn.execute(
-        "SELECT released_at - exited_at FROM holds WHERE how = 'verified'")]
+        "SELECT coalesce(sum(oom_retries), 0), coalesce(sum(preemptions), 0) FROM jobs"
+    ).fetchone()
+    leaks = conn.execute("SELECT count(*) FROM events WHERE kind = 'leak'").fetchone()[0]
+    oldest = conn.execute(
+        "SELECT min(submitted_at) FROM jobs WHERE state = ?", (QUEUED,)
+    ).fetchone()[0]
+    waits = [
+        r[0]
+        for r in conn.execute(
+            "SELECT started_at - submitted_at FROM jobs WHERE started_at IS NOT NULL"
+        )
+    ]
+    releases = [
+        r[0]
+        for r in conn.execute("SELECT released_at - exited_at FROM holds WHERE how = 'verified'")
+    ]
     # Services not ended, or ended within a day: their restart counters.
-    services = [(r[0], r[1], r[2], r[3]) for r in conn.execute(
-        "SELECT id, user, restarts, health_failures FROM jobs WHERE service IS NOT "
-        "NULL AND (ended_at IS NULL OR ended_at > ?) ORDER BY id", (now - 86400,))]
-    return {"jobs": by, "oom_retries": totals[0], "preemptions": totals[1],
-            "leaks": leaks, "oldest_wait": None if oldest is None else now - oldest,
-            "waits": waits, "releases": releases, "services": services}
+    services = [
+        (r[0], r[1], r[2], r[3])
+        for r in conn.execute(
+            "SELECT id, user, restarts, health_failures FROM jobs WHERE service IS NOT "
+            "NULL AND (ended_at IS NULL OR ended_at > ?) ORDER BY id",
+            (now - 86400,),
+        )
+    ]
+    return {
+        "jobs": by,
+        "oom_retries": totals[0],
+        "preemptions": totals[1],
+        "leaks": leaks,
+        "oldest_wait": None if oldest is None else now - oldest,
+        "waits": waits,
+        "releases": releases,
+        "services": services,
+    }
