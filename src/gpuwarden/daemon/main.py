@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import IO, Any
@@ -22,7 +23,7 @@ from gpuwarden.daemon.config import Config, load_config
 from gpuwarden.daemon.repeated import log_repeated, loop_errors
 from gpuwarden.daemon.service import JobService
 from gpuwarden.errors import GpuwardenError
-from gpuwarden.procs.identity import boot_id
+from gpuwarden.procs.identity import alive, boot_id
 
 log = logging.getLogger("gpuwarden.daemon")
 
@@ -31,19 +32,40 @@ class AlreadyRunning(GpuwardenError):
     exit_code = 1
 
 
-def _lock(paths: Paths) -> IO[str]:
+LOCK_RELEASE_WAIT = 1.0
+"""Seconds a daemon waits for the lock of one that has exited: its pid already reads as
+gone (a zombie) while its other threads are still ending, and the lock comes free with
+the last of them, some milliseconds later."""
+
+
+def take_lock(paths: Paths) -> IO[str]:
     paths.home.mkdir(parents=True, exist_ok=True)
     f = open(paths.lock, "a+")  # noqa: SIM115 — held for the daemon's life
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        raise AlreadyRunning(f"a gpuwarden daemon already runs for {paths.home}") from None
+    deadline = time.monotonic() + LOCK_RELEASE_WAIT
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if _holder_alive(f) or time.monotonic() > deadline:
+                f.close()
+                raise AlreadyRunning(f"a gpuwarden daemon already runs for {paths.home}") from None
+            time.sleep(0.005)
     f.seek(0)
     f.truncate()
     f.write(f"{os.getpid()}\n")
     f.flush()
     return f
+
+
+def _holder_alive(f: IO[str]) -> bool:
+    """Does the daemon the lock file names still run (an unreadable pid: it may)?"""
+    f.seek(0)
+    try:
+        pid = int(f.read().split()[0])
+    except (ValueError, IndexError):
+        return True
+    return alive(pid, None)
 
 
 class ExitWatcher:
@@ -374,7 +396,7 @@ def run(paths: Paths | None = None) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     try:
-        lock = _lock(paths)
+        lock = take_lock(paths)
     except AlreadyRunning as e:
         print(f"gpuwarden: {e}", file=sys.stderr)
         return 1
