@@ -40,9 +40,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Whatever a test started and an interrupted teardown left: stop it now."""
+    from tests.integration import preloaded
     from tests.integration.daemon_fixture import stop_all
 
     stop_all()
+    preloaded.stop()
 
 
 @dataclass

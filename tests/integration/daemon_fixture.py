@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ import psutil
 import pytest
 
 from tests.conftest import EXAMPLES, SRC, json_answer, run_in_process, wait_for
+from tests.integration.preloaded import fork_daemon
 
 PY = sys.executable
 ASKS_ONLY = frozenset(
@@ -169,16 +169,23 @@ class Daemon:
             return None
 
     def start(self) -> None:
-        """``gpuwarden daemon start``, run in this process (the daemon is a process of
-        its own either way): a CLI interpreter per start and per stop was about a tenth
-        of the suite's CPU. What a test checks of the command itself goes through
-        ``cli``."""
+        """The daemon, forked from a process that imported it once (``preloaded``):
+        importing it was half of each daemon's start-up CPU. The tests of ``daemon
+        start`` itself run it through ``cli``."""
+        from gpuwarden.client.api import Client
+
         STARTED.add(self.home)  # before the start: a daemon half-started is still ours
-        with warnings.catch_warnings():
-            # The detached daemon outlives the Popen that started it, as it outlives the
-            # CLI process that would have started it: that is the point, not a leak.
-            warnings.simplefilter("ignore", ResourceWarning)
-            self.in_process("daemon", "start", check=True)
+        pid = fork_daemon(self.env, self.home / "daemon.log")
+        client = Client(str(self.socket))
+        wait_for(
+            lambda: client.alive() or not psutil.pid_exists(pid),
+            30,
+            0.02,
+            what=f"the daemon of {self.home} to answer",
+        )
+        if not client.alive():
+            log = (self.home / "daemon.log").read_text(errors="replace")
+            raise AssertionError(f"the daemon exited at once:\n{log[-2000:]}")
 
     def stop(self) -> None:
         self.in_process("daemon", "stop")
