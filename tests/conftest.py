@@ -32,12 +32,6 @@ def pytest_configure(config: pytest.Config) -> None:
     signal.signal(signal.SIGTERM, _terminated)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Ray's cluster tests first: one file, a few minutes on one worker (a file's tests
-    stay on one), so started last they would be the last to finish."""
-    items.sort(key=lambda item: item.path.parent.name != "ray")
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Whatever a test started and an interrupted teardown left: stop it now."""
     from tests.integration import preloaded
