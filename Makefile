@@ -20,7 +20,8 @@ lint: $(BIN)/gpuwarden
 	$(BIN)/mypy
 
 # Four workers keep two cores busy (tests wait on daemons and jobs between bursts); a
-# file's tests stay together on one worker. The suite starts over a thousand
+# file's tests stay together on one worker, Ray's file first (tests/conftest.py: in the
+# order given there, not xdist's). The suite starts over a thousand
 # interpreters (CLI calls, daemons, supervisors, simulated jobs): compiled once here,
 # their modules load from bytecode instead of being compiled by each, even where
 # PYTHONDONTWRITEBYTECODE is set (it also keeps pytest from caching its rewritten tests).
@@ -28,7 +29,7 @@ PYTEST_WORKERS ?= 4
 
 test: lint
 	$(BIN)/python -m compileall -q src tests
-	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
+	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # On a machine with a real NVIDIA GPU, torch and nvidia-ml-py (no venv needed).
 gpu-test:
