@@ -86,3 +86,23 @@ def machine() -> dict[str, Any]:
         "fuser": fuser_version[0] if fuser_version else "unknown",
         "loadavg": _read("/proc/loadavg"),
     }
+
+
+SET_C = [
+    (70, 12),
+    (10, 45),
+    (40, 18),
+    (20, 10),
+    (60, 10),
+    (15, 35),
+    (30, 18),
+    (10, 20),
+    (50, 10),
+    (25, 20),
+    (35, 12),
+    (10, 25),
+    (45, 12),
+    (12, 40),
+]
+"""Set c of the real-job benchmark (bench_peers.py) as (GiB, seconds), in the order it
+is submitted: the trace replay models it too (bench_trace.py)."""

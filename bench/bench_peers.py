@@ -53,6 +53,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _common import SET_C
+
 MiB = 1 << 20
 GiB = 1 << 30
 PY = sys.executable
@@ -97,27 +99,7 @@ def job_sets() -> dict[str, dict[str, Any]]:
         (15, None),
     ]
     b = [_job(f"b{i:02d}", g, 30, d, start_frac=0.4, grow_s=8) for i, (g, d) in enumerate(b_sizes)]
-    c = [
-        _job(f"c{i:02d}", g, s)
-        for i, (g, s) in enumerate(
-            [
-                (70, 12),
-                (10, 45),
-                (40, 18),
-                (20, 10),
-                (60, 10),
-                (15, 35),
-                (30, 18),
-                (10, 20),
-                (50, 10),
-                (25, 20),
-                (35, 12),
-                (10, 25),
-                (45, 12),
-                (12, 40),
-            ]
-        )
-    ]
+    c = [_job(f"c{i:02d}", g, s) for i, (g, s) in enumerate(SET_C)]
     return {
         "a": {
             "title": "12 jobs of equal duration, 10-60 GiB, each declared exactly what it takes",

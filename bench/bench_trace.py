@@ -43,7 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from _common import machine, percentile
+from _common import SET_C, machine, percentile
 
 from gpuwarden.sched.booking import apply, release
 from gpuwarden.sched.model import GpuState, Place, QueuedJob
@@ -375,24 +375,6 @@ START_S, END_S, TEARDOWN_S_PER_GIB = 0.3, 0.3, 0.006
 GPUSCHED_POLL, GPUSCHED_MARGIN = 1.0, 512 * MiB
 SIZES_GIB = (10, 12, 15, 20, 25, 30, 35, 40, 45, 50, 60, 70)  # set c's
 DURATIONS_S = (10, 12, 18, 20, 25, 35, 40, 45)
-
-
-SET_C = [
-    (70, 12),
-    (10, 45),
-    (40, 18),
-    (20, 10),
-    (60, 10),
-    (15, 35),
-    (30, 18),
-    (10, 20),
-    (50, 10),
-    (25, 20),
-    (35, 12),
-    (10, 25),
-    (45, 12),
-    (12, 40),
-]  # GiB, s (section 7)
 
 
 def peer_set(seed: int, n: int = 14) -> list[tuple[int, float]]:
