@@ -222,17 +222,25 @@ def _kill_jobs(home: Path) -> None:
             pass
 
 
+def is_daemon(pid: int) -> bool:
+    """Is ``pid`` a daemon, started as users start it or forked for the tests
+    (``preloaded``), and not a pid reused since?"""
+    try:
+        argv = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return "gpuwarden.daemon.main" in argv or "tests.integration.preloaded" in argv
+
+
 def _end(home: Path) -> None:
     """Kill the daemon of ``home`` (by its lock file) and its jobs' trees."""
     try:
         pid = int((home / "daemon.lock").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         pid = None
-    if pid is not None:
+    if pid is not None and is_daemon(pid):
         with contextlib.suppress(psutil.Error):
-            proc = psutil.Process(pid)
-            if "gpuwarden" in " ".join(proc.cmdline()):  # not a pid reused since
-                proc.kill()
+            psutil.Process(pid).kill()
     if (home / "jobs").is_dir():
         _kill_jobs(home)
 

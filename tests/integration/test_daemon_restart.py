@@ -36,7 +36,7 @@ from gpuwarden.procs.identity import boot_id
 from gpuwarden.supervisor.control import alive, cancel
 from gpuwarden.supervisor.spawn import spawn_supervisor
 from tests.conftest import SRC, end_process, wait_for
-from tests.integration.daemon_fixture import PY, Daemon, start_daemon
+from tests.integration.daemon_fixture import PY, Daemon, is_daemon, start_daemon
 
 JOBS = 30
 KILLS = 15
@@ -81,15 +81,6 @@ def busy_daemon(tmp_path: Path) -> Iterator[Daemon]:
     yield from start_daemon(tmp_path, scenario(tmp_path / "4x80.json"))
 
 
-def _is_daemon(pid: int) -> bool:
-    """A daemon started as users start it, or forked for the tests (``preloaded``)."""
-    try:
-        argv = psutil.Process(pid).cmdline()
-    except psutil.Error:
-        return False
-    return "gpuwarden.daemon.main" in argv or "tests.integration.preloaded" in argv
-
-
 def _gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -100,7 +91,7 @@ def _gone(pid: int) -> bool:
 def kill9(d: Daemon, pid: int | None = None) -> int:
     """SIGKILL the daemon (its pid from the lock file) and wait until it is gone."""
     pid = pid if pid is not None else d.pid()
-    assert pid is not None and _is_daemon(pid), f"no daemon to kill (lock says {pid})"
+    assert pid is not None and is_daemon(pid), f"no daemon to kill (lock says {pid})"
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: _gone(pid), 10, 0.01, what=lambda _: f"daemon {pid} survived SIGKILL")
     return pid
