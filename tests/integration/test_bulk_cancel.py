@@ -66,4 +66,4 @@ def test_a_field_given_must_hold_what_the_document_says(daemon: Daemon) -> None:
             daemon.api("POST", "/v1/cancel", body=body)
     assert daemon.job(job)["state"] in ("queued", "reserved", "running")  # none cancelled it
     out = daemon.api("POST", "/v1/cancel", body={"refs": [], "ids": [], "group": "g"})
-    assert [j["id"] for j in out["jobs"]] == [job]
+    assert [j["id"] for j in out["jobs"]] == [job], out

@@ -151,3 +151,41 @@ def test_a_retried_job_keeps_nothing_of_its_last_attempt(store: Store, tmp_path:
     assert again.kill_reason is None and again.preempting_at is None
     assert again.gpus == () and again.cpu_set == () and again.budget is None
     assert again.exit_code is None and again.ended_at is None and again.reason is None
+
+
+def test_a_cancel_that_loses_the_race_with_a_pass_still_cancels(
+    store: Store, tmp_path: Path
+) -> None:
+    """A pass places the job between the cancel's read and its write: the job is read
+    again and cancelled as the placed job it now is, not left to run with a 409."""
+    from gpuwarden.daemon.auth import Caller
+    from gpuwarden.daemon.config import Config
+    from gpuwarden.daemon.service import JobService
+
+    asked: list[int] = []
+    service = JobService(
+        store,
+        tmp_path / "jobs",
+        Config(),
+        wake=lambda: None,
+        gpus=lambda: (),
+        cancel_running=lambda job, kill: asked.append(job.id),
+        clock=lambda: 6.0,
+    )
+    alice = Caller(pid=1, uid=1000, gid=1000, user="alice", groups=(1000,))
+    job, _ = store.submit(spec(uid=1000), 1.0)
+    stale = store.get(job.id)  # what the cancel read: queued
+    store.transition(
+        job.id,
+        ("queued",),
+        "reserved",
+        now=2.0,
+        kind="placed",
+        gpus=(0,),
+        gpu_uuids=("GPU-0",),
+        budget=1 << 30,
+        supervisor_pid=4242,
+    )
+    service.actions._cancel(alice, stale, False)  # the write after the pass's
+    assert stale.state == "queued" and asked == [job.id]  # its supervisor was asked
+    assert "cancel_requested" in [e.kind for e in store.get(job.id).events]

@@ -21,6 +21,10 @@ from gpuwarden.errors import PermissionDenied, UsageError
 from gpuwarden.jobs import model
 from gpuwarden.jobs.model import Job
 
+CANCEL_TRIES = 3
+"""Reads of a job a cancel may take while passes keep moving it on (queued, placed,
+started): each lost compare-and-set reads it again."""
+
 
 @dataclass(frozen=True)
 class JobActions:
@@ -109,6 +113,17 @@ class JobActions:
         return {"jobs": done, "errors": errors, "missing": [*sorted(set(ids) - set(jobs)), *named]}
 
     def _cancel(self, caller: Caller, job: Job, kill: bool) -> Job:
+        """Cancel the job as it is now: a pass that placed or started it since it was
+        read (the compare-and-set lost) is no reason to leave it running, so the job is
+        read again and cancelled in its new state."""
+        for _ in range(CANCEL_TRIES - 1):
+            try:
+                return self._cancel_as_read(caller, job, kill)
+            except Conflict:
+                job = self.store.get(job.id)
+        return self._cancel_as_read(caller, job, kill)
+
+    def _cancel_as_read(self, caller: Caller, job: Job, kill: bool) -> Job:
         job_id = job.id
         now = self.clock()
         if job.state in (model.QUEUED, model.HELD) or (
