@@ -39,6 +39,9 @@ the last of them, some milliseconds later."""
 
 
 def take_lock(paths: Paths) -> IO[str]:
+    """The state directory's lock, held for the daemon's life (one daemon per
+    directory), with this daemon's pid written in it; ``AlreadyRunning`` when a daemon
+    that runs holds it."""
     paths.home.mkdir(parents=True, exist_ok=True)
     f = open(paths.lock, "a+")  # noqa: SIM115 — held for the daemon's life
     deadline = time.monotonic() + LOCK_RELEASE_WAIT
