@@ -1,4 +1,5 @@
-"""Shared fixtures: an isolated simulated machine per test, and the CLI as a subprocess."""
+"""Shared fixtures: an isolated simulated machine per test, the CLI (in this process
+where that is the same, else as a subprocess) and the one wait loop."""
 
 from __future__ import annotations
 

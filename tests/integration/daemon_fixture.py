@@ -1,7 +1,8 @@
 """A real daemon in an isolated GPUWARDEN_HOME over a simulated machine, driven through
-the real CLI — the fixture the daemon tests share. A process per CLI call where the
-test checks the command (``cli``); the CLI's own code in the test's process for set-up
-and reads (``submit``, ``json``), which start no interpreter."""
+the real CLI — the fixture the daemon tests share. The daemon is forked from a process
+that imported it once (``preloaded``); the CLI's own code runs in the test's process
+where a command only asks and prints (``cli``, ``json``, ``submit``), and in a process
+of its own where it execs, loops, runs as another user or the test asks."""
 
 from __future__ import annotations
 

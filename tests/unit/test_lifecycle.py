@@ -4,17 +4,39 @@ writes nothing for a change the table does not allow."""
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from gpuwarden.daemon.auth import Caller
+from gpuwarden.daemon.config import Config
+from gpuwarden.daemon.service import JobService
 from gpuwarden.daemon.store import Store
 from gpuwarden.jobs import lifecycle as lc
 from gpuwarden.jobs.lifecycle import IllegalTransition
 from tests.unit.test_store import spec
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "gpuwarden"
+
+
+ALICE = Caller(pid=1, uid=1000, gid=1000, user="alice", groups=(1000,))
+
+
+def _service(
+    store: Store, tmp_path: Path, cancel_running: Callable[[Any, bool], None] = lambda j, k: None
+) -> JobService:
+    """The daemon's job service over ``store``, with no GPUs and a clock at 6.0."""
+    return JobService(
+        store,
+        tmp_path / "jobs",
+        Config(),
+        wake=lambda: None,
+        gpus=lambda: (),
+        cancel_running=cancel_running,
+        clock=lambda: 6.0,
+    )
 
 
 @pytest.fixture
@@ -99,10 +121,6 @@ def test_a_retried_job_keeps_nothing_of_its_last_attempt(store: Store, tmp_path:
     """``retry`` clears what ``model.FRESH_ATTEMPT`` names, as every requeue does: a
     watchdog's kill reason left behind would turn the next attempt's cancel into a
     failure for the old reason."""
-    from gpuwarden.daemon.auth import Caller
-    from gpuwarden.daemon.config import Config
-    from gpuwarden.daemon.service import JobService
-
     job, _ = store.submit(spec(uid=1000), 1.0)
     store.transition(
         job.id,
@@ -135,17 +153,8 @@ def test_a_retried_job_keeps_nothing_of_its_last_attempt(store: Store, tmp_path:
         ended_at=5.0,
         reason="killed: over its limit",
     )
-    service = JobService(
-        store,
-        tmp_path / "jobs",
-        Config(),
-        wake=lambda: None,
-        gpus=lambda: (),
-        cancel_running=lambda job, kill: None,
-        clock=lambda: 6.0,
-    )
-    alice = Caller(pid=1, uid=1000, gid=1000, user="alice", groups=(1000,))
-    service.actions.retry(alice, job.id)
+    service = _service(store, tmp_path)
+    service.actions.retry(ALICE, job.id)
     again = store.get(job.id)
     assert again.state == "queued" and again.attempts == job.attempts + 1
     assert again.kill_reason is None and again.preempting_at is None
@@ -158,21 +167,8 @@ def test_a_cancel_that_loses_the_race_with_a_pass_still_cancels(
 ) -> None:
     """A pass places the job between the cancel's read and its write: the job is read
     again and cancelled as the placed job it now is, not left to run with a 409."""
-    from gpuwarden.daemon.auth import Caller
-    from gpuwarden.daemon.config import Config
-    from gpuwarden.daemon.service import JobService
-
     asked: list[int] = []
-    service = JobService(
-        store,
-        tmp_path / "jobs",
-        Config(),
-        wake=lambda: None,
-        gpus=lambda: (),
-        cancel_running=lambda job, kill: asked.append(job.id),
-        clock=lambda: 6.0,
-    )
-    alice = Caller(pid=1, uid=1000, gid=1000, user="alice", groups=(1000,))
+    service = _service(store, tmp_path, cancel_running=lambda job, kill: asked.append(job.id))
     job, _ = store.submit(spec(uid=1000), 1.0)
     stale = store.get(job.id)  # what the cancel read: queued
     store.transition(
@@ -186,6 +182,6 @@ def test_a_cancel_that_loses_the_race_with_a_pass_still_cancels(
         budget=1 << 30,
         supervisor_pid=4242,
     )
-    service.actions._cancel(alice, stale, False)  # the write after the pass's
+    service.actions._cancel(ALICE, stale, False)  # the write after the pass's
     assert stale.state == "queued" and asked == [job.id]  # its supervisor was asked
     assert "cancel_requested" in [e.kind for e in store.get(job.id).events]
