@@ -15,11 +15,13 @@ What it does:
    ``nvidiactl`` like a monitor. The parent closes its own copies, so exactly those
    processes hold them.
 4. Alternates, round by round (the order flips every round, so drift hits all alike):
-   ``scan_holders`` (the raw scan), ``LiveProcesses.holders`` (scan plus user/command
-   of each holder, what a snapshot does) and ``fuser -v <device files>`` as a
-   subprocess; plus ``/bin/true`` to show the fixed cost of starting any subprocess.
-   Every round asserts that the scan, the snapshot path and fuser found exactly the
-   expected pids.
+   ``scan_holders`` (the raw scan), the same scan with ``FdTables`` kept across rounds
+   (what the daemon and the exporter do: a table whose descriptor count did not change
+   is not read again, each is re-read within 10 s anyway), ``LiveProcesses.holders``
+   (scan plus user/command of each holder, what a snapshot does) and ``fuser -v <device
+   files>`` as a subprocess; plus ``/bin/true`` to show the fixed cost of starting any
+   subprocess. Every round asserts that each scan and fuser found exactly the expected
+   pids.
 5. Kills the whole process group and reaps every child, on success, error or signal.
    Each process also exits by itself after ``--lifetime`` seconds as a last resort.
 
@@ -51,7 +53,7 @@ from typing import Any
 
 from _common import machine, mem_available, ms, summarize
 
-from gpuwarden.procs.holders import scan_holders
+from gpuwarden.procs.holders import FdTables, scan_holders
 from gpuwarden.procs.live import LiveProcesses
 from gpuwarden.sim.registry import Registry
 
@@ -364,11 +366,21 @@ def measure(mix: str, n: int, args: argparse.Namespace, notes: list[str]) -> dic
             )
             expected = set(group.holders)
             nprocs, nfds, maps = _proc_sizes(group.pids()[:: max(started // 50, 1)])
-            samples: dict[str, list[float]] = {"scan": [], "holders": [], "fuser": [], "true": []}
+            samples: dict[str, list[float]] = {
+                "scan": [],
+                "kept": [],
+                "holders": [],
+                "fuser": [],
+                "true": [],
+            }
             paired: list[float] = []
+            tables = FdTables()  # what the daemon and the exporter keep across scans
 
             def do_scan() -> set[int]:
                 return {h.pid for h in scan_holders(device_files)}
+
+            def do_kept() -> set[int]:
+                return {h.pid for h in scan_holders(device_files, tables=tables)}
 
             def do_holders() -> set[int]:
                 return {h.pid for h in LiveProcesses().holders(device_files)}
@@ -381,6 +393,7 @@ def measure(mix: str, n: int, args: argparse.Namespace, notes: list[str]) -> dic
 
             steps: list[tuple[str, Callable[[], Any]]] = [
                 ("scan", do_scan),
+                ("kept", do_kept),
                 ("fuser", do_fuser),
                 ("holders", do_holders),
                 ("true", do_true),
@@ -404,6 +417,10 @@ def measure(mix: str, n: int, args: argparse.Namespace, notes: list[str]) -> dic
             scanned = {h.pid: h.devices for h in scan_holders(device_files)}
             if scanned != group.holders:
                 raise AssertionError(f"{mix}: scan_holders reported the wrong devices")
+            kept = {h.pid: h.devices for h in scan_holders(device_files, tables=tables)}
+            if kept != group.holders:
+                raise AssertionError(f"{mix}: the scan with kept fd tables was wrong")
+            kept_tables = tables.enabled
     finally:
         shutil.rmtree(state, ignore_errors=True)
     results = {k: summarize(v) for k, v in samples.items()}
@@ -419,10 +436,13 @@ def measure(mix: str, n: int, args: argparse.Namespace, notes: list[str]) -> dic
         "fds_scanned": nfds,
         "maps_lines_median": maps,
         "verified": True,
+        "kept_tables": kept_tables,
+        "recheck_seconds": tables.recheck,
         "results": results,
         "ratios": {
             "fuser_over_scan": med["fuser"] / med["scan"],
             "fuser_over_scan_paired": statistics.median(paired),
+            "fuser_over_kept": med["fuser"] / med["kept"],
             "fuser_over_holders": med["fuser"] / med["holders"],
             "fuser_without_spawn_over_scan": (med["fuser"] - med["true"]) / med["scan"],
         },
@@ -498,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{pop['maps_lines_median']:.0f} mappings each, {pop['holders']} holders; "
             f"{pop['rounds']} rounds"
         )
-        for name in ("scan", "holders", "fuser", "true"):
+        for name in ("scan", "kept", "holders", "fuser", "true"):
             print(
                 f"  {name:8s} median {ms(res[name]['median']):>10s}  "
                 f"p95 {ms(res[name]['p95']):>10s}"

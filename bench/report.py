@@ -170,7 +170,12 @@ def _holders(h: dict[str, Any]) -> list[str]:
         f"files open; {cfg['holders']} of them also hold device files (most a GPU, "
         "`nvidiactl` and `nvidia-uvm` like a CUDA process, every fifth only `nvidiactl` "
         "like a monitor). Timed side by side, alternating order every round: "
-        "`scan_holders` (gpuwarden's raw /proc/*/fd scan, in-process), "
+        "`scan_holders` (gpuwarden's raw /proc/*/fd scan, in-process), the same scan "
+        "repeated with its fd tables kept (what the daemon and the exporter do every few "
+        "seconds: a process whose /proc/PID/fd is the same inode with the same number of "
+        "descriptors is not read again, and every table is read again within "
+        f"{h['populations'][next(iter(h['populations']))].get('recheck_seconds', 10):.0f} s; "
+        "its first scan is the warm-up), "
         "`LiveProcesses.holders` (the scan plus user and command of each holder, what a "
         "snapshot does), `fuser -v <device files>` as a subprocess, and `/bin/true` (the "
         "fixed cost of starting any subprocess, included in fuser's figure). Every round "
@@ -209,11 +214,14 @@ def _holders(h: dict[str, Any]) -> list[str]:
     ]
     labels = {
         "scan": "`scan_holders`",
+        "kept": "`scan_holders`, fd tables kept",
         "holders": "`LiveProcesses.holders`",
         "fuser": "`fuser -v`",
         "true": "`/bin/true` (spawn cost)",
     }
     for key, label in labels.items():
+        if not all(key in p["results"] for p in pops):
+            continue  # a result file from before this row was measured
         out.append(
             row(
                 f"{label} median (p95)",
@@ -227,6 +235,14 @@ def _holders(h: dict[str, Any]) -> list[str]:
             lambda p: f"{p['ratios']['fuser_over_scan_paired']:.1f}×",
         ),
         row("fuser ÷ snapshot path", lambda p: f"{p['ratios']['fuser_over_holders']:.1f}×"),
+        row(
+            "fuser ÷ scan with fd tables kept",
+            lambda p: (
+                f"{p['ratios']['fuser_over_kept']:.1f}×"
+                if "fuser_over_kept" in p["ratios"]
+                else "—"
+            ),
+        ),
         row(
             "(fuser − spawn) ÷ scan",
             lambda p: f"{p['ratios']['fuser_without_spawn_over_scan']:.1f}×",
@@ -280,11 +296,17 @@ def _holders_summary(holders: dict[str, Any]) -> list[str]:
     out = []
     for mix, p in holders["populations"].items():
         r = p["ratios"]["fuser_over_scan"]
+        kept = (
+            f" (repeated with fd tables kept, as the daemon and the exporter scan: "
+            f"{ms(p['results']['kept']['median'])}, {p['ratios']['fuser_over_kept']:.1f}×)"
+            if "kept" in p["results"]
+            else ""
+        )
         out.append(
             f"- Holder scan over {p['procs']:,} `{mix}` processes: "
             f"{ms(p['results']['scan']['median'])} vs `fuser -v` "
-            f"{ms(p['results']['fuser']['median'])}, **{r:.1f}×**; goal ≥ {MIN_RATIO:.0f}×: "
-            f"{_verdict(r >= MIN_RATIO)}."
+            f"{ms(p['results']['fuser']['median'])}, **{r:.1f}×**{kept}; goal ≥ "
+            f"{MIN_RATIO:.0f}× (one scan): {_verdict(r >= MIN_RATIO)}."
         )
     return out
 

@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpuwarden.procs.holders import scan_holders
+import pytest
+
+from gpuwarden.procs.holders import FdTables, keep_fd_tables, scan_holders, shared_fd_tables
 from gpuwarden.procs.live import LiveProcesses
 from tests.conftest import end_process
 
@@ -66,3 +68,99 @@ def test_scan_finds_holders_and_their_devices(tmp_path: Path) -> None:
 
 def test_scan_of_nothing_is_empty() -> None:
     assert scan_holders({}) == []
+
+
+SWAP = (
+    "import sys\n"
+    "fs = [open(p) for p in sys.argv[1:]]\n"
+    "print('ok', flush=True)\n"
+    "for line in sys.stdin:\n"
+    "    path = line.strip()\n"
+    "    if path.startswith('+'):\n"
+    "        fs.append(open(path[1:]))\n"
+    "    else:\n"
+    "        fs.pop(0).close(); fs.append(open(path))  # the same count, another file\n"
+    "    print('ok', flush=True)\n"
+)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _swapper(*paths: Path) -> subprocess.Popen[str]:
+    p = subprocess.Popen(
+        [sys.executable, "-c", SWAP, *map(str, paths)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout is not None and p.stdout.readline() == "ok\n"
+    return p
+
+
+def _tell(p: subprocess.Popen[str], line: str) -> None:
+    assert p.stdin is not None and p.stdout is not None
+    p.stdin.write(line + "\n")
+    p.stdin.flush()
+    assert p.stdout.readline() == "ok\n"
+
+
+def test_kept_fd_tables_reread_what_changed_and_recheck_the_rest(tmp_path: Path) -> None:
+    clock = _Clock()
+    tables = FdTables(recheck=10.0, clock=clock)
+    if not tables.enabled:
+        pytest.skip("this kernel does not report /proc/PID/fd's descriptor count")
+    nv0, ctl, other = tmp_path / "nvidia0", tmp_path / "nvidiactl", tmp_path / "data"
+    for f in (nv0, ctl, other):
+        f.touch()
+    files = {str(nv0): 0, str(ctl): None}
+    p = _swapper(nv0)
+    try:
+        held = {h.pid: h.devices for h in scan_holders(files, tables=tables)}
+        assert held[p.pid] == (str(nv0),)
+        first = tables.reads
+        assert first >= 1 and len(tables) >= 1
+
+        # Nothing changed: no fd table is read again (a kernel thread's empty one neither).
+        again = {h.pid: h.devices for h in scan_holders(files, tables=tables)}
+        assert again[p.pid] == (str(nv0),) and tables.reads in (first, first + 1)  # + ours
+
+        # A descriptor more: that process's table is read at once.
+        _tell(p, f"+{ctl}")
+        reads = tables.reads
+        held = {h.pid: h.devices for h in scan_holders(files, tables=tables)}
+        assert held[p.pid] == tuple(sorted([str(nv0), str(ctl)]))
+        assert tables.reads > reads
+
+        # The same count, another file (nvidia0 closed, data opened): kept until the
+        # recheck is due, which bounds how long it stays stale...
+        _tell(p, str(other))
+        held = {h.pid: h.devices for h in scan_holders(files, tables=tables)}
+        assert held[p.pid] == tuple(sorted([str(nv0), str(ctl)]))
+        # ...a re-check of that pid reads its table itself, whatever is kept...
+        only = {h.pid: h.devices for h in scan_holders(files, tables=tables, only=[p.pid])}
+        assert only[p.pid] == (str(ctl),)
+        _tell(p, str(other))  # (ctl closed, so the whole scan must find it gone too)
+        clock.now += 10.0  # ...and after the recheck interval every table is read again
+        held = {h.pid: h.devices for h in scan_holders(files, tables=tables)}
+        assert p.pid not in held
+    finally:
+        end_process(p)
+    # A process gone leaves the tables with the next whole scan.
+    scan_holders(files, tables=tables)
+    assert tables.kept(p.pid, 0, 0, clock.now) is None
+    assert p.pid not in {pid for pid in tables._tables}
+
+
+def test_fd_tables_are_kept_only_where_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpuwarden.procs.holders as holders
+
+    monkeypatch.setattr(holders, "_shared", None)  # this process's, as it started
+    assert shared_fd_tables() is None  # a one-shot command reads every table once
+    tables = keep_fd_tables()
+    assert keep_fd_tables() is tables and shared_fd_tables() is tables

@@ -235,9 +235,11 @@ async def serve(paths: Paths, config: Config) -> None:
     from gpuwarden.daemon.loop import Scheduler
     from gpuwarden.daemon.store import Store
     from gpuwarden.gpus.backend import open_backend
+    from gpuwarden.procs.holders import keep_fd_tables
     from gpuwarden.supervisor.forkserver import ForkServer
 
     asyncio.get_running_loop().set_exception_handler(loop_errors)
+    keep_fd_tables()  # its snapshots scan /proc for device holders every few seconds
     store = Store(paths.db)
     paths.jobs_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(paths.jobs_dir, 0o711)  # job directories hold each owner's private logs

@@ -118,6 +118,10 @@ def serve(
     """Serve /metrics until SIGTERM or SIGINT."""
     import gc
 
+    from gpuwarden.procs.holders import keep_fd_tables
+
+    keep_fd_tables()  # every scrape scans /proc for device holders
+
     # A scrape of 8 GPUs x 200 processes makes some 10,000 short-lived objects, and
     # with the default first threshold (700) the collector's older generations were
     # walked often enough to cost 12% of each scrape (8.7 -> 7.6 ms). Collecting less

@@ -1,17 +1,101 @@
 """Scan /proc/*/fd for open NVIDIA device files — what ``fuser -v /dev/nvidia*`` does,
-in-process and without a subprocess, so it is fast enough to run on every snapshot."""
+in-process and without a subprocess, so it is fast enough to run on every snapshot.
+
+A scan repeated every second (the daemon, ``top``, the exporter) passes ``FdTables``,
+which keeps what each process's fd table held: a process whose fd directory is the same
+inode with the same number of descriptors (Linux ≥ 6.2 reports it as the directory's
+size) is not read again, for at most ``FdTables.recheck`` seconds. Opening a device file
+adds a descriptor and closing one removes it, so the count tells, unless a process closed
+one file and opened another under the same count between two scans: that is what the
+recheck bounds. Re-checks of suspects (``only``) always read the table itself."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
 class RawHolder:
     pid: int
     devices: tuple[str, ...]
+
+
+class _Table(NamedTuple):
+    ino: int  # the fd directory's inode: a new process under the same pid has another
+    fds: int  # descriptors open when it was read
+    devices: tuple[str, ...]  # the device files among them
+    until: float  # read again after this (monotonic seconds)
+
+
+def counts_descriptors(proc: str = "/proc") -> bool:
+    """Whether this kernel reports the number of open descriptors as the size of
+    /proc/PID/fd (Linux 6.2 and later; older ones say 0). This process has some open."""
+    try:
+        return os.stat(f"{proc}/self/fd").st_size > 0
+    except OSError:
+        return False
+
+
+class FdTables:
+    """What each process's fd table held at its last read, across scans."""
+
+    def __init__(
+        self,
+        recheck: float = 10.0,
+        proc: str = "/proc",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.recheck = recheck
+        self.clock = clock
+        self.enabled = counts_descriptors(proc)
+        self._lock = threading.Lock()
+        self._tables: dict[int, _Table] = {}
+        self.reads = 0  # fd tables read (not kept): for tests and benchmarks
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    def kept(self, pid: int, ino: int, fds: int, now: float) -> _Table | None:
+        t = self._tables.get(pid)
+        if t is None or t.ino != ino or t.fds != fds or now >= t.until:
+            return None
+        return t
+
+    def put(self, pid: int, ino: int, fds: int, devices: tuple[str, ...], now: float) -> None:
+        # Spread the rereads over the interval, so they do not all fall on one scan.
+        until = now + self.recheck * (0.5 + (pid % 16) / 32)
+        with self._lock:
+            self._tables[pid] = _Table(ino, fds, devices, until)
+
+    def prune(self, alive: Iterable[int]) -> None:
+        """Forget every process whose pid is not in ``alive`` (a listing of /proc)."""
+        keep = set(alive)
+        with self._lock:
+            for pid in [p for p in self._tables if p not in keep]:
+                del self._tables[pid]
+
+
+_shared: FdTables | None = None
+
+
+def keep_fd_tables() -> FdTables:
+    """Keep fd tables across this process's scans from now on: for processes that scan
+    again and again (the daemon, the exporter, ``top``); a one-shot command's single scan
+    would only pay for keeping them."""
+    global _shared
+    if _shared is None:
+        _shared = FdTables()
+    return _shared
+
+
+def shared_fd_tables() -> FdTables | None:
+    """The tables ``keep_fd_tables`` started, if it was called."""
+    return _shared
 
 
 def scan_holders(
@@ -21,11 +105,13 @@ def scan_holders(
     exclude: Iterable[int] = (),
     only: Iterable[int] | None = None,
     listing: Sequence[str] | None = None,
+    tables: FdTables | None = None,
 ) -> list[RawHolder]:
     """Every process (of ``only``, when given) with one of ``device_files`` open.
-    ``listing``: the entries of ``proc`` when the caller has just listed it. Processes
-    that vanish or deny access mid-scan are skipped (their fds cannot be read without
-    root anyway)."""
+    ``listing``: the entries of ``proc`` when the caller has just listed it. ``tables``:
+    fd tables kept from earlier scans (used for a whole scan, refreshed by any).
+    Processes that vanish or deny access mid-scan are skipped (their fds cannot be read
+    without root anyway)."""
     if not device_files:
         return []
     wanted = set(device_files)
@@ -33,6 +119,10 @@ def scan_holders(
     prefix = os.path.commonpath([os.path.dirname(p) for p in wanted]) + "/"
     skip = {str(p) for p in exclude}
     readlink = os.readlink
+    if tables is not None and not tables.enabled:
+        tables = None
+    reuse = tables is not None and only is None
+    now = tables.clock() if tables is not None else 0.0
     out: list[RawHolder] = []
     try:
         entries = (
@@ -45,6 +135,19 @@ def scan_holders(
     for name in entries:
         if not name.isdigit() or name in skip:
             continue
+        if reuse:
+            assert tables is not None
+            try:
+                seen = os.stat(f"{proc}/{name}/fd")
+            except OSError:
+                continue
+            if seen.st_size == 0:  # no descriptors at all (a kernel thread, say)
+                continue
+            kept = tables.kept(int(name), seen.st_ino, seen.st_size, now)
+            if kept is not None:
+                if kept.devices:
+                    out.append(RawHolder(pid=int(name), devices=kept.devices))
+                continue
         # Open the fd directory once and resolve links relative to it: one path lookup
         # per process instead of one per descriptor.
         try:
@@ -52,7 +155,12 @@ def scan_holders(
         except OSError:
             continue
         found: set[str] = set()
+        st: os.stat_result | None = None
         try:
+            # Its inode and count before the listing: a descriptor opened meanwhile
+            # makes the next scan's count differ, so that scan reads it.
+            if tables is not None:
+                st = os.fstat(dir_fd)
             for fd in os.listdir(dir_fd):
                 try:
                     target = readlink(fd, dir_fd=dir_fd)
@@ -61,9 +169,16 @@ def scan_holders(
                 if target.startswith(prefix) and target in wanted:
                     found.add(target)
         except OSError:
-            pass  # the process exited mid-scan
+            st = None  # the process exited mid-scan: what was read stands, unkept
         finally:
             os.close(dir_fd)
+        devices = tuple(sorted(found))
+        if tables is not None and st is not None:
+            tables.reads += 1
+            tables.put(int(name), st.st_ino, st.st_size, devices, now)
         if found:
-            out.append(RawHolder(pid=int(name), devices=tuple(sorted(found))))
+            out.append(RawHolder(pid=int(name), devices=devices))
+    if reuse:
+        assert tables is not None
+        tables.prune(int(n) for n in entries if n.isdigit())
     return out

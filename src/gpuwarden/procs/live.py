@@ -12,7 +12,7 @@ from typing import NamedTuple
 import psutil
 
 from gpuwarden.procs.container import read_container
-from gpuwarden.procs.holders import scan_holders
+from gpuwarden.procs.holders import scan_holders, shared_fd_tables
 from gpuwarden.procs.model import INTERESTING_ENV, Holder, ProcInfo
 from gpuwarden.procs.namespace import in_child_pid_namespace, pid_max, read_nspid
 
@@ -273,7 +273,10 @@ class LiveProcesses:
             with contextlib.suppress(OSError):  # processes gone since: their facts go too
                 listing = os.listdir("/proc")
                 self.kept.prune(int(n) for n in listing if n.isdigit())
-        for raw in scan_holders(device_files, exclude=exclude, only=only, listing=listing):
+        tables = shared_fd_tables()
+        for raw in scan_holders(
+            device_files, exclude=exclude, only=only, listing=listing, tables=tables
+        ):
             info = self.info(raw.pid, detail=False)
             indices = sorted({i for d in raw.devices if (i := device_files.get(d)) is not None})
             out.append(
