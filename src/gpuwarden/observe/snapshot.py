@@ -29,15 +29,16 @@ RUNNING, DEAD, OTHER_NAMESPACE, GARBAGE, ZOMBIE, ORPHAN = (
 
 def process_state(info: ProcInfo) -> str:
     """Classify a pid the driver lists, from the /proc facts about it."""
+    if info.exists and not info.garbage:
+        if info.is_zombie:
+            return ZOMBIE
+        # is_orphan needs a dead group leader: most processes are spared its test.
+        if info.group_leader_alive is False and info.is_orphan:
+            return ORPHAN
+        return RUNNING
     if info.garbage:
         return GARBAGE
-    if not info.exists:
-        return OTHER_NAMESPACE if info.namespace_hint else DEAD
-    if info.is_zombie:
-        return ZOMBIE
-    if info.is_orphan:
-        return ORPHAN
-    return RUNNING
+    return OTHER_NAMESPACE if info.namespace_hint else DEAD
 
 
 @dataclass(frozen=True)
@@ -189,26 +190,22 @@ def take_snapshot(
     facts = backend.gpus()
     procs = backend.processes()
     source = backend.process_source()
-    by_gpu: dict[int, list[ProcessView]] = {g.index: [] for g in facts}
+    # Per GPU, (-memory, pid, n, view): sorted as tuples, largest first (n: never a tie).
+    by_gpu: dict[int, list[tuple[int, int, int, ProcessView]]] = {g.index: [] for g in facts}
     info_of = source.info
-    for p in procs:
+    for n, p in enumerate(procs):
         on = by_gpu.get(p.gpu_index)
         if on is None:
             continue
-        info = known.get(p.pid) if known is not None else None
+        pid = p.pid
+        info = known.get(pid) if known is not None else None
         if info is None:
-            info = info_of(p.pid, detail=detail)
+            info = info_of(pid, detail=detail)
         start = info.start_time
-        on.append(
-            ProcessView(
-                p, info, process_state(info), None if start is None else max(taken_at - start, 0.0)
-            )
-        )
+        elapsed = None if start is None else max(taken_at - start, 0.0)
+        on.append((-(p.memory or 0), pid, n, ProcessView(p, info, process_state(info), elapsed)))
     views = tuple(
-        GpuView(
-            g,
-            tuple(sorted(by_gpu[g.index], key=lambda v: (-(v.gpu.memory or 0), v.gpu.pid))),
-        )
+        GpuView(g, tuple(row[3] for row in sorted(by_gpu[g.index])))
         for g in sorted(facts, key=lambda g: g.index)
     )
     me = os.getpid()
