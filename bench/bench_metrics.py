@@ -48,7 +48,9 @@ def in_process(scenario: Path, runs: int) -> dict[str, Any]:
     from gpuwarden.gpus.sim import SimBackend
     from gpuwarden.metrics.collector import SnapshotCollector
     from gpuwarden.observe.snapshot import take_snapshot
+    from gpuwarden.procs.holders import keep_fd_tables
 
+    keep_fd_tables()  # as ``gpuwarden exporter`` does
     backend = SimBackend.from_file(scenario)
     out: dict[str, Any] = {}
     for name, holders, pids, own in (
@@ -160,8 +162,10 @@ def over_http(
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         for _ in range(100):
-            try:
-                urllib.request.urlopen(url, timeout=5).read()
+            try:  # the warm-up in the format measured: a format's first render costs more
+                urllib.request.urlopen(
+                    urllib.request.Request(url, headers=headers), timeout=5
+                ).read()
                 break
             except OSError:
                 time.sleep(0.1)

@@ -785,8 +785,9 @@ def _metrics(mt: dict[str, Any]) -> list[str]:
         "before (same pid and start time, uid, name and command line) keep their namespace "
         "pids, container, environment and torch's presence; the simulation's declared "
         "processes keep all their facts. Left per scrape: the snapshot of 1,600 processes, "
-        "the /proc holder scan (fd tables are read again every time: a closed and "
-        "reused fd number leaves the count alike), the leak rules and ~3,400 lines.",
+        "the /proc holder scan (as in the exporter, a process's fd table is kept while "
+        "its fd directory and descriptor count stay, and read again within 10 s; "
+        "section 2 times it), the leak rules and ~3,400 lines.",
         "- OpenMetrics scrapes (which Prometheus asks for first) take the same path, byte "
         "for byte what prometheus_client's OpenMetrics encoder writes. On a real machine "
         "each GPU process's uids, command line and stat are still read per snapshot: "
