@@ -6,52 +6,28 @@ records it, committed before the caller acts on it (reserve, commit, then launch
 Invariant 3 follows: a killed daemon leaves the database at its last commit, so no job
 is lost and, with compare-and-set transitions, no job is started twice.
 
-Decisions, and why:
-
-* WAL journal: readers never block the writer and a crash leaves the database at the
-  last commit.
-* ``synchronous=FULL`` (the default here): each commit fsyncs the WAL, so a transition
-  survives a power loss or kernel crash too, not just a daemon crash. With ``NORMAL``
-  the last commits could roll back after a power loss while the world already saw their
-  action (a job started, a job finished and wrote results), and after reboot the job
-  would run again: exactly the duplicate invariant 3 forbids. The price is one fsync
-  per transition (around a millisecond on an SSD), far under the 30 ms submit→start
-  goal. ``NORMAL`` is still accepted for throwaway stores (benchmarks, property tests).
-* Threads: one shared connection (``check_same_thread=False``) behind a lock, not one
-  connection per thread. SQLite admits one writer at a time anyway, so per-thread
-  connections would only trade our lock for SQLite's busy handler (sleep and retry,
-  with latency spikes and ``database is locked`` under load); a thread pool that
-  churns threads would also leak connections. Behind the lock each call is short, sees
-  every earlier commit, and never waits on itself. Other *processes* (the CLI in tests,
-  a second daemon that lost the lock race) are handled by ``BEGIN IMMEDIATE`` plus a
-  busy timeout: the write lock is taken before the compare in compare-and-set.
-  After ``fork`` the child opens its own connection (SQLite connections must not
-  cross a fork).
-
-The tables, and how an older file is brought up to date: ``daemon/schema.py``; rows to
-the model's values and back: ``daemon/rows.py``. ``Store`` owns the connection and the
-transactions; the SQL each of its methods runs lives with what it keeps:
-``job_queries.py`` (reading jobs), ``job_changes.py`` (writing them: submit, transition,
-edit), ``events.py`` (their history, notes, the audit), ``holds.py`` (memory holds),
-``learned.py`` (what ended jobs teach), ``measurements.py`` (memory and CUDA context
-samples), ``maintenance.py`` (removing jobs, the integrity check), ``drains.py``.
+How the file is opened and kept (WAL, an fsync at each commit, one connection behind a
+lock, a fresh one after fork): ``daemon/database.py``. The tables, and how an older file
+is brought up to date: ``daemon/schema.py``; rows to the model's values and back:
+``daemon/rows.py``. Each ``Store`` method is one transaction of that file; the SQL it
+runs lives with what it keeps: ``job_queries.py`` (reading jobs), ``job_changes.py``
+(writing them: submit, transition, edit), ``events.py`` (their history, notes, the
+audit), ``holds.py`` (memory holds), ``learned.py`` (what ended jobs teach),
+``measurements.py`` (memory and CUDA context samples), ``maintenance.py`` (removing
+jobs, the integrity check), ``drains.py``.
 """
 
 from __future__ import annotations
 
 import builtins
-import contextlib
 import logging
 import os
-import sqlite3
-import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpuwarden.daemon.database import Database
 from gpuwarden.daemon.rows import check_spec, ints_ok
-from gpuwarden.daemon.schema import MIGRATIONS, Migration, migrate
+from gpuwarden.daemon.schema import Migration
 from gpuwarden.daemon.sql import (
     drains,
     events,
@@ -62,7 +38,7 @@ from gpuwarden.daemon.sql import (
     maintenance,
     measurements,
 )
-from gpuwarden.daemon.store_errors import JobNotFound, StoreError
+from gpuwarden.daemon.store_errors import JobNotFound
 from gpuwarden.jobs import lifecycle
 from gpuwarden.jobs.arrays import Array, Ref
 from gpuwarden.jobs.model import ACTIVE, QUEUED, TERMINAL, Event, Hold, Job, JobSpec, NewHold
@@ -72,7 +48,7 @@ if TYPE_CHECKING:
     from gpuwarden.daemon.history import GpuSample
 
 
-class Store:
+class Store(Database):
     """Jobs and events in SQLite. Every method is one transaction; every mutation that
     changes a job's state appends its event in the same transaction. Thread-safe (one
     connection behind a lock); several processes may open the same file."""
@@ -85,123 +61,11 @@ class Store:
         busy_timeout: float = 10.0,
         migrations: Sequence[Migration] | None = None,
     ) -> None:
-        if synchronous not in ("FULL", "NORMAL"):
-            raise ValueError("synchronous must be FULL or NORMAL")
-        self.path = Path(path)
-        self._synchronous = synchronous
-        self._busy_timeout = busy_timeout
-        self._migrations = list(MIGRATIONS if migrations is None else migrations)
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
         self.on_end: Callable[[Job], None] | None = None  # after a job's final transition
         self._light_columns: str | None = None  # the listing without environments
-        self._create_file()
-        self._conn: sqlite3.Connection | None = None
-        self._conn = self._open()
-
-    # -- connection ----------------------------------------------------------------
-
-    def _create_file(self) -> None:
-        """Create the database owner-only (it holds job environments), and only create
-        it: closing a descriptor of a file this process has open in SQLite drops every
-        POSIX lock the process holds on it (the daemon opens two stores), and the next
-        process to close a connection would delete the WAL under the daemon's writes."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
-        except FileExistsError:
-            return
-        except OSError as e:
-            raise StoreError(f"cannot open state database {self.path}: {e.strerror or e}") from None
-        os.close(fd)
-
-    def _open(self) -> sqlite3.Connection:
-        try:
-            conn = sqlite3.connect(
-                self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
-            )
-        except sqlite3.Error as e:
-            raise StoreError(f"cannot open state database {self.path}: {e}") from None
-        conn.row_factory = sqlite3.Row
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise StoreError(
-                    f"state database {self.path} cannot use WAL mode "
-                    f"(got {mode}); is it on a network filesystem?"
-                )
-            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
-            conn.execute("PRAGMA foreign_keys = ON")
-            migrate(conn, self._migrations, self.path)
-        except sqlite3.DatabaseError as e:
-            conn.close()
-            raise StoreError(f"state database {self.path} is unusable: {e}") from None
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def _after_fork(self) -> None:
-        """In a forked child: a fresh lock (the parent's may have been held by a thread
-        that does not exist here) and a fresh connection (SQLite's must not cross a
-        fork; the inherited one is left alone, not closed, so the parent's locks hold)."""
-        self._pid = os.getpid()
-        self._lock = threading.Lock()
-        self._conn = self._open()
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            raise StoreError("the state store is closed")
-        return self._conn
-
-    @contextmanager
-    def _tx(self, write: bool) -> Iterator[sqlite3.Connection]:
-        """One transaction under the lock. Writes take the write lock up front
-        (``BEGIN IMMEDIATE``) so a compare-and-set cannot interleave with another
-        process; reads are one snapshot, so a job and its events agree."""
-        if os.getpid() != self._pid:
-            self._after_fork()
-        with self._lock:
-            conn = self._connection()
-            try:
-                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            except sqlite3.OperationalError as e:
-                raise StoreError(f"state database {self.path}: {e}") from None
-            try:
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException as e:
-                self._roll_back(conn)
-                # Locked too long, disk full, I/O error, corrupt file: the database's
-                # trouble, not a bug here (integrity and programming errors stay as they are).
-                if type(e) in (sqlite3.OperationalError, sqlite3.DatabaseError):
-                    raise StoreError(f"state database {self.path}: {e}") from None
-                raise
-
-    def _roll_back(self, conn: sqlite3.Connection) -> None:
-        """End a failed transaction. If even that fails (the disk is full, the file is
-        gone), the connection is replaced, so one bad moment cannot leave every later
-        transaction failing with "cannot start a transaction within a transaction"."""
-        if not conn.in_transaction:
-            return
-        try:
-            conn.execute("ROLLBACK")
-        except sqlite3.Error:
-            with contextlib.suppress(sqlite3.Error):
-                conn.close()
-            self._conn = None
-            with contextlib.suppress(StoreError):
-                self._conn = self._open()
-
-    def close(self) -> None:
-        if os.getpid() != self._pid:  # a forked child never opened one of its own
-            self._conn = None
-            return
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-            self._conn = None
+        super().__init__(
+            path, synchronous=synchronous, busy_timeout=busy_timeout, migrations=migrations
+        )
 
     def __enter__(self) -> Store:
         return self
