@@ -177,7 +177,7 @@ class DaemonMetrics:
 async def _serve_tcp(config: Config, app: web.Application, name: str, listen: str) -> web.AppRunner:
     """Serve ``app`` on ``listen`` (the setting ``name``), its connections bounded in
     all (``max_connections_tcp``) and timed out like the socket's."""
-    from gpuwarden.daemon.api import guard_connections
+    from gpuwarden.daemon.connections import guard_connections
     from gpuwarden.metrics.exporter import parse_listen
 
     host, port = parse_listen(listen)
@@ -231,7 +231,8 @@ async def _close_web(
 
 
 async def serve(paths: Paths, config: Config) -> None:
-    from gpuwarden.daemon.api import guard_connections, identify_peers, make_app
+    from gpuwarden.daemon.api import make_app
+    from gpuwarden.daemon.connections import guard_connections, identify_peers
     from gpuwarden.daemon.loop import Scheduler
     from gpuwarden.daemon.store import Store
     from gpuwarden.gpus.backend import open_backend

@@ -292,7 +292,8 @@ KEEPER = web.AppKey("snapshot_keeper", SnapshotKeeper)
 
 
 async def snapshot_route(request: web.Request) -> web.Response:
-    from gpuwarden.daemon.api import SERVICE, call, caller_of
+    from gpuwarden.daemon.api import SERVICE, call
+    from gpuwarden.daemon.connections import caller_of
 
     body = await call(
         answer,
