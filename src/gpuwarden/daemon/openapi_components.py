@@ -10,7 +10,85 @@ from __future__ import annotations
 from typing import Any
 
 from gpuwarden.jobs.model import STATES
-from gpuwarden.jobs.request import EDITABLE, FIELDS, QOS_CLASSES, properties
+from gpuwarden.jobs.request import (
+    ARGV,
+    BOOLEAN,
+    CHOICE,
+    DURATION,
+    EDITABLE,
+    ENV,
+    FIELDS,
+    IDS,
+    INTEGER,
+    QOS_CLASSES,
+    SIZE,
+    STRING,
+    STRINGS,
+    Field,
+)
+
+_NULL = {"type": "null"}
+
+
+def field_schema(f: Field) -> dict[str, Any]:
+    """The field's JSON Schema (OpenAPI 3.1), as ``request.check`` reads it: null only where
+    it stands for absent; the help as its description."""
+    s: dict[str, Any]
+    if f.kind == INTEGER:
+        s = {
+            "type": "integer",
+            **({} if f.lo is None else {"minimum": f.lo}),
+            **({} if f.hi is None else {"maximum": f.hi}),
+        }
+    elif f.kind == BOOLEAN:
+        s = {"type": "boolean"}
+    elif f.kind == CHOICE:
+        s = {"enum": list(f.choices)}
+    elif f.kind == STRING:
+        s = {
+            "type": "string",
+            **({} if f.min_length is None else {"minLength": f.min_length}),
+            **({} if f.max_length is None else {"maxLength": f.max_length}),
+            **({} if f.pattern is None else {"pattern": f.pattern}),
+        }
+    elif f.kind == STRINGS:
+        s = {"type": "array", "items": {"type": "string"}}
+    elif f.kind == ARGV:
+        s = {
+            "type": "array",
+            "items": {"type": "string"},
+            "minItems": 1,
+            "prefixItems": [{"type": "string", "minLength": 1}],
+        }
+    elif f.kind == ENV:
+        s = {"type": "object", "additionalProperties": {"type": "string"}}
+    elif f.kind == IDS:
+        item = {
+            "type": "integer",
+            **({} if f.lo is None else {"minimum": f.lo}),
+            **({} if f.hi is None else {"maximum": f.hi}),
+        }
+        s = {"type": "array", "items": item, **({"minItems": f.min_items} if f.min_items else {})}
+    elif f.kind == SIZE:
+        s = {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string"}]}
+    elif f.kind == DURATION:
+        s = {
+            "oneOf": [
+                {"type": "number", **({"exclusiveMinimum": 0} if f.positive else {"minimum": 0})},
+                {"type": "string"},
+            ]
+        }
+    else:
+        raise AssertionError(f"field {f.name}: unknown kind {f.kind}")
+    if f.nullable:
+        s = {"oneOf": [*s["oneOf"], _NULL]} if "oneOf" in s else {"oneOf": [s, _NULL]}
+    return {**s, "description": f.help}
+
+
+def properties() -> dict[str, Any]:
+    """The submit request's OpenAPI properties, one a field."""
+    return {name: field_schema(f) for name, f in FIELDS.items()}
+
 
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
 _EVENT = {

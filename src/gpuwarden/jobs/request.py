@@ -1,7 +1,7 @@
 """The submit request's fields, one table: each field's JSON type, bounds or choices,
 default and help. The daemon's per-field checks (``check_fields``, for
-``daemon/submission.spec_from_request``), the request's OpenAPI properties (``schema``, for
-``daemon/openapi.py``), the help and bounds of the ``submit`` options that are one
+``daemon/submission.spec_from_request``), the request's OpenAPI properties
+(``daemon/openapi_components.py``), the help and bounds of the ``submit`` options that are one
 field each (``cli/submit.py``), the ``JobSpec`` a submit makes and how the jobs table
 keeps it (each stored field's ``column``: ``daemon/rows.py``) are all read from it, so a
 bound or a column is written once. Rules
@@ -475,66 +475,3 @@ def check_fields(body: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[name] = check(f, body[name])
     return out
-
-
-_NULL = {"type": "null"}
-
-
-def schema(f: Field) -> dict[str, Any]:
-    """The field's JSON Schema (OpenAPI 3.1), as ``check`` reads it: null only where
-    it stands for absent; the help as its description."""
-    s: dict[str, Any]
-    if f.kind == INTEGER:
-        s = {
-            "type": "integer",
-            **({} if f.lo is None else {"minimum": f.lo}),
-            **({} if f.hi is None else {"maximum": f.hi}),
-        }
-    elif f.kind == BOOLEAN:
-        s = {"type": "boolean"}
-    elif f.kind == CHOICE:
-        s = {"enum": list(f.choices)}
-    elif f.kind == STRING:
-        s = {
-            "type": "string",
-            **({} if f.min_length is None else {"minLength": f.min_length}),
-            **({} if f.max_length is None else {"maxLength": f.max_length}),
-            **({} if f.pattern is None else {"pattern": f.pattern}),
-        }
-    elif f.kind == STRINGS:
-        s = {"type": "array", "items": {"type": "string"}}
-    elif f.kind == ARGV:
-        s = {
-            "type": "array",
-            "items": {"type": "string"},
-            "minItems": 1,
-            "prefixItems": [{"type": "string", "minLength": 1}],
-        }
-    elif f.kind == ENV:
-        s = {"type": "object", "additionalProperties": {"type": "string"}}
-    elif f.kind == IDS:
-        item = {
-            "type": "integer",
-            **({} if f.lo is None else {"minimum": f.lo}),
-            **({} if f.hi is None else {"maximum": f.hi}),
-        }
-        s = {"type": "array", "items": item, **({"minItems": f.min_items} if f.min_items else {})}
-    elif f.kind == SIZE:
-        s = {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string"}]}
-    elif f.kind == DURATION:
-        s = {
-            "oneOf": [
-                {"type": "number", **({"exclusiveMinimum": 0} if f.positive else {"minimum": 0})},
-                {"type": "string"},
-            ]
-        }
-    else:
-        raise AssertionError(f"field {f.name}: unknown kind {f.kind}")
-    if f.nullable:
-        s = {"oneOf": [*s["oneOf"], _NULL]} if "oneOf" in s else {"oneOf": [s, _NULL]}
-    return {**s, "description": f.help}
-
-
-def properties() -> dict[str, Any]:
-    """The submit request's OpenAPI properties, one a field."""
-    return {name: schema(f) for name, f in FIELDS.items()}
