@@ -10,7 +10,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "select": ("gpuwarden.cli.select", "select", "Print CUDA_VISIBLE_DEVICES for the best GPUs."),
     "exec": ("gpuwarden.cli.select", "exec_", "Run a command on the best GPUs, capped."),
     "gpu": ("gpuwarden.cli.settings", "gpu", "GPU settings (root): compute mode; drain a GPU."),
-    "mps": ("gpuwarden.cli.settings", "mps", "Start, stop and inspect the MPS daemon (root)."),
+    "mps": ("gpuwarden.cli.mps", "mps", "Start, stop and inspect the MPS daemon (root)."),
     "daemon": ("gpuwarden.cli.daemon", "daemon", "Start, stop or check the job daemon."),
     "config": ("gpuwarden.cli.config", "config", "Check the daemon's config file."),
     "completion": (

@@ -1,7 +1,7 @@
 """What the CLI's verbs share that needs no click: the backend, JSON out, a glance at
-the daemon, GPU indices. A one-shot ``status`` that no daemon answered
-(``cli/statusonce.py``) runs on these without importing click, which costs more than the
-rest of its start."""
+the daemon, GPU indices, the root check of the settings commands. A one-shot ``status``
+that no daemon answered (``cli/statusonce.py``) runs on these without importing click,
+which costs more than the rest of its start."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from gpuwarden.errors import UsageError
 
 if TYPE_CHECKING:
     from gpuwarden.gpus.backend import Backend
+    from gpuwarden.gpus.sim import SimBackend
 
 
 @contextmanager
@@ -83,3 +84,32 @@ def check_gpu_indices(requested: tuple[int, ...] | list[int], available: list[in
     if unknown:
         have = ", ".join(str(i) for i in available) or "none"
         raise UsageError(f"no GPU with index {', '.join(map(str, unknown))} (GPUs here: {have})")
+
+
+def simulated() -> bool:
+    """Same rule as open_backend: GPUWARDEN_SIM (also set by --sim) selects the sim."""
+    from gpuwarden.gpus.backend import simulated as chosen
+
+    return chosen()
+
+
+def require_root(action: str) -> None:
+    """Refuse a change of the machine's settings to anyone but root, before anything is
+    opened (the simulated backend's settings are its own: no root needed)."""
+    import os
+
+    from gpuwarden.errors import PermissionDenied
+
+    if simulated():
+        return
+    if os.geteuid() != 0:
+        raise PermissionDenied(
+            f"{action} needs root: run it with sudo (without --yes it is a dry run, which does not)"
+        )
+
+
+def simulated_backend(b: Backend) -> SimBackend | None:
+    """``b`` if it is the simulated backend."""
+    from gpuwarden.gpus.sim import SimBackend
+
+    return b if isinstance(b, SimBackend) else None
