@@ -112,3 +112,34 @@ def test_kept_facts_equal_a_fresh_read_for_every_process() -> None:
         assert lasting(reused) == lasting(fresh), pid
         compared += 1
     assert compared >= 3
+
+
+def test_maps_without_torch_are_looked_at_again_now_and_then(
+    child: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process without torch may load it later, so its maps are read again; but not on
+    every snapshot (a CUDA program's run to thousands of lines): once per recheck."""
+    import gpuwarden.procs.live as live
+
+    reads: list[int] = []
+    real = live._uses_torch
+
+    def counted(pid: int) -> bool | None:
+        reads.append(pid)
+        return real(pid)
+
+    monkeypatch.setattr(live, "_uses_torch", counted)
+    now = [100.0]
+    kept = KeptFacts(torch_recheck=30.0, clock=lambda: now[0])
+    first = LiveProcesses(kept).info(child.pid)
+    assert first.uses_torch is False and reads == [child.pid]
+    for _ in range(3):
+        now[0] += 10.0  # 10, 20, 30 s later: the last one is due
+        assert LiveProcesses(kept).info(child.pid).uses_torch is False
+    assert reads == [child.pid, child.pid]
+    now[0] += 29.0
+    LiveProcesses(kept).info(child.pid)
+    assert len(reads) == 2  # not yet due again
+    now[0] += 1.0
+    LiveProcesses(kept).info(child.pid)
+    assert len(reads) == 3

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Collection, Iterable, Mapping
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -99,6 +100,7 @@ class _Kept(NamedTuple):
     container: str | None
     env: Mapping[str, str] | None
     uses_torch: bool | None
+    torch_due: float  # when to look at its maps again while torch is not among them
 
 
 class KeptFacts:
@@ -107,9 +109,20 @@ class KeptFacts:
     and start time), not once per snapshot. Bounded; a pid whose process is gone, or
     now another's, loses its entry."""
 
-    def __init__(self, limit: int = 16384, proc: str = "/proc") -> None:
+    def __init__(
+        self,
+        limit: int = 16384,
+        proc: str = "/proc",
+        torch_recheck: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.limit = limit
         self.proc = proc
+        # A process may load torch after its first look (most do it at start), so one
+        # without it is looked at again, but its maps (thousands of lines for a CUDA
+        # program) are read at most once per ``torch_recheck`` seconds, not per snapshot.
+        self.torch_recheck = torch_recheck
+        self.clock = clock
         self._lock = threading.Lock()
         self._kept: dict[int, _Kept] = {}
 
@@ -213,6 +226,7 @@ class LiveProcesses:
         leader_alive = None if pgid is None else (pgid == pid or _alive(pgid))
         parent_pgid = _pgid(ppid) if ppid > 0 else None
         k = self.kept.get(pid, start, uid, name, cmd, detail)
+        kept = self.kept
         if k is None:
             k = _Kept(
                 start,
@@ -224,11 +238,13 @@ class LiveProcesses:
                 read_container(pid) if detail else None,
                 _read_env(pid) if detail else None,
                 _uses_torch(pid) if detail else None,
+                kept.clock() + kept.torch_recheck,
             )
-            self.kept.put(pid, k)
-        elif detail and not k.uses_torch:  # maps change (a library loaded since): again
-            k = k._replace(uses_torch=_uses_torch(pid))
-            self.kept.put(pid, k)
+            kept.put(pid, k)
+        elif detail and not k.uses_torch and kept.clock() >= k.torch_due:
+            # Its maps change (a library loaded since): look again, now and then.
+            k = k._replace(uses_torch=_uses_torch(pid), torch_due=kept.clock() + kept.torch_recheck)
+            kept.put(pid, k)
         return ProcInfo(
             pid=pid,
             exists=True,
