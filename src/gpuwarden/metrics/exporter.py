@@ -70,7 +70,10 @@ def wsgi_app(registry: CollectorRegistry) -> Callable[..., Any]:
                 headers = [("Content-Type", content_type)]
                 if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
                     pieces = registry.collector.render_segments(encoder, fmt)
-                    output = gzipped.setdefault(fmt, GzipSegments()).compress(pieces)
+                    segments = gzipped.get(fmt)
+                    if segments is None:  # (not setdefault: a compressor is costly to make)
+                        segments = gzipped[fmt] = GzipSegments()
+                    output = segments.compress(pieces)
                     headers.append(("Content-Encoding", "gzip"))
                 else:
                     output = registry.collector.render_text(encoder, fmt)
