@@ -4,10 +4,9 @@ admin's unreserve says the hold was released, not that the memory came back."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, wait_for
 from tests.integration.daemon_fixture import PY, start_daemon
 
 
@@ -21,12 +20,14 @@ def test_a_dead_pids_memory_is_advice_and_unreserve_says_what_happened(tmp_path:
             "4G",
             cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "3G", "--seconds", "0", "--leak"],
         )
-        deadline = time.monotonic() + 20
-        job = d.wait_state(jid, "succeeded")
-        while not any(e["kind"] in ("reap_advice", "reaped") for e in job["events"]):
-            assert time.monotonic() < deadline, job
-            time.sleep(0.2)
-            job = d.job(jid)
+        d.wait_state(jid, "succeeded")
+        job = wait_for(
+            lambda d=d, jid=jid: d.job(jid),
+            20,
+            0.2,
+            until=lambda j: any(e["kind"] in ("reap_advice", "reaped") for e in j["events"]),
+            what=lambda j: f"job {j['id']} got no reap advice: {j}",
+        )
         kinds = [e["kind"] for e in job["events"]]
         assert "reaped" not in kinds, job["events"]  # the pid was dead: nothing to reap
         leak = next(e for e in job["events"] if e["kind"] == "leak")["detail"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import gpuwarden
+from tests.conftest import wait_for
 
 SRC = Path(gpuwarden.__file__).resolve().parent.parent
 REPO = SRC.parent
@@ -411,10 +412,14 @@ def test_a_lease_holds_a_gpu_until_its_job_shows_up(gw: Run, env: dict[str, str]
         for _ in range(2)
     ]
     try:
-        deadline = time.time() + 30
         leases = Path(env["GPUWARDEN_SIM_STATE"]) / "leases"
-        while len(list(leases.glob("*.json"))) < 2 and time.time() < deadline:
-            time.sleep(0.1)
+        wait_for(
+            lambda: sorted(p.name for p in leases.glob("*.json")),
+            30,
+            0.1,
+            until=lambda names: len(names) >= 2,
+            what=lambda names: f"the two exec'd jobs' leases, found only {names}",
+        )
         r = gw("select", "--mem", "14G")
         assert r.returncode == 1, r.stdout
         assert "leased" in one_line_error(r)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_for
 from tests.integration.daemon_fixture import PY, Daemon
 from tests.integration.test_daemon_metrics import find, scrape
 
@@ -101,11 +102,13 @@ def test_a_failing_health_check_restarts_the_service(daemon: Daemon, tmp_path: P
     job = daemon.job(jid)
     assert job["state"] == "running" and job["health_failures"] == 0, job
     flag.unlink()
-    deadline = time.monotonic() + 30
-    while "restarted" not in _kinds(job):
-        assert time.monotonic() < deadline, job
-        time.sleep(0.2)
-        job = daemon.job(jid)
+    job = wait_for(
+        lambda: daemon.job(jid),
+        30,
+        0.2,
+        until=lambda j: "restarted" in _kinds(j),
+        what=lambda j: f"job {jid} was not restarted: {j}",
+    )
     assert job["health_failures"] == 1 and job["restarts"] == 1, job
     failed = next(e for e in job["events"] if e["kind"] == "health_failed")
     assert failed["detail"] == "health command exited 1", failed
@@ -167,11 +170,13 @@ def test_a_daemon_restart_re_adopts_a_service_and_restarts_it(daemon: Daemon) ->
     daemon.start()
     job = daemon.job(jid)
     assert job["state"] in ("running", "queued"), job  # adopted, or its end collected
-    deadline = time.monotonic() + 30
-    while "restarted" not in _kinds(job):
-        assert time.monotonic() < deadline, job
-        time.sleep(0.2)
-        job = daemon.job(jid)
+    wait_for(
+        lambda: daemon.job(jid),
+        30,
+        0.2,
+        until=lambda j: "restarted" in _kinds(j),
+        what=lambda j: f"job {jid} was not restarted: {j}",
+    )
     job = daemon.wait_state(jid, "running", timeout=30)
     assert job["restarts"] == 1 and job["attempts"] == 1
     daemon.cli("cancel", str(jid), check=True)
@@ -180,13 +185,15 @@ def test_a_daemon_restart_re_adopts_a_service_and_restarts_it(daemon: Daemon) ->
 
 def _running_after_oom_retry(daemon: Daemon, jid: int) -> dict[str, object]:
     """The service once it runs again after its first OOM retry."""
-    deadline = time.monotonic() + 30
-    job = daemon.job(jid)
-    while not (job["state"] == "running" and job["oom_retries"] == 1):
-        assert time.monotonic() < deadline, job
-        time.sleep(0.2)
-        job = daemon.job(jid)
-    return job
+    return dict(
+        wait_for(
+            lambda: daemon.job(jid),
+            30,
+            0.2,
+            until=lambda j: j["state"] == "running" and j["oom_retries"] == 1,
+            what=lambda j: f"job {jid} was not running again after an OOM retry: {j}",
+        )
+    )
 
 
 def test_an_oom_of_a_service_restarts_it_with_the_bigger_budget(daemon: Daemon) -> None:

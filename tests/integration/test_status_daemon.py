@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, wait_for
 from tests.integration.daemon_fixture import PY, Daemon, start_daemon
 
 
@@ -28,12 +28,15 @@ def leaky(tmp_path: Path) -> Iterator[Daemon]:
 def _served(d: Daemon, *args: str) -> dict[str, Any]:
     """``status --json`` once the daemon serves it: its first answer after a quiet spell
     is a snapshot taken by the client, and starts the daemon's."""
-    deadline = time.monotonic() + 20
-    while True:
-        doc = json.loads(d.cli("status", "--json", *args, check=True).stdout)
-        if "daemon" in doc or time.monotonic() > deadline:
-            return doc  # type: ignore[no-any-return]
-        time.sleep(0.2)
+    return dict(
+        wait_for(
+            lambda: json.loads(d.cli("status", "--json", *args, check=True).stdout),
+            20,
+            0.2,
+            until=lambda doc: "daemon" in doc,
+            what=lambda doc: f"status --json was never served by the daemon: {doc}",
+        )
+    )
 
 
 def without_times(doc: dict[str, Any]) -> dict[str, Any]:
@@ -154,13 +157,18 @@ def _leak_keys(doc: dict[str, Any]) -> list[tuple[Any, ...]]:
 
 def test_leaks_from_the_daemons_samples_at_once(leaky: Daemon) -> None:
     _served(leaky)
-    deadline = time.monotonic() + 20
-    while True:  # the daemon needs three snapshots, a second apart
+
+    def ask() -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
         r = leaky.cli("leaks", "--json")
-        served = json.loads(r.stdout)
-        if "daemon" in served or time.monotonic() > deadline:
-            break
-        time.sleep(0.3)
+        return r, json.loads(r.stdout)
+
+    r, served = wait_for(  # the daemon needs three snapshots, a second apart
+        ask,
+        20,
+        0.3,
+        until=lambda answer: "daemon" in answer[1],
+        what=lambda answer: f"leaks --json was never served by the daemon: {answer[1]}",
+    )
     assert r.returncode == 1, r.stderr  # leaks found: exit 1, as without a daemon
     assert served["daemon"]["samples"] == 3 and served["daemon"]["span"] >= 1.5
     alone = leaky.cli("leaks", "--json", "--samples", "3")  # sampled here: not served

@@ -154,6 +154,20 @@ def _reports(path: Path) -> list[list[str]]:
     return [line.split() for line in lines if line != "ready"]
 
 
+def _wait_ready(report: Path, proc: subprocess.Popen[bytes]) -> None:
+    """Until the worker says it is ready; its error output if it ends first."""
+    # Imported here: the worker runs this file as a script, where tests is not a package.
+    from tests.conftest import wait_for
+
+    def ready() -> bool:
+        if report.exists() and report.read_text().startswith("ready"):
+            return True
+        assert proc.poll() is None, proc.communicate()[1].decode()
+        return False
+
+    wait_for(ready, 30, 0.005, what="the worker to become ready")
+
+
 def _chains(store: Store) -> dict[int, list[str]]:
     return {j.id: [to for _, to in store.transitions(j.id)] for j in store.list(with_events=False)}
 
@@ -172,11 +186,7 @@ def test_sigkill_mid_write_loses_and_duplicates_nothing(tmp_path: Path) -> None:
             env=env,
             stderr=subprocess.PIPE,
         )
-        deadline = time.monotonic() + 30
-        while not (report.exists() and report.read_text().startswith("ready")):
-            assert proc.poll() is None, proc.communicate()[1].decode()
-            assert time.monotonic() < deadline, "worker never became ready"
-            time.sleep(0.005)
+        _wait_ready(report, proc)
         time.sleep(rng.uniform(0.02, 0.4))
         assert proc.poll() is None, proc.communicate()[1].decode()
         proc.send_signal(signal.SIGKILL)

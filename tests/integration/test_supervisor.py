@@ -111,17 +111,18 @@ def jobs(tmp_path: Path) -> Iterator[Jobs]:
 
 
 def wait_exit(jobdir: Path, timeout: float = 30) -> ExitInfo:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ended = read_status(jobdir).exit
-        if ended is not None:
-            return ended
-        time.sleep(0.02)
     log = jobdir / "supervisor.log"
-    raise AssertionError(
-        f"no exit.json after {timeout}s; supervisor.log:\n"
-        + (log.read_text() if log.exists() else "(none)")
+    ended: ExitInfo = wait_for(
+        lambda: read_status(jobdir).exit,
+        timeout,
+        0.02,
+        until=lambda e: e is not None,
+        what=lambda _: (
+            f"no exit.json after {timeout}s; supervisor.log:\n"
+            + (log.read_text() if log.exists() else "(none)")
+        ),
     )
+    return ended
 
 
 def read_pid(path: Path) -> int | None:

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from typing import Any
 
 import pytest
 
 from gpuwarden.mps.state import read_mps_state
-from tests.conftest import EXAMPLES
-from tests.integration.daemon_fixture import start_daemon
+from tests.conftest import EXAMPLES, wait_for
+from tests.integration.daemon_fixture import Daemon, start_daemon
 from tests.security import pidns
 from tests.security.pidns import User
 
@@ -33,6 +32,26 @@ print(json.dumps({"reply": json.loads(reply), "uid": os.getuid(),
                   "limit": os.environ["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]}), flush=True)
 time.sleep(float(sys.argv[1]))
 """
+
+
+def _answers(d: Daemon, jobs: dict[str, int]) -> dict[str, Any]:
+    """What each job's MPS client printed, by user, once all of them have."""
+    said: dict[str, Any] = {}
+
+    def all_said() -> bool:
+        for name, jid in jobs.items():
+            out = d.home / "jobs" / str(jid) / "attempt-0" / "stdout"
+            if name not in said and out.exists() and out.read_text().strip():
+                said[name] = json.loads(out.read_text())
+        return len(said) == len(jobs)
+
+    wait_for(
+        all_said,
+        60,
+        0.2,
+        what=lambda _: f"the MPS clients did not all answer: {[d.job(j) for j in jobs.values()]}",
+    )
+    return said
 
 
 def mps_jobs_of_two_users(args: dict[str, Any]) -> dict[str, Any]:
@@ -60,15 +79,7 @@ def mps_jobs_of_two_users(args: dict[str, Any]) -> dict[str, Any]:
             )
             assert r.returncode == 0, r.stderr
             jobs[u.name] = int(r.stdout)
-        said: dict[str, Any] = {}
-        deadline = time.monotonic() + 60
-        while len(said) < 2:
-            for name, jid in jobs.items():
-                out = d.home / "jobs" / str(jid) / "attempt-0" / "stdout"
-                if name not in said and out.exists() and out.read_text().strip():
-                    said[name] = json.loads(out.read_text())
-            assert time.monotonic() < deadline, [d.job(j) for j in jobs.values()]
-            time.sleep(0.2)
+        said = _answers(d, jobs)
         controls = [
             [c.uid, c.visible_devices, c.pipe_dir]
             for c in read_mps_state().controls
@@ -77,10 +88,15 @@ def mps_jobs_of_two_users(args: dict[str, Any]) -> dict[str, Any]:
         ends = {
             n: d.wait_state(j, "succeeded", "failed", timeout=60)["state"] for n, j in jobs.items()
         }
-        deadline = time.monotonic() + 30
-        while [c for c in read_mps_state().controls if str(d.home) in (c.pipe_dir or "")]:
-            assert time.monotonic() < deadline, "an MPS control daemon was not quit"
-            time.sleep(0.2)
+        wait_for(
+            lambda home=str(d.home): [
+                c for c in read_mps_state().controls if home in (c.pipe_dir or "")
+            ],
+            30,
+            0.2,
+            until=lambda left: not left,
+            what=lambda left: f"an MPS control daemon was not quit: {left}",
+        )
         return {
             "uids": {a.name: a.uid, b.name: b.uid},
             "said": said,

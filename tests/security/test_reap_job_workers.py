@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, wait_for
 from tests.integration.daemon_fixture import PY, start_daemon
 from tests.security import pidns
 from tests.security.pidns import User
@@ -90,10 +90,13 @@ def workers_survive_reap(args: dict[str, Any]) -> dict[str, Any]:
             env={**pidns.env_of(d.env, b), "CUDA_VISIBLE_DEVICES": "1"},
         )
         assert stray.stdout is not None and stray.stdout.readline().startswith("ready")
-        deadline = time.monotonic() + 30
-        while min(len(_procs(a.uid, s)) for s in jobs) < 3:
-            assert time.monotonic() < deadline, "the jobs' workers did not start"
-            time.sleep(0.1)
+        wait_for(
+            lambda jobs=jobs: {s: len(_procs(a.uid, s)) for s in jobs},
+            30,
+            0.1,
+            until=lambda counts: min(counts.values()) >= 3,
+            what=lambda counts: f"the jobs' workers did not start: processes {counts}",
+        )
         time.sleep(0.5)  # the workers have opened nothing new: they inherited the files
         procs = {s: _procs(a.uid, s) for s in jobs}
         worker = next(p for p in procs["300"] if p.ppid() in {q.pid for q in procs["300"]})

@@ -13,7 +13,7 @@ from typing import Any
 
 import psutil
 
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, wait_for
 from tests.integration.daemon_fixture import start_daemon
 from tests.security import pidns
 from tests.security.pidns import User
@@ -53,10 +53,13 @@ def reused_leak_pid(args: dict[str, Any]) -> dict[str, Any]:
         d.wait_state(jid, "succeeded", "failed")
         time.sleep(1.2)  # a later start than the job's, beyond any clock tolerance
         victim = pidns.spawn_with_pid(pid, b, ["sleep", "300"])
-        deadline = time.monotonic() + 30
-        while not any(e["kind"] == "leak" for e in d.job(jid)["events"]):
-            assert time.monotonic() < deadline, d.job(jid)["events"]
-            time.sleep(0.2)
+        wait_for(
+            lambda d=d, jid=jid: d.job(jid)["events"],
+            30,
+            0.2,
+            until=lambda events: any(e["kind"] == "leak" for e in events),
+            what=lambda events: f"no leak recorded: {events}",
+        )
         time.sleep(3)  # the reap runs right after the leak is recorded; give it the grace
         return {
             "pid": pid,

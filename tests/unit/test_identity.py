@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -25,6 +24,7 @@ from gpuwarden.procs.identity import (
     signal_if_same,
     start_ticks,
 )
+from tests.conftest import wait_for
 
 
 def test_same_start_has_one_tolerance() -> None:
@@ -74,10 +74,13 @@ def test_alive_and_zombies() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     try:
         start = psutil.Process(child.pid).create_time()
-        deadline = time.monotonic() + 10
-        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_for(
+            lambda: psutil.Process(child.pid).status(),
+            10,
+            0.02,
+            until=lambda status: status == psutil.STATUS_ZOMBIE,
+            what=lambda status: f"child {child.pid} is {status}, not a zombie",
+        )
         assert identify(child.pid, start) is not None
         assert not alive(child.pid, start)  # a zombie is not alive: its memory is freed
     finally:
@@ -111,10 +114,13 @@ def test_signal_if_same_checks_identity_first() -> None:
         assert not signal_if_same(child.pid, start - 100, signal.SIGTERM)  # reused pid
         assert child.poll() is None
         assert signal_if_same(child.pid, start, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:  # not reaped
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_for(  # exited, not reaped
+            lambda: psutil.Process(child.pid).status(),
+            10,
+            0.01,
+            until=lambda status: status == psutil.STATUS_ZOMBIE,
+            what=lambda status: f"child {child.pid} is {status}, not a zombie",
+        )
         assert not signal_if_same(child.pid, start, signal.SIGTERM)  # a zombie: exited
         assert child.wait(10) == -signal.SIGTERM
         assert not signal_if_same(child.pid, start, signal.SIGTERM)  # reaped: gone
