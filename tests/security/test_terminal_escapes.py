@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from gpuwarden.observe.snapshot import Snapshot
-from gpuwarden.tui import model
+from gpuwarden.tui import model, table
 from tests.conftest import EXAMPLES
 from tests.integration.daemon_fixture import start_daemon
 from tests.security import pidns
@@ -76,8 +76,8 @@ def test_user_strings_reach_no_terminal_raw(users: tuple[User, User], tmp_path: 
             ),
             jobs,
         )
-        layout = model.table_layout(rows, 200)
+        layout = table.table_layout(rows, 200)
         for row in rows:
-            _clean("".join(model.row_cells(row, layout)))
+            _clean("".join(table.row_cells(row, layout)))
         _clean("\n".join(f"{k} {v}" for k, v in model.job_details(raw)))
         d.cli("cancel", str(job), env=env_a, prefix=a.prefix)

@@ -7,7 +7,7 @@ import os
 
 from gpuwarden.observe.snapshot import Snapshot
 from gpuwarden.procs.live import LiveProcesses
-from gpuwarden.tui import model
+from gpuwarden.tui import model, table
 from tests.unit.builders import GiB, gpu, proc, snapshot
 
 
@@ -21,17 +21,17 @@ def test_cpu_percent_is_cpu_seconds_over_wall_seconds_of_the_same_process() -> N
     before, now = _snap(10.0, 2000.0), _snap(11.5, 2003.0)
     [row] = model.build_rows(now, None, before)
     assert row.cpu == 50.0 and row.rss == 2 * GiB
-    layout = model.table_layout([row], 100)
-    titles = [h.strip() for h in model.header_cells(layout)]
+    layout = table.table_layout([row], 100)
+    titles = [h.strip() for h in table.header_cells(layout)]
     assert titles[-3:] == ["%CPU", "RSS", "COMMAND"]
-    cells = [c.strip() for c in model.row_cells(row, layout)]
+    cells = [c.strip() for c in table.row_cells(row, layout)]
     assert cells[-3:-1] == ["50", "2.0G"]
     # No earlier sample, or another process that reused the pid: no figure, not a guess.
     assert model.build_rows(now, None)[0].cpu is None
     reused = _snap(11.5, 2003.0, start=1500.0)
     assert model.build_rows(reused, None, before)[0].cpu is None
     unknown = model.build_rows(reused, None)[0]
-    assert model.row_cells(unknown, layout)[-3].strip() == "-"
+    assert table.row_cells(unknown, layout)[-3].strip() == "-"
 
 
 def test_live_processes_carry_rss_and_cpu_time() -> None:

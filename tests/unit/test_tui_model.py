@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.observe.leaks import Leak, find_leaks
-from gpuwarden.tui import model
+from gpuwarden.tui import model, table
 from gpuwarden.tui.model import FOREIGN, FREE, JOB, LEAKED, Segment
 from tests.unit.builders import gpu, proc, snapshot
 
@@ -287,11 +287,11 @@ def test_rows_join_processes_to_jobs_and_list_queued_jobs() -> None:
     assert "waiting for job 7" in q.command
     assert rows["j:9"].budget is None  # a whole GPU
     assert rows["p:0:11"].job is None and rows["p:0:11"].qos is None
-    layout = model.table_layout(list(rows.values()), 80)
-    cells = model.row_cells(q, layout)
+    layout = table.table_layout(list(rows.values()), 80)
+    cells = table.row_cells(q, layout)
     assert cells[3].strip() == "8" and cells[5].strip() == "-/20.0G"
-    assert model.row_cells(rows["j:9"], layout)[5].strip() == "-/whole"
-    assert model.row_cells(r, layout)[5].strip() == "5.0G/4.0G"
+    assert table.row_cells(rows["j:9"], layout)[5].strip() == "-/whole"
+    assert table.row_cells(r, layout)[5].strip() == "5.0G/4.0G"
 
 
 def test_a_pid_listed_several_times_on_a_gpu_gets_a_row_each() -> None:
@@ -341,15 +341,15 @@ def test_table_layout_fills_the_width_and_truncates_the_command() -> None:
     long = proc(10, memory=GiB, command="python " + "x" * 200)
     rows = model.build_rows(snapshot([(gpu(0, used=GiB), [long])]), None)
     for width in (60, 80, 132):
-        layout = model.table_layout(rows, width)
-        cells = model.row_cells(rows[0], layout)
+        layout = table.table_layout(rows, width)
+        cells = table.row_cells(rows[0], layout)
         assert [len(c) for c in cells] == [c.width for c in layout]
         assert sum(len(c) for c in cells) == width
         assert cells[-1].endswith("…")
-        assert [len(h) for h in model.header_cells(layout)] == [c.width for c in layout]
+        assert [len(h) for h in table.header_cells(layout)] == [c.width for c in layout]
     # A garbage pid is shown whole, not cut.
     rows = model.build_rows(snapshot([(gpu(0), [proc(4294967295, memory=GiB)])]), None)
-    assert "4294967295" in model.row_cells(rows[0], model.table_layout(rows, 80))[1]
+    assert "4294967295" in table.row_cells(rows[0], table.table_layout(rows, 80))[1]
 
 
 def test_details_of_a_process_and_of_a_job() -> None:

@@ -20,6 +20,7 @@ from textual.widgets import DataTable, Footer, Static
 
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.tui import draw, model
+from gpuwarden.tui import table as cells
 from gpuwarden.tui.model import Observation, Row
 from gpuwarden.tui.screens import ConfirmScreen, PromptScreen, TextScreen
 
@@ -84,7 +85,7 @@ class TopApp(App[None]):
         self.refreshes = 0
         self._top_history: list[Snapshot] = []
         self._top_lock = threading.Lock()
-        self._top_layout: list[model.Column] | None = None
+        self._top_layout: list[cells.Column] | None = None
         self._top_ready = False  # widgets composed and mounted
 
     # -- layout ---------------------------------------------------------------------------
@@ -188,10 +189,10 @@ class TopApp(App[None]):
         rows = model.sort_rows(
             model.filter_rows(all_rows, user=self.user_filter, gpu=self.gpu_filter), self.sort
         )
-        layout = model.table_layout(rows, max(self.size.width - 1, 20))
+        layout = cells.table_layout(rows, max(self.size.width - 1, 20))
         if layout != self._top_layout:
             table.clear(columns=True)
-            for col, title in zip(layout, model.header_cells(layout), strict=True):
+            for col, title in zip(layout, cells.header_cells(layout), strict=True):
                 table.add_column(Text(title, style="bold"), width=col.width, key=col.title)
             self._top_layout = layout
             self.shown = []

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.binding import Binding, BindingType
 
-from gpuwarden.tui import model
+from gpuwarden.tui import model, table
 from gpuwarden.tui.model import FOREIGN, FREE, LEAKED, Observation, Row
 
 _STYLES = {
@@ -155,10 +155,10 @@ def gpu_panel(obs: Observation | None, width: int, gpu_filter: int | None) -> Te
     return out
 
 
-def styled_cells(r: Row, layout: Sequence[model.Column]) -> list[Text]:
+def styled_cells(r: Row, layout: Sequence[table.Column]) -> list[Text]:
     """A table row's cells: the job in its colour, memory over budget in red, the state
     in its job state's colour (a process not running in red)."""
-    cells = [Text(c) for c in model.row_cells(r, layout)]
+    cells = [Text(c) for c in table.row_cells(r, layout)]
     if r.job is not None:
         cells[3].stylize(f"bold {model.job_color(r.job)}")
     if r.over_budget:
