@@ -140,7 +140,7 @@ def test_cancel_stops_a_service_for_good(daemon: Daemon) -> None:
         (("--restart", "always", "--restart-limit", "3"), "restart_limit must be N/DURATION"),
         (
             ("--restart", "always", "--health-cmd", "true", "--health-interval", "-1"),
-            "health_interval",
+            "--health-interval",
         ),
         (("--restart", "always", "--health-cmd", "true", "--health-url", "http://x/"), "not both"),
         (

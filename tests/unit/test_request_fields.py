@@ -11,7 +11,7 @@ from typing import Any
 import click
 import pytest
 
-from gpuwarden.cli.submit import NOT_ONE_FIELD, submit
+from gpuwarden.cli.submit import NO_OPTION, NOT_ONE_FIELD, submit
 from gpuwarden.daemon.auth import Caller
 from gpuwarden.daemon.openapi import document
 from gpuwarden.daemon.restart import SERVICE_FIELDS
@@ -168,6 +168,16 @@ def test_the_submit_options_that_are_one_field_each() -> None:
         assert p.opts == ["--" + str(p.name).replace("_", "-")]
 
 
+def test_every_field_but_a_few_is_a_submit_option_in_the_tables_order() -> None:
+    """A field added to the table is a submit option, placed where the table puts it;
+    only the command, the environment and attach's field have none."""
+    assert set(NO_OPTION) == {"command", "env", "attach"}
+    options = [str(p.name) for p in submit.params if isinstance(p, click.Option)]
+    fields = [o for o in options if o in FIELDS]
+    assert fields == [name for name in FIELDS if name not in NO_OPTION]
+    assert not set(options) - set(FIELDS) - {"cluster", "as_json", "help"}
+
+
 @pytest.mark.parametrize("option", _field_options(), ids=lambda p: str(p.name))
 def test_each_one_field_option_has_the_tables_bounds_choices_and_help(option: click.Option) -> None:
     f = FIELDS[str(option.name)]
@@ -182,6 +192,9 @@ def test_each_one_field_option_has_the_tables_bounds_choices_and_help(option: cl
         assert tuple(option.type.choices) == f.choices
     elif f.kind == request.BOOLEAN:
         assert option.is_flag and default is False
+    elif f.kind == request.DURATION:
+        assert option.type.name == "DURATION"  # parsed here, as the daemon parses it
+    assert option.metavar == f.metavar
 
 
 # -- spec_from_request ------------------------------------------------------------------

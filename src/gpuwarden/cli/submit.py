@@ -43,19 +43,55 @@ def read_directives(command: Sequence[str]) -> list[str]:
     return tokens
 
 
-NOT_ONE_FIELD = ("gpu_ids", "after", "after_any", "after_fail", "cwd", "env_keep")
-"""Request fields whose submit option is not the field as it is (text split or resolved,
-a path made absolute, a repeated option): help of their own. Every other option named
-after a field takes its help, bounds and choices from the table (jobs/request.py)."""
+NO_OPTION = ("command", "env", "attach")
+"""Request fields without a submit option: the command is submit's argument, the
+environment the caller's own, and ``attach`` belongs to ``gpuwarden attach``."""
+
+# Options whose value is not the field as it is (text split or resolved, a path made
+# absolute, a repeated option): help of their own.
+_OWN_OPTIONS = {
+    "cwd": click.option("--cwd", type=click.Path(file_okay=False), help="Working directory."),
+    "env_keep": click.option(
+        "--env-keep",
+        "env_keep",
+        multiple=True,
+        help="Keep this credential-looking variable (repeatable).",
+    ),
+    "gpu_ids": click.option("--gpu-ids", help="Only these GPUs (comma-separated indices)."),
+    "after": click.option(
+        "--after",
+        "after",
+        multiple=True,
+        help="Start only after this job succeeded (repeatable, or 3,5; an "
+        "array's id: each of its tasks).",
+    ),
+    "after_any": click.option(
+        "--after-any",
+        "after_any",
+        multiple=True,
+        help="Start only after this job ended, however it ended (repeatable).",
+    ),
+    "after_fail": click.option(
+        "--after-fail",
+        "after_fail",
+        multiple=True,
+        help="Start only after this job ended without succeeding (repeatable).",
+    ),
+}
+NOT_ONE_FIELD = tuple(_OWN_OPTIONS)
+"""Request fields whose submit option is written here. Every other field but
+``NO_OPTION`` has an option made from the table (jobs/request.py): its help, bounds,
+choices and metavar."""
 
 
-def _field_option(name: str, **kw: Any) -> Any:
+def _field_option(name: str) -> Any:
     """``--NAME`` for one request field: an integer's range, a choice's list (but
-    restart's, which the daemon explains), a flag for a boolean, the help; ``kw`` adds
-    what the table does not say (a type that parses text, a metavar)."""
+    restart's, which the daemon explains), a flag for a boolean, a duration parsed
+    here, the help and metavar."""
     from gpuwarden.jobs import request
 
     f = request.FIELDS[name]
+    kw: dict[str, Any] = {}
     if f.kind == request.INTEGER:
         kw["type"] = click.IntRange(f.lo, f.hi)
         if f.default is not None:
@@ -64,66 +100,25 @@ def _field_option(name: str, **kw: Any) -> Any:
         kw["type"] = click.Choice(f.choices)
     elif f.kind == request.BOOLEAN:
         kw["is_flag"] = True
+    elif f.kind == request.DURATION:
+        kw["type"] = DURATION
+    if f.metavar is not None:
+        kw["metavar"] = f.metavar
     return click.option("--" + name.replace("_", "-"), help=f.help, **kw)
 
 
-_SUBMIT_OPTIONS = [
-    _field_option("mem"),
-    _field_option("gpus"),
-    click.option("--gpu-ids", help="Only these GPUs (comma-separated indices)."),
-    _field_option("name"),
-    _field_option("group"),
-    _field_option("key"),
-    click.option(
-        "--after",
-        "after",
-        multiple=True,
-        help="Start only after this job succeeded (repeatable, or 3,5; an "
-        "array's id: each of its tasks).",
-    ),
-    click.option(
-        "--after-any",
-        "after_any",
-        multiple=True,
-        help="Start only after this job ended, however it ended (repeatable).",
-    ),
-    click.option(
-        "--after-fail",
-        "after_fail",
-        multiple=True,
-        help="Start only after this job ended without succeeding (repeatable).",
-    ),
-    _field_option("timeout", type=DURATION),
-    _field_option("exclusive"),
-    click.option("--cwd", type=click.Path(file_okay=False), help="Working directory."),
-    click.option(
-        "--env-keep",
-        "env_keep",
-        multiple=True,
-        help="Keep this credential-looking variable (repeatable).",
-    ),
-    _field_option("priority"),
-    _field_option("requeue_on_reboot"),
-    _field_option("qos"),
-    _field_option("mem_limit"),
-    _field_option("grace", type=DURATION),
-    _field_option("no_requeue"),
-    _field_option("retries"),
-    _field_option("checkpoint"),
-    _field_option("mps"),
-    _field_option("sm_percent"),
-    _field_option("cpus"),
-    _field_option("no_numa"),
-    _field_option("array", metavar="INDICES[%N]"),
-    _field_option("notify", metavar="CMD"),
-    _field_option("mig", metavar="PROFILE"),
-    _field_option("restart"),
-    _field_option("restart_limit"),
-    _field_option("health_cmd"),
-    _field_option("health_url"),
-    _field_option("health_interval"),
-    _field_option("health_grace"),
-]
+def _options_from_the_table() -> list[Any]:
+    """submit's options, one a request field, in the table's order."""
+    from gpuwarden.jobs.request import FIELDS
+
+    return [
+        _OWN_OPTIONS[name] if name in _OWN_OPTIONS else _field_option(name)
+        for name in FIELDS
+        if name not in NO_OPTION
+    ]
+
+
+_SUBMIT_OPTIONS = _options_from_the_table()
 
 
 def _submit_options(f: Any) -> Any:

@@ -1,12 +1,12 @@
 """The submit request's fields, one table: each field's JSON type, bounds or choices,
 default and help. The daemon's per-field checks (``check_fields``, for
 ``daemon/submission.spec_from_request``), the request's OpenAPI properties
-(``daemon/openapi_components.py``), the help and bounds of the ``submit`` options that are one
-field each (``cli/submit.py``), the ``JobSpec`` a submit makes and how the jobs table
-keeps it (each stored field's ``column``: ``daemon/rows.py``) are all read from it, so a
-bound or a column is written once. Rules
-between fields (``cpus`` and ``no_numa``, a fractional ``mem``, services) stay code in
-the daemon. Standard library and lower layers only: the CLI imports this at start."""
+(``daemon/openapi_components.py``), ``submit``'s options (``cli/submit.py``: one a
+field, in the table's order, with its help and bounds), the ``JobSpec`` a submit makes
+and how the jobs table keeps it (each stored field's ``column``: ``daemon/rows.py``) are
+all read from it, so a bound or a column is written once. Rules between fields
+(``cpus`` and ``no_numa``, a fractional ``mem``, services) stay code in the daemon.
+Standard library and lower layers only: the CLI imports this at start."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class Field:
     """One field of the submit request. ``nullable``: null is taken as absent (the
     default); else null is refused. ``shape`` completes "NAME must be ..." in errors (a
     string's pattern is checked only where it is given). ``example``: a size's or a
-    duration's, for errors."""
+    duration's, for errors. ``metavar``: what ``submit --help`` shows for the value."""
 
     name: str
     kind: str
@@ -66,6 +66,7 @@ class Field:
     nullable: bool = True
     required: bool = False
     column: str | None = None
+    metavar: str | None = None
 
     @property
     def stored(self) -> bool:
@@ -88,16 +89,6 @@ FIELDS: dict[str, Field] = {
             column="command",
         ),
         Field(
-            "cwd",
-            STRING,
-            "Working directory.",
-            default="/",
-            pattern="^/",
-            shape="an absolute path",
-            nullable=False,
-            column="cwd",
-        ),
-        Field(
             "env",
             ENV,
             "The job's environment (credential-looking variables are dropped "
@@ -105,16 +96,6 @@ FIELDS: dict[str, Field] = {
             default={},
             nullable=False,
         ),
-        Field(
-            "env_keep",
-            STRINGS,
-            "Keep this credential-looking variable (repeatable).",
-            default=(),
-            nullable=False,
-        ),
-        _label("name", "A name to recognise the job by.", "name"),
-        _label("group", "A group, for `cancel --group` and `ps`.", "job_group"),
-        _label("key", "Idempotency key: resubmitting it returns the existing job.", "job_key"),
         Field(
             "mem",
             SIZE,
@@ -143,6 +124,9 @@ FIELDS: dict[str, Field] = {
             shape="a non-empty list of GPU indices",
             column="gpu_ids",
         ),
+        _label("name", "A name to recognise the job by.", "name"),
+        _label("group", "A group, for `cancel --group` and `ps`.", "job_group"),
+        _label("key", "Idempotency key: resubmitting it returns the existing job.", "job_key"),
         Field(
             "after",
             IDS,
@@ -188,6 +172,23 @@ FIELDS: dict[str, Field] = {
             default=False,
             nullable=False,
             column="exclusive",
+        ),
+        Field(
+            "cwd",
+            STRING,
+            "Working directory.",
+            default="/",
+            pattern="^/",
+            shape="an absolute path",
+            nullable=False,
+            column="cwd",
+        ),
+        Field(
+            "env_keep",
+            STRINGS,
+            "Keep this credential-looking variable (repeatable).",
+            default=(),
+            nullable=False,
         ),
         Field(
             "priority",
@@ -289,25 +290,16 @@ FIELDS: dict[str, Field] = {
             nullable=False,
             column="no_numa",
         ),
-        # The daemon checks a profile with gpus/model.MIG_PROFILE (a GPU fact, a layer
-        # above); the unit tests hold this pattern to it.
         Field(
-            "mig",
+            "array",
             STRING,
-            "A MIG instance of this profile (e.g. 3g.40gb): on a GPU in MIG "
-            "mode each instance is a place of its own.",
-            pattern=r"^[1-8]g\.[1-9][0-9]*gb$",
-            column="mig",
-        ),
-        Field(
-            "attach",
-            STRING,
-            "The caller starts the command itself once the job is "
-            "reserved, and reports its start and end; names the launcher "
-            '(e.g. "ray job ID").',
+            "An array: one job a task (0-99, 1,3,5-9, 0-20:5), each with "
+            "GPUWARDEN_ARRAY_INDEX; %N: at most N at once. Prints the "
+            "array's id; a task is ID_INDEX (12_7).",
             min_length=1,
-            max_length=200,
-            column="attach",
+            max_length=1000,
+            pattern="^[0-9][0-9,:-]*(%[0-9]+)?$",
+            metavar="INDICES[%N]",
         ),
         Field(
             "notify",
@@ -318,16 +310,28 @@ FIELDS: dict[str, Field] = {
             max_length=MAX_COMMAND,
             shape=_COMMAND,
             column="notify",
+            metavar="CMD",
+        ),
+        # The daemon checks a profile with gpus/model.MIG_PROFILE (a GPU fact, a layer
+        # above); the unit tests hold this pattern to it.
+        Field(
+            "mig",
+            STRING,
+            "A MIG instance of this profile (e.g. 3g.40gb): on a GPU in MIG "
+            "mode each instance is a place of its own.",
+            pattern=r"^[1-8]g\.[1-9][0-9]*gb$",
+            column="mig",
+            metavar="PROFILE",
         ),
         Field(
-            "array",
+            "attach",
             STRING,
-            "An array: one job a task (0-99, 1,3,5-9, 0-20:5), each with "
-            "GPUWARDEN_ARRAY_INDEX; %N: at most N at once. Prints the "
-            "array's id; a task is ID_INDEX (12_7).",
+            "The caller starts the command itself once the job is "
+            "reserved, and reports its start and end; names the launcher "
+            '(e.g. "ray job ID").',
             min_length=1,
-            max_length=1000,
-            pattern="^[0-9][0-9,:-]*(%[0-9]+)?$",
+            max_length=200,
+            column="attach",
         ),
         Field(
             "restart",

@@ -1,7 +1,8 @@
 """What ``gpuwarden top`` shows, as plain values: per-GPU memory bars split by who holds
 the memory, and the rows of processes and daemon jobs. Pure functions of a Snapshot, the
 leaks found over recent snapshots and the daemon's job list, so they are tested without
-a terminal; ``tui/draw.py`` styles them and the textual app places them."""
+a terminal; ``tui/table.py`` cuts the rows into cells, ``tui/draw.py`` styles them and
+the textual app places them."""
 
 from __future__ import annotations
 
