@@ -326,3 +326,19 @@ def test_each_stored_field_is_a_spec_attribute_kept_in_a_column_of_its_own(tmp_p
     assert len(set(stored.values())) == len(stored)  # one column a field
     attributes = {f.name for f in dataclasses.fields(JobSpec)}
     assert set(stored) == attributes - NOT_STORED_AS_A_FIELD
+
+
+def test_each_stored_field_is_in_the_jobs_json() -> None:
+    """``show --json``, ``ps --json`` and the API say what was asked: each stored field
+    under its name (but ``gpus``, the count asked for, which is ``gpu_count`` there:
+    ``gpus`` lists the GPUs it got), in the typed view clients read it through."""
+    from gpuwarden.client.views import JobDoc
+    from gpuwarden.daemon.jobjson import job_json
+    from gpuwarden.jobs.model import Job
+
+    out = job_json(Job(id=1, spec=spec(), state="queued", submitted_at=0.0))
+    shown = {"gpus": "gpu_count"}
+    for f in FIELDS.values():
+        if f.stored:
+            key = shown.get(f.name, f.name)
+            assert key in out and key in JobDoc.__annotations__, f.name

@@ -77,6 +77,7 @@ class _JobFields(TypedDict):
     grace: float | None
     retries: int
     no_requeue: bool
+    requeue_on_reboot: bool
     checkpoint: bool
     mps: bool
     mem_auto: bool

@@ -41,6 +41,7 @@ def job_json(job: Job, *, with_env: bool = False) -> JobDoc:
         "grace": s.grace,
         "retries": s.retries,
         "no_requeue": s.no_requeue,
+        "requeue_on_reboot": s.requeue_on_reboot,
         "checkpoint": s.checkpoint,
         "mps": s.mps,
         "mem_auto": s.mem_auto,
