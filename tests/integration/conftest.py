@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.gpus.backend import Backend, open_backend
-from tests.conftest import EXAMPLES
+from tests.helpers.paths import EXAMPLES
 from tests.integration.daemon_fixture import (  # noqa: F401 — daemon: a fixture, used by name
     Daemon,
     daemon,

@@ -21,7 +21,9 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import EXAMPLES, SRC, json_answer, run_in_process, wait_for
+from tests.helpers.cli import json_answer, run_in_process
+from tests.helpers.paths import EXAMPLES, SRC
+from tests.helpers.wait import wait_for
 from tests.integration.preloaded import fork_daemon
 
 PY = sys.executable

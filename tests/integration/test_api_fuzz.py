@@ -23,7 +23,7 @@ import pytest
 from gpuwarden.client.api import Client
 from gpuwarden.daemon.openapi import document
 from gpuwarden.daemon.store import Store
-from tests.conftest import EXAMPLES
+from tests.helpers.paths import EXAMPLES
 from tests.integration.daemon_fixture import (
     PY,
     Daemon,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuwarden.client.api import Client
-from tests.conftest import wait_for
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import PY, Daemon
 
 # Each task notes its index and when its process ran: the spans the test overlays.

@@ -19,7 +19,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import EXAMPLES, wait_for
+from tests.helpers.paths import EXAMPLES
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import Daemon, http_request, raw_http, start_daemon
 
 PY = sys.executable

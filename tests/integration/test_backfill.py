@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES
+from tests.helpers.paths import EXAMPLES
 from tests.integration.daemon_fixture import PY, Daemon, start_daemon
 
 GUARD = 2.0  # starve_after, seconds

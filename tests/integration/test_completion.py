@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import SRC
+from tests.helpers.paths import SRC
 
 
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

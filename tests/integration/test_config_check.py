@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from gpuwarden.daemon.config import LIMIT_SETTINGS, SETTINGS, Config, read_config
-from tests.conftest import SRC
+from tests.helpers.paths import SRC
 
 SAMPLE = SRC.parent / "deploy" / "config.toml"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.conftest import wait_for
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import PY, Daemon
 
 GiB = 1 << 30

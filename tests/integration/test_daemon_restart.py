@@ -35,7 +35,9 @@ from gpuwarden.jobs.model import Job, JobSpec
 from gpuwarden.procs.identity import boot_id
 from gpuwarden.supervisor.control import alive, cancel
 from gpuwarden.supervisor.spawn import spawn_supervisor
-from tests.conftest import SRC, end_process, wait_for
+from tests.helpers.paths import SRC
+from tests.helpers.procs import end_process
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import PY, Daemon, is_daemon, start_daemon
 
 JOBS = 30

@@ -29,7 +29,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import EXAMPLES, SRC, wait_for
+from tests.helpers.paths import EXAMPLES, SRC
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import PY, Daemon, start_daemon
 
 pytestmark = [

@@ -9,7 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.conftest import EXAMPLES, wait_for
+from tests.helpers.paths import EXAMPLES
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import make_env
 
 

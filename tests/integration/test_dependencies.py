@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from tests.conftest import wait_for
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import PY, Daemon
 
 SIM = [PY, "-m", "gpuwarden.sim.job", "--mem", "256M"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES
+from tests.helpers.paths import EXAMPLES
 from tests.integration.daemon_fixture import PY, Daemon, http_request, raw_http
 
 SIM = [PY, "-m", "gpuwarden.sim.job"]

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.units import GiB
-from tests.conftest import EXAMPLES, wait_for
+from tests.helpers.paths import EXAMPLES
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import PY, Daemon, start_daemon
 
 SIM = [PY, "-m", "gpuwarden.sim.job"]

@@ -17,7 +17,7 @@ import pytest
 
 from gpuwarden.jobs.jobdir import SupervisorError, SupervisorSpec, read_status, write_spec
 from gpuwarden.supervisor.forkserver import ForkServer
-from tests.conftest import wait_for
+from tests.helpers.wait import wait_for
 from tests.integration.test_supervisor import JOB_ENV, launcher_env
 
 PY = sys.executable
@@ -159,7 +159,7 @@ def test_a_helper_dying_mid_launch_queues_the_job_again(tmp_path: Path) -> None:
     """The daemon's helper dies with a launch request unanswered (stopped, then killed):
     the attempt is voided, which proves nothing of the job ran, so the job is queued
     again and runs on a fresh helper instead of failing."""
-    from tests.conftest import EXAMPLES
+    from tests.helpers.paths import EXAMPLES
     from tests.integration.daemon_fixture import start_daemon
 
     for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json"):

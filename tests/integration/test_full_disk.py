@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, start_daemon
 
 # Writes ~16 MiB of output: more than the 4 MiB file system holds.

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES, ROOT, run_in_process
+from tests.helpers.cli import run_in_process
+from tests.helpers.paths import EXAMPLES, ROOT
 
 GOLDEN = ROOT / "tests" / "golden"
 SCENARIOS = sorted(p.stem for p in EXAMPLES.glob("*.json"))

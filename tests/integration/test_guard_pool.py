@@ -20,7 +20,7 @@ from gpuwarden.guard import BrokenPool, GpuPool, WorkerDied
 from gpuwarden.guard.pool import RemoteTraceback
 from gpuwarden.launch import HOOK_DIR
 from gpuwarden.units import GiB
-from tests.conftest import wait_for
+from tests.helpers.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 

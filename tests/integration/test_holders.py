@@ -11,7 +11,7 @@ import pytest
 
 from gpuwarden.procs.holders import FdTables, keep_fd_tables, scan_holders, shared_fd_tables
 from gpuwarden.procs.live import LiveProcesses
-from tests.conftest import end_process
+from tests.helpers.procs import end_process
 
 HOLD = (
     "import sys,time; fs=[open(p) for p in sys.argv[1:]]; print('ok', flush=True); time.sleep(60)"

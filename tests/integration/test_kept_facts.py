@@ -14,7 +14,7 @@ import pytest
 
 from gpuwarden.procs.live import KeptFacts, LiveProcesses
 from gpuwarden.procs.model import ProcInfo
-from tests.conftest import end_process
+from tests.helpers.procs import end_process
 
 EXEC_ON_LINE = (
     "import os, sys\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.conftest import SimMachine
+from tests.helpers.sim import SimMachine
 
 
 def test_leaks_exits_1_when_it_finds_a_leak_and_0_when_none(sim: SimMachine, make_sim: Any) -> None:

@@ -18,7 +18,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import SimMachine, wait_for
+from tests.helpers.sim import SimMachine
+from tests.helpers.wait import wait_for
 
 GiB = 1024**3
 CONTEXT = 512 << 20  # what the simulated driver charges a process's CUDA context

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from gpuwarden.cli.commands import COMMANDS
-from tests.conftest import SRC
+from tests.helpers.paths import SRC
 
 
 def _page() -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import EXAMPLES, free_port, make_env
 
 GiB = 1 << 30

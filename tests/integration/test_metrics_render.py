@@ -21,8 +21,8 @@ from gpuwarden.gpus.sim import SimBackend
 from gpuwarden.metrics.collector import SnapshotCollector, render_text
 from gpuwarden.metrics.exporter import registry_for, start
 from gpuwarden.observe.snapshot import Snapshot, take_snapshot
+from tests.helpers.builders import GiB, gpu, proc, snapshot
 from tests.integration.daemon_fixture import free_port
-from tests.unit.builders import GiB, gpu, proc, snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,9 @@ import pytest
 
 from gpuwarden.gpus.sim import SimBackend
 from gpuwarden.sim.scenario import ScenarioError, load_scenario
-from tests.conftest import EXAMPLES, SimMachine, wait_for
+from tests.helpers.paths import EXAMPLES
+from tests.helpers.sim import SimMachine
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import Daemon
 
 SCENARIO = EXAMPLES / "a100-mig.json"

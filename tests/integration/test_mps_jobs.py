@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gpuwarden.mps.state import MpsDaemon, read_mps_state
-from tests.conftest import wait_for
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, start_daemon
 
 GiB = 1 << 30

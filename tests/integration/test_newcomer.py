@@ -8,7 +8,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import SimMachine, end_process
+from tests.helpers.procs import end_process
+from tests.helpers.sim import SimMachine
 from tests.integration.daemon_fixture import PY, Daemon
 
 GiB = 1 << 30
@@ -99,7 +100,7 @@ def _scrape(sim: SimMachine, *args: str) -> str:
     """One scrape of ``gpuwarden exporter ARGS`` on a free port."""
     import urllib.request
 
-    from tests.conftest import wait_for
+    from tests.helpers.wait import wait_for
     from tests.integration.daemon_fixture import free_port
 
     port = free_port()
@@ -198,7 +199,7 @@ def test_the_readme_says_what_the_code_and_the_makefile_do() -> None:
     import re
 
     from gpuwarden.cli.doctor import EXIT_CRITICAL
-    from tests.conftest import ROOT
+    from tests.helpers.paths import ROOT
 
     readme = (ROOT / "README.md").read_text()
     said = re.search(r"gpuwarden doctor .*exit (\d+) if critical", readme)
@@ -234,7 +235,7 @@ def test_messages_name_a_job_once(daemon: Daemon) -> None:
 
 
 def test_a_job_that_can_never_run_here_is_refused_at_submit(tmp_path: Path) -> None:
-    from tests.conftest import EXAMPLES
+    from tests.helpers.paths import EXAMPLES
     from tests.integration.daemon_fixture import start_daemon
 
     run = start_daemon(

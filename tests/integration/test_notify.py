@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, free_port, start_daemon
 
 SIM = [PY, "-m", "gpuwarden.sim.job", "--mem", "1G"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, start_daemon
 
 GiB = 1 << 30

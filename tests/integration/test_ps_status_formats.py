@@ -11,7 +11,9 @@ import sys
 import time
 
 from gpuwarden.observe.jsonview import SCHEMA_VERSION
-from tests.conftest import EXAMPLES, SimMachine, end_process
+from tests.helpers.paths import EXAMPLES
+from tests.helpers.procs import end_process
+from tests.helpers.sim import SimMachine
 from tests.integration.daemon_fixture import PY, Daemon
 
 

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import EXAMPLES, wait_for
+from tests.helpers.paths import EXAMPLES
+from tests.helpers.wait import wait_for
 
 # A real process that records every signal it gets instead of dying of it.
 _RECORDER = """

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import EXAMPLES, wait_for
+from tests.helpers.paths import EXAMPLES
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import PY, start_daemon
 
 

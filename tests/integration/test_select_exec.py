@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import gpuwarden
-from tests.conftest import wait_for
+from tests.helpers.wait import wait_for
 
 SRC = Path(gpuwarden.__file__).resolve().parent.parent
 REPO = SRC.parent

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import PY, Daemon
 from tests.integration.test_daemon_metrics import find, scrape
 

@@ -21,7 +21,7 @@ import pytest
 
 from gpuwarden.mps.control import MpsControl
 from gpuwarden.mps.state import MpsError, read_mps_state
-from tests.conftest import nobody_prefix
+from tests.helpers.procs import nobody_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"

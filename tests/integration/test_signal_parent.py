@@ -12,7 +12,8 @@ from pathlib import Path
 import psutil
 
 from gpuwarden.procs.terminate import signal_parent
-from tests.conftest import end_process, wait_for
+from tests.helpers.procs import end_process
+from tests.helpers.wait import wait_for
 
 _RECORDER = """
 import signal, sys, time

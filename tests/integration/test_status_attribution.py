@@ -11,7 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import EXAMPLES, SimMachine, end_process, wait_for
+from tests.helpers.paths import EXAMPLES
+from tests.helpers.procs import end_process
+from tests.helpers.sim import SimMachine
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import Daemon
 
 CONTAINER = "docker:9c0ffee12345"

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import EXAMPLES, wait_for
+from tests.helpers.paths import EXAMPLES
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import PY, Daemon, start_daemon
 
 

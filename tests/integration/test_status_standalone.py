@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import SimMachine
+from tests.helpers.sim import SimMachine
 from tests.integration.test_status_daemon import without_times
 
 

@@ -157,7 +157,7 @@ def _reports(path: Path) -> list[list[str]]:
 def _wait_ready(report: Path, proc: subprocess.Popen[bytes]) -> None:
     """Until the worker says it is ready; its error output if it ends first."""
     # Imported here: the worker runs this file as a script, where tests is not a package.
-    from tests.conftest import wait_for
+    from tests.helpers.wait import wait_for
 
     def ready() -> bool:
         if report.exists() and report.read_text().startswith("ready"):

@@ -38,7 +38,8 @@ from gpuwarden.jobs.jobdir import (
 from gpuwarden.launch import Host, plan_launch
 from gpuwarden.supervisor.control import alive, cancel
 from gpuwarden.supervisor.spawn import spawn_supervisor, spec_from_plan
-from tests.conftest import end_process, wait_for
+from tests.helpers.procs import end_process
+from tests.helpers.wait import wait_for
 
 SRC = Path(gpuwarden.__file__).resolve().parent.parent
 PY = sys.executable

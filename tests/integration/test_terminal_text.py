@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.conftest import EXAMPLES
+from tests.helpers.paths import EXAMPLES
 
 EVIL = "evil\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\rhidden"
 

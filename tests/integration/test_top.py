@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from tests.conftest import EXAMPLES, SRC
+from tests.helpers.paths import EXAMPLES, SRC
 from tests.integration.daemon_fixture import PY, Daemon
 
 textual = pytest.importorskip("textual")

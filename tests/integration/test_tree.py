@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.conftest import SRC
+from tests.helpers.paths import SRC
 
 SCRIPT = r"""
 import json, subprocess, sys, time

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import EXAMPLES, SRC
+from tests.helpers.paths import EXAMPLES, SRC
 from tests.integration.daemon_fixture import free_port
 
 ray = pytest.importorskip("ray")

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from tests.conftest import SRC
+from tests.helpers.paths import SRC
 from tests.integration.daemon_fixture import PY
 from tests.security.pidns import User
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from tests.conftest import ROOT, SRC
+from tests.helpers.paths import ROOT, SRC
 
 PY = sys.executable
 RESULT = "RESULT "

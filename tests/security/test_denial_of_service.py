@@ -30,7 +30,7 @@ from gpuwarden.daemon.store import Store
 from gpuwarden.errors import UsageError
 from gpuwarden.jobs import model
 from gpuwarden.jobs.model import JobSpec
-from tests.conftest import EXAMPLES, ROOT, SRC
+from tests.helpers.paths import EXAMPLES, ROOT, SRC
 from tests.integration.daemon_fixture import (
     Daemon,
     free_port,

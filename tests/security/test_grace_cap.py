@@ -12,7 +12,8 @@ import pytest
 
 from gpuwarden.daemon.config import read_config
 from gpuwarden.errors import UsageError
-from tests.conftest import EXAMPLES, wait_for
+from tests.helpers.paths import EXAMPLES
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import start_daemon
 from tests.security import pidns
 from tests.security.pidns import User

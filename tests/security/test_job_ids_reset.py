@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import EXAMPLES
+from tests.helpers.paths import EXAMPLES
 from tests.integration.daemon_fixture import start_daemon
 from tests.security import pidns
 from tests.security.pidns import User

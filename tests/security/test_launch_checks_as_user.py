@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import EXAMPLES, SRC
+from tests.helpers.paths import EXAMPLES, SRC
 from tests.integration.daemon_fixture import PY, free_port, start_daemon
 from tests.security import pidns
 from tests.security.pidns import User

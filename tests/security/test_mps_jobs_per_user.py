@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from gpuwarden.mps.state import read_mps_state
-from tests.conftest import EXAMPLES, wait_for
+from tests.helpers.paths import EXAMPLES
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import Daemon, start_daemon
 from tests.security import pidns
 from tests.security.pidns import User

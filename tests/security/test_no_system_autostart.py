@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from gpuwarden.client.paths import SYSTEM_CONFIG
-from tests.conftest import EXAMPLES, SRC
+from tests.helpers.paths import EXAMPLES, SRC
 from tests.integration.daemon_fixture import PY
 from tests.security.conftest import pid_namespace_works
 

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import EXAMPLES, SRC, wait_for
+from tests.helpers.paths import EXAMPLES, SRC
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import PY, start_daemon
 from tests.security import pidns
 from tests.security.pidns import User

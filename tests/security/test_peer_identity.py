@@ -15,7 +15,7 @@ import subprocess
 import time
 from typing import Any
 
-from tests.conftest import EXAMPLES
+from tests.helpers.paths import EXAMPLES
 from tests.integration.daemon_fixture import start_daemon
 from tests.security import pidns
 from tests.security.pidns import PY, User

@@ -11,7 +11,7 @@ import pytest
 
 from gpuwarden.daemon.config import read_config
 from gpuwarden.errors import UsageError
-from tests.conftest import EXAMPLES
+from tests.helpers.paths import EXAMPLES
 from tests.integration.daemon_fixture import start_daemon
 from tests.security import pidns
 from tests.security.pidns import User

@@ -18,7 +18,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import EXAMPLES, wait_for
+from tests.helpers.paths import EXAMPLES
+from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import PY, start_daemon
 from tests.security import pidns
 from tests.security.pidns import User

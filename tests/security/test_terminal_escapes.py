@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gpuwarden.observe.snapshot import Snapshot
 from gpuwarden.tui import model, table
-from tests.conftest import EXAMPLES
+from tests.helpers.paths import EXAMPLES
 from tests.integration.daemon_fixture import start_daemon
 from tests.security import pidns
 from tests.security.pidns import User

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES
+from tests.helpers.paths import EXAMPLES
 from tests.integration.daemon_fixture import free_port, http_request, raw_http, start_daemon
 
 BAD_IDS = ("%C2%B2", "%D9%A1", "%EF%BC%91")  # ², ١, fullwidth 1

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES, SRC
+from tests.helpers.paths import EXAMPLES, SRC
 from tests.integration.daemon_fixture import Daemon, free_port, start_daemon
 from tests.security import pidns
 from tests.security.pidns import PY, User

@@ -24,7 +24,7 @@ from gpuwarden.procs.identity import (
     signal_if_same,
     start_ticks,
 )
-from tests.conftest import wait_for
+from tests.helpers.wait import wait_for
 
 
 def test_same_start_has_one_tolerance() -> None:

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from gpuwarden.observe.leaks import KINDS, MiB, find_leaks
 from gpuwarden.observe.snapshot import process_state
 from gpuwarden.procs.model import ProcInfo
-from tests.unit.builders import GiB, gpu, holder, info, proc, snapshot
+from tests.helpers.builders import GiB, gpu, holder, info, proc, snapshot
 
 
 def test_process_states() -> None:

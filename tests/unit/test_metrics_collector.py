@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuwarden.metrics.collector import SnapshotCollector
 from gpuwarden.observe.snapshot import Snapshot
-from tests.unit.builders import GiB, gpu, proc, snapshot
+from tests.helpers.builders import GiB, gpu, proc, snapshot
 
 
 def scrape(collector: SnapshotCollector) -> dict[str, float]:

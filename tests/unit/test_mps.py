@@ -38,7 +38,7 @@ from gpuwarden.mps.state import (
     read_mps_state,
 )
 from gpuwarden.units import GiB, MiB, parse_size
-from tests.conftest import nobody_prefix
+from tests.helpers.procs import nobody_prefix
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 

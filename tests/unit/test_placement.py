@@ -26,8 +26,8 @@ from gpuwarden.sched.placement import (
     numa_nodes,
     wait_reason,
 )
-from tests.unit.builders import gpu as facts
-from tests.unit.builders import proc, snapshot
+from tests.helpers.builders import gpu as facts
+from tests.helpers.builders import proc, snapshot
 
 GiB = 1 << 30
 MiB = 1 << 20

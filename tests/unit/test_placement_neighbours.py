@@ -11,8 +11,8 @@ from gpuwarden.sched.headroom import DEFAULT_RESERVE, gpu_states
 from gpuwarden.sched.model import QueuedJob
 from gpuwarden.sched.placement import fits
 from gpuwarden.sched.select import Choice, Request, choose_gpus
-from tests.conftest import EXAMPLES
-from tests.unit.builders import GiB, gpu, proc, snapshot
+from tests.helpers.builders import GiB, gpu, proc, snapshot
+from tests.helpers.paths import EXAMPLES
 
 
 def _place(snap: object, job: QueuedJob) -> tuple[int, ...]:

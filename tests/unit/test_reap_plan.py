@@ -5,7 +5,7 @@ import pytest
 from gpuwarden.errors import UsageError
 from gpuwarden.observe.leaks import find_leaks
 from gpuwarden.observe.reap import NONE, SIGNAL_PARENT, TERMINATE, plan_reap
-from tests.unit.builders import GiB, gpu, holder, proc, snapshot
+from tests.helpers.builders import GiB, gpu, holder, proc, snapshot
 
 ORPHAN = dict(ppid=1, pgid=9, group_leader_alive=False, parent_pgid=1)
 

@@ -13,7 +13,7 @@ from gpuwarden.daemon import reconcile as rc
 from gpuwarden.jobs import model
 from gpuwarden.jobs.jobdir import ChildInfo, ExitInfo, SupervisorHandle, SupervisorStatus
 from gpuwarden.jobs.model import Hold, Job, JobSpec
-from tests.unit.builders import GiB, gpu, proc, snapshot
+from tests.helpers.builders import GiB, gpu, proc, snapshot
 
 MiB = 1 << 20
 SUP = SupervisorHandle(pid=40, start_time=100.0)

@@ -17,7 +17,7 @@ from gpuwarden.observe.leaks import DEFAULT_THRESHOLD, find_leaks
 from gpuwarden.observe.sampling import sample_suspects
 from gpuwarden.observe.snapshot import Snapshot, take_snapshot
 from gpuwarden.sim.scenario import SimProcess
-from tests.conftest import EXAMPLES
+from tests.helpers.paths import EXAMPLES
 
 
 def sample(

@@ -16,7 +16,7 @@ from gpuwarden.daemon.snapview import SnapshotKeeper, answer, for_caller, hidepi
 from gpuwarden.errors import UsageError
 from gpuwarden.render.ink import Ink
 from gpuwarden.render.statusview import render_doc
-from tests.unit.builders import gpu, holder, proc, snapshot
+from tests.helpers.builders import gpu, holder, proc, snapshot
 
 ALICE = Caller(pid=1, uid=1000, gid=1000, user="alice", groups=(1000,))
 ROOT = Caller(pid=1, uid=0, gid=0, user="root", groups=(0,))

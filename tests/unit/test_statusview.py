@@ -15,7 +15,7 @@ from gpuwarden.printable import width as width_of
 from gpuwarden.render import ink as inkmod
 from gpuwarden.render.ink import Ink
 from gpuwarden.render.statusview import leak_lines, render_doc
-from tests.unit.builders import gpu, proc, snapshot
+from tests.helpers.builders import gpu, proc, snapshot
 
 SGR = re.compile("\x1b\\[[0-9;]*m")
 

@@ -56,7 +56,7 @@ from gpuwarden.jobs.model import (
 )
 from gpuwarden.jobs.services import Service
 from gpuwarden.procs.identity import boot_id
-from tests.unit.builders import move
+from tests.helpers.builders import move
 
 GiB = 1 << 30
 

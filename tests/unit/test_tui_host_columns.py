@@ -8,7 +8,7 @@ import os
 from gpuwarden.observe.snapshot import Snapshot
 from gpuwarden.procs.live import LiveProcesses
 from gpuwarden.tui import model, table
-from tests.unit.builders import GiB, gpu, proc, snapshot
+from tests.helpers.builders import GiB, gpu, proc, snapshot
 
 
 def _snap(cpu: float | None, at: float, start: float = 1010.0) -> Snapshot:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from gpuwarden.observe.leaks import Leak, find_leaks
 from gpuwarden.tui import model, table
 from gpuwarden.tui.model import FOREIGN, FREE, JOB, LEAKED, Segment
-from tests.unit.builders import gpu, proc, snapshot
+from tests.helpers.builders import gpu, proc, snapshot
 
 GiB = 1024**3
 MiB = 1024**2
