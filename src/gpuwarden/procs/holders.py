@@ -60,6 +60,10 @@ class FdTables:
     def __len__(self) -> int:
         return len(self._tables)
 
+    def table(self, pid: int) -> _Table | None:
+        """What is kept for ``pid``, due or not."""
+        return self._tables.get(pid)
+
     def kept(self, pid: int, ino: int, fds: int, now: float) -> _Table | None:
         t = self._tables.get(pid)
         if t is None or t.ino != ino or t.fds != fds or now >= t.until:
