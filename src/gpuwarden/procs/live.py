@@ -10,8 +10,6 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import lru_cache
 from typing import NamedTuple
 
-import psutil
-
 from gpuwarden.procs.container import read_container
 from gpuwarden.procs.holders import scan_holders, shared_fd_tables
 from gpuwarden.procs.model import INTERESTING_ENV, Holder, ProcInfo
@@ -79,6 +77,8 @@ def _pgid(pid: int) -> int | None:
 
 
 def _alive(pid: int) -> bool:
+    import psutil
+
     try:
         p = psutil.Process(pid)
         return p.status() != psutil.STATUS_ZOMBIE
@@ -196,6 +196,10 @@ class LiveProcesses:
         return info
 
     def _read(self, pid: int, detail: bool) -> ProcInfo:
+        # Imported here, not at the top: a snapshot of declared (simulated) processes
+        # reads no live one, and psutil is a fifth of status's imports.
+        import psutil
+
         try:
             p = psutil.Process(pid)
             with p.oneshot():

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
+from gpuwarden.procs import identity
 
 
 def state_dir_for(scenario_path: Path) -> Path:
@@ -43,13 +43,6 @@ class Allocation:
     command: str
     freeing: bool = False  # its process is gone; the driver has not freed it yet
     mps: bool = False  # an MPS client: the driver lists it as one (and as compute)
-
-
-def _start_time(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
-        return None
 
 
 class Registry:
@@ -103,8 +96,9 @@ class Registry:
                 )
             except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
                 continue  # half-written, vanished or not an allocation: ignore this read
-            started = _start_time(alloc.pid)
-            alive = started is not None and abs(started - alloc.start_time) < 1.0
+            # As the driver: a process that exited (a zombie too) has let go of its
+            # contexts; the memory comes back after the lag.
+            alive = identity.alive(alloc.pid, alloc.start_time)
             if alive or alloc.leak:
                 out.append(alloc)
                 continue
