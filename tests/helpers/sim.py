@@ -32,8 +32,11 @@ class SimMachine:
             PYTHONPATH=str(SRC) + os.pathsep + env.get("PYTHONPATH", ""),
             COLUMNS="100",
             PYTHONUNBUFFERED="1",
+            # This machine's own: what one command leaves the next (cli/plain.backend).
+            XDG_CACHE_HOME=str(self.state / "cache"),
         )
         env.pop("CUDA_VISIBLE_DEVICES", None)
+        env.pop("XDG_RUNTIME_DIR", None)
         return env
 
     def cli(

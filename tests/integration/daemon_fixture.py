@@ -208,7 +208,10 @@ def make_env(tmp: Path, scenario: Path) -> dict[str, str]:
         GPUWARDEN_SIM_STATE=str(tmp / "sim"),
         PYTHONUNBUFFERED="1",
         PYTHONPATH=str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        # Each test's own: what one command leaves the next (cli/plain.backend).
+        XDG_CACHE_HOME=str(tmp / "cache"),
     )
+    env.pop("XDG_RUNTIME_DIR", None)
     return env
 
 

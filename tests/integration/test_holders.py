@@ -165,3 +165,70 @@ def test_fd_tables_are_kept_only_where_asked(monkeypatch: pytest.MonkeyPatch) ->
     assert shared_fd_tables() is None  # a one-shot command reads every table once
     tables = keep_fd_tables()
     assert keep_fd_tables() is tables and shared_fd_tables() is tables
+
+
+def test_fd_tables_saved_for_the_next_run_and_refused_when_not_ours(tmp_path: Path) -> None:
+    import json
+
+    from gpuwarden.procs.holders import fd_tables_from
+    from gpuwarden.procs.identity import boot_id
+
+    dev = tmp_path / "nvidia0"
+    dev.touch()
+    files = {str(dev): 0}
+    saved = tmp_path / "fd-tables.json"
+    p = _hold(dev)
+    try:
+        with fd_tables_from(saved):  # a one-shot command: scans, then leaves its tables
+            first = {h.pid for h in LiveProcesses().holders(files)}
+        assert p.pid in first
+        assert saved.stat().st_mode & 0o777 == 0o600
+        doc = json.loads(saved.read_text())
+        assert doc["boot"] == boot_id() and any(row[0] == p.pid for row in doc["tables"])
+
+        loaded = FdTables()
+        loaded.load(saved)
+        kept = loaded.table(p.pid)
+        assert kept is not None and kept.devices == (str(dev),)
+        with fd_tables_from(saved):  # the next run finds it without reading its table
+            assert {h.pid for h in LiveProcesses().holders(files)} == first
+            tables = shared_fd_tables()
+            assert tables is not None and tables.table(p.pid) == kept
+        assert shared_fd_tables() is None  # nothing kept past the command
+
+        for bad in (
+            json.dumps({**doc, "boot": "another boot"}),  # pids and inodes start again
+            "{not json",
+            json.dumps({"boot": boot_id(), "tables": [[p.pid, 1, 2, "not a list", 3.0]]}),
+            json.dumps({"boot": boot_id(), "tables": [[-1, 1, 2, [], 3.0]]}),
+        ):
+            saved.write_text(bad)
+            refused = FdTables()
+            refused.load(saved)
+            assert len(refused) == 0, bad
+        link = tmp_path / "link.json"
+        saved.write_text(json.dumps(doc))
+        link.symlink_to(saved)
+        refused = FdTables()
+        refused.load(link)  # a link where the file should be: not followed
+        assert len(refused) == 0
+    finally:
+        end_process(p)
+
+
+def test_the_user_cache_dir_is_this_users_alone(tmp_path: Path) -> None:
+    from gpuwarden.client.paths import user_cache_dir
+
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    me = os.geteuid()
+    d = user_cache_dir({"XDG_RUNTIME_DIR": str(runtime)}, me)
+    assert d == runtime / "gpuwarden" and d.stat().st_mode & 0o777 == 0o700
+    # Another user's runtime dir (after su) and HOME (after sudo): nothing written there.
+    (tmp_path / ".cache").mkdir()
+    assert user_cache_dir({"XDG_RUNTIME_DIR": str(runtime), "HOME": str(tmp_path)}, me + 1) is None
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    assert user_cache_dir({"XDG_CACHE_HOME": str(cache)}, me) == cache / "gpuwarden"
+    (cache / "gpuwarden").chmod(0o755)  # opened up by someone: not trusted
+    assert user_cache_dir({"XDG_CACHE_HOME": str(cache)}, me) is None

@@ -75,3 +75,21 @@ def test_without_click_and_the_same_errors(make_sim: Any, tmp_path: Path) -> Non
         assert plain.stdout == ""
     bad = m.cli("status", "--pid", "x", env=env)  # refused by click, as before
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_each_run_leaves_its_fd_tables_to_the_next(make_sim: Any, tmp_path: Path) -> None:
+    """``watch -n 1 gpuwarden status``: each run reads only the fd tables that changed
+    since the last one's (procs/holders.py), and says the same as a run without them."""
+    m = make_sim("leaky-4gpu.json")
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    env = {**_env(m, tmp_path / "home"), "XDG_RUNTIME_DIR": str(runtime)}
+    first = json.loads(m.cli("status", "--json", env=env, check=True).stdout)
+    saved = runtime / "gpuwarden" / "fd-tables.json"
+    assert saved.is_file() and saved.stat().st_mode & 0o777 == 0o600
+    again = json.loads(m.cli("status", "--json", env=env, check=True).stdout)
+    alone = {k: v for k, v in env.items() if k != "XDG_RUNTIME_DIR"}
+    alone["XDG_CACHE_HOME"] = str(tmp_path / "no-such-dir")  # nowhere to keep them
+    without = json.loads(m.cli("status", "--json", env=alone, check=True).stdout)
+    assert first["holders"]  # the scenario's device-file holders, found each time
+    assert without_times(first) == without_times(again) == without_times(without)

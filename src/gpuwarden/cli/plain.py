@@ -18,15 +18,26 @@ if TYPE_CHECKING:
     from gpuwarden.gpus.sim import SimBackend
 
 
+FD_TABLES_FILE = "fd-tables.json"
+
+
 @contextmanager
 def backend() -> Iterator[Backend]:
+    """The machine's backend for one command. Its device-file scans reuse the fd tables
+    this user's last command left (``procs/holders.fd_tables_from``): ``watch -n 1
+    gpuwarden status`` on a machine of thousands of processes reads only the fd tables
+    that changed."""
+    from gpuwarden.client.paths import user_cache_dir
     from gpuwarden.gpus.backend import open_backend
+    from gpuwarden.procs.holders import fd_tables_from
 
-    b = open_backend()
-    try:
-        yield b
-    finally:
-        b.close()
+    cache = user_cache_dir()
+    with fd_tables_from(None if cache is None else cache / FD_TABLES_FILE):
+        b = open_backend()
+        try:
+            yield b
+        finally:
+            b.close()
 
 
 def emit_json(data: Any) -> None:

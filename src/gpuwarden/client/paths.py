@@ -124,6 +124,31 @@ def _runtime_dir(env: Mapping[str, str], euid: int) -> Path | None:
     return d
 
 
+def user_cache_dir(env: Mapping[str, str] | None = None, euid: int | None = None) -> Path | None:
+    """Where one command leaves what the next one of the same user may reuse (the fd
+    tables of the device-file scan): ``$XDG_RUNTIME_DIR/gpuwarden`` when that runtime
+    directory is this user's (emptied at every boot), else
+    ``$XDG_CACHE_HOME/gpuwarden`` (``~/.cache/gpuwarden``) when the cache directory is
+    this user's. Made owner-only; None where neither is this user's (``sudo`` keeps
+    another user's HOME: root leaves nothing in it)."""
+    env = os.environ if env is None else env
+    euid = os.geteuid() if euid is None else euid
+    base = _runtime_dir(env, euid)
+    if base is None:
+        base = _abs_dir(env.get("XDG_CACHE_HOME")) or _user_home(env, euid) / ".cache"
+    d = base / "gpuwarden"
+    try:
+        if base.stat().st_uid != euid:
+            return None
+        d.mkdir(mode=0o700, exist_ok=True)
+        st = d.lstat()
+    except OSError:
+        return None
+    if not d.is_dir() or d.is_symlink() or st.st_uid != euid or st.st_mode & 0o077:
+        return None
+    return d
+
+
 def resolve_paths(
     env: Mapping[str, str] | None = None,
     euid: int | None = None,

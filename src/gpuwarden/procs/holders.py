@@ -7,16 +7,26 @@ inode with the same number of descriptors (Linux ≥ 6.2 reports it as the direc
 size) is not read again, for at most ``FdTables.recheck`` seconds. Opening a device file
 adds a descriptor and closing one removes it, so the count tells, unless a process closed
 one file and opened another under the same count between two scans: that is what the
-recheck bounds. Re-checks of suspects (``only``) always read the table itself."""
+recheck bounds. Re-checks of suspects (``only``) always read the table itself.
+
+A one-shot command run again and again (``watch -n 1 gpuwarden status``) keeps them
+between runs in a file of its user's (``fd_tables_from``), read at its first scan and
+written back at its end; a file from another boot, another user or in another shape is
+not used."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
+
+MAX_FILE = 16 << 20  # bytes of a tables file: more is not one of ours
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,61 @@ class FdTables:
             for pid in [p for p in self._tables if p not in keep]:
                 del self._tables[pid]
 
+    def save(self, path: Path) -> None:
+        """Write the tables to ``path`` (owner-only, replaced whole), for the next run.
+        Best effort: a directory that cannot take it loses only the next run's speed."""
+        from gpuwarden.procs.identity import boot_id
+
+        with self._lock:
+            rows = [[pid, *t[:2], list(t.devices), t.until] for pid, t in self._tables.items()]
+        data = json.dumps({"boot": boot_id(), "tables": rows}, separators=(",", ":"))
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        with contextlib.suppress(OSError):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(data)
+                os.replace(tmp, path)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+
+    def load(self, path: Path) -> None:
+        """Take the tables an earlier run wrote to ``path``, if that file is this user's,
+        from this boot (pids, inodes and the monotonic clock start again at a boot) and
+        in the shape ``save`` writes; else keep none."""
+        from gpuwarden.procs.identity import boot_id
+
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return
+        try:
+            with os.fdopen(fd, "rb") as f:
+                st = os.fstat(f.fileno())
+                if st.st_uid != os.geteuid() or st.st_size > MAX_FILE:
+                    return
+                doc: Any = json.loads(f.read())
+            if not isinstance(doc, dict) or doc.get("boot") != boot_id():
+                return
+            tables = {row[0]: _Table(*_checked(row)) for row in doc["tables"]}
+        except (OSError, ValueError, TypeError, KeyError, IndexError):
+            return
+        with self._lock:
+            self._tables = tables
+
+
+def _checked(row: Any) -> tuple[int, int, tuple[str, ...], float]:
+    """A saved row's (ino, fds, devices, until), or ValueError."""
+    pid, ino, fds, devices, until = row
+    if not all(type(v) is int and v >= 0 for v in (pid, ino, fds)):
+        raise ValueError("not a table row")
+    if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
+        raise ValueError("not a table row")
+    if type(until) not in (int, float):
+        raise ValueError("not a table row")
+    return ino, fds, tuple(devices), float(until)
+
 
 _shared: FdTables | None = None
 
@@ -98,7 +163,39 @@ def keep_fd_tables() -> FdTables:
 
 
 def shared_fd_tables() -> FdTables | None:
-    """The tables ``keep_fd_tables`` started, if it was called."""
+    """The tables ``keep_fd_tables`` started, or those of ``fd_tables_from``'s file
+    (read now, at the first scan that asks)."""
+    global _shared
+    if _shared is None and _file is not None:
+        tables = FdTables()
+        tables.load(_file)
+        _shared = tables
+    return _shared
+
+
+_file: Path | None = None  # where fd_tables_from's tables come from and go back to
+
+
+@contextlib.contextmanager
+def fd_tables_from(path: Path | None) -> Iterator[None]:
+    """For a one-shot command: the fd tables its user's last run left in ``path``, read
+    at the first scan and written back when it ends. Nothing where ``path`` is None or
+    this process keeps tables of its own (``keep_fd_tables``)."""
+    global _shared, _file
+    if path is None or _shared is not None or _file is not None:
+        yield
+        return
+    _file = path
+    try:
+        yield
+    finally:
+        tables = _taken()  # (read anew: the scan may have loaded them meanwhile)
+        _shared, _file = None, None
+        if tables is not None:
+            tables.save(path)
+
+
+def _taken() -> FdTables | None:
     return _shared
 
 
