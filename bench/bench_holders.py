@@ -17,7 +17,9 @@ What it does:
 4. Alternates, round by round (the order flips every round, so drift hits all alike):
    ``scan_holders`` (the raw scan), the same scan with ``FdTables`` kept across rounds
    (what the daemon and the exporter do: a table whose descriptor count did not change
-   is not read again, each is re-read within 10 s anyway), ``LiveProcesses.holders``
+   is not read again, each is re-read within 10 s anyway), the same as a one-shot
+   command does it (its last run's tables read from a file, used and written back),
+   ``LiveProcesses.holders``
    (scan plus user/command of each holder, what a snapshot does) and ``fuser -v <device
    files>`` as a subprocess; plus ``/bin/true`` to show the fixed cost of starting any
    subprocess. Every round asserts that each scan and fuser found exactly the expected
@@ -369,6 +371,7 @@ def measure(mix: str, n: int, args: argparse.Namespace, notes: list[str]) -> dic
             samples: dict[str, list[float]] = {
                 "scan": [],
                 "kept": [],
+                "next_run": [],
                 "holders": [],
                 "fuser": [],
                 "true": [],
@@ -382,6 +385,17 @@ def measure(mix: str, n: int, args: argparse.Namespace, notes: list[str]) -> dic
             def do_kept() -> set[int]:
                 return {h.pid for h in scan_holders(device_files, tables=tables)}
 
+            saved = state / "fd-tables.json"
+
+            def do_next_run() -> set[int]:
+                """A one-shot command's scan: the tables its last run left, read, used
+                and written back (cli/plain.backend)."""
+                run = FdTables()
+                run.load(saved)
+                found = {h.pid for h in scan_holders(device_files, tables=run)}
+                run.save(saved)
+                return found
+
             def do_holders() -> set[int]:
                 return {h.pid for h in LiveProcesses().holders(device_files)}
 
@@ -394,6 +408,7 @@ def measure(mix: str, n: int, args: argparse.Namespace, notes: list[str]) -> dic
             steps: list[tuple[str, Callable[[], Any]]] = [
                 ("scan", do_scan),
                 ("kept", do_kept),
+                ("next_run", do_next_run),
                 ("fuser", do_fuser),
                 ("holders", do_holders),
                 ("true", do_true),
@@ -443,6 +458,7 @@ def measure(mix: str, n: int, args: argparse.Namespace, notes: list[str]) -> dic
             "fuser_over_scan": med["fuser"] / med["scan"],
             "fuser_over_scan_paired": statistics.median(paired),
             "fuser_over_kept": med["fuser"] / med["kept"],
+            "fuser_over_next_run": med["fuser"] / med["next_run"],
             "fuser_over_holders": med["fuser"] / med["holders"],
             "fuser_without_spawn_over_scan": (med["fuser"] - med["true"]) / med["scan"],
         },
@@ -518,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{pop['maps_lines_median']:.0f} mappings each, {pop['holders']} holders; "
             f"{pop['rounds']} rounds"
         )
-        for name in ("scan", "kept", "holders", "fuser", "true"):
+        for name in ("scan", "kept", "next_run", "holders", "fuser", "true"):
             print(
                 f"  {name:8s} median {ms(res[name]['median']):>10s}  "
                 f"p95 {ms(res[name]['p95']):>10s}"

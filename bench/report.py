@@ -175,7 +175,9 @@ def _holders(h: dict[str, Any]) -> list[str]:
         "seconds: a process whose /proc/PID/fd is the same inode with the same number of "
         "descriptors is not read again, and every table is read again within "
         f"{h['populations'][next(iter(h['populations']))].get('recheck_seconds', 10):.0f} s; "
-        "its first scan is the warm-up), "
+        "its first scan is the warm-up), the scan of a one-shot command run again (`watch "
+        "-n 1 gpuwarden status`: its last run's tables read from the user's file, used and "
+        "written back), "
         "`LiveProcesses.holders` (the scan plus user and command of each holder, what a "
         "snapshot does), `fuser -v <device files>` as a subprocess, and `/bin/true` (the "
         "fixed cost of starting any subprocess, included in fuser's figure). Every round "
@@ -215,6 +217,7 @@ def _holders(h: dict[str, Any]) -> list[str]:
     labels = {
         "scan": "`scan_holders`",
         "kept": "`scan_holders`, fd tables kept",
+        "next_run": "the next one-shot command's scan (tables from its file)",
         "holders": "`LiveProcesses.holders`",
         "fuser": "`fuser -v`",
         "true": "`/bin/true` (spawn cost)",
@@ -298,7 +301,14 @@ def _holders_summary(holders: dict[str, Any]) -> list[str]:
         r = p["ratios"]["fuser_over_scan"]
         kept = (
             f" (repeated with fd tables kept, as the daemon and the exporter scan: "
-            f"{ms(p['results']['kept']['median'])}, {p['ratios']['fuser_over_kept']:.1f}×)"
+            f"{ms(p['results']['kept']['median'])}, {p['ratios']['fuser_over_kept']:.1f}×"
+            + (
+                f"; a one-shot command run again: {ms(p['results']['next_run']['median'])}, "
+                f"{p['ratios']['fuser_over_next_run']:.1f}×"
+                if "next_run" in p["results"]
+                else ""
+            )
+            + ")"
             if "kept" in p["results"]
             else ""
         )
