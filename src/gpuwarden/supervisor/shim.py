@@ -18,9 +18,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NoReturn
 
 import psutil
 
@@ -40,37 +38,15 @@ from gpuwarden.jobs.jobdir import (
     write_claim,
     write_exit,
 )
-from gpuwarden.launch import (
-    CommandNotExecutable,
-    CommandNotFound,
-    apply_affinity,
-    launch_problem,
-    resolve_command,
-)
 from gpuwarden.procs.identity import boot_id, running, start_ticks
-from gpuwarden.procs.tree import PR_SET_PDEATHSIG, become_subreaper, prctl
+from gpuwarden.procs.tree import become_subreaper
+from gpuwarden.supervisor.child import StartFailed, exec_job, resolve, send
 from gpuwarden.supervisor.control import KILL_SIGNAL
 
 KILL_WAIT = 5.0  # how long SIGKILLed processes may take to go before they count as stuck
 POLL = 0.05
 CANCEL_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, KILL_SIGNAL})
 WATCHED = frozenset({signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, KILL_SIGNAL})
-
-
-class _StartFailed(Exception):
-    def __init__(self, exit_code: int, reason: str) -> None:
-        # A command or path that is not UTF-8 is written as \xNN: the reason is stored.
-        reason = os.fsencode(reason).decode(errors="backslashreplace")
-        super().__init__(reason)
-        self.exit_code = exit_code
-        self.reason = reason
-
-
-def _send(fd: int, record: Mapping[str, Any]) -> None:
-    """One JSON line on the start pipe (kept under PIPE_BUF, so it is written whole)."""
-    line = json.dumps(record)[:3500] + "\n"
-    with contextlib.suppress(OSError):
-        os.write(fd, line.encode())
 
 
 class Supervisor:
@@ -136,7 +112,7 @@ class Supervisor:
         except SupervisorError as e:
             self.log(str(e))
             if ready_fd is not None:
-                _send(ready_fd, {"error": str(e)})
+                send(ready_fd, {"error": str(e)})
                 os.close(ready_fd)
             return 2
         told = True
@@ -216,7 +192,7 @@ class Supervisor:
             except BaseException:
                 os.close(out_fd)
                 raise
-        except _StartFailed as e:
+        except StartFailed as e:
             self.log(e.reason)
             return e.reason, e.exit_code
         except OSError as e:
@@ -240,7 +216,7 @@ class Supervisor:
         euid = os.geteuid()
         if euid != 0:
             if spec.uid != euid:
-                raise _StartFailed(
+                raise StartFailed(
                     126,
                     f"cannot run as uid {spec.uid}: the supervisor runs as uid {euid}, not root",
                 )
@@ -251,21 +227,8 @@ class Supervisor:
         return self.resolve()
 
     def resolve(self) -> tuple[str, tuple[str, ...]]:
-        """Check cwd and command as the user this process now runs as (``launch_problem``);
-        the executable and argv."""
-        spec = self.spec
-        argv = (*spec.numactl_prefix, *spec.argv)
-        for command in (spec.argv, spec.numactl_prefix):  # the command, then its wrapper
-            problem = launch_problem(command, spec.cwd, spec.env) if command else None
-            if problem is not None:
-                raise _StartFailed(*problem)
-        name = argv[0]
-        if os.sep in name and not os.path.isabs(name):
-            name = os.path.join(spec.cwd, name)  # relative to the job's cwd, not ours
-        try:
-            return resolve_command([name], spec.env), argv
-        except (CommandNotFound, CommandNotExecutable) as e:
-            raise _StartFailed(e.exit_code, str(e)) from None
+        """The executable and argv, checked as the user this process now runs as."""
+        return resolve(self.spec)
 
     def open_log(self, name: str) -> int:
         fd = os.open(
@@ -284,7 +247,7 @@ class Supervisor:
 
     def start(
         self, path: str | None, argv: tuple[str, ...], out_fd: int, err_fd: int
-    ) -> _StartFailed | None:
+    ) -> StartFailed | None:
         """Fork and exec the command; a start pipe (closed by exec) carries failures."""
         r, w = os.pipe()
         sys.stdout.flush()
@@ -292,7 +255,7 @@ class Supervisor:
         pid = os.fork()
         if pid == 0:
             os.close(r)
-            self.child(w, path, argv, out_fd, err_fd)
+            exec_job(self.spec, w, path, argv, out_fd, err_fd, self.pid)
         os.close(w)
         self.child_pid = pid
         chunks = []
@@ -304,7 +267,7 @@ class Supervisor:
                 chunks.append(chunk)
         finally:
             os.close(r)
-        failed: _StartFailed | None = None
+        failed: StartFailed | None = None
         for line in b"".join(chunks).decode(errors="replace").splitlines():
             try:
                 rec = json.loads(line)
@@ -313,7 +276,7 @@ class Supervisor:
             if "warning" in rec:
                 self.warn(str(rec["warning"]))
             elif "error" in rec and failed is None:
-                failed = _StartFailed(int(rec.get("exit_code", 126)), str(rec["error"]))
+                failed = StartFailed(int(rec.get("exit_code", 126)), str(rec["error"]))
         if failed is not None:
             return failed
         started_at = time.time()  # the wall clock, for people; start_time is identity
@@ -335,87 +298,6 @@ class Supervisor:
             self.warn(f"cannot write {CHILD}: {e.strerror or e}")
         self.log(f"started pid {pid}: {json.dumps(list(argv))}")
         return None
-
-    def child(
-        self, w: int, path: str | None, argv: tuple[str, ...], out_fd: int, err_fd: int
-    ) -> NoReturn:
-        """In the forked child: new session, log files, the job's identity, cwd, CPUs,
-        exec. Never returns; failures go to the start pipe."""
-        spec = self.spec
-        code = 126
-        try:
-            signal.pthread_sigmask(signal.SIG_SETMASK, [])
-            for sig in (signal.SIGPIPE, signal.SIGXFSZ):
-                signal.signal(sig, signal.SIG_DFL)
-            os.setsid()
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            os.dup2(out_fd, 1)
-            os.dup2(err_fd, 2)
-            for name in os.listdir("/proc/self/fd"):
-                fd = int(name)
-                if fd > 2 and fd != w:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
-            if os.geteuid() == 0:
-                try:
-                    os.setgroups(list(spec.groups))
-                    os.setresgid(spec.gid, spec.gid, spec.gid)
-                    os.setresuid(spec.uid, spec.uid, spec.uid)
-                except OSError as e:
-                    raise _StartFailed(
-                        126, f"cannot switch to uid {spec.uid} gid {spec.gid}: {e.strerror or e}"
-                    ) from None
-                ok = (
-                    os.getresuid() == (spec.uid,) * 3
-                    and os.getresgid() == (spec.gid,) * 3
-                    and set(os.getgroups()) == set(spec.groups)
-                )
-                if ok and spec.uid != 0:
-                    try:
-                        os.setuid(0)
-                        ok = False
-                    except PermissionError:
-                        pass
-                if not ok:
-                    raise _StartFailed(
-                        126,
-                        f"privilege drop failed: the identity is not uid {spec.uid} gid {spec.gid}",
-                    )
-            # Our death (even by SIGKILL) takes the command with it rather than leaving it
-            # unsupervised; set after the identity change, which clears it.
-            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != self.pid:
-                os._exit(1)
-            if path is None:
-                path, argv = self.resolve()
-            try:
-                os.chdir(spec.cwd)
-            except FileNotFoundError:
-                raise _StartFailed(127, f"working directory not found: {spec.cwd}") from None
-            except OSError as e:
-                raise _StartFailed(
-                    126, f"working directory not usable: {spec.cwd}: {e.strerror or e}"
-                ) from None
-            warning = apply_affinity(spec.cpus)
-            if warning:
-                _send(w, {"warning": warning})
-            try:
-                os.execve(path, list(argv), spec.env)
-            except FileNotFoundError:
-                raise _StartFailed(127, f"command not found: {argv[0]}") from None
-            except PermissionError as e:
-                raise _StartFailed(
-                    126, f"command not executable: {argv[0]}: {e.strerror or e}"
-                ) from None
-            except OSError as e:
-                raise _StartFailed(126, f"cannot execute {argv[0]}: {e.strerror or e}") from None
-        except _StartFailed as e:
-            code = e.exit_code
-            _send(w, {"error": e.reason, "exit_code": e.exit_code})
-        except BaseException as e:
-            _send(w, {"error": f"cannot start the command: {e}", "exit_code": 126})
-        os._exit(code)
 
     def wait(self) -> str:
         """Wait for the command's exit, a cancel (SIGTERM/SIGINT) or the timeout."""
