@@ -69,7 +69,7 @@ def _env(scenario: Path, state: Path, pycache: Path) -> dict[str, str]:
 def _in_process_once(*, json_out: bool = True, table: bool = True) -> dict[str, float]:
     """One one-shot status, phase by phase (seconds), rendering JSON and/or the table.
     Reads GPUWARDEN_SIM from the environment."""
-    from gpuwarden.cli.common import emit_json
+    from gpuwarden.cli.plain import emit_json
     from gpuwarden.cli.status import render
     from gpuwarden.gpus.backend import open_backend
     from gpuwarden.observe.jsonview import snapshot_json
