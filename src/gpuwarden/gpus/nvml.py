@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from gpuwarden.errors import BackendUnavailable, GpuwardenError, PermissionDenied, UsageError
 from gpuwarden.gpus.model import COMPUTE_MODES, GpuFacts, GpuProcessFacts, MigInstanceFacts
 from gpuwarden.gpus.nvlink import nvlink_peers
+from gpuwarden.gpus.nvml_mig import mig_handles, mig_instances
 from gpuwarden.gpus.nvml_values import compute_mode_name, compute_mode_value, cpu_mask_to_cpulist
 from gpuwarden.gpus.topology import node_cpulist, sysfs_local_cpulist, sysfs_numa_node
 from gpuwarden.procs.live import LiveProcesses
@@ -415,66 +416,13 @@ class NvmlBackend:
                 merged[pid] = (max(known) if known else None, kinds)
         return merged
 
-    # -- MIG ------------------------------------------------------------------
+    # -- MIG (gpus/nvml_mig.py) ------------------------------------------------
 
     def _mig_handles(self, i: int, h: Any) -> list[tuple[Any, int, int, str]]:
-        """(handle, GPU instance id, compute instance id, MIG- UUID) of each MIG device
-        of a GPU in MIG mode; [] with MIG off, or where the driver or pynvml has no
-        MIG support, so such a GPU is seen exactly as before."""
-        nv = self._nv
-        needed = (
-            "nvmlDeviceGetMigMode",
-            "nvmlDeviceGetMaxMigDeviceCount",
-            "nvmlDeviceGetMigDeviceHandleByIndex",
-            "nvmlDeviceGetGpuInstanceId",
-            "nvmlDeviceGetComputeInstanceId",
-        )
-        if not all(hasattr(nv, n) for n in needed):
-            return []
-        mode = self._field(i, "mig mode", nv.nvmlDeviceGetMigMode, h)
-        if mode is None or int(mode[0]) != getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1):
-            return []
-        count = self._field(i, "mig device count", nv.nvmlDeviceGetMaxMigDeviceCount, h)
-        out: list[tuple[Any, int, int, str]] = []
-        for k in range(int(count or 0)):
-            try:
-                mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
-            except nv.NVMLError:
-                continue  # NOT_FOUND: no instance in this slot
-            gi = self._field(i, "mig gpu instance id", nv.nvmlDeviceGetGpuInstanceId, mh)
-            ci = self._field(i, "mig compute instance id", nv.nvmlDeviceGetComputeInstanceId, mh)
-            uuid = self._field(i, "mig uuid", nv.nvmlDeviceGetUUID, mh)
-            if gi is None or ci is None or uuid is None:
-                continue
-            text = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-            out.append((mh, int(gi), int(ci), text))
-        return out
+        return mig_handles(self._nv, self._field, i, h)
 
     def _mig_instances(self, i: int, h: Any) -> tuple[MigInstanceFacts, ...]:
-        """The GPU's MIG instances with their own memory, each named by its profile
-        (the MIG device's name ends with it: "NVIDIA A100-SXM4-80GB MIG 3g.40gb")."""
-        nv = self._nv
-        out: list[MigInstanceFacts] = []
-        for mh, gi, ci, uuid in self._mig_handles(i, h):
-            m = self._field(i, "mig memory", nv.nvmlDeviceGetMemoryInfo, mh)
-            if m is None:
-                continue
-            name = self._field(i, "mig name", nv.nvmlDeviceGetName, mh)
-            text = (name.decode() if isinstance(name, bytes) else str(name or "")).strip()
-            profile = text.rsplit("MIG ", 1)[1] if "MIG " in text else "?"
-            out.append(
-                MigInstanceFacts(
-                    gpu_index=i,
-                    gi_id=gi,
-                    ci_id=ci,
-                    profile=profile,
-                    uuid=uuid,
-                    memory_total=int(m.total),
-                    memory_used=int(m.used),
-                    memory_free=int(m.free),
-                )
-            )
-        return tuple(sorted(out, key=lambda x: x.gi_id))
+        return mig_instances(self._nv, self._field, i, h)
 
     # -- the rest of the protocol ---------------------------------------------
 
