@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 
@@ -17,9 +18,11 @@ def read_nspid(pid: int | str, proc: str = "/proc") -> tuple[int, ...] | None:
     return None
 
 
+@functools.cache
 def in_child_pid_namespace() -> bool:
     """True when this process runs inside a container's PID namespace: then the driver
-    reports host pids that this /proc cannot show."""
+    reports host pids that this /proc cannot show. Asked once: a process never leaves
+    its PID namespace (and a fork is born in it)."""
     chain = read_nspid("self")
     if chain is not None and len(chain) > 1:
         return True
