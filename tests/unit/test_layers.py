@@ -280,3 +280,17 @@ def test_no_module_imports_another_ones_private_names() -> None:
     assert found >= ALLOWED_PRIVATE, "fixed: drop from ALLOWED_PRIVATE " + str(
         ALLOWED_PRIVATE - found
     )
+
+
+MAX_LINES = 520  # "about 500": a module past it holds more than one idea (CONTRIBUTING.md)
+
+
+def test_no_module_is_much_longer_than_500_lines() -> None:
+    """A module that grows past about 500 lines is split where it holds two ideas (as
+    the store's file handling from its queries), not trimmed to fit."""
+    long = {
+        name: n
+        for name, path in MODULES.items()
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
