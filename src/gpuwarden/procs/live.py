@@ -1,4 +1,4 @@
-"""Process facts read from this machine's /proc (through psutil where it helps)."""
+"""Process facts read from this machine's /proc (``procs/procfs.py``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import lru_cache
 from typing import NamedTuple
 
+from gpuwarden.procs import procfs
 from gpuwarden.procs.container import read_container
 from gpuwarden.procs.holders import scan_holders, shared_fd_tables
 from gpuwarden.procs.model import INTERESTING_ENV, Holder, ProcInfo
@@ -77,13 +78,9 @@ def _pgid(pid: int) -> int | None:
 
 
 def _alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        p = psutil.Process(pid)
-        return p.status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
-        return False
+    """Is ``pid`` a process that has not exited (a zombie has)? Unreadable: no."""
+    status = procfs.state(pid) if pid > 0 else None
+    return status is not None and status not in ("zombie", "dead")
 
 
 class _Kept(NamedTuple):
@@ -178,6 +175,13 @@ class LiveProcesses:
         self._in_child_ns = in_child_pid_namespace()
         self._cache: dict[int, ProcInfo] = {}
         self.kept = kept
+        self._boot: float | None = None
+
+    def _boot_time(self) -> float:
+        """/proc/stat's boot time, read once a snapshot (the clock may be set between)."""
+        if self._boot is None:
+            self._boot = procfs.boot_time()
+        return self._boot
 
     @property
     def in_child_namespace(self) -> bool:
@@ -196,38 +200,23 @@ class LiveProcesses:
         return info
 
     def _read(self, pid: int, detail: bool) -> ProcInfo:
-        # Imported here, not at the top: a snapshot of declared (simulated) processes
-        # reads no live one, and psutil is a fifth of status's imports.
-        import psutil
-
         try:
-            p = psutil.Process(pid)
-            with p.oneshot():
-                uid = p.uids().real
-                status = p.status()
-                ppid = p.ppid()
-                start = p.create_time()
-                name = p.name()
-                try:
-                    cmd = " ".join(p.cmdline()) or f"[{name}]"
-                except (psutil.AccessDenied, psutil.ZombieProcess):
-                    cmd = f"[{name}]"
-                try:
-                    cpus: frozenset[int] | None = frozenset(p.cpu_affinity() or ())
-                except (psutil.AccessDenied, psutil.ZombieProcess, AttributeError, OSError):
-                    cpus = None
-                try:  # /proc/PID/stat and statm: readable for any user's process
-                    rss: int | None = int(p.memory_info().rss)
-                    times = p.cpu_times()
-                    cpu_time: float | None = float(times.user + times.system)
-                except (psutil.AccessDenied, psutil.ZombieProcess, OSError):
-                    rss, cpu_time = None, None
-        except psutil.NoSuchProcess:
+            f = procfs.read(pid, self._boot_time())
+        except (FileNotFoundError, ProcessLookupError):
             return ProcInfo(pid=pid, exists=False, namespace_hint=self._hint())
-        except psutil.AccessDenied:
+        except (OSError, ValueError, IndexError):  # unreadable (hidepid), or cut short
+            if not os.path.exists(f"/proc/{pid}"):
+                return ProcInfo(pid=pid, exists=False, namespace_hint=self._hint())
             return ProcInfo(pid=pid, exists=True, nspid=read_nspid(pid))
-        pgid = _pgid(pid)
-        leader_alive = None if pgid is None else (pgid == pid or _alive(pgid))
+        uid, status, ppid, start, name, cmd = f.uid, f.status, f.ppid, f.start, f.name, f.command
+        try:
+            cpus: frozenset[int] | None = frozenset(os.sched_getaffinity(pid))
+        except OSError:
+            cpus = None
+        rss: int | None = f.rss
+        cpu_time: float | None = f.cpu_time
+        pgid = f.pgid
+        leader_alive = pgid == pid or _alive(pgid)
         parent_pgid = _pgid(ppid) if ppid > 0 else None
         k = self.kept.get(pid, start, uid, name, cmd, detail)
         kept = self.kept
