@@ -56,7 +56,7 @@ from typing import Any
 from _common import machine, mem_available, ms, summarize
 
 from gpuwarden.procs.holders import FdTables, scan_holders
-from gpuwarden.procs.live import LiveProcesses
+from gpuwarden.procs.live import KeptFacts, LiveProcesses
 from gpuwarden.sim.registry import Registry
 
 FUSER = "/usr/bin/fuser"
@@ -335,6 +335,48 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
+def _psutil_facts(pid: int) -> object:
+    """A process's facts as LiveProcesses read them through psutil before procs/procfs.py
+    (the same calls, in the same order)."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        with p.oneshot():
+            facts: list[object] = [p.uids().real, p.status(), p.ppid(), p.create_time()]
+            name = p.name()
+            facts += [name, " ".join(p.cmdline()) or f"[{name}]"]
+            facts += [frozenset(p.cpu_affinity() or ()), p.memory_info().rss, p.cpu_times()]
+        pgid = os.getpgid(pid)
+        facts.append(pgid == pid or psutil.Process(pgid).status() != psutil.STATUS_ZOMBIE)
+        facts.append(os.getpgid(p.ppid()))
+        return facts
+    except (psutil.Error, OSError):
+        return None
+
+
+def _facts_per_process(pids: list[int], rounds: int) -> dict[str, Any]:
+    """Seconds per process to read the facts a snapshot reads of a live process:
+    ``LiveProcesses.info`` (procs/procfs.py; lasting facts kept, as across snapshots)
+    against the same through psutil, alternating."""
+    kept = KeptFacts()
+    for pid in pids:
+        LiveProcesses(kept).info(pid, detail=False)
+    out: dict[str, list[float]] = {"procfs": [], "psutil": []}
+    for r in range(rounds):
+        for name in ("procfs", "psutil") if r % 2 == 0 else ("psutil", "procfs"):
+            t = time.perf_counter()
+            if name == "procfs":
+                live = LiveProcesses(kept)
+                for pid in pids:
+                    live.info(pid, detail=False)
+            else:
+                for pid in pids:
+                    _psutil_facts(pid)
+            out[name].append((time.perf_counter() - t) / len(pids))
+    return {"processes": len(pids), **{k: statistics.median(v) for k, v in out.items()}}
+
+
 def measure(mix: str, n: int, args: argparse.Namespace, notes: list[str]) -> dict[str, Any]:
     """Start a population of ``mix``, time the tools over it in alternating rounds."""
     state = Path(tempfile.mkdtemp(prefix=f"gpuwarden-bench-holders-{mix}-"))
@@ -428,6 +470,7 @@ def measure(mix: str, n: int, args: argparse.Namespace, notes: list[str]) -> dic
                             f"extra {sorted(found - expected)[:10]}"
                         )
                 paired.append(got["fuser"] / got["scan"])
+            facts = _facts_per_process(group.pids()[:1000], args.rounds)
             # Not only the pids: the devices each one holds must be right too.
             scanned = {h.pid: h.devices for h in scan_holders(device_files)}
             if scanned != group.holders:
@@ -452,6 +495,7 @@ def measure(mix: str, n: int, args: argparse.Namespace, notes: list[str]) -> dic
         "maps_lines_median": maps,
         "verified": True,
         "kept_tables": kept_tables,
+        "facts": facts,
         "recheck_seconds": tables.recheck,
         "results": results,
         "ratios": {
