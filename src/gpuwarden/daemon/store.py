@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import builtins
 import logging
-import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.daemon.database import Database
 from gpuwarden.daemon.rows import check_spec, ints_ok
-from gpuwarden.daemon.schema import Migration
 from gpuwarden.daemon.sql import (
     drains,
     events,
@@ -53,19 +51,10 @@ class Store(Database):
     changes a job's state appends its event in the same transaction. Thread-safe (one
     connection behind a lock); several processes may open the same file."""
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        synchronous: str = "FULL",
-        busy_timeout: float = 10.0,
-        migrations: Sequence[Migration] | None = None,
-    ) -> None:
-        self.on_end: Callable[[Job], None] | None = None  # after a job's final transition
-        self._light_columns: str | None = None  # the listing without environments
-        super().__init__(
-            path, synchronous=synchronous, busy_timeout=busy_timeout, migrations=migrations
-        )
+    # Set on an instance where used (the class's are the defaults, so Store takes
+    # Database's arguments as they are).
+    on_end: Callable[[Job], None] | None = None  # after a job's final transition
+    _light_columns: str | None = None  # the listing without environments
 
     def __enter__(self) -> Store:
         return self
