@@ -101,7 +101,7 @@ class FdTables:
         with self._lock:
             rows = [[pid, *t[:2], list(t.devices), t.until] for pid, t in self._tables.items()]
         data = json.dumps({"boot": boot_id(), "tables": rows}, separators=(",", ":"))
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
         with contextlib.suppress(OSError):
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             try:
