@@ -100,10 +100,8 @@ def render_only(backend: Any, runs: int) -> dict[str, Any]:
             replace(
                 g,
                 processes=tuple(
-                    replace(
-                        p,
-                        gpu=replace(
-                            p.gpu,
+                    p._replace(
+                        gpu=p.gpu._replace(
                             memory=(p.gpu.memory or 0) + (1 << 20),
                             sm_utilization=((p.gpu.sm_utilization or 0) + 1) % 100,
                         ),

@@ -66,13 +66,13 @@ def for_caller(snap: Snapshot, caller: Caller, hidden: tuple[bool, int | None]) 
     def seen(p: Any) -> Any:
         info = p.info
         if info.uid == caller.uid or (info.uid is None and info.user == caller.user):
-            return p if info.env is None else replace(p, info=replace(info, env=None))
+            return p if info.env is None else p._replace(info=replace(info, env=None))
         if hides:
             info = replace(
                 info, user=None, uid=None, command=None, name=None, container=None, start_time=None
             )
-            return replace(p, info=replace(info, env=None), elapsed=None)
-        return replace(p, info=replace(info, env=None))
+            return p._replace(info=replace(info, env=None), elapsed=None)
+        return p._replace(info=replace(info, env=None))
 
     return replace(
         snap,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 COMPUTE_MODES = ("Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process")
 MIG_PROFILE = re.compile(r"^([1-8])g\.([1-9][0-9]*)gb$")
@@ -60,9 +61,11 @@ class GpuFacts:
     mig_instances: tuple[MigInstanceFacts, ...] = ()  # in MIG mode: its GPU instances
 
 
-@dataclass(frozen=True)
-class GpuProcessFacts:
-    """A process the driver lists on a GPU (compute, graphics or MPS list merged)."""
+class GpuProcessFacts(NamedTuple):
+    """A process the driver lists on a GPU (compute, graphics or MPS list merged). A
+    NamedTuple, not a frozen dataclass: a snapshot makes one per GPU process, and a
+    frozen dataclass's per-field setattr made them a tenth of the exporter's scrape.
+    Immutable all the same; ``_replace`` makes a changed copy."""
 
     pid: int
     gpu_index: int

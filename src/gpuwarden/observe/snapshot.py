@@ -8,7 +8,7 @@ import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from gpuwarden.gpus.model import GpuFacts, GpuProcessFacts
 from gpuwarden.procs.model import Holder, ProcInfo
@@ -41,9 +41,10 @@ def process_state(info: ProcInfo) -> str:
     return OTHER_NAMESPACE if info.namespace_hint else DEAD
 
 
-@dataclass(frozen=True)
-class ProcessView:
-    """A GPU process: what the driver says joined with what /proc says."""
+class ProcessView(NamedTuple):
+    """A GPU process: what the driver says joined with what /proc says. A NamedTuple
+    (immutable; ``_replace`` makes a changed copy), as ``GpuProcessFacts``: a snapshot
+    makes one per GPU process."""
 
     gpu: GpuProcessFacts
     info: ProcInfo
@@ -167,7 +168,7 @@ def with_daemon_jobs(snap: Snapshot, jobs: Mapping[int, int] | None) -> Snapshot
     return replace(
         snap,
         gpus=tuple(
-            replace(g, processes=tuple(replace(p, daemon_jobs=jobs) for p in g.processes))
+            replace(g, processes=tuple(p._replace(daemon_jobs=jobs) for p in g.processes))
             for g in snap.gpus
         ),
     )
