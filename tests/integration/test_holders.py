@@ -227,8 +227,8 @@ def test_the_user_cache_dir_is_this_users_alone(tmp_path: Path) -> None:
     # Another user's runtime dir (after su) and HOME (after sudo): nothing written there.
     (tmp_path / ".cache").mkdir()
     assert user_cache_dir({"XDG_RUNTIME_DIR": str(runtime), "HOME": str(tmp_path)}, me + 1) is None
-    cache = tmp_path / "cache"
-    cache.mkdir()
+    cache = tmp_path / "cache"  # missing: made, in a directory of this user's
     assert user_cache_dir({"XDG_CACHE_HOME": str(cache)}, me) == cache / "gpuwarden"
+    assert cache.stat().st_mode & 0o777 == 0o700
     (cache / "gpuwarden").chmod(0o755)  # opened up by someone: not trusted
     assert user_cache_dir({"XDG_CACHE_HOME": str(cache)}, me) is None

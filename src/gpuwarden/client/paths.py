@@ -138,6 +138,8 @@ def user_cache_dir(env: Mapping[str, str] | None = None, euid: int | None = None
         base = _abs_dir(env.get("XDG_CACHE_HOME")) or _user_home(env, euid) / ".cache"
     d = base / "gpuwarden"
     try:
+        if not base.exists() and base.parent.stat().st_uid == euid:
+            base.mkdir(mode=0o700)  # as the XDG spec says: made when missing
         if base.stat().st_uid != euid:
             return None
         d.mkdir(mode=0o700, exist_ok=True)
