@@ -34,7 +34,9 @@ def top(interval: float) -> None:
             "`gpuwarden status --json` or `gpuwarden ps --json`"
         )
     from gpuwarden.gpus.backend import open_backend
+    from gpuwarden.procs.holders import keep_fd_tables
 
+    keep_fd_tables()  # its doctor screen scans the device files sample after sample
     backend = open_backend()
     try:
         from gpuwarden.tui.app import TopApp
