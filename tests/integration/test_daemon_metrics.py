@@ -58,8 +58,13 @@ def test_daemon_metrics_cover_gpus_and_the_queue(metered: tuple[Daemon, str]) ->
     held = d.submit("--mem", "1G", "--after", str(running), cmd=[PY, "-c", "pass"])
 
     def ready() -> bool:
+        # Both: the queue's series come from the loop's last pass, the processes' from a
+        # snapshot that serves scrapes for 100 ms, so one may see the job before the other.
         m = scrape(url)
-        return find(m, "gpuwarden_job_memory_bytes", job_id=str(running)) == 3.5 * GiB
+        return (
+            find(m, "gpuwarden_job_memory_bytes", job_id=str(running)) == 3.5 * GiB
+            and find(m, "gpuwarden_process_memory_bytes", job_id=str(running)) == 3.5 * GiB
+        )
 
     assert wait_for(ready, 20)
     m = scrape(url)
