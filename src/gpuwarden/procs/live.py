@@ -176,6 +176,15 @@ class LiveProcesses:
         self._cache: dict[int, ProcInfo] = {}
         self.kept = kept
         self._boot: float | None = None
+        self._leaders: dict[int, bool] = {}  # pgid -> its leader lives, this snapshot
+
+    def _leader_alive(self, pgid: int) -> bool:
+        """Whether a group's leader lives: asked once a snapshot per group (a job's
+        workers share their leader's group)."""
+        alive = self._leaders.get(pgid)
+        if alive is None:
+            alive = self._leaders[pgid] = _alive(pgid)
+        return alive
 
     def _boot_time(self) -> float:
         """/proc/stat's boot time, read once a snapshot (the clock may be set between)."""
@@ -216,7 +225,7 @@ class LiveProcesses:
         rss: int | None = f.rss
         cpu_time: float | None = f.cpu_time
         pgid = f.pgid
-        leader_alive = pgid == pid or _alive(pgid)
+        leader_alive = pgid == pid or self._leader_alive(pgid)
         parent_pgid = _pgid(ppid) if ppid > 0 else None
         k = self.kept.get(pid, start, uid, name, cmd, detail)
         kept = self.kept
