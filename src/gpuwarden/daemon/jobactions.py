@@ -224,8 +224,7 @@ class JobActions:
             detail=f"by {caller.user}",
             reason=None,
             ended_at=None,
-            **model.FRESH_ATTEMPT,
-            attempts=job.attempts + 1,
+            **model.fresh_attempt(job),
         )
         self.wake()
         return self.view(caller, job)

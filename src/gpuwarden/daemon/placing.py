@@ -286,8 +286,7 @@ class Placer:
                 now=self.clock(),
                 kind="requeued",
                 detail=str(e),
-                **model.FRESH_ATTEMPT,
-                attempts=job.attempts + 1,
+                **model.fresh_attempt(job),
             )
             return
         except Exception as e:

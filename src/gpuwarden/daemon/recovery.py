@@ -70,16 +70,7 @@ class Recovery:
                 # the directory), so voiding the spec is not enough: take its claim
                 # first. Whoever creates supervisor.json owns this attempt.
                 if self._void_attempt(job):
-                    self.store.transition(
-                        job.id,
-                        (model.RESERVED,),
-                        model.QUEUED,
-                        now=self.clock(),
-                        kind="requeued",
-                        detail="the daemon stopped before launching it",
-                        **model.FRESH_ATTEMPT,
-                        attempts=job.attempts + 1,
-                    )
+                    self._requeue_unlaunched(job, "the daemon stopped before launching it")
                     continue
                 st = self._status(job)  # a supervisor won: adopt it, or collect its end
                 if st.exit is None and st.supervisor is not None and alive(st.supervisor):
@@ -135,16 +126,20 @@ class Recovery:
                 self._adopt(job, st.supervisor)
             return  # a dead one: its exit.json, or the lost-supervisor rule, settles it
         if self._void_attempt(job):
-            self.store.transition(
-                job.id,
-                (model.RESERVED,),
-                model.QUEUED,
-                now=self.clock(),
-                kind="requeued",
-                detail="its launch did not complete",
-                **model.FRESH_ATTEMPT,
-                attempts=job.attempts + 1,
-            )
+            self._requeue_unlaunched(job, "its launch did not complete")
+
+    def _requeue_unlaunched(self, job: Job, why: str) -> None:
+        """A reserved job whose attempt no supervisor will run (``_void_attempt``)
+        queued again as a fresh attempt."""
+        self.store.transition(
+            job.id,
+            (model.RESERVED,),
+            model.QUEUED,
+            now=self.clock(),
+            kind="requeued",
+            detail=why,
+            **model.fresh_attempt(job),
+        )
 
     def _void_attempt(self, job: Job) -> bool:
         """Make sure no supervisor ever runs this attempt of a job: its claim, taken
@@ -165,8 +160,7 @@ class Recovery:
                 now=now,
                 kind="requeued",
                 detail="the machine rebooted",
-                **model.FRESH_ATTEMPT,
-                attempts=job.attempts + 1,
+                **model.fresh_attempt(job),
             )
         else:
             self.store.transition(

@@ -55,6 +55,12 @@ FRESH_ATTEMPT: Mapping[str, Any] = MappingProxyType(
 )
 
 
+def fresh_attempt(job: Job) -> dict[str, Any]:
+    """The fields of ``job`` queued again for a new attempt: the last one's cleared
+    (``FRESH_ATTEMPT``), one attempt more counted."""
+    return {**FRESH_ATTEMPT, "attempts": job.attempts + 1}
+
+
 class _EnvNotRead(Mapping[str, str]):
     """The environment of a job listed without it (``Store.list(with_env=False)``):
     reading it fails loudly, so no job can start, or show, with an empty environment
