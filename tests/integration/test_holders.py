@@ -201,6 +201,8 @@ def test_fd_tables_saved_for_the_next_run_and_refused_when_not_ours(tmp_path: Pa
             "{not json",
             json.dumps({"boot": boot_id(), "tables": [[p.pid, 1, 2, "not a list", 3.0]]}),
             json.dumps({"boot": boot_id(), "tables": [[-1, 1, 2, [], 3.0]]}),
+            json.dumps({"boot": boot_id(), "tables": 7}),
+            "[" * 100_000 + "]" * 100_000,  # deeper than the JSON parser goes
         ):
             saved.write_text(bad)
             refused = FdTables()

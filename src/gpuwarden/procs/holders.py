@@ -131,8 +131,8 @@ class FdTables:
             if not isinstance(doc, dict) or doc.get("boot") != boot_id():
                 return
             tables = {row[0]: _Table(*_checked(row)) for row in doc["tables"]}
-        except (OSError, ValueError, TypeError, KeyError, IndexError):
-            return
+        except (OSError, ValueError, TypeError, KeyError, IndexError, RecursionError):
+            return  # (RecursionError: JSON nested deeper than the parser goes)
         with self._lock:
             self._tables = tables
 
