@@ -4,6 +4,7 @@ it, and a stop that leaves no MPS daemon behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -50,6 +51,15 @@ class GpuDaemon:
 
     def job(self, jid: int) -> dict[str, Any]:
         return json.loads(self.cli("show", str(jid), "--json").stdout)  # type: ignore[no-any-return]
+
+    def context_samples(self) -> list[tuple[str, str, float, int]]:
+        """The CUDA context measurements the daemon kept (model, driver, at, bytes)."""
+        import sqlite3
+
+        with contextlib.closing(sqlite3.connect(self.home / "state.db")) as db:
+            return db.execute(
+                "SELECT model, driver, at, bytes FROM contexts ORDER BY at"
+            ).fetchall()
 
     def released(self, jid: int, timeout: float = 60) -> dict[str, Any]:
         deadline = time.monotonic() + timeout

@@ -17,6 +17,8 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.helpers.procs import end_process
+
 GiB = 1 << 30
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 ALLOC = (
@@ -74,8 +76,7 @@ def test_torch_process_shows_with_pid_user_and_memory() -> None:
         leaks = _cli("leaks", "--samples", "2", "--interval", "0.2")["leaks"]
         assert not [lk for lk in leaks if lk["pid"] == p.pid], leaks
     finally:
-        p.kill()
-        p.wait()
+        end_process(p)
 
 
 @pytest.mark.gpu
@@ -183,5 +184,4 @@ def test_an_nvml_only_process_is_a_monitor_not_a_hidden_holder() -> None:
         mine = [lk for lk in leaks if lk["pid"] == p.pid]
         assert [lk["kind"] for lk in mine] == ["monitor"], leaks
     finally:
-        p.kill()
-        p.wait()
+        end_process(p)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.procs import end_process
+
 GiB = 1 << 30
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 HOLD = (
@@ -58,7 +60,6 @@ def test_metrics_show_a_torch_process_with_pid_and_user() -> None:
         assert found.value >= 2 * GiB
         assert found.labels["user"] == pwd.getpwuid(os.getuid()).pw_name
     finally:
-        job.kill()
-        job.wait()
+        end_process(job)
         exporter.terminate()
         exporter.wait(10)

@@ -15,6 +15,7 @@ import pytest
 
 from gpuwarden.gpus.nvml import NvmlBackend
 from gpuwarden.gpus.topology import parse_cpulist, sysfs_local_cpulist
+from tests.helpers.procs import end_process
 
 GiB = 1 << 30
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -107,8 +108,7 @@ def test_exec_lands_on_the_intended_physical_gpu() -> None:
         assert uuid.removeprefix("GPU-") == g1.uuid.removeprefix("GPU-")
         assert {int(c) for c in cpus.split(",")} <= parse_cpulist(g1.cpus or "")
     finally:
-        hog.kill()
-        hog.wait()
+        end_process(hog)
 
 
 ALLREDUCE = textwrap.dedent("""

@@ -17,6 +17,7 @@ import pytest
 
 from gpuwarden.gpus.nvml import NvmlBackend
 from gpuwarden.procs.namespace import in_child_pid_namespace
+from tests.helpers.procs import end_process
 
 GiB = 1 << 30
 
@@ -41,13 +42,22 @@ def _child_env(**extra: str) -> dict[str, str]:
 
 
 @pytest.mark.gpu
-def test_gpus_report_an_h200_with_its_uuid(backend: NvmlBackend) -> None:
+def test_gpus_report_their_memory_and_uuid(backend: NvmlBackend) -> None:
     pytest.importorskip("torch")
     gpus = backend.gpus()
     assert gpus, backend.warnings
     g0 = gpus[0]
     assert g0.index == 0
-    assert g0.memory_total > 100 * GiB  # an H200 has about 141 GB
+    # nvidia-smi's total is NVML's, in MiB (an H200 has about 141 GB, an H100 80 GB).
+    smi = subprocess.run(
+        ["nvidia-smi", "-i", "0", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert g0.memory_total // (1 << 20) == int(smi.stdout.strip()), smi.stdout
+    assert g0.memory_total > 8 * GiB
     assert g0.memory_used + g0.memory_free + (g0.memory_reserved or 0) == g0.memory_total
     assert g0.uuid.startswith("GPU-")
     assert g0.compute_mode in ("Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process")
@@ -121,8 +131,7 @@ def test_a_torch_process_appears_with_its_memory(backend: NvmlBackend) -> None:
             else:
                 pytest.fail(f"pid {child.pid} with >= 1 GiB not on GPU 0 within 10 s: {seen}")
         finally:
-            child.kill()
-            child.wait(timeout=30)
+            end_process(child)
 
 
 @pytest.mark.gpu

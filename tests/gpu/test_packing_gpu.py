@@ -95,7 +95,8 @@ def test_a_job_allocating_exactly_its_declaration_succeeds(gd: GpuDaemon) -> Non
     done = _wait(gd, nxt, "succeeded", "failed")
     assert done["state"] == "succeeded"
     measured = job["peak_memory"] - 10 * GiB  # type: ignore[operator]
-    assert abs(done["context"] - measured) <= MiB, (done["context"], measured)  # type: ignore[operator]
+    samples = gd.context_samples()
+    assert abs(done["context"] - measured) <= MiB, (done["context"], measured, samples, job)  # type: ignore[operator]
 
 
 @pytest.mark.gpu
