@@ -153,6 +153,7 @@ class SimBackend:
         self._loaded_at = time.time()
         self._reaped: set[int] = set()  # scenario pids reaped in this run (reap_declared)
         self._kept: dict[int, ProcInfo] = {}  # SimProcesses' facts kept across snapshots
+        self._declared_list: tuple[int, list[GpuProcessFacts]] | None = None  # (reaped, list)
 
     def declared(self, pid: int) -> bool:
         """A pid the scenario file declares: no real process stands behind it, so it is
@@ -168,6 +169,26 @@ class SimBackend:
 
     def _live_declared(self) -> list[SimProcess]:
         return [p for p in self.scenario.processes if p.pid not in self._reaped]
+
+    def _declared_facts(self) -> list[GpuProcessFacts]:
+        """The driver's list of the scenario's processes: the file does not change during
+        a run and reaping only removes from it, so it is made again only after a reap."""
+        if self._declared_list is not None and self._declared_list[0] == len(self._reaped):
+            return self._declared_list[1]
+        mig_of = {(g.index, m.gi_id): m.uuid for g in self.scenario.gpus for m in g.mig_instances}
+        facts = [
+            GpuProcessFacts(
+                pid=p.pid,
+                gpu_index=p.gpu,
+                memory=p.memory,
+                kinds=p.kinds,
+                sm_utilization=p.sm_utilization,
+                mig_uuid=None if p.mig is None else mig_of[(p.gpu, p.mig)],
+            )
+            for p in self._live_declared()
+        ]
+        self._declared_list = (len(self._reaped), facts)
+        return facts
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> SimBackend:
@@ -254,18 +275,7 @@ class SimBackend:
         return out
 
     def processes(self) -> list[GpuProcessFacts]:
-        mig_of = {(g.index, m.gi_id): m.uuid for g in self.scenario.gpus for m in g.mig_instances}
-        out = [
-            GpuProcessFacts(
-                pid=p.pid,
-                gpu_index=p.gpu,
-                memory=p.memory,
-                kinds=p.kinds,
-                sm_utilization=p.sm_utilization,
-                mig_uuid=None if p.mig is None else mig_of[(p.gpu, p.mig)],
-            )
-            for p in self._live_declared()
-        ]
+        out = list(self._declared_facts())
         by_uuid = {g.uuid: (g.index, None) for g in self.scenario.gpus} | {
             m.uuid: (g.index, m.uuid) for g in self.scenario.gpus for m in g.mig_instances
         }

@@ -20,6 +20,7 @@ from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:
     from gpuwarden.observe.snapshot import Snapshot
+    from gpuwarden.procs.model import ProcInfo
 
 COMPUTE_MODES = ("Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process")
 PREFIX = "gpuwarden_"
@@ -111,6 +112,8 @@ class SnapshotCollector(Collector):
         # cache's lifetime (an HA pair of Prometheus servers) cost one render.
         self._rendered: dict[str, tuple[Snapshot, bytes]] = {}
         self._segments: dict[str, tuple[Snapshot, list[str]]] = {}
+        # Per (GPU, pid), the last snapshot's facts of the process and its label values.
+        self._keys: dict[tuple[str, int], tuple[ProcInfo, tuple[str, ...]]] = {}
 
     def snapshot(self) -> tuple[Snapshot, float]:
         """The snapshot for this scrape and how long taking it took."""
@@ -256,6 +259,8 @@ class SnapshotCollector(Collector):
         mig_procs = _g("mig_processes", "Processes NVML lists on each MIG instance", ["gpu", "gi"])
 
         per_user: dict[str, int] = {}
+        keys = self._keys
+        new_keys: dict[tuple[str, int], tuple[ProcInfo, tuple[str, ...]]] = {}
         for view in snap.gpus:
             f = view.facts
             g = str(f.index)
@@ -287,13 +292,20 @@ class SnapshotCollector(Collector):
                 user = pinfo.user or ""
                 if user:
                     owners.add(user)
-                env = pinfo.env
-                job = env.get("GPUWARDEN_JOB", "") if env else ""
-                key: tuple[str, ...] = (
-                    (g, user, pinfo.container or "", job, str(facts.pid))
-                    if pid_labels
-                    else (g, user, pinfo.container or "", job)
-                )
+                # A process's labels change only with its facts, which a snapshot keeps
+                # (the same ProcInfo) while the process stays what it was.
+                was = keys.get((g, facts.pid))
+                if was is not None and was[0] is pinfo:
+                    key = was[1]
+                else:
+                    env = pinfo.env
+                    job = env.get("GPUWARDEN_JOB", "") if env else ""
+                    key = (
+                        (g, user, pinfo.container or "", job, str(facts.pid))
+                        if pid_labels
+                        else (g, user, pinfo.container or "", job)
+                    )
+                new_keys[(g, facts.pid)] = (pinfo, key)
                 memory, sm = facts.memory, facts.sm_utilization
                 if memory is not None:
                     mem_sums[key] = mem_sums.get(key, 0) + memory
@@ -312,6 +324,7 @@ class SnapshotCollector(Collector):
                 mig_procs.add_metric(
                     [g, gi], sum(1 for p in view.processes if p.gpu.mig_uuid == mi.uuid)
                 )
+        self._keys = new_keys
         by_kind: dict[tuple[str, str], int] = {}
         holders: dict[str, int] = {str(v.facts.index): 0 for v in snap.gpus}
         for lk in find_leaks([snap]):
