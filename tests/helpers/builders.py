@@ -1,10 +1,12 @@
-"""Small builders for Snapshots made of plain facts, for tests of the pure core."""
+"""Small builders for Snapshots made of plain facts, for tests of the pure core, and a
+request field's value other than its default."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from gpuwarden.gpus.model import GpuFacts, GpuProcessFacts
+from gpuwarden.jobs import request
 from gpuwarden.observe.snapshot import GpuView, ProcessView, Snapshot, process_state
 from gpuwarden.procs.model import Holder, ProcInfo
 
@@ -105,3 +107,21 @@ def move(store: Any, job_id: int, state: str, now: float, **fields: Any) -> Any:
         job = store.transition(job_id, (at,), to, now=now, kind=event, **(fields if last else {}))
         at = to
     return job
+
+
+def non_default(f: request.Field) -> Any:
+    """A value of the request field ``f`` other than its default, as a request has it
+    (a string with a control character in it, for the renderers to make visible)."""
+    if f.kind == request.INTEGER:
+        return f.hi
+    if f.kind == request.BOOLEAN:
+        return not f.default
+    if f.kind == request.CHOICE:
+        return next(c for c in f.choices if c != f.default)
+    if f.kind == request.STRING:
+        return "\x1b[31m a note ü" + "x" * max((f.min_length or 0) - 10, 0)
+    if f.kind == request.IDS:
+        return [f.lo or 0]
+    if f.kind in (request.SIZE, request.DURATION):
+        return 7
+    raise AssertionError(f"{f.name}: add a value of kind {f.kind} here")

@@ -20,6 +20,7 @@ from gpuwarden.errors import UsageError
 from gpuwarden.gpus.model import MIG_PROFILE
 from gpuwarden.jobs import request
 from gpuwarden.jobs.request import EDITABLE, FIELDS, MAX_ID, Field
+from tests.helpers.builders import non_default
 
 ME = Caller(pid=1, uid=1000, gid=1000, user="alice", groups=(1000,))
 BASE = {"command": ["python", "train.py"], "cwd": "/home/a", "env": {"PATH": "/usr/bin"}}
@@ -311,9 +312,12 @@ def test_the_mig_pattern_is_the_gpu_models(profile: str) -> None:
 NOT_STORED_AS_A_FIELD = {"user", "uid", "gid", "groups", "env", "mem_auto", "service", "array"}
 
 
-def test_each_stored_field_is_a_spec_attribute_kept_in_a_column_of_its_own(tmp_path: Any) -> None:
-    """``daemon/rows.py`` writes and reads a stored field by its entry: its column must
-    exist once the migrations ran, and JobSpec must have the attribute."""
+def test_each_stored_field_is_a_spec_attribute_kept_in_a_column_or_the_options(
+    tmp_path: Any,
+) -> None:
+    """``daemon/rows.py`` writes and reads a stored field by its entry: its column (or
+    the options document's) must exist once the migrations ran, and JobSpec must have
+    the attribute. ``edit`` writes columns: an editable field has one of its own."""
     import dataclasses
 
     from gpuwarden.daemon.store import Store
@@ -323,9 +327,39 @@ def test_each_stored_field_is_a_spec_attribute_kept_in_a_column_of_its_own(tmp_p
         columns = {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}
     stored = {f.name: f.column for f in FIELDS.values() if f.stored}
     assert not set(stored.values()) - columns
-    assert len(set(stored.values())) == len(stored)  # one column a field
+    own = [c for c in stored.values() if c != request.OPTIONS]
+    assert len(set(own)) == len(own)  # one column a field
     attributes = {f.name for f in dataclasses.fields(JobSpec)}
     assert set(stored) == attributes - NOT_STORED_AS_A_FIELD
+    assert not [name for name in EDITABLE if FIELDS[name].optional]
+
+
+@pytest.mark.parametrize("f", [f for f in FIELDS.values() if f.optional], ids=lambda f: f.name)
+def test_a_field_of_the_options_document_goes_from_submit_to_show_by_its_entry(
+    f: Field, tmp_path: Any
+) -> None:
+    """What adding an option takes is its entry (``column=OPTIONS``) and its JobSpec
+    attribute: the store keeps it, a row from before it existed reads as its default,
+    and the job's JSON and ``show`` say it."""
+    from gpuwarden.daemon.jobjson import job_json
+    from gpuwarden.daemon.store import Store
+    from gpuwarden.render.jobtext import job_lines
+
+    value = non_default(f)
+    with Store(tmp_path / "state.db") as store:
+        asked, _ = store.submit(spec(**{**NEEDS.get(f.name, {}), f.name: value}), 1.0)
+        plain, _ = store.submit(spec(), 2.0)
+        with store._tx(write=True) as conn:  # as a row written before the field existed
+            conn.execute("UPDATE jobs SET options = '{}' WHERE id = ?", (plain.id,))
+        kept, old = store.get(asked.id), store.get(plain.id)
+    want = tuple(value) if isinstance(value, list) else value
+    assert getattr(kept.spec, f.name) == want != getattr(old.spec, f.name) == f.default
+    doc = job_json(kept)
+    assert doc[f.name] == value  # type: ignore[literal-required]
+    lines = dict(job_lines(doc, request.OPTION_DEFAULTS))
+    assert f.name.replace("_", " ") in lines
+    assert "\x1b" not in lines[f.name.replace("_", " ")]  # made visible
+    assert f.name.replace("_", " ") not in dict(job_lines(job_json(old), request.OPTION_DEFAULTS))
 
 
 def test_each_stored_field_is_in_the_jobs_json() -> None:
@@ -341,4 +375,6 @@ def test_each_stored_field_is_in_the_jobs_json() -> None:
     for f in FIELDS.values():
         if f.stored:
             key = shown.get(f.name, f.name)
-            assert key in out and key in JobDoc.__annotations__, f.name
+            assert key in out, f.name
+            # a field of the options document is shown by name, typed where read
+            assert f.optional or key in JobDoc.__annotations__, f.name

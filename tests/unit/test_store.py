@@ -54,9 +54,10 @@ from gpuwarden.jobs.model import (
     TERMINAL,
     JobSpec,
 )
+from gpuwarden.jobs.request import FIELDS
 from gpuwarden.jobs.services import Service
 from gpuwarden.procs.identity import boot_id
-from tests.helpers.builders import move
+from tests.helpers.builders import move, non_default
 
 GiB = 1 << 30
 
@@ -132,6 +133,12 @@ def test_every_spec_field_round_trips(tmp_path: Path) -> None:
             ),
             notify="notify-send 'job ü' \"$(jq -r .state)\"",
             array=Member(0, 4, 2),
+            # the options document's fields, whatever they are
+            **{
+                f.name: tuple(v) if isinstance(v := non_default(f), list) else v
+                for f in FIELDS.values()
+                if f.optional
+            },
         )  # the array's id is the store's: set below
         # Every field differs from its default, so none can silently fall back to it.
         default = JobSpec(command=(), user="", uid=0, gid=0)

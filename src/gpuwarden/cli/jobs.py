@@ -26,6 +26,7 @@ TERMINAL = ("succeeded", "failed", "cancelled", "infeasible")
 def show(job: str, as_json: bool) -> None:
     """One job (an id, or an array's task such as 12_7): its request, placement,
     declared vs peak memory, and its events."""
+    from gpuwarden.jobs.request import OPTION_DEFAULTS
     from gpuwarden.render.jobtext import job_lines
 
     client = connect()
@@ -34,7 +35,7 @@ def show(job: str, as_json: bool) -> None:
         emit_json(j)
         return
     events = False
-    for label, text in job_lines(j):
+    for label, text in job_lines(j, OPTION_DEFAULTS):
         if label == "job":
             click.echo(f"job {text}")
         elif label == "events":

@@ -4,11 +4,16 @@ shape is ``client/views.py``'s ``JobDoc``, which mypy checks this against."""
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from gpuwarden.client.views import EnforcementDoc, JobDoc
 from gpuwarden.daemon.mps_jobs import SHARED_FATE
 from gpuwarden.jobs.model import SUCCEEDED, Job, iso
+from gpuwarden.jobs.request import FIELDS
 from gpuwarden.sched.history import declared_vs_actual
 from gpuwarden.sched.watchdog import policy
+
+OPTION_FIELDS = [f for f in FIELDS.values() if f.optional]
 
 
 def job_json(job: Job, *, with_env: bool = False) -> JobDoc:
@@ -98,6 +103,12 @@ def job_json(job: Job, *, with_env: bool = False) -> JobDoc:
         "not_before": iso(job.not_before),
         "events": [e.to_json() for e in job.events],
     }
+    # The fields of the options document (jobs/request.OPTIONS) by name, with no line
+    # here of their own: JobDoc names those a client reads.
+    doc = cast(dict[str, Any], out)
+    for f in OPTION_FIELDS:
+        value = getattr(s, f.name)
+        doc[f.name] = list(value) if isinstance(value, tuple) else value
     if with_env:
         out["env"] = dict(s.env)
     return out

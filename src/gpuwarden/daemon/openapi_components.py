@@ -172,6 +172,8 @@ JOB = {
                 {"type": "null"},
             ]
         },
+        # The options document's fields, as the request has them (jobs/request.OPTIONS).
+        **{f.name: field_schema(f) for f in FIELDS.values() if f.optional},
     },
 }
 # One property a field of the request, from the table of fields (jobs/request.py).

@@ -22,7 +22,7 @@ from gpuwarden.jobs.model import (
     JobSpec,
     NewHold,
 )
-from gpuwarden.jobs.request import ARGV, BOOLEAN, FIELDS, IDS
+from gpuwarden.jobs.request import ARGV, BOOLEAN, FIELDS, IDS, OPTIONS, Field
 from gpuwarden.jobs.services import Service
 
 # Transition fields stored as JSON lists (the others as they are).
@@ -92,8 +92,10 @@ def check_spec(spec: JobSpec) -> None:
 
 # The request's fields that a column keeps as their JobSpec attribute, by how the
 # column holds them (jobs/request.py names each one's column): as they are, 0 or 1, or
-# a JSON list (an absent one: the field's default).
-_STORED = [(f, f.column) for f in FIELDS.values() if f.column is not None]
+# a JSON list (an absent one: the field's default). The rest of the stored fields are
+# kept in the options document, by name.
+_STORED = [(f, f.column) for f in FIELDS.values() if f.column is not None and not f.optional]
+_OPTIONS = [f for f in FIELDS.values() if f.optional]
 _AS_IS = [(f.name, c) for f, c in _STORED if f.kind not in (BOOLEAN, ARGV, IDS)]
 _FLAGS = [(f.name, c) for f, c in _STORED if f.kind == BOOLEAN]
 _LISTS = [(f.name, c, f.default) for f, c in _STORED if f.kind in (ARGV, IDS)]
@@ -115,7 +117,26 @@ def spec_columns(spec: JobSpec) -> dict[str, object]:
             column: None if (v := getattr(spec, name)) is None else json_ids(v)
             for name, column, _ in _LISTS
         },
+        OPTIONS: json.dumps(option_values(spec), sort_keys=True),
     }
+
+
+def option_values(spec: JobSpec) -> dict[str, Any]:
+    """The fields of the options document that are not their default, as JSON values
+    (what the column keeps; the job's JSON shows every one of them)."""
+    out: dict[str, Any] = {}
+    for f in _OPTIONS:
+        value = getattr(spec, f.name)
+        if value != f.default:
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def _option(f: Field, doc: dict[str, Any]) -> Any:
+    if f.name not in doc:  # a row from before the field existed, or its default
+        return f.default
+    value = doc[f.name]
+    return tuple(value) if isinstance(value, list) else value
 
 
 def hold_columns(hold: NewHold) -> dict[str, object]:
@@ -144,6 +165,12 @@ def _stored_fields(row: dict[str, Any]) -> dict[str, Any]:
         )
         for name, column, default in _LISTS
     )
+    options = row[OPTIONS]
+    if options != "{}":
+        doc = json.loads(options)
+        out.update((f.name, _option(f, doc)) for f in _OPTIONS)
+    else:
+        out.update((f.name, f.default) for f in _OPTIONS)
     return out
 
 

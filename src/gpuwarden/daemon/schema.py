@@ -219,6 +219,10 @@ MIGRATIONS: list[Migration] = [
         "ALTER TABLE jobs ADD COLUMN earlier_reserved REAL NOT NULL DEFAULT 0",
         "ALTER TABLE jobs ADD COLUMN earlier_used REAL NOT NULL DEFAULT 0",
     ),
+    # 16: the options document (jobs/request.OPTIONS): a JSON object of the stored
+    # request fields that have no column of their own, by name, each only where it is
+    # not its default. A later option is kept there without a migration.
+    sql("ALTER TABLE jobs ADD COLUMN options TEXT NOT NULL DEFAULT '{}'"),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

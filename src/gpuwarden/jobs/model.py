@@ -140,6 +140,7 @@ class JobSpec:
     service: Service | None = None  # a restart policy and health check (--restart)
     notify: str | None = None  # run as the user, the job's JSON on stdin, once it ends
     array: Member | None = None  # a task of an array (--array), set when it is stored
+    comment: str | None = None  # a note for whoever looks at the job (--comment)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,11 @@ SIZE = "size"  # bytes (at least 1), or text such as 14G that the daemon parses
 DURATION = "duration"  # seconds (above 0 when positive), or text such as 2h
 KINDS = (INTEGER, BOOLEAN, CHOICE, STRING, STRINGS, ARGV, ENV, IDS, SIZE, DURATION)
 
+OPTIONS = "options"
+"""The ``column`` of a field kept in the job's options document (one JSON column, by
+field name): a new stored option needs no migration, and a row written before it existed
+reads as its default."""
+
 
 @dataclass(frozen=True)
 class Field:
@@ -71,6 +76,11 @@ class Field:
     @property
     def stored(self) -> bool:
         return self.column is not None
+
+    @property
+    def optional(self) -> bool:
+        """Kept in the job's options document, not a column of its own."""
+        return self.column == OPTIONS
 
 
 def _label(name: str, help: str, column: str) -> Field:
@@ -199,6 +209,15 @@ FIELDS: dict[str, Field] = {
             hi=1000,
             nullable=False,
             column="priority",
+        ),
+        Field(
+            "comment",
+            STRING,
+            "A note for whoever looks at the job (show, ps --json): what it is for, whom to ask.",
+            min_length=1,
+            max_length=500,
+            column=OPTIONS,
+            metavar="TEXT",
         ),
         Field(
             "requeue_on_reboot",
@@ -380,6 +399,9 @@ FIELDS: dict[str, Field] = {
     )
 }
 """Every field of the submit request, in the order the daemon checks them."""
+
+OPTION_DEFAULTS = {f.name: f.default for f in FIELDS.values() if f.optional}
+"""The options document's fields and their defaults: ``show`` says each one that is not."""
 
 EDITABLE = ("mem", "mem_limit", "priority", "qos", "gpus", "timeout", "name")
 """What ``edit`` may change in a queued or held job (checked as submit checks them)."""

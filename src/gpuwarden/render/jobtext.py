@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gpuwarden.printable import visible
 from gpuwarden.units import format_bytes
@@ -59,7 +59,25 @@ def fair_text(user: Any, fair: Mapping[str, Any]) -> str:
     )
 
 
-def job_lines(j: JobDoc) -> list[tuple[str, str]]:
+def option_lines(j: JobDoc, options: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A line for each field of the options document (``options``: each one's name and
+    default, jobs/request.OPTION_DEFAULTS) that is not its default, under its name:
+    such a field needs no line of its own here."""
+    doc = cast(Mapping[str, Any], j)
+    out = []
+    for name, default in options.items():
+        value = doc.get(name)
+        if value is None or value == default or value == []:
+            continue
+        if isinstance(value, list):
+            text = ", ".join(map(str, value))
+        else:
+            text = "yes" if value is True else "no" if value is False else str(value)
+        out.append((name.replace("_", " "), text))
+    return out
+
+
+def job_lines(j: JobDoc, options: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Request, placement, memory, QoS, times, limits, release, then ("events", "") and
     one ("", text) per event. A ("", text) before "events" continues the line above.
     Every text has its control characters made visible (it carries user-supplied
@@ -128,6 +146,7 @@ def job_lines(j: JobDoc) -> list[tuple[str, str]]:
         )
     if j.get("notify"):
         out.append(("notify", f"{j['notify']} (run as its user once it ends)"))
+    out += option_lines(j, options)
     oom = j.get("oom")
     if isinstance(oom, Mapping):
         asked = ([f"its message asked for {_b(oom['tried'])}"] if oom.get("tried") else []) + (

@@ -420,6 +420,7 @@ def process_details(snap: Snapshot, gpu: int, pid: int) -> list[tuple[str, str]]
 
 def job_details(j: JobDoc) -> list[tuple[str, str]]:
     """A job as ``gpuwarden show`` prints it (the same lines)."""
+    from gpuwarden.jobs.request import OPTION_DEFAULTS
     from gpuwarden.render.jobtext import job_lines
 
-    return job_lines(j)
+    return job_lines(j, OPTION_DEFAULTS)
