@@ -202,12 +202,11 @@ class SimBackend:
         mig_charged: dict[str, int] = {
             m.uuid: 0 for g in self.scenario.gpus for m in g.mig_instances
         }
-        mig_of = {(g.index, m.gi_id): m.uuid for g in self.scenario.gpus for m in g.mig_instances}
-        for p in self._live_declared():
-            if p.mig is not None:
-                mig_charged[mig_of[(p.gpu, p.mig)]] += p.memory
+        for p in self._declared_facts():
+            if p.mig_uuid is not None:
+                mig_charged[p.mig_uuid] += p.memory or 0
             else:
-                charged[p.gpu] += p.memory
+                charged[p.gpu_index] += p.memory or 0
         by_uuid = {g.uuid: g.index for g in self.scenario.gpus}
         clients: set[int] = set()  # GPUs an MPS server serves a client on, as NVML sees
         for alloc in self.registry.allocations():
