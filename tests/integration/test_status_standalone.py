@@ -84,6 +84,8 @@ def test_each_run_leaves_its_fd_tables_to_the_next(make_sim: Any, tmp_path: Path
     runtime = tmp_path / "run"
     runtime.mkdir(mode=0o700)
     env = {**_env(m, tmp_path / "home"), "XDG_RUNTIME_DIR": str(runtime)}
+    m.cli("gpu", "mode", "0", "exclusive", env=env, check=True)  # a dry run: it never scans
+    assert not (runtime / "gpuwarden").exists()  # so it leaves nothing, not even a folder
     first = json.loads(m.cli("status", "--json", env=env, check=True).stdout)
     saved = runtime / "gpuwarden" / "fd-tables.json"
     assert saved.is_file() and saved.stat().st_mode & 0o777 == 0o600

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 from gpuwarden.errors import UsageError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from gpuwarden.gpus.backend import Backend
     from gpuwarden.gpus.sim import SimBackend
 
@@ -31,8 +33,11 @@ def backend() -> Iterator[Backend]:
     from gpuwarden.gpus.backend import open_backend
     from gpuwarden.procs.holders import fd_tables_from
 
-    cache = user_cache_dir()
-    with fd_tables_from(None if cache is None else cache / FD_TABLES_FILE):
+    def where() -> Path | None:  # asked at the first scan: other commands make no folder
+        cache = user_cache_dir()
+        return None if cache is None else cache / FD_TABLES_FILE
+
+    with fd_tables_from(where):
         b = open_backend()
         try:
             yield b

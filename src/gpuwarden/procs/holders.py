@@ -164,39 +164,45 @@ def keep_fd_tables() -> FdTables:
 
 def shared_fd_tables() -> FdTables | None:
     """The tables ``keep_fd_tables`` started, or those of ``fd_tables_from``'s file
-    (read now, at the first scan that asks)."""
-    global _shared
-    if _shared is None and _file is not None:
-        tables = FdTables()
-        tables.load(_file)
-        _shared = tables
+    (found and read now, at the first scan that asks)."""
+    global _shared, _where, _file
+    if _shared is None and _where is not None:
+        _file, _where = _where(), None
+        if _file is not None:
+            tables = FdTables()
+            tables.load(_file)
+            _shared = tables
     return _shared
 
 
-_file: Path | None = None  # where fd_tables_from's tables come from and go back to
+# Where fd_tables_from's tables come from and go back to: asked at the first scan (a
+# command that never scans makes no directory), then the file it named.
+_where: Callable[[], Path | None] | None = None
+_file: Path | None = None
 
 
 @contextlib.contextmanager
-def fd_tables_from(path: Path | None) -> Iterator[None]:
-    """For a one-shot command: the fd tables its user's last run left in ``path``, read
-    at the first scan and written back when it ends. Nothing where ``path`` is None or
-    this process keeps tables of its own (``keep_fd_tables``)."""
-    global _shared, _file
-    if path is None or _shared is not None or _file is not None:
+def fd_tables_from(where: Path | Callable[[], Path | None] | None) -> Iterator[None]:
+    """For a one-shot command: the fd tables its user's last run left in a file
+    (``where``, or what it returns when the first scan asks), read at that scan and
+    written back when the command ends. Nothing where there is no file or this process
+    keeps tables of its own (``keep_fd_tables``)."""
+    global _shared, _where, _file
+    if where is None or _shared is not None or _where is not None or _file is not None:
         yield
         return
-    _file = path
+    _where = (lambda: where) if isinstance(where, Path) else where
     try:
         yield
     finally:
-        tables = _taken()  # (read anew: the scan may have loaded them meanwhile)
-        _shared, _file = None, None
-        if tables is not None:
+        tables, path = _taken()  # (read anew: the first scan set them meanwhile)
+        _shared, _where, _file = None, None, None
+        if tables is not None and path is not None:
             tables.save(path)
 
 
-def _taken() -> FdTables | None:
-    return _shared
+def _taken() -> tuple[FdTables | None, Path | None]:
+    return _shared, _file
 
 
 def scan_holders(
