@@ -4,7 +4,7 @@ click (the backend, JSON, the daemon's glance, GPU indices) is in ``cli/plain.py
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import click
@@ -78,3 +78,31 @@ class DurationType(click.ParamType):  # type: ignore[type-arg]
 
 SIZE = SizeType()
 DURATION = DurationType()
+
+
+def format_option(help: str | None = None) -> Callable[[Any], Any]:
+    """``--format table|csv|json`` (the ``fmt`` parameter), as ``ps``, ``status`` and
+    ``report`` take it; ``help`` says what a CSV row is."""
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["table", "csv", "json"]),
+        default="table",
+        show_default=True,
+        help=help,
+    )
+
+
+def watch_option(help: str) -> Callable[[Any], Any]:
+    """``--watch [INTERVAL]`` (the ``watch`` parameter, None without it; 2 s when given
+    alone), as ``ps`` and ``status`` take it."""
+    return click.option(
+        "--watch",
+        "watch",
+        type=DURATION,
+        is_flag=False,
+        flag_value=2.0,
+        default=None,
+        metavar="[INTERVAL]",
+        help=help,
+    )

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from gpuwarden.cli.common import DURATION
+from gpuwarden.cli.common import format_option, watch_option
 from gpuwarden.cli.daemon import connect
 from gpuwarden.cli.plain import emit_json
 from gpuwarden.errors import UsageError
@@ -281,15 +281,10 @@ def _ps_columns_lines(jobs: Sequence[Mapping[str, Any]], columns: Sequence[str])
     show_default=True,
     help=f"Order by {', '.join(PS_SORT)}; -KEY for descending.",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "csv", "json"]),
-    default="table",
-    show_default=True,
-    help="csv: a header row, then one row a job (columns: "
+@format_option(
+    "csv: a header row, then one row a job (columns: "
     + ", ".join(PS_CSV)
-    + "; bytes, ISO 8601 UTC times).",
+    + "; bytes, ISO 8601 UTC times)."
 )
 @click.option("--json", "as_json", is_flag=True, help="The same as --format json.")
 @click.option(
@@ -301,16 +296,7 @@ def _ps_columns_lines(jobs: Sequence[Mapping[str, Any]], columns: Sequence[str])
     help="Only these columns, in this order (of the CSV ones), for the table "
     "or the CSV: e.g. -o id,state,mem,command.",
 )
-@click.option(
-    "--watch",
-    "watch",
-    type=DURATION,
-    is_flag=False,
-    flag_value=2.0,
-    default=None,
-    metavar="[INTERVAL]",
-    help="Refresh every INTERVAL (default 2s); with --json, one JSON document a line.",
-)
+@watch_option("Refresh every INTERVAL (default 2s); with --json, one JSON document a line.")
 @click.option(
     "--limit",
     "limit",

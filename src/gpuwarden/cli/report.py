@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from gpuwarden.cli.common import DURATION, emit_csv
+from gpuwarden.cli.common import DURATION, emit_csv, format_option
 from gpuwarden.cli.plain import emit_json
 
 
@@ -36,13 +36,7 @@ def _wait(seconds: float | None) -> str:
     show_default=True,
     help="One row per user, per job group or per job key.",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "csv", "json"]),
-    default="table",
-    show_default=True,
-)
+@format_option()
 @click.option("--json", "as_json", is_flag=True, help="The same as --format json.")
 def report(since: float | None, by: str, fmt: str, as_json: bool) -> None:
     """Accounting of ended jobs: jobs, GPU-hours, memory reserved vs used (GiB-h: budget

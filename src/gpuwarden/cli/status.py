@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from gpuwarden.cli.common import DURATION, watch_header
+from gpuwarden.cli.common import format_option, watch_header, watch_option
 from gpuwarden.cli.plain import backend, check_gpu_indices
 from gpuwarden.cli.statusonce import print_once, render, snapshot_now
 from gpuwarden.errors import UsageError
@@ -112,26 +112,13 @@ def _csv(doc: dict[str, Any], processes: bool) -> None:
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable schema).")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "csv", "json"]),
-    default="table",
-    show_default=True,
-    help="csv: a header row, then one row a GPU (with --processes: a GPU "
-    "process); columns are the --json keys, in its units.",
+@format_option(
+    "csv: a header row, then one row a GPU (with --processes: a GPU "
+    "process); columns are the --json keys, in its units."
 )
 @click.option("--processes", is_flag=True, help="With --format csv: one row a process.")
-@click.option(
-    "--watch",
-    "watch",
-    type=DURATION,
-    is_flag=False,
-    flag_value=2.0,
-    default=None,
-    metavar="[INTERVAL]",
-    help="Refresh every INTERVAL (default 2s; e.g. 1, "
-    "500ms); with --json, one JSON document a line.",
+@watch_option(
+    "Refresh every INTERVAL (default 2s; e.g. 1, 500ms); with --json, one JSON document a line."
 )
 @click.option("--gpu", "gpus", type=int, multiple=True, help="Only this GPU (repeatable).")
 @click.option("--user", help="Only processes of this user.")
