@@ -85,21 +85,34 @@ class GpuStates:
         found = [g.context for g in self.last if g.index in wanted]
         return max(found) if found else DEFAULT_CONTEXT
 
+    def context_ceiling(self, job: Job) -> int:
+        """The context the watchdog allows beside a running job's capped allocations:
+        the one booked for it, or more where jobs on its GPUs' model were measured with
+        more (``sched/context.ceiling``): contexts differ by the kernels a job loads."""
+        from gpuwarden.sched.context import ceiling
+
+        samples = self._samples()
+        keys = {self._models[u] for u in job.gpu_uuids if u in self._models}
+        most = [ceiling(samples.get(k, []), self.config.context_memory) for k in keys]
+        return max([self.context_allowance(job), *most])
+
+    def _samples(self) -> dict[tuple[str, str], list[int]]:
+        if self._context_samples is None:
+            self._context_samples = self.store.context_samples()
+        return self._context_samples
+
     def contexts(self, snap: Snapshot) -> dict[str, int]:
         """The CUDA context allowance of each GPU (by uuid): config ``context_memory``,
         else what jobs on that GPU model and driver measured (sched/context.py)."""
         from gpuwarden.sched.context import allowance
 
-        if self._context_samples is None:
-            self._context_samples = self.store.context_samples()
+        samples = self._samples()
         driver = snap.driver_version or "unknown"
         out = {}
         for v in snap.gpus:
             key = (v.facts.name, driver)
             self._models[v.facts.uuid] = key
-            out[v.facts.uuid] = allowance(
-                self._context_samples.get(key, []), self.config.context_memory
-            )
+            out[v.facts.uuid] = allowance(samples.get(key, []), self.config.context_memory)
         return out
 
     def measure_context(self, job: Job, started: bool) -> None:

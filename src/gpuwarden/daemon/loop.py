@@ -238,7 +238,7 @@ class Scheduler:
                 "id": j.id,
                 "user": j.user,
                 "qos": j.spec.qos,
-                "limit": driver_limit(j.cap(j.budget), self.gpus.context_allowance(j)),
+                "limit": driver_limit(j.cap(j.budget), self.gpus.context_ceiling(j)),
                 "used": {str(index[u]): b for u, b in used.get(j.id, {}).items() if u in index},
             }
             for j in active
@@ -292,8 +292,9 @@ class Scheduler:
                 or job.kill_reason
             ):
                 continue
-            # The driver's figures hold the job's CUDA context: so do its limits here.
-            context = self.gpus.context_allowance(job)
+            # The driver's figures hold the job's CUDA context: so do its limits here,
+            # with the spread of contexts on its GPU model (not a kill for kernels).
+            context = self.gpus.context_ceiling(job)
             request = job.budget + context if job.request is not None else None
             by_index = {
                 str(index[uuid]): b for uuid, b in used.get(job.id, {}).items() if uuid in index

@@ -7,7 +7,13 @@ The allowance is measured, not guessed: when a single-GPU job ends, the driver's
 figure for it less the allocator's own peak (reported by the cap hook) is one sample
 for that GPU model and driver. The allowance is the median of the latest samples
 (robust to one odd job, or to a job that writes a false report), else ``context_memory``
-from the config, else ``DEFAULT_CONTEXT``. Pure: the daemon keeps the samples."""
+from the config, else ``DEFAULT_CONTEXT``.
+
+Contexts differ between jobs on one model by the kernels each loads (on an H200, 518 MiB
+right after CUDA starts, 676 MiB once cuBLAS has run), so about half of the jobs have
+more than the median beside a budget they fill exactly. The watchdog therefore judges a
+job against ``ceiling``: the upper quartile of the same samples, at most ``MAX_SPREAD``
+above the median. Pure: the daemon keeps the samples."""
 
 from __future__ import annotations
 
@@ -24,6 +30,9 @@ SAMPLE_RANGE = (64 * MiB, 8192 * MiB)
 """Samples outside this range are not contexts (a report that lies, a peak the daemon's
 sampling missed): they are dropped."""
 SAMPLES_KEPT = 15
+MAX_SPREAD = 256 * MiB
+"""How far past the allowance ``ceiling`` may go, whatever the samples say: jobs that
+report false peaks could otherwise widen every neighbour's tolerance."""
 
 
 def sample(driver_peak: int | None, allocator_peak: int | None) -> int | None:
@@ -43,5 +52,23 @@ def allowance(samples: Sequence[int], configured: int | None = None) -> int:
         return configured
     if not samples:
         return DEFAULT_CONTEXT
-    median = int(statistics.median(samples[-SAMPLES_KEPT:]))
-    return -(-median // MiB) * MiB
+    return _mib_up(int(statistics.median(samples[-SAMPLES_KEPT:])))
+
+
+def _mib_up(n: int) -> int:
+    return -(-n // MiB) * MiB
+
+
+def ceiling(samples: Sequence[int], configured: int | None = None) -> int:
+    """The largest context the watchdog takes for one beside a job's capped allocations
+    on this GPU model: ``configured`` when the admin set one (it is the whole rule
+    then), else the upper quartile of the latest samples, rounded up to a MiB and at
+    most ``MAX_SPREAD`` above the allowance; the default before any sample."""
+    if configured is not None:
+        return configured
+    if not samples:
+        return DEFAULT_CONTEXT
+    latest = sorted(samples[-SAMPLES_KEPT:])
+    upper = latest[-(-3 * len(latest) // 4) - 1]  # the nearest rank
+    base = allowance(samples)
+    return max(base, min(_mib_up(upper), base + MAX_SPREAD))
