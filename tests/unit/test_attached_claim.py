@@ -41,6 +41,7 @@ def _placer(tmp_path: Path, store: Store, clock: list[float]) -> Placer:
         None,
         MpsPool(tmp_path / "mps"),
         lambda gpus: 0,
+        lambda job: 0,
         _no_cancel,
     )
 

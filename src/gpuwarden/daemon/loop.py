@@ -99,6 +99,7 @@ class Scheduler:
             spawn,
             self.mps,
             self.gpus.booked_context,
+            self.gpus.context_ceiling,
             self.cancel_running,
         )
         store.on_end = self.notifier.ended

@@ -91,6 +91,7 @@ class Placer:
         spawn: Callable[[Path], SupervisorHandle] | None,
         mps: MpsPool,
         booked_context: Callable[[Iterable[int]], int],
+        context_ceiling: Callable[[Job], int],
         cancel_running: Callable[[Job], None],
     ) -> None:
         self.store = store
@@ -101,6 +102,7 @@ class Placer:
         self.spawn = spawn  # starts a supervisor (the daemon's fork server); None: fresh
         self.mps = mps  # the MPS daemons of --mps jobs
         self.booked_context = booked_context  # the CUDA context booked per GPU
+        self.context_ceiling = context_ceiling  # the largest context allowed a placed job
         self.cancel_running = cancel_running  # asks a job's supervisor to end it
 
     def preempt(self, job: Job, d: Preempt) -> None:
@@ -248,9 +250,10 @@ class Placer:
                 cores=frozenset(place.cpus) if place.cpus else None,
             )
             if job.spec.mps:
-                # MPS limits the whole client, its CUDA context inside the limit.
+                # MPS limits the whole client, its CUDA context inside the limit: the
+                # context as the watchdog allows it (contexts differ by their kernels).
                 control = self.mps.ensure(job.spec.uid, job.spec.gid, place.gpus)
-                limit = (job.cap(place.budget) or place.budget) + context
+                limit = (job.cap(place.budget) or place.budget) + self.context_ceiling(job)
                 launch = dataclasses.replace(
                     launch,
                     env={
