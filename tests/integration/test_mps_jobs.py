@@ -10,12 +10,13 @@ import contextlib
 import json
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpuwarden.daemon.store import Store
 from gpuwarden.mps.state import MpsDaemon, read_mps_state
 from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, start_daemon
@@ -41,8 +42,26 @@ def controls(d: Daemon) -> list[MpsDaemon]:
 
 @pytest.fixture
 def mps_daemon(tmp_path: Path) -> Iterator[Daemon]:
+    yield from _mps_daemon(tmp_path, 'context_memory = "512M"\n')
+
+
+@pytest.fixture
+def measured_mps_daemon(tmp_path: Path) -> Iterator[Daemon]:
+    """No context_memory: 512, 512 and 768 MiB measured on this GPU model already."""
+
+    def measured(home: Path) -> None:
+        with Store(home / "state.db") as store:
+            for at, mib in ((1.0, 512), (2.0, 512), (3.0, 768)):
+                store.add_context_sample("NVIDIA L4", "sim-550.00", mib << 20, at)
+
+    yield from _mps_daemon(tmp_path, "", measured)
+
+
+def _mps_daemon(
+    tmp_path: Path, config: str, prepare: Callable[[Path], None] | None = None
+) -> Iterator[Daemon]:
     gen = start_daemon(
-        tmp_path, EXAMPLES / "idle-2gpu.json", 'retry_backoff = "200ms"\ncontext_memory = "512M"\n'
+        tmp_path, EXAMPLES / "idle-2gpu.json", 'retry_backoff = "200ms"\n' + config, prepare
     )
     d = next(gen)
     try:
@@ -103,6 +122,19 @@ def test_an_mps_job_runs_as_a_client_of_its_own_control_daemon(mps_daemon: Daemo
         lambda: not controls(d), timeout=30, interval=0.1, what="the MPS control daemon to quit"
     )
     assert not [s for s in read_mps_state().servers if str(d.home) in (s.pipe_dir or "")]
+
+
+def test_an_mps_clients_limit_allows_the_contexts_measured_on_its_gpu_model(
+    measured_mps_daemon: Daemon,
+) -> None:
+    """Booked the median context (512 MiB), limited at its budget and the upper quartile
+    (768 MiB), as the watchdog judges it: contexts differ by the kernels a job loads."""
+    d = measured_mps_daemon
+    jid = d.submit("--mps", "--mem", "2G", cmd=sim_job("--mem", "1G", "--seconds", "0.5"))
+    assert d.cli("wait", str(jid), timeout=60).returncode == 0
+    assert d.job(jid)["context"] == 512 * MiB
+    out = (d.home / "jobs" / str(jid) / "attempt-0" / "stdout").read_text()
+    assert "limit=0=2816M" in out, out
 
 
 def test_an_mps_client_past_its_limit_fails_with_a_cuda_oom(mps_daemon: Daemon) -> None:
