@@ -57,6 +57,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, str
             "true # SECRET-HEALTH",
             "--notify",
             "echo SECRET-NOTIFY",
+            "--comment",
+            "ask SECRET-COMMENT",
             cmd=[PY, "-c", "import time; time.sleep(600)"],
         )
         d.submit(
@@ -97,6 +99,7 @@ def test_the_public_feed_has_the_history_and_no_command_lines(
     everything = json.dumps(data)
     assert "SECRET-TOKEN" not in everything and "command" not in data["queue"][1]
     assert "SECRET-NOTIFY" not in everything and "SECRET-HEALTH" not in everything
+    assert "SECRET-COMMENT" not in everything and data["queue"][0]["comment"] is None
     assert data["queue"][0]["service"]["restart"] == "on-failure"
     page = get(f"{base}/ui/data/jobs/{job}")
     assert page["budget"] == 4 * GiB and page["job"]["state"] == "succeeded"

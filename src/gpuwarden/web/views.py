@@ -1,8 +1,8 @@
 """What the web page shows, as JSON built from the daemon's store: the overview (memory
 history per GPU, leak periods, the queue) and one job's page. Anonymous viewers (the
 public ``web_listen`` address) see no command lines (the job's, its --notify, its health
-check), working directories or keys, nor reasons and event details: those can hold
-paths, pids and secrets."""
+check), working directories or keys, nor reasons, comments and event details: those can
+hold paths, pids and secrets."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from gpuwarden.daemon.store import Store
 from gpuwarden.errors import UsageError
 from gpuwarden.jobs import model
 from gpuwarden.jobs.model import Job
+from gpuwarden.jobs.request import OPTION_DEFAULTS
 
 WINDOWS = (1, 6, 24)  # hours: the page's buttons
 PRIVATE = ("command", "cwd", "key", "env", "after", "after_any", "after_fail", "notify")
@@ -26,6 +27,9 @@ PRIVATE_SERVICE = ("health_cmd", "health_url")
 # Free text that may name paths and pids (a reason, an event's detail, what a hold saw):
 # anonymous viewers get the words' absence, not the words.
 PRIVATE_TEXT = ("reason",)
+# The options document's fields (jobs/request.OPTIONS: --comment and those to come) are
+# the user's own words, for those who may run `show`: not for anonymous viewers.
+PRIVATE_OPTIONS = tuple(OPTION_DEFAULTS)
 RELEASE_TEXT = ("how", "leak", "said")
 RECENT = 20  # ended jobs listed under the queue
 
@@ -35,7 +39,7 @@ def job_json(job: Job, *, anonymous: bool) -> dict[str, Any]:
     if anonymous:
         for name in PRIVATE:
             out.pop(name, None)
-        for name in PRIVATE_TEXT:
+        for name in (*PRIVATE_TEXT, *PRIVATE_OPTIONS):
             out[name] = None
         out["events"] = [{**e, "detail": None} for e in out.get("events", [])]
         if isinstance(out.get("service"), dict):
