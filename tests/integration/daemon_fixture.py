@@ -290,6 +290,21 @@ def start_daemon(
         shutil.rmtree(short, ignore_errors=True)
 
 
+def contexts_measured(*mib: int) -> Callable[[Path], None]:
+    """A ``start_daemon`` prepare step: these CUDA contexts (MiB) already measured on the
+    GPU model of examples/idle-2gpu.json (an NVIDIA L4 on the simulated driver), oldest
+    first, in the state file the daemon then opens."""
+
+    def prepare(home: Path) -> None:
+        from gpuwarden.daemon.store import Store
+
+        with Store(home / "state.db") as store:
+            for at, value in enumerate(mib, start=1):
+                store.add_context_sample("NVIDIA L4", "sim-550.00", value << 20, float(at))
+
+    return prepare
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 free right now (for metrics_listen, web_listen)."""
     with socket.socket() as s:

@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.daemon.store import Store
 from gpuwarden.mps.state import MpsDaemon, read_mps_state
 from tests.helpers.wait import wait_for
-from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, start_daemon
+from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, contexts_measured, start_daemon
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -48,13 +47,7 @@ def mps_daemon(tmp_path: Path) -> Iterator[Daemon]:
 @pytest.fixture
 def measured_mps_daemon(tmp_path: Path) -> Iterator[Daemon]:
     """No context_memory: 512, 512 and 768 MiB measured on this GPU model already."""
-
-    def measured(home: Path) -> None:
-        with Store(home / "state.db") as store:
-            for at, mib in ((1.0, 512), (2.0, 512), (3.0, 768)):
-                store.add_context_sample("NVIDIA L4", "sim-550.00", mib << 20, at)
-
-    yield from _mps_daemon(tmp_path, "", measured)
+    yield from _mps_daemon(tmp_path, "", contexts_measured(512, 512, 768))
 
 
 def _mps_daemon(

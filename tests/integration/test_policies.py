@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.daemon.store import Store
 from tests.helpers.wait import wait_for
-from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, start_daemon
+from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, contexts_measured, start_daemon
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -45,6 +44,14 @@ def sim_job(mem: str, seconds: float, *extra: str) -> list[str]:
 @pytest.fixture
 def fast_daemon(tmp_path: Path) -> Iterator[Daemon]:
     yield from start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json", 'retry_backoff = "200ms"\n')
+
+
+@pytest.fixture
+def measured_daemon(tmp_path: Path) -> Iterator[Daemon]:
+    """512, 512 and 768 MiB of CUDA context measured on this GPU model already."""
+    yield from start_daemon(
+        tmp_path, EXAMPLES / "idle-2gpu.json", "", contexts_measured(512, 512, 768)
+    )
 
 
 def kinds(job: dict[str, object]) -> list[str]:
@@ -219,29 +226,24 @@ def test_watchdog_kills_a_besteffort_job_over_its_limit(fast_daemon: Daemon) -> 
     assert job["enforcement"]["watchdog"] == "kill over the limit"
 
 
-def test_watchdog_allows_the_contexts_measured_on_the_gpu_model(tmp_path: Path) -> None:
+def test_watchdog_allows_the_contexts_measured_on_the_gpu_model(measured_daemon: Daemon) -> None:
     """Contexts differ by the kernels a job loads: with 512, 512 and 768 MiB measured on
     this model, a job is booked the median (512 MiB) but killed only past its budget and
     the upper quartile (768 MiB). Its simulated context is 512 MiB, so 200 MiB allocated
     past its cap is what a bigger context looks like to the driver."""
 
-    def measured(home: Path) -> None:
-        with Store(home / "state.db") as store:
-            for at, mib in ((1.0, 512), (2.0, 512), (3.0, 768)):
-                store.add_context_sample("NVIDIA L4", "sim-550.00", mib << 20, at)
-
-    for d in start_daemon(tmp_path, EXAMPLES / "idle-2gpu.json", "", measured):
-        jid = d.submit(
-            "--qos",
-            "besteffort",
-            "--mem",
-            "2G",
-            cmd=uncapped(sim_job("1G", 3, "--grow-to", "2248M", "--steps", "1")),
-        )
-        job = d.wait_state(jid, "succeeded", "failed", timeout=30)
-        assert job["context"] == 512 << 20  # booked: the median
-        assert job["state"] == "succeeded", job["reason"]
-        assert not [k for k in kinds(job) if k in ("killed_over_limit", "over_budget")]
+    d = measured_daemon
+    jid = d.submit(
+        "--qos",
+        "besteffort",
+        "--mem",
+        "2G",
+        cmd=uncapped(sim_job("1G", 3, "--grow-to", "2248M", "--steps", "1")),
+    )
+    job = d.wait_state(jid, "succeeded", "failed", timeout=30)
+    assert job["context"] == 512 << 20  # booked: the median
+    assert job["state"] == "succeeded", job["reason"]
+    assert not [k for k in kinds(job) if k in ("killed_over_limit", "over_budget")]
 
 
 def test_watchdog_only_warns_about_a_guaranteed_job(fast_daemon: Daemon) -> None:

@@ -334,7 +334,7 @@ def test_each_stored_field_is_a_spec_attribute_kept_in_a_column_or_the_options(
     assert not [name for name in EDITABLE if FIELDS[name].optional]
 
 
-@pytest.mark.parametrize("f", [f for f in FIELDS.values() if f.optional], ids=lambda f: f.name)
+@pytest.mark.parametrize("f", request.OPTION_FIELDS, ids=lambda f: f.name)
 def test_a_field_of_the_options_document_goes_from_submit_to_show_by_its_entry(
     f: Field, tmp_path: Any
 ) -> None:

@@ -54,7 +54,7 @@ from gpuwarden.jobs.model import (
     TERMINAL,
     JobSpec,
 )
-from gpuwarden.jobs.request import FIELDS
+from gpuwarden.jobs.request import OPTION_FIELDS
 from gpuwarden.jobs.services import Service
 from gpuwarden.procs.identity import boot_id
 from tests.helpers.builders import move, non_default
@@ -136,8 +136,7 @@ def test_every_spec_field_round_trips(tmp_path: Path) -> None:
             # the options document's fields, whatever they are
             **{
                 f.name: tuple(v) if isinstance(v := non_default(f), list) else v
-                for f in FIELDS.values()
-                if f.optional
+                for f in OPTION_FIELDS
             },
         )  # the array's id is the store's: set below
         # Every field differs from its default, so none can silently fall back to it.

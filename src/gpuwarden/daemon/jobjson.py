@@ -9,11 +9,9 @@ from typing import Any, cast
 from gpuwarden.client.views import EnforcementDoc, JobDoc
 from gpuwarden.daemon.mps_jobs import SHARED_FATE
 from gpuwarden.jobs.model import SUCCEEDED, Job, iso
-from gpuwarden.jobs.request import FIELDS
+from gpuwarden.jobs.request import OPTION_FIELDS
 from gpuwarden.sched.history import declared_vs_actual
 from gpuwarden.sched.watchdog import policy
-
-OPTION_FIELDS = [f for f in FIELDS.values() if f.optional]
 
 
 def job_json(job: Job, *, with_env: bool = False) -> JobDoc:

@@ -20,6 +20,7 @@ from gpuwarden.jobs.request import (
     FIELDS,
     IDS,
     INTEGER,
+    OPTION_FIELDS,
     QOS_CLASSES,
     SIZE,
     STRING,
@@ -173,7 +174,7 @@ JOB = {
             ]
         },
         # The options document's fields, as the request has them (jobs/request.OPTIONS).
-        **{f.name: field_schema(f) for f in FIELDS.values() if f.optional},
+        **{f.name: field_schema(f) for f in OPTION_FIELDS},
     },
 }
 # One property a field of the request, from the table of fields (jobs/request.py).

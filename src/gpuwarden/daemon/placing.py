@@ -76,6 +76,20 @@ def job_env(job: Job, budget: int, jobdir: Path) -> dict[str, str]:
     return env
 
 
+def requeue_unlaunched(store: Store, job: Job, why: str, now: float) -> None:
+    """A reserved job whose attempt no supervisor will run (its launch failed before
+    anything of it ran, or recovery voided it) queued again as a fresh attempt."""
+    store.transition(
+        job.id,
+        (model.RESERVED,),
+        model.QUEUED,
+        now=now,
+        kind="requeued",
+        detail=why,
+        **model.fresh_attempt(job),
+    )
+
+
 class Placer:
     """Owns starting a placed job (its reservation, environment, supervisor spec and
     supervisor, or its launcher named), an attached job's wait for its launcher, and
@@ -282,15 +296,7 @@ class Placer:
             handle = (self.spawn or spawn_supervisor)(d)
         except NotStarted as e:  # proven: nothing of it ran
             log.warning("launching job %s failed before it started (%s); queued again", job.id, e)
-            self.store.transition(
-                job.id,
-                (model.RESERVED,),
-                model.QUEUED,
-                now=self.clock(),
-                kind="requeued",
-                detail=str(e),
-                **model.fresh_attempt(job),
-            )
+            requeue_unlaunched(self.store, job, str(e), self.clock())
             return
         except Exception as e:
             log.exception("launching job %s failed", job.id)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuwarden.daemon.placing import requeue_unlaunched
 from gpuwarden.daemon.reconcile import ADOPT, FINISH, LOST, REBOOTED, VOID, recovery_step
 from gpuwarden.jobs import lifecycle, model
 from gpuwarden.jobs.jobdir import job_dir, read_status
@@ -70,7 +71,9 @@ class Recovery:
                 # the directory), so voiding the spec is not enough: take its claim
                 # first. Whoever creates supervisor.json owns this attempt.
                 if self._void_attempt(job):
-                    self._requeue_unlaunched(job, "the daemon stopped before launching it")
+                    requeue_unlaunched(
+                        self.store, job, "the daemon stopped before launching it", self.clock()
+                    )
                     continue
                 st = self._status(job)  # a supervisor won: adopt it, or collect its end
                 if st.exit is None and st.supervisor is not None and alive(st.supervisor):
@@ -126,20 +129,7 @@ class Recovery:
                 self._adopt(job, st.supervisor)
             return  # a dead one: its exit.json, or the lost-supervisor rule, settles it
         if self._void_attempt(job):
-            self._requeue_unlaunched(job, "its launch did not complete")
-
-    def _requeue_unlaunched(self, job: Job, why: str) -> None:
-        """A reserved job whose attempt no supervisor will run (``_void_attempt``)
-        queued again as a fresh attempt."""
-        self.store.transition(
-            job.id,
-            (model.RESERVED,),
-            model.QUEUED,
-            now=self.clock(),
-            kind="requeued",
-            detail=why,
-            **model.fresh_attempt(job),
-        )
+            requeue_unlaunched(self.store, job, "its launch did not complete", self.clock())
 
     def _void_attempt(self, job: Job) -> bool:
         """Make sure no supervisor ever runs this attempt of a job: its claim, taken

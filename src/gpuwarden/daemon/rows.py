@@ -22,7 +22,7 @@ from gpuwarden.jobs.model import (
     JobSpec,
     NewHold,
 )
-from gpuwarden.jobs.request import ARGV, BOOLEAN, FIELDS, IDS, OPTIONS, Field
+from gpuwarden.jobs.request import ARGV, BOOLEAN, FIELDS, IDS, OPTION_FIELDS, OPTIONS, Field
 from gpuwarden.jobs.services import Service
 
 # Transition fields stored as JSON lists (the others as they are).
@@ -95,7 +95,6 @@ def check_spec(spec: JobSpec) -> None:
 # a JSON list (an absent one: the field's default). The rest of the stored fields are
 # kept in the options document, by name.
 _STORED = [(f, f.column) for f in FIELDS.values() if f.column is not None and not f.optional]
-_OPTIONS = [f for f in FIELDS.values() if f.optional]
 _AS_IS = [(f.name, c) for f, c in _STORED if f.kind not in (BOOLEAN, ARGV, IDS)]
 _FLAGS = [(f.name, c) for f, c in _STORED if f.kind == BOOLEAN]
 _LISTS = [(f.name, c, f.default) for f, c in _STORED if f.kind in (ARGV, IDS)]
@@ -125,7 +124,7 @@ def option_values(spec: JobSpec) -> dict[str, Any]:
     """The fields of the options document that are not their default, as JSON values
     (what the column keeps; the job's JSON shows every one of them)."""
     out: dict[str, Any] = {}
-    for f in _OPTIONS:
+    for f in OPTION_FIELDS:
         value = getattr(spec, f.name)
         if value != f.default:
             out[f.name] = list(value) if isinstance(value, tuple) else value
@@ -166,11 +165,8 @@ def _stored_fields(row: dict[str, Any]) -> dict[str, Any]:
         for name, column, default in _LISTS
     )
     options = row[OPTIONS]
-    if options != "{}":
-        doc = json.loads(options)
-        out.update((f.name, _option(f, doc)) for f in _OPTIONS)
-    else:
-        out.update((f.name, f.default) for f in _OPTIONS)
+    doc = {} if options == "{}" else json.loads(options)  # the common case, no parser
+    out.update((f.name, _option(f, doc)) for f in OPTION_FIELDS)
     return out
 
 

@@ -400,7 +400,10 @@ FIELDS: dict[str, Field] = {
 }
 """Every field of the submit request, in the order the daemon checks them."""
 
-OPTION_DEFAULTS = {f.name: f.default for f in FIELDS.values() if f.optional}
+OPTION_FIELDS = tuple(f for f in FIELDS.values() if f.optional)
+"""The fields kept in the job's options document (``column=OPTIONS``), in table order."""
+
+OPTION_DEFAULTS = {f.name: f.default for f in OPTION_FIELDS}
 """The options document's fields and their defaults: ``show`` says each one that is not."""
 
 EDITABLE = ("mem", "mem_limit", "priority", "qos", "gpus", "timeout", "name")
