@@ -146,6 +146,18 @@ def test_an_idle_gpu_is_suggested() -> None:
     assert "idle now: GPU 1" in f.remedy
 
 
+def test_two_users_whose_processes_are_all_gpuwarden_jobs_share_safely() -> None:
+    # Each job is held to its budget: no warning about gpuwarden's own packing; one
+    # process outside a job (nothing holds it) brings the warning back.
+    job = {"GPUWARDEN_JOB": "7"}
+    capped = proc(10, 3, user="dave", memory=10 * GiB, env=job)
+    other = proc(11, 3, user="erin", memory=10 * GiB, env={"GPUWARDEN_JOB": "8"})
+    assert rules(run(snap(gpu(3, capped, other))), "shared_default_mode") == []
+    raw = proc(11, 3, user="erin", memory=10 * GiB)
+    [f] = rules(run(snap(gpu(3, capped, raw))), "shared_default_mode")
+    assert "dave" in f.evidence and "erin" in f.evidence
+
+
 def test_same_user_twice_in_default_mode_is_fine() -> None:
     s = snap(gpu(0, proc(10, 0, user="dave"), proc(11, 0, user="dave")))
     assert rules(run(s), "shared_default_mode") == []

@@ -1,14 +1,16 @@
 """Placement and select share one preference after topology: GPUs without other users'
 processes first, then fewest other users, before memory. On the same state the daemon's
 placement and ``select`` pick the same GPUs (examples/a100x8-shared.json: GPUs 0 and 1
-carry another user's inference servers while 4, 5 and 7 are idle)."""
+carry another user's inference servers while 4, 5 and 7 are idle). For placement, other
+users' batch jobs are not kept apart from a batch job (they are capped: packing them is
+the point); their services are, and a service keeps away from every other user's work."""
 
 from __future__ import annotations
 
 from gpuwarden.gpus.sim import SimBackend
 from gpuwarden.observe.snapshot import take_snapshot
 from gpuwarden.sched.headroom import DEFAULT_RESERVE, gpu_states
-from gpuwarden.sched.model import QueuedJob
+from gpuwarden.sched.model import GpuState, ManagedUse, QueuedJob
 from gpuwarden.sched.placement import fits
 from gpuwarden.sched.select import Choice, Request, choose_gpus
 from tests.helpers.builders import GiB, gpu, proc, snapshot
@@ -73,3 +75,30 @@ def test_placement_and_select_agree_on_the_shared_a100_machine() -> None:
     one = choose_gpus(snap.gpus, Request(memory=40 * GiB, user="alice"))
     assert isinstance(one, Choice) and one.indices[0] in (3, 4, 5, 7)
     assert _place(snap, QueuedJob(id=2, user="alice", mem=40 * GiB))[0] in (3, 4, 5, 7)
+
+
+def _running(user: str, *, service: bool) -> list[GpuState]:
+    """GPU 0 runs one 30 GiB job of ``user`` (a service or not); GPU 1 is empty."""
+    use = ManagedUse(job_id=5, budget=30 * GiB, user=user, service=service)
+    return [
+        GpuState(index=0, uuid="GPU-0", total=80 * GiB, managed=(use,)),
+        GpuState(index=1, uuid="GPU-1", total=80 * GiB),
+    ]
+
+
+def test_a_batch_job_packs_beside_another_users_batch_job() -> None:
+    place = fits(QueuedJob(id=1, user="alice", mem=10 * GiB), _running("bob", service=False))
+    assert place is not None and place.gpus == (0,)  # best fit
+
+
+def test_a_batch_job_keeps_away_from_another_users_service() -> None:
+    place = fits(QueuedJob(id=1, user="alice", mem=10 * GiB), _running("bob", service=True))
+    assert place is not None and place.gpus == (1,)
+
+
+def test_a_service_keeps_away_from_another_users_batch_job_but_not_its_own() -> None:
+    server = QueuedJob(id=1, user="alice", mem=10 * GiB, service=True)
+    place = fits(server, _running("bob", service=False))
+    assert place is not None and place.gpus == (1,)
+    place = fits(server, _running("alice", service=False))
+    assert place is not None and place.gpus == (0,)

@@ -48,16 +48,16 @@ def doctor(as_json: bool, gpus: tuple[int, ...], samples: int, interval: float) 
     Errors (an unknown --gpu, no backend) print one line on stderr and exit
     non-zero as well: 2 for bad usage, 3 when no GPU backend can be opened.
     """
+    from gpuwarden.cli.statusonce import snapshot_now
     from gpuwarden.observe.doctor import diagnose, mps_state, report
     from gpuwarden.observe.leaks import find_leaks
-    from gpuwarden.observe.snapshot import take_snapshot
 
     with backend() as b:
-        snaps = [take_snapshot(b)]
+        snaps = [snapshot_now(b)]  # which processes are jobs' (shared_default_mode)
         check_gpu_indices(gpus, [g.index for g in snaps[0].gpus])
         for _ in range(samples - 1):
             time.sleep(interval)
-            snaps.append(take_snapshot(b))
+            snaps.append(snapshot_now(b))
     snap = snaps[-1]
     findings = [
         f

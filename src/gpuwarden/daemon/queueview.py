@@ -34,6 +34,7 @@ def queued_view(job: Job, estimate: float | None = None, now: float = 0.0) -> Qu
         mig=s.mig,
         mps=s.mps,
         returning=job.returning,
+        service=s.service is not None,
     )
 
 

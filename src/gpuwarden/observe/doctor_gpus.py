@@ -46,16 +46,24 @@ def _idle_gpus(snap: Snapshot, but: int) -> list[int]:
     return [g.index for g in snap.gpus if g.index != but and not g.processes]
 
 
+def _uncapped(g: GpuView) -> bool:
+    """Some live process on the GPU is in no gpuwarden job: nothing holds it to a budget."""
+    return any(_live(p) and p.job is None for p in g.processes)
+
+
 def shared_default_mode(inp: Inputs) -> Iterator[Finding]:
-    """Default mode lets every user's job believe it owns the GPU: two jobs, one OOM."""
+    """Default mode lets every user's job believe it owns the GPU: two jobs, one OOM.
+    gpuwarden's jobs are held to their budgets, so users whose processes are all in its
+    jobs share a GPU safely: the daemon packs them so (sched/placement.py)."""
     for g in inp.snapshot.gpus:
         users = _users(g)
         if (
             g.facts.compute_mode != "Default"
             or g.facts.mps
             or len(users) < 2
-            or g.facts.mig_instances
-        ):  # MIG isolates its instances: see mig_instances
+            or g.facts.mig_instances  # MIG isolates its instances: see mig_instances
+            or not _uncapped(g)
+        ):
             continue
         full = _nearly_full(g)
         who = ", ".join(f"{u} {format_bytes(m)}" for u, m in sorted(users.items()))

@@ -43,6 +43,7 @@ def reservation(
         used=used,
         preempting=preempting,
         context=context,
+        service=job.service,
     )
 
 

@@ -32,6 +32,7 @@ class ManagedUse:
     preempting: bool = False
     context: int = 0  # the CUDA context allowance booked beside the budget
     ended: bool = False  # an ended attempt whose memory is not back yet: back any moment
+    service: bool = False  # a long-running service (--restart): its neighbours slow it
 
     @property
     def booked(self) -> int:
@@ -86,6 +87,7 @@ class QueuedJob:
     mig: str | None = None  # only a MIG instance of this profile (e.g. "3g.40gb")
     mps: bool = False  # an MPS client: never on a MIG instance (no MPS server there)
     fair_usage: float = 0.0  # its user's decayed usage, byte-seconds (sched/fairshare.py)
+    service: bool = False  # a long-running service (--restart): keeps off others' work
 
     @property
     def expected_runtime(self) -> float | None:

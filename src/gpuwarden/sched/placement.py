@@ -64,13 +64,21 @@ def preference(
     """What placement and ``select`` both prefer before memory, smallest first: one NUMA
     node, NVLink peers, then GPUs without other users' processes (then the fewest other
     users): a job beside another user's server slows both, and the doctor warns of it.
-    ``users``: who has processes (or jobs) on the set; ``me``: who asks."""
+    ``users``: whose work on the set counts (placement's ``gpu_users``); ``me``: who
+    asks."""
     return numa_nodes(gpus), missing_links(gpus), len(set(users) - {me})
 
 
-def gpu_users(gpu: GpuState) -> frozenset[str]:
-    """Who uses a GPU as placement sees it: its foreign processes' owners and its jobs'."""
-    return gpu.foreign_users | {u.user for u in gpu.managed if u.user}
+def gpu_users(gpu: GpuState, job: QueuedJob) -> frozenset[str]:
+    """Whose work on the GPU ``preference`` keeps the job away from: the owners of its
+    foreign processes (work gpuwarden neither budgets nor caps) and of its services (a
+    server beside other work answers slower). For a batch job, other users' batch jobs
+    do not count: they are budgeted and capped, and packing them side by side is what
+    sharing by memory is for (keeping them apart costs makespan and waits: bench/
+    RESULTS.md, section 6). A service keeps away from every other user's work."""
+    return gpu.foreign_users | {
+        u.user for u in gpu.managed if u.user and (u.service or job.service)
+    }
 
 
 # --- the fit check -----------------------------------------------------------------------
@@ -177,13 +185,13 @@ def _set_key(
         fit = -_budget(job, [room for _, room in chosen])
     else:
         fit = sum(room - job.mem for _, room in chosen)
-    users = frozenset().union(*(gpu_users(g) for g in gpus))
+    users = frozenset().union(*(gpu_users(g, job) for g in gpus))
     return (*preference(gpus, users, job.user), fit, tuple(sorted(g.index for g in gpus)))
 
 
 def _gpu_key(job: QueuedJob, pair: tuple[GpuState, int]) -> tuple[int, int, int, int, int]:
     gpu, room = pair
-    first = preference([gpu], gpu_users(gpu), job.user)
+    first = preference([gpu], gpu_users(gpu, job), job.user)
     if job.mem is None:
         return (*first, -room, gpu.index)
     if job.mem_ceiling is not None:  # the most it can be given, then best fit
