@@ -6,6 +6,7 @@ in the children that ``exec`` starts, never in the test process."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -94,3 +95,51 @@ def test_importing_torch_under_the_hook_does_not_initialise_cuda(tmp_path: Path)
     assert r.returncode == 0, r.stderr
     assert "INITIALIZED False" in r.stdout, (r.stdout, r.stderr)
     assert "CAP_QUEUED True" in r.stdout, (r.stdout, r.stderr)
+
+
+FILL_EXACTLY = textwrap.dedent("""
+    import json
+    import torch
+    from gpuwarden.hooks.gpuwarden_torch_cap import memory_fraction
+    OOM = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+    total = torch.cuda.get_device_properties(0).total_memory
+    free = torch.cuda.mem_get_info(0)[0]
+    GiB = 1 << 30
+    # Budgets whose plain ratio PyTorch rounds a byte short on this device, that fit now.
+    short = [g * GiB for g in range(1, free // GiB - 1) if int(g * GiB / total * total) < g * GiB]
+
+    def fills(budget, fraction):
+        torch.cuda.set_per_process_memory_fraction(fraction, 0)
+        try:
+            x = torch.empty(budget, dtype=torch.uint8, device="cuda")
+            torch.cuda.synchronize()
+            del x
+            return True
+        except OOM:
+            return False
+        finally:
+            torch.cuda.empty_cache()
+
+    print(json.dumps({
+        "total": total,
+        "short": short[:4],
+        "plain": [fills(b, b / total) for b in short[:4]],
+        "ours": [fills(b, memory_fraction(b, total)) for b in short[:4]],
+    }))
+""")
+
+
+def test_a_budget_is_held_in_full_where_the_plain_fraction_falls_short() -> None:
+    # On an H100, 25 GiB and 50 GiB jobs filling their budgets exactly hit their caps:
+    # PyTorch makes its maximum int(fraction * total), a byte short of limit / total.
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUWARDEN_MEM_LIMIT",)}
+    env["PYTHONPATH"] = str(SRC)
+    r = subprocess.run(
+        [sys.executable, "-c", FILL_EXACTLY], env=env, text=True, capture_output=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    print(got)
+    assert got["short"], got  # this device has such budgets (every total tried has)
+    assert not any(got["plain"]), got  # the plain ratio fails them: PyTorch's rounding
+    assert all(got["ours"]), got

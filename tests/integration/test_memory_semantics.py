@@ -88,3 +88,25 @@ def test_a_jobs_memory_coming_back_late_is_still_its_own(lagging_80g: Daemon) ->
     # memory the driver was still freeing was kept as a foreign peak for five minutes.
     assert started - back < 1.5, (ended["events"], placed["events"])
     assert d.wait_state(big, "succeeded", "failed", timeout=30)["state"] == "succeeded"
+
+
+@pytest.fixture
+def h100_sized(tmp_path: Path) -> Iterator[Daemon]:
+    """One GPU of an H100's CUDA total, where ``25 GiB / total`` as PyTorch's memory
+    fraction gives its allocator one byte less than 25 GiB."""
+    scenario = json.loads((EXAMPLES / "one-80g.json").read_text())
+    scenario["gpus"][0]["memory_total"] = H100_TOTAL
+    path = tmp_path / "h100-sized.json"
+    path.write_text(json.dumps(scenario))
+    yield from start_daemon(tmp_path, path)
+
+
+H100_TOTAL = 85_017_493_504
+
+
+def test_a_budget_the_fraction_would_round_down_is_still_held_in_full(h100_sized: Daemon) -> None:
+    # The simulated torch rounds the hook's fraction as PyTorch does, so a cap a byte
+    # short of the budget fails this job with an OOM at its cap, as it did on an H100.
+    jid = h100_sized.submit("--mem", "25G", cmd=sim_job("25G", 0))
+    done = h100_sized.wait_state(jid, "succeeded", "failed", timeout=30)
+    assert done["state"] == "succeeded" and done["oom_retries"] == 0, done["events"]

@@ -10,10 +10,12 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import gpuwarden
+from gpuwarden.hooks.gpuwarden_torch_cap import allowed_bytes
 from tests.helpers.wait import wait_for
 
 SRC = Path(gpuwarden.__file__).resolve().parent.parent
@@ -514,6 +516,12 @@ USE_FAKE_TORCH = textwrap.dedent("""
 """)
 
 
+def held(out: dict[str, Any]) -> dict[str, int]:
+    """What the fake torch's allocator may hold per device at the fractions set (24 GiB
+    each), rounded as PyTorch rounds them."""
+    return {d: allowed_bytes(f, 24 * GiB) for d, f in out["fractions"].items()}
+
+
 @pytest.fixture
 def fake_torch(tmp_path: Path) -> Path:
     pkg = tmp_path / "site" / "torch"
@@ -542,7 +550,7 @@ def test_hook_caps_each_visible_device_at_cuda_init(gw: Run, fake_torch: Path) -
     assert out["queued"] == 1 and out["init"] is False  # queued, CUDA untouched
     assert out["after_import"] == [True]  # registered after torch finished importing
     # The budget is what the allocator may hold: the CUDA context is outside it.
-    assert out["fractions"] == {"0": 6 / 24, "1": 6 / 24}
+    assert held(out) == {"0": 6 * GiB, "1": 6 * GiB}
     out = shown(
         gw(
             "exec",
@@ -555,7 +563,7 @@ def test_hook_caps_each_visible_device_at_cuda_init(gw: Run, fake_torch: Path) -
             extra_env={"PYTHONPATH": pp, "GPUWARDEN_CONTEXT_BYTES": str(1 << 30)},
         )
     )
-    assert out["fractions"] == {"0": 0.25}  # whatever the context allowance
+    assert held(out) == {"0": 6 * GiB}  # whatever the context allowance
 
 
 def test_hook_does_nothing_without_a_cap_or_without_torch(gw: Run, fake_torch: Path) -> None:
@@ -597,7 +605,8 @@ def test_hook_chains_an_existing_sitecustomize(gw: Run, fake_torch: Path, tmp_pa
     )
     r = gw("exec", "--mem", "12G", "--", sys.executable, "-c", code, extra_env={"PYTHONPATH": pp})
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == ["yes", {"0": 12 / 24}]
+    chained, fractions = json.loads(r.stdout)
+    assert chained == "yes" and held({"fractions": fractions}) == {"0": 12 * GiB}
     # A broken one is reported as site.py would, and the program still runs.
     (other / "sitecustomize.py").write_text("raise RuntimeError('boom')\n")
     r = gw(
@@ -620,4 +629,4 @@ def test_hook_applies_in_python_children(gw: Run, fake_torch: Path) -> None:
     out = shown(
         gw("exec", "--mem", "6G", "--", sys.executable, "-c", child, extra_env={"PYTHONPATH": pp})
     )
-    assert out["fractions"] == {"0": 6 / 24}
+    assert held(out) == {"0": 6 * GiB}

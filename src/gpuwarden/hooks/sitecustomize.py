@@ -52,11 +52,24 @@ def _totals() -> list[int]:
     return out
 
 
+def _cap_rules() -> Any:
+    """The cap's arithmetic (gpuwarden_torch_cap.py, beside this file), loaded by its
+    path: the job may have changed sys.path by the time torch initialises CUDA, and no
+    module name of gpuwarden's enters the job's namespace."""
+    path = os.path.join(_HERE, "gpuwarden_torch_cap.py")
+    spec = importlib.util.spec_from_file_location("_gpuwarden_torch_cap", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def cap_devices(cuda: Any, limit: int, totals: list[int]) -> list[float]:
     """Cap PyTorch's allocator at ``limit`` bytes on each visible device; runs inside
     torch's CUDA lazy init. The total is torch's own (what the allocator multiplies the
     fraction by), else the one gpuwarden read from NVML. Returns the fractions set."""
-    fractions = []
+    rules, fractions = _cap_rules(), []
     for device in range(int(cuda.device_count())):
         try:
             total = int(cuda.get_device_properties(device).total_memory)
@@ -65,7 +78,7 @@ def cap_devices(cuda: Any, limit: int, totals: list[int]) -> list[float]:
         if total <= 0:
             _warn(f"total memory of device {device} unknown; not capped")
             continue
-        fraction = min(1.0, float(limit) / float(total))
+        fraction = rules.memory_fraction(limit, total)
         cuda.set_per_process_memory_fraction(fraction, device)
         fractions.append(fraction)
     return fractions

@@ -44,11 +44,12 @@ def _cap_here(mem: int) -> float | None:
 
     if not torch.cuda.is_available():
         return None
-    allowed = mem
+    from gpuwarden.hooks.gpuwarden_torch_cap import memory_fraction
+
     fraction = None
     for dev in range(torch.cuda.device_count()):
         total = torch.cuda.get_device_properties(dev).total_memory
-        fraction = min(1.0, allowed / total)
+        fraction = memory_fraction(mem, total)
         torch.cuda.set_per_process_memory_fraction(fraction, dev)
     return fraction
 

@@ -30,6 +30,7 @@ from gpuwarden.errors import GpuwardenError
 from gpuwarden.gpus.model import GpuFacts
 from gpuwarden.gpus.sim import SimBackend
 from gpuwarden.gpus.visible import devices, visible_gpus
+from gpuwarden.hooks.gpuwarden_torch_cap import allowed_bytes, memory_fraction
 from gpuwarden.units import GiB, parse_size
 
 
@@ -180,7 +181,12 @@ class Job:
         torch_cap = os.environ.get("GPUWARDEN_MEM_LIMIT")
         if torch_cap:
             cap = parse_size(torch_cap, bare_bytes=True)  # bytes, as the launcher writes it
-            self.caps = {i: cap for i in range(len(visible))}
+            # What torch's allocator may hold at the fraction the hook sets: its rounding
+            # too, so that a cap a byte short shows here as it does on a GPU.
+            self.caps = {
+                i: allowed_bytes(memory_fraction(cap, g.memory_total), g.memory_total)
+                for i, g in enumerate(visible)
+            }
         # MPS limits the whole client, its CUDA context included: the client's own limit,
         # else the daemon's default. Without an MPS daemon, no MPS limit holds.
         self.mps = mps
