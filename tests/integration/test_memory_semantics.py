@@ -110,3 +110,32 @@ def test_a_budget_the_fraction_would_round_down_is_still_held_in_full(h100_sized
     jid = h100_sized.submit("--mem", "25G", cmd=sim_job("25G", 0))
     done = h100_sized.wait_state(jid, "succeeded", "failed", timeout=30)
     assert done["state"] == "succeeded" and done["oom_retries"] == 0, done["events"]
+
+
+def _samples(d: Daemon) -> list[int]:
+    """The CUDA contexts the daemon kept as measured (its real SQLite state file)."""
+    import contextlib
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(d.home / "state.db")) as db:
+        return [b for (b,) in db.execute("SELECT bytes FROM contexts ORDER BY at")]
+
+
+def test_only_an_attempt_that_succeeded_measures_the_context(daemon: Daemon) -> None:
+    # An attempt that fails early (an OOM at its first allocations) has not loaded its
+    # kernels: on a GPU its context shows less than its work takes, so it is no sample.
+    failed = daemon.submit(
+        "--mem",
+        "1G",
+        "--retries",
+        "0",
+        cmd=[PY, "-m", "gpuwarden.sim.job", "--mem", "1G", "--grow-to", "3G", "--seconds", "2"],
+    )  # holds 1 GiB (and its context) for a second, then asks for more than its cap
+    done = daemon.wait_state(failed, "succeeded", "failed", timeout=30)
+    assert done["state"] == "failed"
+    # The daemon saw its peak and read its allocator's: it could have been measured.
+    assert done["peak_memory"] == GiB + 512 * MiB and done["allocated_peak"] == GiB
+    assert _samples(daemon) == []
+    ok = daemon.submit("--mem", "1G", cmd=sim_job("1G", 1))
+    assert daemon.wait_state(ok, "succeeded", "failed", timeout=30)["state"] == "succeeded"
+    assert _samples(daemon) == [512 * MiB]

@@ -69,7 +69,7 @@ class ExitCollector:
             child = read_status(job_dir(self.jobs_dir, job)).child
             started = child.started_at if child is not None else None
         now = self.clock()
-        self.gpus.measure_context(job, exit_info.started)
+        self.gpus.measure_context(job, exit_info.started, state == model.SUCCEEDED)
         if verdict.preempted:
             self._requeue_preempted(job, detail)
             return

@@ -115,10 +115,13 @@ class GpuStates:
             out[v.facts.uuid] = allowance(samples.get(key, []), self.config.context_memory)
         return out
 
-    def measure_context(self, job: Job, started: bool) -> None:
+    def measure_context(self, job: Job, started: bool, succeeded: bool) -> None:
         """A single-GPU job that ended: its driver peak less its allocator's peak (the
         cap hook's report, read and removed here) is one measurement of the context on
-        that GPU model."""
+        that GPU model. Only a first attempt that succeeded is one: the context grows
+        with the kernels a job loads, and an attempt that failed early (an OOM at its
+        first allocations) shows less than its work takes (518 MiB where the work
+        showed 610 on an H100), which would book every later job too little."""
         from gpuwarden.sched.context import sample
 
         path = report_path(self.jobs_dir, job)
@@ -141,7 +144,7 @@ class GpuStates:
         ):
             return
         self.store.set_allocated_peak(job.id, peak)
-        if job.peak_memory is None or job.attempts:
+        if not succeeded or job.peak_memory is None or job.attempts:
             return  # (a later attempt's peak may be an earlier one's, at a lower cap)
         key = self._models.get(job.gpu_uuids[0])
         if key is None:
