@@ -36,7 +36,7 @@ def render(
 
 def snapshot_now(b: Backend) -> Snapshot:
     """A snapshot with each process's job as the daemon knows it, when one answers."""
-    from gpuwarden.cli.plain import daemon_job_pids
+    from gpuwarden.client.glance import daemon_job_pids
     from gpuwarden.observe.snapshot import take_snapshot, with_daemon_jobs
 
     return with_daemon_jobs(take_snapshot(b), daemon_job_pids())
@@ -47,7 +47,8 @@ def print_once(
 ) -> None:
     """``snap`` as ``status --json`` or the table (with the drained GPUs under it);
     ``gpus`` already checked against it."""
-    from gpuwarden.cli.plain import daemon_drains, emit_json
+    from gpuwarden.cli.plain import emit_json
+    from gpuwarden.client.glance import daemon_drains
     from gpuwarden.observe.leaks import find_leaks
 
     if as_json:

@@ -328,9 +328,10 @@ class TopApp(App[None]):
 
     @work(thread=True, group="doctor")
     def _diagnose(self, screen: TextScreen) -> None:
+        from gpuwarden.client.glance import daemon_job_pids
         from gpuwarden.observe.doctor import diagnose, mps_state, report
         from gpuwarden.observe.leaks import find_leaks
-        from gpuwarden.observe.snapshot import take_snapshot
+        from gpuwarden.observe.snapshot import take_snapshot, with_daemon_jobs
         from gpuwarden.render.doctor import render
 
         snaps: list[Snapshot] = []
@@ -339,7 +340,9 @@ class TopApp(App[None]):
                 if n:
                     time.sleep(DOCTOR_INTERVAL)
                 with self._top_lock:
-                    snaps.append(take_snapshot(self.backend))
+                    snap = take_snapshot(self.backend)
+                # which processes are jobs' (shared_default_mode), as `gpuwarden doctor`
+                snaps.append(with_daemon_jobs(snap, daemon_job_pids()))
             mps = mps_state(lambda m: self.call_from_thread(self.say, m, "warning"))
             findings = diagnose(snaps[-1], find_leaks(snaps), mps)
             body = render(report(findings))
