@@ -21,7 +21,7 @@ from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import PY, start_daemon
 from tests.security import pidns
 from tests.security.pidns import User
-from tests.security.test_status_job_ids import _JOB, JOB_PY
+from tests.security.stdlib_job import JOB, JOB_PY
 
 
 def _shared_findings(doctor: subprocess.CompletedProcess[str]) -> list[int]:
@@ -35,9 +35,9 @@ def doctor_beside_anothers_job(args: dict[str, Any]) -> dict[str, Any]:
     tmp = pidns.tmp_home()
     for d in start_daemon(tmp, EXAMPLES / "idle-2gpu.json"):
         jids = []
-        for u in (a, b):  # the job registers 1 GiB on GPU 0 (see _JOB)
+        for u in (a, b):  # the job registers 1 GiB on GPU 0 (see stdlib_job.JOB)
             r = d.cli(
-                "submit", "--cwd", u.home, "--mem", "1G", "--", JOB_PY, "-c", _JOB, "60",
+                "submit", "--cwd", u.home, "--mem", "1G", "--", JOB_PY, "-c", JOB, "60",
                 env=pidns.env_of(d.env, u), prefix=u.prefix,
             )  # fmt: skip
             assert r.returncode == 0, r.stderr

@@ -16,8 +16,7 @@ from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import Daemon, start_daemon
 from tests.security import pidns
 from tests.security.pidns import User
-
-JOB_PY = "/usr/bin/python3"  # one every user may run (the job needs the stdlib only)
+from tests.security.stdlib_job import JOB_PY
 
 # An MPS client, as a CUDA program is one: says hello to the control daemon of its pipe
 # directory (the simulated one's protocol, sim/mps.py), says what it was told and its

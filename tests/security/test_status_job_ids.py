@@ -18,23 +18,7 @@ from tests.helpers.wait import wait_for
 from tests.integration.daemon_fixture import PY, start_daemon
 from tests.security import pidns
 from tests.security.pidns import User
-
-JOB_PY = "/usr/bin/python3"  # one every user may run (the job needs the stdlib only)
-
-# As gpuwarden.sim.job registers what it holds with the simulated driver (sim/registry.py),
-# with the standard library alone: 1 GiB on GPU 0 of idle-2gpu.json, for argv[1] seconds.
-_JOB = """
-import json, os, sys, time
-stat = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
-btime = next(int(l.split()[1]) for l in open("/proc/stat") if l.startswith("btime"))
-start = btime + int(stat[19]) / os.sysconf("SC_CLK_TCK")
-alloc = os.path.join(os.environ["GPUWARDEN_SIM_STATE"], "alloc", f"{os.getpid()}.json")
-with open(alloc, "w") as f:
-    json.dump({"pid": os.getpid(), "start_time": start, "leak": False, "command": "job",
-               "gpus": {"GPU-00000000-0000-4000-8000-000000000000": 1 << 30}}, f)
-time.sleep(float(sys.argv[1]))
-os.unlink(alloc)
-"""
+from tests.security.stdlib_job import JOB, JOB_PY
 
 
 def status_of_anothers_job(args: dict[str, Any]) -> dict[str, Any]:
@@ -50,7 +34,7 @@ def status_of_anothers_job(args: dict[str, Any]) -> dict[str, Any]:
             "--",
             JOB_PY,
             "-c",
-            _JOB,
+            JOB,
             "60",
             env=pidns.env_of(d.env, a),
             prefix=a.prefix,
