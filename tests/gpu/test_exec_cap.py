@@ -104,9 +104,12 @@ FILL_EXACTLY = textwrap.dedent("""
     OOM = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
     total = torch.cuda.get_device_properties(0).total_memory
     free = torch.cuda.mem_get_info(0)[0]
-    GiB = 1 << 30
-    # Budgets whose plain ratio PyTorch rounds a byte short on this device, that fit now.
-    short = [g * GiB for g in range(1, free // GiB - 1) if int(g * GiB / total * total) < g * GiB]
+    GiB, MiB = 1 << 30, 1 << 20
+    # Budgets whose plain ratio PyTorch rounds a byte short on this device, that fit now:
+    # multiples of 2 MiB (the allocator's segments are, so the budget is all it asks).
+    short = [
+        b for b in range(GiB, free - 2 * GiB, 2 * MiB) if int(b / total * total) < b
+    ]
 
     def fills(budget, fraction):
         torch.cuda.set_per_process_memory_fraction(fraction, 0)
@@ -140,6 +143,7 @@ def test_a_budget_is_held_in_full_where_the_plain_fraction_falls_short() -> None
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     print(got)
-    assert got["short"], got  # this device has such budgets (every total tried has)
+    if not got["short"]:  # (2 of 972 totals sampled between 16 and 200 GiB have none)
+        pytest.skip(f"PyTorch's rounding leaves no budget short on a total of {got['total']}")
     assert not any(got["plain"]), got  # the plain ratio fails them: PyTorch's rounding
     assert all(got["ours"]), got
