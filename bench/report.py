@@ -1356,7 +1356,14 @@ def _status_goals(st: dict[str, Any], processes: int | None) -> list[str]:
             f"{_verdict(worst <= py + 0.030)}"
             + (
                 f"; {nvitop / worst:.1f}× faster than `nvitop -1` (goal ≥ 3×: "
-                f"{_verdict(nvitop >= 3 * worst)})"
+                f"{_verdict(nvitop >= 3 * worst)}"
+                + (
+                    f": a third of `nvitop -1`'s {nvitop * 1000:.0f} ms is less than the "
+                    "interpreter's own start, which no Python view can go below"
+                    if nvitop / 3 < py
+                    else ""
+                )
+                + ")"
                 if nvitop
                 else ""
             )
