@@ -28,6 +28,8 @@
 #   scripts/gpu-bench.sh --sets a --tools gpuwarden,gflow      # any part
 #   scripts/gpu-bench.sh --time-scale 0.3 --status-runs 0      # a quick smoke run
 #   scripts/gpu-bench.sh --gw-args "--retries 1"               # options for gpuwarden submit
+#   GPUWARDEN_REV=abc1234 scripts/gpu-bench.sh   # name the tree's commit yourself where the
+#       machine's copy of .git is older than the tree it runs (it then says "<old>-dirty")
 #   GPUWARDEN_SRC=.gwsrc/src GPUWARDEN_REV=abc1234 scripts/gpu-bench.sh   # a given commit
 #       (here: mkdir .gwsrc; git archive abc1234 src | tar -x -C .gwsrc; echo /.gwsrc/ \
 #       >> .git/info/exclude; name .gwsrc in the device call's carry beside .whl)
