@@ -52,13 +52,10 @@ def test_every_process_reads_as_psutil_reads_it() -> None:
         again = _psutil_facts(pid)
         if theirs is None or again is None or theirs.start != again.start:
             continue  # gone or replaced meanwhile
-        assert (mine.uid, mine.ppid, mine.pgid, mine.name, mine.command) == (
-            theirs.uid,
-            theirs.ppid,
-            theirs.pgid,
-            theirs.name,
-            theirs.command,
-        ), pid
+        lasting = (theirs.uid, theirs.ppid, theirs.pgid, theirs.name, theirs.command)
+        if lasting != (again.uid, again.ppid, again.pgid, again.name, again.command):
+            continue  # it exec'd, was reparented or changed its group between the reads
+        assert (mine.uid, mine.ppid, mine.pgid, mine.name, mine.command) == lasting, pid
         assert abs(mine.start - theirs.start) < 1e-6, pid
         assert theirs.cpu_time <= mine.cpu_time + 1e-9 <= again.cpu_time + 2e-9, pid
         if theirs.rss == again.rss:
