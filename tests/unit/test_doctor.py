@@ -158,6 +158,17 @@ def test_two_users_whose_processes_are_all_gpuwarden_jobs_share_safely() -> None
     assert "dave" in f.evidence and "erin" in f.evidence
 
 
+def test_two_users_whose_torch_was_capped_by_exec_share_safely() -> None:
+    # What the rule's fix suggests (`gpuwarden exec --mem`) quiets it, where the
+    # environment can be read; a capped environment without torch is not capped.
+    capped = {"GPUWARDEN_MEM_LIMIT": str(10 * GiB)}
+    dave = proc(10, 3, user="dave", memory=10 * GiB, env=capped, torch=True)
+    erin = proc(11, 3, user="erin", memory=10 * GiB, env=capped, torch=True)
+    assert rules(run(snap(gpu(3, dave, erin))), "shared_default_mode") == []
+    other = proc(11, 3, user="erin", memory=10 * GiB, env=capped, torch=False)
+    assert len(rules(run(snap(gpu(3, dave, other))), "shared_default_mode")) == 1
+
+
 def test_same_user_twice_in_default_mode_is_fine() -> None:
     s = snap(gpu(0, proc(10, 0, user="dave"), proc(11, 0, user="dave")))
     assert rules(run(s), "shared_default_mode") == []

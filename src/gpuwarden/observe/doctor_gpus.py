@@ -46,9 +46,19 @@ def _idle_gpus(snap: Snapshot, but: int) -> list[int]:
     return [g.index for g in snap.gpus if g.index != but and not g.processes]
 
 
+def _held_to_a_budget(p: ProcessView) -> bool:
+    """In a gpuwarden job (the daemon holds it to its budget), or a PyTorch process that
+    ``gpuwarden exec --mem`` started (its allocator capped: what this rule's fix
+    suggests). An environment another user's doctor cannot read says neither."""
+    if p.job is not None:
+        return True
+    env = p.info.env or {}
+    return bool(env.get("GPUWARDEN_MEM_LIMIT")) and p.info.uses_torch is True
+
+
 def _uncapped(g: GpuView) -> bool:
-    """Some live process on the GPU is in no gpuwarden job: nothing holds it to a budget."""
-    return any(_live(p) and p.job is None for p in g.processes)
+    """Some live process on the GPU is held to no budget."""
+    return any(_live(p) and not _held_to_a_budget(p) for p in g.processes)
 
 
 def shared_default_mode(inp: Inputs) -> Iterator[Finding]:
