@@ -1,5 +1,6 @@
 """Helpers shared by the verbs: parse common options, write CSV, warn. What needs no
-click (the backend, JSON, the daemon's glance, GPU indices) is in ``cli/plain.py``."""
+click (the backend, JSON, GPU indices) is in ``cli/plain.py``, the glance at the daemon
+in ``client/glance.py``."""
 
 from __future__ import annotations
 

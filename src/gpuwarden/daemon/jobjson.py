@@ -8,8 +8,8 @@ from typing import Any, cast
 
 from gpuwarden.client.views import EnforcementDoc, JobDoc
 from gpuwarden.daemon.mps_jobs import SHARED_FATE
+from gpuwarden.daemon.rows import option_values
 from gpuwarden.jobs.model import SUCCEEDED, Job, iso
-from gpuwarden.jobs.request import OPTION_FIELDS
 from gpuwarden.sched.history import declared_vs_actual
 from gpuwarden.sched.watchdog import policy
 
@@ -103,10 +103,7 @@ def job_json(job: Job, *, with_env: bool = False) -> JobDoc:
     }
     # The fields of the options document (jobs/request.OPTIONS) by name, with no line
     # here of their own: JobDoc names those a client reads.
-    doc = cast(dict[str, Any], out)
-    for f in OPTION_FIELDS:
-        value = getattr(s, f.name)
-        doc[f.name] = list(value) if isinstance(value, tuple) else value
+    cast(dict[str, Any], out).update(option_values(s, defaults=True))
     if with_env:
         out["env"] = dict(s.env)
     return out

@@ -120,13 +120,13 @@ def spec_columns(spec: JobSpec) -> dict[str, object]:
     }
 
 
-def option_values(spec: JobSpec) -> dict[str, Any]:
-    """The fields of the options document that are not their default, as JSON values
-    (what the column keeps; the job's JSON shows every one of them)."""
+def option_values(spec: JobSpec, *, defaults: bool = False) -> dict[str, Any]:
+    """The fields of the options document as JSON values: those that are not their
+    default (what the column keeps), or with ``defaults`` every one (the job's JSON)."""
     out: dict[str, Any] = {}
     for f in OPTION_FIELDS:
         value = getattr(spec, f.name)
-        if value != f.default:
+        if defaults or value != f.default:
             out[f.name] = list(value) if isinstance(value, tuple) else value
     return out
 

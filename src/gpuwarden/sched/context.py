@@ -69,6 +69,7 @@ def ceiling(samples: Sequence[int], configured: int | None = None) -> int:
     if not samples:
         return DEFAULT_CONTEXT
     latest = sorted(samples[-SAMPLES_KEPT:])
-    upper = latest[-(-3 * len(latest) // 4) - 1]  # the nearest rank
+    rank = -(-3 * len(latest) // 4)  # the nearest rank of the upper quartile: ceil(3n/4)
+    upper = latest[rank - 1]
     base = allowance(samples)
     return max(base, min(_mib_up(upper), base + MAX_SPREAD))
