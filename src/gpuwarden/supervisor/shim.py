@@ -402,7 +402,8 @@ class Supervisor:
         return code, None
 
     def write_exit(self, ended: ExitInfo) -> None:
-        """exit.json, once; retried (a full disk may clear) since the daemon needs it."""
+        """exit.json, once; retried (a full disk may clear) since the daemon needs it,
+        unless the job directory itself is gone: then nobody can read it."""
         give_up = time.monotonic() + 3600
         pause = 0.5
         while True:
@@ -414,6 +415,9 @@ class Supervisor:
                 self.log("exit.json exists already: not written again")
                 return
             except OSError as e:
+                if isinstance(e, FileNotFoundError) and not self.jobdir.is_dir():
+                    self.log("the job directory was removed: its end is not recorded")
+                    return
                 self.log(f"cannot write exit.json: {e.strerror or e}")
                 if time.monotonic() >= give_up:
                     return
