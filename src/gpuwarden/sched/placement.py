@@ -181,8 +181,11 @@ def _set_key(
     whole-GPU jobs take the set that gives the biggest budget, jobs with a ceiling the
     set that gives most up to it."""
     gpus = [g for g, _ in chosen]
-    if job.mem is None or job.mem_ceiling is not None:
-        fit = -_budget(job, [room for _, room in chosen])
+    rooms = [room for _, room in chosen]
+    if job.mem is None:
+        fit = -min(rooms)
+    elif job.mem_ceiling is not None:
+        fit = -min(job.mem_ceiling, *rooms)
     else:
         fit = sum(room - job.mem for _, room in chosen)
     users = frozenset().union(*(gpu_users(g, job) for g in gpus))
@@ -201,13 +204,13 @@ def _gpu_key(job: QueuedJob, pair: tuple[GpuState, int]) -> tuple[int, int, int,
 
 def _budget(job: QueuedJob, rooms: Sequence[int]) -> int:
     """The budget a job gets on GPUs whose budget rooms (each ≥ its request) are
-    ``rooms``: its request; what they all have for a whole-GPU job; for a job with a
-    ceiling (an OOM retry that crept into its cap), as much as they all have up to it."""
+    ``rooms``: its request; what they all have for a whole-GPU job. A job with a
+    ceiling (an OOM retry that crept into its cap) gets its request here too: the
+    room up to its ceiling that no job of the pass takes comes after the pass
+    (``queue.plan``)."""
     if job.mem is None:
         return min(rooms)
-    if job.mem_ceiling is None:
-        return job.mem
-    return max(job.mem, min(job.mem_ceiling, *rooms))
+    return job.mem
 
 
 def _best_set(job: QueuedJob, ok: list[tuple[GpuState, int]]) -> list[tuple[GpuState, int]]:

@@ -158,6 +158,7 @@ def plan(
         if len(window) == BEST_FIT_WINDOW:
             window = p.best_first(window, keep=BEST_FIT_WINDOW - 1)
     p.best_first(window, keep=0)
+    p.give_spare_room()
     return p.decisions
 
 
@@ -177,6 +178,7 @@ class _Pass:
         self.head: backfill.Reservation | None = None
         self.stopping = preempt.in_flight(state)
         self.placed: set[int] = set()  # placed in this pass: not yet running, never victims
+        self.ceilings: dict[int, QueuedJob] = {}  # placed jobs that may take more (OOM retries)
         self.decisions: list[Decision] = []
 
     def consider(
@@ -228,9 +230,41 @@ class _Pass:
     def book(self, job: QueuedJob, place: Place, head: backfill.Reservation | None) -> None:
         self.state = apply(self.state, job, place, self.spike, started_at=self.now)
         self.placed.add(job.id)
+        if job.mem_ceiling is not None and job.mem_ceiling > place.budget:
+            self.ceilings[job.id] = job
         self.held = limits.book(self.held, job, place)
         self.head = head
         self.decisions.append(place)
+
+    def give_spare_room(self) -> None:
+        """Room on its GPUs that no job of the pass took goes to an OOM retry that crept
+        into its cap, up to its ceiling (queue order among them). Its budget is a guess
+        (sched/oom.py), so more room makes a second OOM less likely, but it never takes
+        room a job that fits now could use, nor room the first waiting job holds."""
+        if not self.ceilings or (self.head is not None and self._holds_room(self.head)):
+            return
+        for i, d in enumerate(self.decisions):
+            if not isinstance(d, Place) or d.job_id not in self.ceilings:
+                continue
+            job = self.ceilings[d.job_id]
+            assert job.mem_ceiling is not None
+            spare = min(headroom(g, self.spike) for g in self.state if _on(g, d))
+            more = min(job.mem_ceiling - d.budget, spare)
+            allowed = limits.memory_left(job.user, self.held, self.pol.limits)
+            if allowed is not None:
+                more = min(more, allowed // len(d.gpus))
+            if more <= 0:
+                continue
+            grown = replace(d, budget=d.budget + more)
+            self.state = [_regrown(g, job.id, grown.budget) if _on(g, d) else g for g in self.state]
+            self.held = limits.grow(self.held, job.user, more * len(d.gpus))
+            self.decisions[i] = grown
+
+    def _holds_room(self, head: backfill.Reservation) -> bool:
+        """Whether the first waiting job's reservation holds room now."""
+        return self.pol.backfill and (
+            head.shadow is not None or backfill.starving(head.job, self.now, self.pol.starve_after)
+        )
 
     def best_first(self, window: list[QueuedJob], keep: int) -> list[QueuedJob]:
         """Start the best fitting of ``window`` (least headroom left on its GPUs, then
@@ -250,11 +284,7 @@ class _Pass:
 
     def _slack(self, place: Place) -> int:
         """Headroom the placement leaves unused on its GPUs."""
-        return sum(
-            headroom(g, self.spike) - place.budget
-            for g in self.state
-            if (g.uuid in place.uuids if place.uuids else g.index in place.gpus)
-        )
+        return sum(headroom(g, self.spike) - place.budget for g in self.state if _on(g, place))
 
     def _delays(self, head: backfill.Reservation) -> str:
         why = f"waiting: starting now would delay job {head.job.id}, first in the queue"
@@ -315,6 +345,18 @@ class _Pass:
             f"; first in line: jobs that fit start before it for {format_duration(left)}"
             f" more, then its room is held"
         )
+
+
+def _on(gpu: GpuState, place: Place) -> bool:
+    """Whether ``place`` books ``gpu`` (a MIG instance by its uuid)."""
+    return gpu.uuid in place.uuids if place.uuids else gpu.index in place.gpus
+
+
+def _regrown(gpu: GpuState, job_id: int, budget: int) -> GpuState:
+    return replace(
+        gpu,
+        managed=tuple(replace(u, budget=budget) if u.job_id == job_id else u for u in gpu.managed),
+    )
 
 
 def _mark_stopping(gpu: GpuState, victims: set[int]) -> GpuState:
