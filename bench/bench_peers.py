@@ -712,8 +712,11 @@ def summary_table(result: dict[str, Any]) -> str:
 
 def merge(paths: list[Path]) -> dict[str, Any]:
     """Join result files of split runs: later files win per (set, tool). Each run keeps
-    the gpuwarden commit it was measured on (``rev``), as split runs may differ."""
+    the gpuwarden commit it was measured on (``rev``), as split runs may differ; the
+    one-shot view timings keep the machine and commit they were measured on
+    (``status_on``), as a later run may have left them out."""
     merged: dict[str, Any] = {}
+    status_keys = ("status", "status_processes", "status_bytecode_cached", "status_on")
     for p in paths:
         data = json.loads(p.read_text())
         runs = merged.get("runs", {})
@@ -722,7 +725,7 @@ def merge(paths: list[Path]) -> dict[str, Any]:
             **merged.get("versions", {}),  # a tool left out of this run keeps its
             **{k: v for k, v in data.get("versions", {}).items() if v is not None},
         }
-        merged.update({k: v for k, v in data.items() if k not in ("runs", "sets", "status")})
+        merged.update({k: v for k, v in data.items() if k not in ("runs", "sets", *status_keys)})
         merged["versions"] = versions
         rev = data.get("versions", {}).get("gpuwarden")
         for s, tools in data.get("runs", {}).items():
@@ -732,7 +735,10 @@ def merge(paths: list[Path]) -> dict[str, Any]:
         sets.update(data.get("sets", {}))
         merged["runs"], merged["sets"] = runs, sets
         if data.get("status"):
-            merged["status"] = data["status"]
+            merged.update({k: data[k] for k in status_keys if k in data})
+            merged.setdefault("status_on", {})
+            if "status_on" not in data:
+                merged["status_on"] = {"gpu": data.get("gpu"), "gpuwarden": rev}
     return merged
 
 

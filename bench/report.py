@@ -1093,6 +1093,13 @@ def _peer_ratio(runs: dict[str, Any]) -> tuple[float | None, float | None, str |
     return gw, best[0], best[1]
 
 
+def _tools_ran(pr: dict[str, Any]) -> list[str]:
+    """The tools with a run in the peers file, in the benchmark's order."""
+    return [
+        t for t in ("gpuwarden", "gpusched", "gflow") if any(t in r for r in pr["runs"].values())
+    ]
+
+
 def _peers_summary(pr: dict[str, Any]) -> list[str]:
     if "runs" not in pr:
         return [
@@ -1126,11 +1133,9 @@ def _peers_summary(pr: dict[str, Any]) -> list[str]:
             f"set {s}: gpuwarden {gw:.1f} s vs {name} {best:.1f} s "
             f"(**{gw / best:.2f}×**, goal ≤ {goal}×: {_verdict(gw / best <= goal)})"
         )
-    return [
-        f"- gpuwarden, gpusched and gflow on real torch jobs on one {pr['gpu']}{smoke}: "
-        + "; ".join(parts)
-        + "."
-    ]
+    ran = _tools_ran(pr)
+    tools = ", ".join(ran[:-1]) + f" and {ran[-1]}" if len(ran) > 1 else "".join(ran)
+    return [f"- {tools} on real torch jobs on one {pr['gpu']}{smoke}: " + "; ".join(parts) + "."]
 
 
 def _peer_row(name: str, r: dict[str, Any], bound: float, best: float | None) -> str:
@@ -1205,6 +1210,9 @@ def _peers(pr: dict[str, Any]) -> list[str]:
         ]
     st, v, cfg = pr.get("status", {}), pr.get("versions", {}), pr.get("settings", {})
     out = ["## 7. Real peers on the GPU machine: gpuwarden, gpusched, gflow", ""]
+    absent = [t for t in ("gpusched", "gflow") if t not in _tools_ran(pr)]
+    if absent:
+        out += [f"Not run this time: {', '.join(absent)}.", ""]
     if pr.get("time_scale", 1) != 1:
         out += [
             f"**A smoke run** (every duration ×{pr['time_scale']}): it shows that the "
@@ -1297,6 +1305,13 @@ def _peers(pr: dict[str, Any]) -> list[str]:
             "✗ did not succeed):",
             "",
             *_peer_jobs(pset, runs),
+            "",
+        ]
+    on = pr.get("status_on") or {}
+    if st and on.get("gpu") not in (None, pr.get("gpu")):
+        out += [
+            f"The one-shot views below were measured in an earlier run, on one {on['gpu']} "
+            f"with gpuwarden {on.get('gpuwarden')}; this run did not time them.",
             "",
         ]
     if st:
