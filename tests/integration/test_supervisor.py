@@ -508,7 +508,7 @@ def test_cwd_is_entered_as_the_user(
 def test_a_removed_job_directory_lets_the_supervisor_go(jobs: Jobs) -> None:
     """Nobody can read an end recorded in a directory that is gone: the supervisor does
     not linger for an hour retrying it (a full disk, by contrast, may clear)."""
-    jobdir, handle = jobs.start(["sleep", "1"])
+    jobdir, handle = jobs.start(["sleep", "3"])  # still running while its files go
     wait_for(lambda: read_status(jobdir).child, what="child.json")
     shutil.rmtree(jobdir)
     wait_for(lambda: not alive(handle), 20, what="the supervisor to go")
