@@ -31,6 +31,7 @@ if [ -n "${GPUWARDEN_SIM:-}" ]; then
   step gpuwarden ps
   step gpuwarden wait 1 2 3
   step gpuwarden ps --all
+  sleep 1.5  # the daemon checks, within a pass or two, that each job's memory came back
   step gpuwarden show 1
   gpuwarden daemon stop >/dev/null
   rm -rf "$GPUWARDEN_HOME"
