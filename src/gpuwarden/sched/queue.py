@@ -255,8 +255,10 @@ class _Pass:
                 more = min(more, allowed // len(d.gpus))
             if more <= 0:
                 continue
-            grown = replace(d, budget=d.budget + more)
-            self.state = [_regrown(g, job.id, grown.budget) if _on(g, d) else g for g in self.state]
+            grown = replace(d, budget=d.budget + more)  # booked again: apply re-checks it
+            self.state = apply(
+                release(self.state, {job.id}), job, grown, self.spike, started_at=self.now
+            )
             self.held = limits.grow(self.held, job.user, more * len(d.gpus))
             self.decisions[i] = grown
 
@@ -350,13 +352,6 @@ class _Pass:
 def _on(gpu: GpuState, place: Place) -> bool:
     """Whether ``place`` books ``gpu`` (a MIG instance by its uuid)."""
     return gpu.uuid in place.uuids if place.uuids else gpu.index in place.gpus
-
-
-def _regrown(gpu: GpuState, job_id: int, budget: int) -> GpuState:
-    return replace(
-        gpu,
-        managed=tuple(replace(u, budget=budget) if u.job_id == job_id else u for u in gpu.managed),
-    )
 
 
 def _mark_stopping(gpu: GpuState, victims: set[int]) -> GpuState:
