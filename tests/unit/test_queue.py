@@ -9,10 +9,11 @@ from dataclasses import replace
 from fractions import Fraction
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.sched import limits
+from gpuwarden.sched.booking import apply
 from gpuwarden.sched.headroom import headroom
 from gpuwarden.sched.model import (
     Decision,
@@ -382,6 +383,28 @@ def test_every_job_gets_one_decision_and_places_are_well_formed(
             if j.mem is None or j.exclusive:
                 alone.add(i)
             used[i] = used.get(i, 0) + 1
+
+
+@PROPERTY
+@given(machine=machines(), spike=st.sampled_from(SPIKES), policy=POLICIES)
+def test_a_crept_retry_takes_no_room_a_job_waiting_for_room_could_use(
+    machine: tuple[list[GpuState], list[QueuedJob]], spike: float, policy: Policy | None
+) -> None:
+    # Booked at their requests, the pass's placements leave every job that waits for room
+    # without a fit: what crept retries got above their requests no waiting job could use.
+    gpus, queue = machine
+    assume(not any(j.returning and j.not_before > 100.0 for j in queue))  # their holds
+    decisions = plan(gpus, queue, spike, now=100.0, policy=policy)
+    jobs = {j.id: j for j in queue}
+    state = list(gpus)
+    for d in decisions:
+        if isinstance(d, Place):
+            j = jobs[d.job_id]
+            asked = d.budget if j.mem is None or j.mem_ceiling is None else j.mem
+            state = apply(state, j, replace(d, budget=asked), spike)
+    for d in decisions:
+        if isinstance(d, Wait) and d.cause == "room":
+            assert fits(jobs[d.job_id], state, spike) is None, d
 
 
 @PROPERTY
