@@ -736,8 +736,7 @@ def merge(paths: list[Path]) -> dict[str, Any]:
         merged["runs"], merged["sets"] = runs, sets
         if data.get("status"):
             merged.update({k: data[k] for k in status_keys if k in data})
-            merged.setdefault("status_on", {})
-            if "status_on" not in data:
+            if "status_on" not in data:  # measured in this run: on its machine
                 merged["status_on"] = {"gpu": data.get("gpu"), "gpuwarden": rev}
     return merged
 

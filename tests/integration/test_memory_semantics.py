@@ -9,7 +9,9 @@ memory a moment after it leaves the process list (as the real driver does):
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from tests.integration.daemon_fixture import EXAMPLES, PY, Daemon, start_daemon
 
 GiB = 1 << 30
 MiB = 1 << 20
+H100_TOTAL = 85_017_493_504  # torch.cuda.get_device_properties(0).total_memory on an H100
 
 
 def sim_job(mem: str, seconds: float) -> list[str]:
@@ -101,9 +104,6 @@ def h100_sized(tmp_path: Path) -> Iterator[Daemon]:
     yield from start_daemon(tmp_path, path)
 
 
-H100_TOTAL = 85_017_493_504
-
-
 def test_a_budget_the_fraction_would_round_down_is_still_held_in_full(h100_sized: Daemon) -> None:
     # The simulated torch rounds the hook's fraction as PyTorch does, so a cap a byte
     # short of the budget fails this job with an OOM at its cap, as it did on an H100.
@@ -114,9 +114,6 @@ def test_a_budget_the_fraction_would_round_down_is_still_held_in_full(h100_sized
 
 def _samples(d: Daemon) -> list[int]:
     """The CUDA contexts the daemon kept as measured (its real SQLite state file)."""
-    import contextlib
-    import sqlite3
-
     with contextlib.closing(sqlite3.connect(d.home / "state.db")) as db:
         return [b for (b,) in db.execute("SELECT bytes FROM contexts ORDER BY at")]
 

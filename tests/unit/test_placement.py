@@ -435,7 +435,7 @@ def test_a_job_using_more_than_its_budget_and_context_counts_at_its_use() -> Non
 # --- a ceiling: an OOM retry that crept into its cap ---------------------------------------
 
 
-def test_a_job_with_a_ceiling_takes_the_roomiest_gpu_up_to_its_ceiling() -> None:
+def test_a_job_with_a_ceiling_books_its_request_on_the_gpu_that_can_give_most() -> None:
     # Placement books its request; the room up to its ceiling comes at the end of the
     # pass (tests/unit/test_queue.py), so the GPU that can give most is the one to take.
     crept = replace(job(20), mem_ceiling=40 * GiB)
